@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file accumulator.hpp
+/// Flat additive sufficient statistics (SPEC.md §1.3, STYLE.md §3).
+///
+/// Every leaf accumulator keeps its statistics in ONE contiguous buffer of doubles whose layout (an ordered list of
+/// named, shaped fields) is declared once per family. That single list is the value() tuple layout, the pack order,
+/// the serialisation order and the MPI reduction unit; combine is element-wise addition of two buffers, scale is
+/// element-wise multiplication, equality is bitwise equality of buffers.
+///
+/// FlatAccumulator<Derived> supplies combine / from_value / pack / unpack / scale for a family that provides
+///   void validate(std::string_view where) const;   // finiteness, counts ≥ 0 and the family's mass laws
+/// Statistics are validated before they are added or copied in, so a rejected value changes nothing.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+#include "attnmix/core/types.hpp"
+
+namespace attnmix {
+
+/// Count fields must be ≥ 0; real fields only finite.
+enum class FieldKind { kCount, kReal };
+
+struct FieldSpec {
+  std::string name;
+  std::vector<Index> shape;  // {} for a scalar
+  FieldKind kind = FieldKind::kCount;
+  Index offset = 0;          // filled by StatLayout
+  Index size = 1;            // product of shape
+};
+
+/// The declared layout of one accumulator: fields in value() order, packed back to back.
+class StatLayout {
+ public:
+  explicit StatLayout(std::vector<FieldSpec> fields);
+  [[nodiscard]] const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
+  [[nodiscard]] Index flat_size() const noexcept { return flat_size_; }
+  [[nodiscard]] bool operator==(const StatLayout& other) const;
+  /// "key_sum (16,8), key_mass (16,), ..." for messages.
+  [[nodiscard]] std::string describe() const;
+
+ private:
+  std::vector<FieldSpec> fields_;
+  Index flat_size_ = 0;
+};
+
+/// A flat statistics buffer with its layout. Copying copies the buffer (value semantics).
+class FlatStats {
+ public:
+  explicit FlatStats(std::shared_ptr<const StatLayout> layout);
+
+  [[nodiscard]] const StatLayout& layout() const noexcept { return *layout_; }
+  [[nodiscard]] Index flat_size() const noexcept { return layout_->flat_size(); }
+  [[nodiscard]] std::span<const double> flat() const noexcept { return data_; }
+  [[nodiscard]] std::span<double> flat() noexcept { return data_; }
+  /// Pointer to the first entry of field i (row-major within the field).
+  [[nodiscard]] double* field(size_t i) noexcept { return data_.data() + layout_->fields()[i].offset; }
+  [[nodiscard]] const double* field(size_t i) const noexcept {
+    return data_.data() + layout_->fields()[i].offset;
+  }
+  void set_zero();
+  /// Bitwise equality of layout and buffer (tests, determinism checks).
+  [[nodiscard]] bool operator==(const FlatStats& other) const;
+
+ protected:
+  /// Throws ValueError unless other has the same layout (names and shapes).
+  void check_same_layout(std::string_view where, const StatLayout& other) const;
+  /// Every entry finite, count fields ≥ 0.
+  void check_entries(std::string_view where) const;
+  void add_unchecked(std::span<const double> values);
+  void scale_unchecked(double c);
+  void assign_unchecked(std::span<const double> values);
+
+ private:
+  std::shared_ptr<const StatLayout> layout_;
+  std::vector<double> data_;
+};
+
+/// CRTP base giving a family the validated value semantics of SPEC.md §1.1.
+template <class Derived>
+class FlatAccumulator : public FlatStats {
+ public:
+  using FlatStats::FlatStats;
+
+  /// A snapshot: later changes to this accumulator never alias it.
+  [[nodiscard]] Derived value() const { return self(); }
+  /// Validates v, then adds it element-wise. @throws ValueError on a layout or mass-law violation.
+  void combine(const Derived& v) {
+    check_same_layout(Derived::kWhere, v.layout());
+    v.validate(Derived::kWhere);
+    add_unchecked(v.flat());
+  }
+  /// Validates v, then overwrites the statistics (keys stay). @throws ValueError.
+  void from_value(const Derived& v) {
+    check_same_layout(Derived::kWhere, v.layout());
+    v.validate(Derived::kWhere);
+    assign_unchecked(v.flat());
+  }
+  /// Writes the flat buffer (size flat_size()) in layout order.
+  void pack(std::span<double> out) const {
+    if (static_cast<Index>(out.size()) != flat_size())
+      throw ValueError(std::string(Derived::kWhere) + ": pack buffer has the wrong size");
+    std::copy(flat().begin(), flat().end(), out.begin());
+  }
+  /// Validates a packed buffer, then overwrites the statistics. @throws ValueError.
+  void unpack(std::span<const double> in) {
+    if (static_cast<Index>(in.size()) != flat_size())
+      throw ValueError(std::string(Derived::kWhere) + ": packed statistics must have " +
+                       std::to_string(flat_size()) + " entries (got " + std::to_string(in.size()) + ")");
+    Derived candidate = self();
+    candidate.assign_unchecked(in);
+    candidate.validate(Derived::kWhere);
+    assign_unchecked(in);
+  }
+  /// Multiplies every field by c (finite, ≥ 0). @throws ValueError.
+  void scale(double c) {
+    if (!(std::isfinite(c) && c >= 0.0))
+      throw ValueError(std::string(Derived::kWhere) + ": scale must be finite and >= 0");
+    scale_unchecked(c);
+  }
+  /// Adds without validation: for partials produced by this library's own E-steps.
+  void merge_trusted(const Derived& other) {
+    check_same_layout(Derived::kWhere, other.layout());
+    add_unchecked(other.flat());
+  }
+
+  [[nodiscard]] const std::optional<std::string>& keys() const noexcept { return keys_; }
+  void set_keys(std::optional<std::string> keys) { keys_ = std::move(keys); }
+
+ private:
+  [[nodiscard]] const Derived& self() const { return static_cast<const Derived&>(*this); }
+  std::optional<std::string> keys_;
+};
+
+}  // namespace attnmix

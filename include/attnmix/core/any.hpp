@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file any.hpp
+/// Type-erased value handles at batch granularity (STYLE.md §4): AnyBatch, AnyAccumulator, AnyDistribution and
+/// AnyEstimator. One virtual call covers a whole chunk of rows, so Mixture, Composite, optimize() and the key pool
+/// are written once against these handles while each family's kernels stay static.
+///
+/// Batches, distributions and estimators are immutable, so their handles share one instance (cheap copies with
+/// value semantics); accumulators are mutable and deep-copied.
+#pragma once
+
+#include <concepts>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+#include "attnmix/core/rng.hpp"
+#include "attnmix/core/types.hpp"
+
+namespace attnmix {
+
+class AnyAccumulator;
+class AnyDistribution;
+class AnyEstimator;
+
+/// The key pool of SPEC.md §1.4: key → the first site (in depth-first order) carrying that key, for one pass.
+using KeyPool = std::map<std::string, AnyAccumulator*>;
+
+// ---------------------------------------------------------------------------------------------------------------
+/// An immutable batch of any family.
+class AnyBatch {
+ public:
+  AnyBatch() = default;
+  template <class B>
+    requires(!std::same_as<std::remove_cvref_t<B>, AnyBatch>)
+  explicit AnyBatch(B batch) : self_(std::make_shared<const Model<B>>(std::move(batch))) {}
+
+  [[nodiscard]] bool has_value() const noexcept { return self_ != nullptr; }
+  [[nodiscard]] Index n_rows() const { return self_ ? self_->n_rows() : 0; }
+  [[nodiscard]] AnyBatch slice(Index begin, Index count) const {
+    AnyBatch out;
+    out.self_ = self_->slice(begin, count);
+    return out;
+  }
+  /// The concrete batch. @throws TypeError when this batch holds another family's rows.
+  template <class B>
+  [[nodiscard]] const B& get(std::string_view where) const {
+    if (!self_ || self_->type() != typeid(B))
+      throw TypeError(std::string(where) + ": the data batch belongs to another family (got " +
+                      (self_ ? self_->type().name() : "an empty batch") + ")");
+    return static_cast<const Model<B>&>(*self_).batch;
+  }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    [[nodiscard]] virtual Index n_rows() const = 0;
+    [[nodiscard]] virtual std::shared_ptr<const Concept> slice(Index begin, Index count) const = 0;
+    [[nodiscard]] virtual const std::type_info& type() const = 0;
+  };
+  template <class B>
+  struct Model final : Concept {
+    explicit Model(B b) : batch(std::move(b)) {}
+    Index n_rows() const override { return batch.n_rows(); }
+    std::shared_ptr<const Concept> slice(Index begin, Index count) const override {
+      return std::make_shared<const Model<B>>(batch.slice(begin, count));
+    }
+    const std::type_info& type() const override { return typeid(B); }
+    B batch;
+  };
+  std::shared_ptr<const Concept> self_;
+};
+
+/// Unwraps an AnyBatch to the batch type a family expects (identity when the family takes AnyBatch).
+template <class B>
+[[nodiscard]] const B& batch_as(const AnyBatch& batch, std::string_view where) {
+  if constexpr (std::same_as<B, AnyBatch>)
+    return batch;
+  else
+    return batch.template get<B>(where);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+/// A mutable accumulator of any family (deep copy).
+class AnyAccumulator {
+ public:
+  AnyAccumulator() = default;
+  template <class A>
+    requires(!std::same_as<std::remove_cvref_t<A>, AnyAccumulator>)
+  explicit AnyAccumulator(A acc) : self_(std::make_unique<Model<A>>(std::move(acc))) {}
+  AnyAccumulator(const AnyAccumulator& other) : self_(other.self_ ? other.self_->clone() : nullptr) {}
+  AnyAccumulator(AnyAccumulator&&) noexcept = default;
+  AnyAccumulator& operator=(const AnyAccumulator& other) {
+    if (this != &other) self_ = other.self_ ? other.self_->clone() : nullptr;
+    return *this;
+  }
+  AnyAccumulator& operator=(AnyAccumulator&&) noexcept = default;
+
+  [[nodiscard]] Index flat_size() const { return self_->flat_size(); }
+  void pack(std::span<double> out) const { self_->pack(out); }
+  /// Validates, then overwrites. @throws ValueError.
+  void unpack(std::span<const double> in) { self_->unpack(in); }
+  /// Validates other, then adds it. @throws ValueError / TypeError.
+  void combine(const AnyAccumulator& other) { self_->combine(*other.self_); }
+  /// Validates v, then overwrites (keys stay). @throws ValueError / TypeError.
+  void from_value(const AnyAccumulator& v) { self_->from_value(*v.self_); }
+  [[nodiscard]] AnyAccumulator value() const { return *this; }
+  void scale(double c) { self_->scale(c); }
+  void set_zero() { self_->set_zero(); }
+  /// Adds a partial produced by this library's own E-step (layout checked, values trusted).
+  void merge_trusted(const AnyAccumulator& other) { self_->merge_trusted(*other.self_); }
+  /// seq_initialize (SPEC.md §1.7 step 2).
+  void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) { self_->initialize(batch, w, rng); }
+  [[nodiscard]] std::optional<std::string> keys() const { return self_->keys(); }
+  /// SPEC.md §1.4, this site then its children depth-first.
+  void key_merge(KeyPool& pool);
+  void key_replace(const KeyPool& pool);
+  [[nodiscard]] bool operator==(const AnyAccumulator& other) const { return self_->equals(*other.self_); }
+
+  template <class A>
+  [[nodiscard]] A& get(std::string_view where) {
+    if (!self_ || self_->type() != typeid(A))
+      throw TypeError(std::string(where) + ": the statistics belong to another family");
+    return static_cast<Model<A>&>(*self_).acc;
+  }
+  template <class A>
+  [[nodiscard]] const A& get(std::string_view where) const {
+    return const_cast<AnyAccumulator*>(this)->get<A>(where);
+  }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    [[nodiscard]] virtual std::unique_ptr<Concept> clone() const = 0;
+    [[nodiscard]] virtual const std::type_info& type() const = 0;
+    [[nodiscard]] virtual Index flat_size() const = 0;
+    virtual void pack(std::span<double> out) const = 0;
+    virtual void unpack(std::span<const double> in) = 0;
+    virtual void combine(const Concept& other) = 0;
+    virtual void from_value(const Concept& other) = 0;
+    virtual void scale(double c) = 0;
+    virtual void set_zero() = 0;
+    virtual void merge_trusted(const Concept& other) = 0;
+    virtual void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) = 0;
+    [[nodiscard]] virtual std::optional<std::string> keys() const = 0;
+    [[nodiscard]] virtual std::span<AnyAccumulator> children() = 0;
+    [[nodiscard]] virtual bool equals(const Concept& other) const = 0;
+  };
+  template <class A>
+  struct Model final : Concept {
+    explicit Model(A a) : acc(std::move(a)) {}
+    const A& peer(const Concept& other) const {
+      if (other.type() != typeid(A)) throw TypeError(std::string(A::kWhere) + ": statistics of another family");
+      return static_cast<const Model<A>&>(other).acc;
+    }
+    std::unique_ptr<Concept> clone() const override { return std::make_unique<Model<A>>(acc); }
+    const std::type_info& type() const override { return typeid(A); }
+    Index flat_size() const override { return acc.flat_size(); }
+    void pack(std::span<double> out) const override { acc.pack(out); }
+    void unpack(std::span<const double> in) override { acc.unpack(in); }
+    void combine(const Concept& other) override { acc.combine(peer(other)); }
+    void from_value(const Concept& other) override { acc.from_value(peer(other)); }
+    void scale(double c) override { acc.scale(c); }
+    void set_zero() override { acc.set_zero(); }
+    void merge_trusted(const Concept& other) override { acc.merge_trusted(peer(other)); }
+    void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) override {
+      acc.initialize(batch_as<typename A::batch_type>(batch, A::kWhere), w, rng);
+    }
+    std::optional<std::string> keys() const override { return acc.keys(); }
+    std::span<AnyAccumulator> children() override {
+      if constexpr (requires { acc.children(); })
+        return acc.children();
+      else
+        return {};
+    }
+    bool equals(const Concept& other) const override { return other.type() == typeid(A) && acc == peer(other); }
+    A acc;
+  };
+  std::unique_ptr<Concept> self_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+/// An immutable estimator (M-step) of any family.
+class AnyEstimator {
+ public:
+  using distribution_type = AnyDistribution;
+  using accumulator_type = AnyAccumulator;
+
+  AnyEstimator() = default;
+  template <class E>
+    requires(!std::same_as<std::remove_cvref_t<E>, AnyEstimator>)
+  explicit AnyEstimator(E estimator) : self_(std::make_shared<const Model<E>>(std::move(estimator))) {}
+
+  [[nodiscard]] AnyAccumulator make_accumulator() const { return self_->make_accumulator(); }
+  /// @throws ValueError on invalid statistics.
+  [[nodiscard]] AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const;
+  template <class E>
+  [[nodiscard]] const E* get_if() const {
+    return self_ && self_->type() == typeid(E) ? &static_cast<const Model<E>&>(*self_).estimator : nullptr;
+  }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    [[nodiscard]] virtual const std::type_info& type() const = 0;
+    [[nodiscard]] virtual AnyAccumulator make_accumulator() const = 0;
+    [[nodiscard]] virtual AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const = 0;
+  };
+  template <class E>
+  struct Model final : Concept {
+    explicit Model(E e) : estimator(std::move(e)) {}
+    const std::type_info& type() const override { return typeid(E); }
+    AnyAccumulator make_accumulator() const override { return AnyAccumulator(estimator.make_accumulator()); }
+    AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const override;
+    E estimator;
+  };
+  std::shared_ptr<const Concept> self_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+/// An immutable distribution of any family.
+class AnyDistribution {
+ public:
+  using batch_type = AnyBatch;
+  using accumulator_type = AnyAccumulator;
+  using estimator_type = AnyEstimator;
+
+  AnyDistribution() = default;
+  template <class D>
+    requires(!std::same_as<std::remove_cvref_t<D>, AnyDistribution>)
+  explicit AnyDistribution(D model) : self_(std::make_shared<const Model<D>>(std::move(model))) {}
+
+  [[nodiscard]] bool has_value() const noexcept { return self_ != nullptr; }
+  /// The model-file family name ("responsibility_attention", "mixture", ...).
+  [[nodiscard]] std::string family() const { return self_->family(); }
+  void log_density(const AnyBatch& batch, std::span<double> out) const { self_->log_density(batch, out); }
+  /// The E-step (atomic). @throws ImpossibleEvidenceError, ValueError, TypeError.
+  void accumulate(const AnyBatch& batch, std::span<const double> w, AnyAccumulator& acc,
+                  std::span<double> log_p_out = {}) const {
+    self_->accumulate(batch, w, acc, log_p_out);
+  }
+  [[nodiscard]] AnyAccumulator make_accumulator() const { return self_->make_accumulator(); }
+  [[nodiscard]] AnyEstimator estimator() const { return self_->estimator(); }
+  /// p(t | inputs) [n, T]. @throws ValueError when the family has no predictive distribution.
+  [[nodiscard]] Matrix predict_proba(const AnyBatch& batch) const { return self_->predict_proba(batch); }
+  /// m observations drawn with the family's sampler from seed. @throws ValueError when the family has none.
+  [[nodiscard]] AnyBatch sample(Index m, uint64_t seed) const { return self_->sample(m, seed); }
+
+  template <class D>
+  [[nodiscard]] const D* get_if() const {
+    return self_ && self_->type() == typeid(D) ? &static_cast<const Model<D>&>(*self_).model : nullptr;
+  }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    [[nodiscard]] virtual const std::type_info& type() const = 0;
+    [[nodiscard]] virtual std::string family() const = 0;
+    virtual void log_density(const AnyBatch& batch, std::span<double> out) const = 0;
+    virtual void accumulate(const AnyBatch& batch, std::span<const double> w, AnyAccumulator& acc,
+                            std::span<double> log_p_out) const = 0;
+    [[nodiscard]] virtual AnyAccumulator make_accumulator() const = 0;
+    [[nodiscard]] virtual AnyEstimator estimator() const = 0;
+    [[nodiscard]] virtual Matrix predict_proba(const AnyBatch& batch) const = 0;
+    [[nodiscard]] virtual AnyBatch sample(Index m, uint64_t seed) const = 0;
+  };
+  template <class D>
+  struct Model final : Concept {
+    using B = typename D::batch_type;
+    using A = typename D::accumulator_type;
+    explicit Model(D d) : model(std::move(d)) {}
+    const std::type_info& type() const override { return typeid(D); }
+    std::string family() const override { return D::kFamily; }
+    void log_density(const AnyBatch& batch, std::span<double> out) const override {
+      model.log_density(batch_as<B>(batch, D::kWhere), out);
+    }
+    void accumulate(const AnyBatch& batch, std::span<const double> w, AnyAccumulator& acc,
+                    std::span<double> log_p_out) const override {
+      model.accumulate(batch_as<B>(batch, D::kWhere), w, acc.get<A>(D::kWhere), log_p_out);
+    }
+    AnyAccumulator make_accumulator() const override { return AnyAccumulator(model.make_accumulator()); }
+    AnyEstimator estimator() const override { return AnyEstimator(model.estimator()); }
+    Matrix predict_proba(const AnyBatch& batch) const override {
+      if constexpr (requires { model.predict_proba(batch_as<B>(batch, D::kWhere)); })
+        return model.predict_proba(batch_as<B>(batch, D::kWhere));
+      else
+        throw ValueError(std::string(D::kWhere) + ": this family has no predictive distribution p(target | input)");
+    }
+    AnyBatch sample(Index m, uint64_t seed) const override {
+      if constexpr (requires { model.sampler(seed).sample(m); })
+        return AnyBatch(model.sampler(seed).sample(m));
+      else
+        throw ValueError(std::string(D::kWhere) + ": this family has no sampler");
+    }
+    D model;
+  };
+  std::shared_ptr<const Concept> self_;
+};
+
+template <class E>
+AnyDistribution AnyEstimator::Model<E>::estimate(std::optional<double> nobs, const AnyAccumulator& acc) const {
+  return AnyDistribution(estimator.estimate(nobs, acc.get<typename E::accumulator_type>(E::kWhere)));
+}
+
+inline AnyDistribution AnyEstimator::estimate(std::optional<double> nobs, const AnyAccumulator& acc) const {
+  return self_->estimate(nobs, acc);
+}
+
+}  // namespace attnmix

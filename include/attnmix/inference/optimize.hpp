@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file optimize.hpp
+/// The EM driver (SPEC.md §1.7): random-subset initialisation, the fused loop (default) or the classic loop, the
+/// best-scoring iterate returned. Written once for every family: concrete families (static kernels) and the
+/// type-erased AnyEstimator alike.
+///
+///   init:  w_n ~ Bernoulli(init_p) (from Rng(seed).uniform_int(2³¹−1)); acc.initialize(batch, w, rng);
+///          model = estimate(Σ w, acc)
+///   EM_step(model) = estimate(None, E-step statistics of all rows under model)
+///   fused: each iteration runs one E-step of `model`, which yields both the next model and score(model).
+/// The library never prints: each report goes to options.on_iteration.
+/// Cost per iteration: one E-step (the family's cost, parallel over chunks) plus one M-step.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "attnmix/core/any.hpp"
+#include "attnmix/core/errors.hpp"
+#include "attnmix/core/rng.hpp"
+#include "attnmix/inference/progress.hpp"
+#include "attnmix/inference/reduce.hpp"
+#include "attnmix/stats/log_math.hpp"
+
+namespace attnmix {
+
+enum class OptimizeStatus { kConverged, kMaxIterations };
+
+/// The single source of optimize()'s defaults (C++, CLI flags and Python keywords).
+struct OptimizeOptions {
+  int max_its = 10;
+  std::optional<double> delta = 1e-9;  // nullopt: run every iteration
+  double init_p = 0.1;                 // ≤ 0 behaves as 0.1; clamped to [0, 1]
+  uint64_t seed = 0;
+  int print_iter = 1;                  // report iteration i when i % print_iter == 0 (or on convergence)
+  bool reuse_estep_ll = true;          // fused loop; false: classic loop
+  int n_threads = 0;                   // 0: all hardware threads
+  Index chunk_rows = 1024;
+  std::function<void(const IterationReport&)> on_iteration;
+  /// @throws ValueError naming the field.
+  void validate() const;
+  [[nodiscard]] ParallelOptions parallel() const { return {n_threads, chunk_rows}; }
+};
+
+template <class D>
+struct OptimizeResult {
+  D model;
+  OptimizeStatus status = OptimizeStatus::kMaxIterations;
+  int n_iterations = 0;
+  int best_iteration = 0;       // the report line whose model was returned (max_its + 1: the final model)
+  std::vector<double> scores;   // score of each reported model, by iteration
+};
+
+/// Key tying pass (SPEC.md §1.4): concrete top-level accumulators tie only with themselves (a no-op).
+template <class A>
+void tie_keys(A& /*acc*/) {}
+inline void tie_keys(AnyAccumulator& acc) {
+  KeyPool pool;
+  acc.key_merge(pool);
+  acc.key_replace(pool);
+}
+
+/// The initial model of SPEC.md §1.7 step 2 (single-threaded).
+template <class E>
+[[nodiscard]] typename E::distribution_type initialize_model(const typename E::distribution_type::batch_type& batch,
+                                                             const E& estimator, const OptimizeOptions& options) {
+  double p = options.init_p > 0.0 ? options.init_p : 0.1;
+  p = std::min(1.0, p);
+  Rng rng(options.seed);
+  Rng rng_w(rng.uniform_int((uint64_t{1} << 31) - 1));
+  std::vector<double> w(static_cast<size_t>(batch.n_rows()));
+  for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
+  auto acc = estimator.make_accumulator();
+  acc.initialize(batch, w, rng);
+  double nobs = 0.0;
+  for (double wn : w) nobs += wn;
+  tie_keys(acc);
+  return estimator.estimate(nobs, acc);
+}
+
+/// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out receives the
+/// per-row log densities of `model` (the fused loop's score).
+template <class E>
+[[nodiscard]] typename E::distribution_type em_step(const typename E::distribution_type& model,
+                                                    const typename E::distribution_type::batch_type& batch,
+                                                    const E& estimator, std::span<double> log_p_out,
+                                                    const ParallelOptions& parallel) {
+  auto acc = estimator.make_accumulator();
+  const std::vector<double> ones(static_cast<size_t>(batch.n_rows()), 1.0);
+  parallel_accumulate(model, batch, ones, acc, log_p_out, parallel);
+  tie_keys(acc);
+  return estimator.estimate(std::nullopt, acc);
+}
+
+/// Fits estimator's family to batch by EM. @throws every validation / impossible-evidence error of the steps.
+template <class E>
+[[nodiscard]] OptimizeResult<typename E::distribution_type> optimize(
+    const typename E::distribution_type::batch_type& batch, const E& estimator, const OptimizeOptions& options,
+    std::optional<typename E::distribution_type> prev_estimate = std::nullopt,
+    const typename E::distribution_type::batch_type* valid = nullptr) {
+  using D = typename E::distribution_type;
+  using Clock = std::chrono::steady_clock;
+  options.validate();
+  const ParallelOptions parallel = options.parallel();
+  D model = prev_estimate ? std::move(*prev_estimate) : initialize_model(batch, estimator, options);
+  OptimizeResult<D> result{model};
+  if (options.max_its == 0) return result;
+
+  const auto report = [&](int i, double ll, double dll, const D& reported, bool converged, Clock::time_point t0) {
+    result.scores.push_back(ll);
+    if (!options.on_iteration || !(i % options.print_iter == 0 || converged)) return;
+    IterationReport r{i, ll, dll, std::nullopt, std::chrono::duration<double>(Clock::now() - t0).count()};
+    if (valid) r.valid_log_likelihood = score(reported, *valid, parallel);
+    options.on_iteration(r);
+  };
+  std::vector<double> log_p(static_cast<size_t>(batch.n_rows()));
+  bool converged = false;
+
+  if (options.reuse_estep_ll) {
+    std::optional<double> best_score;
+    std::optional<double> prev;
+    for (int i = 1; i <= options.max_its; ++i) {
+      const auto t0 = Clock::now();
+      D next = em_step(model, batch, estimator, log_p, parallel);
+      const double ll = pairwise_sum(log_p);
+      if (!best_score || ll >= *best_score) {
+        result.model = model;
+        result.best_iteration = i;
+        best_score = ll;
+      }
+      const double dll = prev ? ll - *prev : kInf;
+      converged = options.delta && prev && dll < *options.delta;
+      result.n_iterations = i;
+      report(i, ll, dll, model, converged, t0);
+      if (converged) break;
+      if (std::isfinite(ll)) prev = ll;
+      model = std::move(next);
+    }
+    if (!converged) {
+      const double s = score(model, batch, parallel);
+      if (s >= *best_score) {
+        result.model = model;
+        result.best_iteration = options.max_its + 1;
+      }
+    }
+  } else {
+    // Classic loop: accept a step iff its score is finite and (it did not decrease or delta is None).
+    double old = score(model, batch, parallel);
+    std::optional<double> best_valid;
+    for (int i = 1; i <= options.max_its; ++i) {
+      const auto t0 = Clock::now();
+      D next = em_step(model, batch, estimator, log_p, parallel);
+      const double ll = score(next, batch, parallel);
+      const double dll = ll - old;
+      const bool accept = std::isfinite(ll) && (dll >= 0.0 || !options.delta);
+      if (accept) {
+        model = next;
+        if (valid) {
+          const double v = score(model, *valid, parallel);
+          if (!best_valid || v >= *best_valid) {
+            best_valid = v;
+            result.model = model;
+            result.best_iteration = i;
+          }
+        } else {
+          result.model = model;
+          result.best_iteration = i;
+        }
+      }
+      if (std::isfinite(ll)) old = ll;
+      converged = options.delta && dll < *options.delta;
+      result.n_iterations = i;
+      report(i, ll, dll, next, converged, t0);
+      if (converged) break;
+    }
+  }
+  result.status = converged ? OptimizeStatus::kConverged : OptimizeStatus::kMaxIterations;
+  return result;
+}
+
+}  // namespace attnmix

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// Responsibility-attention batches, the validating encoder and sequence_to_triples (SPEC.md §1.2, §2.4, §2.5).
+#include <cmath>
+#include <string>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/check.hpp"
+#include "attnmix/core/errors.hpp"
+
+namespace attnmix {
+
+namespace {
+constexpr const char* kEncoderWhere = "ResponsibilityAttentionDataEncoder";
+}
+
+ResponsibilityAttentionBatch::ResponsibilityAttentionBatch() : storage_(std::make_shared<Storage>()) {}
+
+ResponsibilityAttentionBatch ResponsibilityAttentionBatch::slice(Index begin, Index count) const {
+  ATTNMIX_ASSERT(begin >= 0 && count >= 0 && begin + count <= count_, "batch slice out of range");
+  ResponsibilityAttentionBatch out = *this;
+  out.begin_ = begin_ + begin;
+  out.count_ = count;
+  return out;
+}
+
+IdMatrix ResponsibilityAttentionBatch::contexts() const { return storage_->contexts.middleRows(begin_, count_); }
+Matrix ResponsibilityAttentionBatch::queries() const { return storage_->queries.middleRows(begin_, count_); }
+IdVector ResponsibilityAttentionBatch::targets() const { return storage_->targets.segment(begin_, count_); }
+
+ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix contexts, Matrix queries,
+                                                                    IdVector targets) const {
+  const Index n = contexts.rows();
+  if (queries.rows() != n || targets.size() != n)
+    throw ValueError(std::string(kEncoderWhere) + ": context, query and target must have the same number of rows (" +
+                     std::to_string(n) + ", " + std::to_string(queries.rows()) + ", " +
+                     std::to_string(targets.size()) + ")");
+  if (context_length) check::dimension(kEncoderWhere, "context length N", *context_length, contexts.cols());
+  if (contexts.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": contexts must have width N >= 1");
+  if (query_dim) check::dimension(kEncoderWhere, "query dimension D", *query_dim, queries.cols());
+  if (queries.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": queries must have D >= 1 columns");
+  check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, n_symbols);
+  check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, n_targets);
+  for (Index k = 0; k < queries.size(); ++k)
+    if (!std::isfinite(queries.data()[k]))
+      throw ValueError(std::string(kEncoderWhere) + ": query row " + std::to_string(k / queries.cols()) +
+                       " must be finite (column " + std::to_string(k % queries.cols()) + ")");
+  auto storage = std::make_shared<ResponsibilityAttentionBatch::Storage>();
+  storage->max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
+  storage->max_target = targets.size() ? targets.maxCoeff() : -1;
+  storage->contexts = std::move(contexts);
+  storage->queries = std::move(queries);
+  storage->targets = std::move(targets);
+  ResponsibilityAttentionBatch batch;
+  batch.storage_ = std::move(storage);
+  batch.begin_ = 0;
+  batch.count_ = n;
+  return batch;
+}
+
+ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens, int64_t context_length,
+                                                 std::optional<int64_t> n_symbols, const Matrix* embeddings) {
+  constexpr const char* kWhere = "sequence_to_triples";
+  check::positive_int(kWhere, "context_length", context_length);
+  if (n_symbols) check::positive_int(kWhere, "num_symbols", *n_symbols);
+  check::ids(kWhere, "tokens", tokens, n_symbols);
+  int64_t max_token = -1;
+  for (int64_t t : tokens) max_token = t > max_token ? t : max_token;
+  const int64_t S = n_symbols ? *n_symbols : max_token + 1;
+  if (S <= 0) throw ValueError(std::string(kWhere) + ": tokens must be non-empty when num_symbols is not given");
+  if (embeddings) {
+    if (embeddings->rows() < S || embeddings->cols() < 1)
+      throw ValueError(std::string(kWhere) + ": embeddings must be 2-D with at least " + std::to_string(S) +
+                       " rows (got " + std::to_string(embeddings->rows()) + "x" + std::to_string(embeddings->cols()) +
+                       ")");
+    check::finite_nonempty(kWhere, "embeddings", {embeddings->data(), static_cast<size_t>(embeddings->size())});
+  }
+  const Index len = static_cast<Index>(tokens.size());
+  const Index n = len > context_length ? len - context_length : 0;
+  const Index D = embeddings ? embeddings->cols() : S;
+  IdMatrix contexts(n, context_length);
+  Matrix queries = Matrix::Zero(n, D);
+  IdVector targets(n);
+  for (Index row = 0; row < n; ++row) {
+    const Index p = row + context_length - 1;
+    for (Index i = 0; i < context_length; ++i) contexts(row, i) = tokens[static_cast<size_t>(p - context_length + 1 + i)];
+    const int64_t current = tokens[static_cast<size_t>(p)];
+    if (embeddings)
+      queries.row(row) = embeddings->row(current);
+    else
+      queries(row, current) = 1.0;
+    targets[row] = tokens[static_cast<size_t>(p + 1)];
+  }
+  return ResponsibilityAttentionEncoder{S, context_length, D, S}.encode(std::move(contexts), std::move(queries),
+                                                                        std::move(targets));
+}
+
+}  // namespace attnmix

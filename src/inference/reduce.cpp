@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "attnmix/inference/reduce.hpp"
+
+#ifdef ATTNMIX_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+namespace attnmix {
+
+void ParallelOptions::validate() const {
+  if (n_threads < 0) throw ValueError("ParallelOptions: n_threads must be >= 0 (0 = all hardware threads)");
+  if (chunk_rows <= 0) throw ValueError("ParallelOptions: chunk_rows must be a positive integer");
+}
+
+int resolve_threads(int n_threads) {
+#ifdef ATTNMIX_HAVE_OPENMP
+  return n_threads > 0 ? n_threads : omp_get_num_procs();
+#else
+  (void)n_threads;
+  return 1;
+#endif
+}
+
+}  // namespace attnmix
