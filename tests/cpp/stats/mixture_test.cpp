@@ -1,1 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// The finite mixture (SPEC.md §1.5) against direct formulas.
 #include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/stats/log_math.hpp"
+#include "attnmix/stats/mixture.hpp"
+#include "testing/all_close.hpp"
+
+namespace attnmix {
+namespace {
+
+ResponsibilityAttention component(double shift, double sigma2) {
+  ResponsibilityAttentionParams p;
+  p.key_means = Matrix::Constant(3, 2, shift);
+  p.key_means(1, 0) = -shift;
+  p.emission.resize(3, 2);
+  p.emission << 0.3, 0.7, 0.6, 0.4, 1.0, 0.0;
+  p.position_prior = Vector::Constant(2, 0.5);
+  p.sigma2 = sigma2;
+  return ResponsibilityAttention(p);
+}
+
+TEST(MixtureTest, LogDensityAndStatisticsFollowResponsibilities) {
+  const ResponsibilityAttention a = component(1.0, 0.5), b = component(-0.5, 2.0);
+  Vector w(2);
+  w << 0.3, 0.7;
+  const Mixture mix({AnyDistribution(a), AnyDistribution(b)}, w);
+  const auto batch = a.sampler(3).sample(40);
+  std::vector<double> la(40), lb(40), lm(40);
+  a.log_density(batch, la);
+  b.log_density(batch, lb);
+  mix.log_density(AnyBatch(batch), lm);
+  std::vector<double> weights(40);
+  for (Index n = 0; n < 40; ++n) {
+    const double direct = std::log(0.3 * std::exp(la[n]) + 0.7 * std::exp(lb[n]));
+    EXPECT_NEAR(lm[n], direct, 1e-12 * std::fabs(direct));
+    weights[n] = 0.5 + 0.01 * static_cast<double>(n);
+  }
+  auto acc = mix.make_accumulator();
+  mix.accumulate(AnyBatch(batch), weights, acc);
+  // Component 0 must equal RA statistics with weights w_n ρ_n0.
+  auto expected = a.make_accumulator();
+  std::vector<double> w0(40);
+  double count0 = 0.0;
+  for (Index n = 0; n < 40; ++n) {
+    w0[n] = weights[n] * 0.3 * std::exp(la[n] - lm[n]);
+    count0 += w0[n];
+  }
+  a.accumulate(batch, w0, expected);
+  const auto& got = acc.components()[0].get<ResponsibilityAttentionAccumulator>("test");
+  testing::ExpectAllClose(got.flat(), expected.flat(), 1e-12, 1e-14);
+  EXPECT_NEAR(acc.comp_count()[0], count0, 1e-12);
+  EXPECT_NEAR(acc.comp_count().sum(), std::accumulate(weights.begin(), weights.end(), 0.0), 1e-12);
+}
+
+TEST(MixtureTest, RowImpossibleUnderEveryComponentRaisesAtomically) {
+  const ResponsibilityAttention a = component(1.0, 0.5);
+  const Mixture mix({AnyDistribution(a), AnyDistribution(a)}, Vector::Constant(2, 0.5));
+  IdMatrix ctx(2, 2);
+  ctx << 2, 2, 0, 1;
+  IdVector t(2);
+  t << 1, 1;  // symbol 2 never emits target 1
+  const auto batch = a.encoder().encode(ctx, Matrix::Zero(2, 2), t);
+  auto acc = mix.make_accumulator();
+  const auto before = acc.value();
+  try {
+    mix.accumulate(AnyBatch(batch), std::vector<double>{1.0, 1.0}, acc);
+    FAIL();
+  } catch (const ImpossibleEvidenceError& e) {
+    EXPECT_EQ(e.rows(), std::vector<int64_t>{0});
+  }
+  EXPECT_TRUE(acc == before);
+}
+
+TEST(MixtureTest, EstimateNormalisesCountsAndChecksNobs) {
+  const ResponsibilityAttention a = component(1.0, 0.5);
+  const Mixture mix({AnyDistribution(a), AnyDistribution(a)}, Vector::Constant(2, 0.5));
+  auto acc = mix.make_accumulator();
+  mix.accumulate(AnyBatch(a.sampler(1).sample(30)), std::vector<double>(30, 1.0), acc);
+  const MixtureEstimator est = mix.estimator();
+  const Mixture fit = est.estimate(std::nullopt, acc);
+  EXPECT_NEAR(fit.weights()[0], acc.comp_count()[0] / 30.0, 1e-12);
+  EXPECT_THROW((void)est.estimate(31.0, acc), ValueError);
+  EXPECT_NO_THROW((void)est.estimate(30.0, acc));
+  const Mixture empty = est.estimate(std::nullopt, mix.make_accumulator());
+  EXPECT_EQ(empty.weights(), Vector::Constant(2, 0.5));
+  EXPECT_THROW(Mixture({AnyDistribution(a)}, Vector::Constant(2, 0.5)), ValueError);
+}
+
+TEST(MixtureTest, PackConcatenatesChildrenAndUnpackValidatesFirst) {
+  const ResponsibilityAttention a = component(1.0, 0.5);
+  const Mixture mix({AnyDistribution(a), AnyDistribution(a)}, Vector::Constant(2, 0.5));
+  auto acc = mix.make_accumulator();
+  mix.accumulate(AnyBatch(a.sampler(1).sample(30)), std::vector<double>(30, 1.0), acc);
+  std::vector<double> buf(static_cast<size_t>(acc.flat_size()));
+  acc.pack(buf);
+  EXPECT_EQ(acc.flat_size(), 2 + 2 * a.make_accumulator().flat_size());
+  auto copy = mix.make_accumulator();
+  copy.unpack(buf);
+  EXPECT_TRUE(copy == acc);
+  buf.back() = -1.0;  // a negative count in the last child
+  const auto before = copy.value();
+  EXPECT_THROW(copy.unpack(buf), ValueError);
+  EXPECT_TRUE(copy == before);
+}
+
+}  // namespace
+}  // namespace attnmix
