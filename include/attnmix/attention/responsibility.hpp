@@ -252,3 +252,8 @@ class ResponsibilityAttentionSampler {
                                                                const Matrix* embeddings = nullptr);
 
 }  // namespace attnmix
+
+#include "attnmix/core/concepts.hpp"
+static_assert(attnmix::Batch<attnmix::ResponsibilityAttentionBatch>);
+static_assert(attnmix::Distribution<attnmix::ResponsibilityAttention>);
+static_assert(attnmix::Estimator<attnmix::ResponsibilityAttentionEstimator>);

@@ -312,3 +312,8 @@ inline AnyDistribution AnyEstimator::estimate(std::optional<double> nobs, const 
 }
 
 }  // namespace attnmix
+
+#include "attnmix/core/concepts.hpp"
+static_assert(attnmix::Batch<attnmix::AnyBatch>);
+static_assert(attnmix::Distribution<attnmix::AnyDistribution>);
+static_assert(attnmix::Estimator<attnmix::AnyEstimator>);

@@ -111,3 +111,7 @@ class MixtureEstimator {
 };
 
 }  // namespace attnmix
+
+#include "attnmix/core/concepts.hpp"
+static_assert(attnmix::Distribution<attnmix::Mixture>);
+static_assert(attnmix::Estimator<attnmix::MixtureEstimator>);
