@@ -89,6 +89,8 @@ template <class B>
 /// A mutable accumulator of any family (deep copy).
 class AnyAccumulator {
  public:
+  using batch_type = AnyBatch;
+
   AnyAccumulator() = default;
   template <class A>
     requires(!std::same_as<std::remove_cvref_t<A>, AnyAccumulator>)
