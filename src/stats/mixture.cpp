@@ -173,6 +173,8 @@ void Mixture::accumulate(const AnyBatch& batch, std::span<const double> w, Mixtu
   const Index K = static_cast<Index>(components_.size());
   if (acc.components().size() != components_.size())
     throw ValueError(std::string(kWhere) + ": accumulator has a different number of components");
+  if (!log_p_out.empty())
+    check::dimension(kWhere, "log-density output length", n, static_cast<Index>(log_p_out.size()));
   Matrix rho = component_log_joint(batch);
   std::vector<int64_t> impossible;
   for (Index row = 0; row < n; ++row) {

@@ -52,12 +52,19 @@ struct OptimizeResult {
   OptimizeStatus status = OptimizeStatus::kMaxIterations;
   int n_iterations = 0;
   int best_iteration = 0;       // the report line whose model was returned (max_its + 1: the final model)
-  std::vector<double> scores;   // score of each reported model, by iteration
+  std::vector<double> scores{};  // score of each reported model, by iteration
 };
 
-/// Key tying pass (SPEC.md §1.4): concrete top-level accumulators tie only with themselves (a no-op).
+/// Key tying pass (SPEC.md §1.4), depth first. A concrete top-level site can only tie with itself (a no-op), so
+/// for concrete accumulators the pass starts at their type-erased children (Mixture, Composite).
 template <class A>
-void tie_keys(A& /*acc*/) {}
+void tie_keys(A& acc) {
+  if constexpr (requires { acc.children(); }) {
+    KeyPool pool;
+    for (AnyAccumulator& child : acc.children()) child.key_merge(pool);
+    for (AnyAccumulator& child : acc.children()) child.key_replace(pool);
+  }
+}
 inline void tie_keys(AnyAccumulator& acc) {
   KeyPool pool;
   acc.key_merge(pool);

@@ -61,7 +61,7 @@ double direct_log_density(const ResponsibilityAttention& m, const Responsibility
     const int64_t s = b.context(row)[i];
     double sq = 0.0;
     for (Index d = 0; d < D; ++d) sq += std::pow(b.query(row)[d] - p.key_means(s, d), 2);
-    const double gauss = std::exp(-sq / (2 * p.sigma2)) / std::pow(2 * std::numbers::pi * p.sigma2, 0.5 * D);
+    const double gauss = std::exp(-sq / (2 * p.sigma2)) / std::pow(2 * std::numbers::pi * p.sigma2, 0.5 * static_cast<double>(D));
     total += p.position_prior[i] * gauss * p.emission(s, b.target(row));
   }
   return std::log(total);

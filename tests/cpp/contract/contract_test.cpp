@@ -1,1 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0
+// Instantiations of the shared distribution contract (SPEC.md §9.1), one traits struct per family,
+// and the keyed tying row F-5 (SPEC.md §1.4).
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/any.hpp"
+#include "attnmix/inference/optimize.hpp"
+#include "attnmix/stats/categorical.hpp"
+#include "attnmix/stats/composite.hpp"
+#include "attnmix/stats/gaussian.hpp"
+#include "attnmix/stats/log_math.hpp"
+#include "attnmix/stats/mixture.hpp"
+#include "contract/distribution_contract.hpp"
+#include "testing/all_close.hpp"
+
+namespace attnmix::contract {
+namespace {
+
+Vector dirichlet(Rng& rng, Index k) {
+  Vector p(k);
+  rng.dirichlet_ones({p.data(), static_cast<size_t>(k)});
+  p /= accurate_sum({p.data(), static_cast<size_t>(k)});
+  return p;
+}
+
+/// Counts with a wide dynamic range (≈ e^±10) and about 30 % exact zeros: hard cases for
+/// normalisation.
+double rough_count(Rng& rng) {
+  return rng.uniform() < 0.3 ? 0.0 : std::exp(20.0 * (rng.uniform() - 0.5));
+}
+
+// ----- responsibility attention
+// ------------------------------------------------------------------------------
+
+struct ResponsibilityAttentionTraits {
+  using Distribution = ResponsibilityAttention;
+  using Batch = ResponsibilityAttentionBatch;
+  using Acc = ResponsibilityAttentionAccumulator;
+  using Estimator = ResponsibilityAttentionEstimator;
+  static constexpr uint64_t kSeed = 101;
+  static constexpr int64_t S = 5, N = 4, D = 3, T = 4;
+
+  static Distribution make_model(Rng& rng) {
+    ResponsibilityAttentionParams p;
+    p.key_means.resize(S, D);
+    for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = 2.0 * rng.normal();
+    p.emission.resize(S, T);
+    for (Index s = 0; s < S; ++s) p.emission.row(s) = dirichlet(rng, T).transpose();
+    p.position_prior = dirichlet(rng, N);
+    p.sigma2 = 0.8;
+    return Distribution(std::move(p));
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64()).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    const Batch one = batch.slice(row, 1);
+    return ResponsibilityAttentionEncoder{}.encode(one.contexts(), one.queries(), one.targets());
+  }
+  static Estimator make_estimator(const Distribution& model) {
+    ResponsibilityAttentionEstimatorOptions options;
+    options.sigma2 = model.sigma2();
+    options.emission_smoothing = 0.0;  // exact EM
+    return {S, N, D, T, options};
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return {S + 1, N, D, T}; }
+  static double total_mass(const Acc& acc) { return acc.total_mass(); }
+  static bool tamper(Acc& acc) {
+    acc.key_mass()[0] += 1.0;  // Σ key_mass now exceeds Σ position_count
+    return true;
+  }
+  /// Emission = identity (S = T = 3): a target no context symbol emits is impossible.
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    ResponsibilityAttentionParams p;
+    p.key_means.resize(3, 2);
+    for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
+    p.emission = Matrix::Identity(3, 3);
+    p.position_prior = Vector::Constant(2, 0.5);
+    IdMatrix contexts(6, 2);
+    contexts << 0, 1, 0, 1, 2, 2, 1, 0, 1, 2, 0, 0;
+    const IdVector targets = (IdVector(6) << 0, 2, 2, 2, 1, 1).finished();
+    Matrix queries(6, 2);
+    for (Index k = 0; k < queries.size(); ++k) queries.data()[k] = rng.normal();
+    Batch batch = ResponsibilityAttentionEncoder{3, 2, 2, 3}.encode(contexts, queries, targets);
+    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), {1, 3, 5}};
+  }
+  /// T = 10⁵ random emission counts whose masses obey the laws; default smoothing and none.
+  static std::vector<std::pair<Estimator, Acc>> large_support(Rng& rng) {
+    const int64_t s = 3, n = 2, d = 2, t = 100000;
+    Acc acc(s, n, d, t);
+    for (Index k = 0; k < acc.emission_count().size(); ++k)
+      acc.emission_count().data()[k] = rough_count(rng);
+    acc.emission_count()(1, 7) = 0.0;
+    acc.emission_count().row(2).setZero();  // an all-zero row: uniform without smoothing
+    double total = 0.0;
+    for (Index r = 0; r < s; ++r) {
+      const ConstMatrixMap counts = std::as_const(acc).emission_count();
+      acc.key_mass()[r] = accurate_sum({counts.data() + r * t, static_cast<size_t>(t)});
+      total += acc.key_mass()[r];
+      for (Index c = 0; c < d; ++c) acc.key_sum()(r, c) = rng.normal() * acc.key_mass()[r];
+    }
+    acc.position_count() << 0.3 * total, 0.7 * total;
+    acc.query_sq() = 10.0 * total;
+    ResponsibilityAttentionEstimatorOptions none;
+    none.emission_smoothing = 0.0;
+    return {{Estimator(s, n, d, t), acc}, {Estimator(s, n, d, t, none), acc}};
+  }
+};
+
+// ----- categorical
+// -------------------------------------------------------------------------------------------
+
+struct CategoricalTraits {
+  using Distribution = Categorical;
+  using Batch = CategoricalBatch;
+  using Acc = CategoricalAccumulator;
+  using Estimator = CategoricalEstimator;
+  static constexpr uint64_t kSeed = 202;
+  static constexpr int64_t K = 6;
+
+  static Distribution make_model(Rng& rng) { return Distribution({dirichlet(rng, K), "c"}); }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64()).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    return CategoricalEncoder{}.encode(IdVector::Constant(1, batch.id(row)));
+  }
+  static Estimator make_estimator(const Distribution& /*model*/) { return Estimator(K); }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return Acc(K + 1); }
+  static double total_mass(const Acc& acc) { return acc.total_mass(); }
+  static bool tamper(Acc& /*acc*/) { return false; }  // one field: the only mass law is nobs
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& /*rng*/) {
+    Vector p(5);
+    p << 0.5, 0.0, 0.25, 0.0, 0.25;
+    Batch batch = CategoricalEncoder{5}.encode((IdVector(8) << 0, 1, 2, 3, 4, 0, 3, 2).finished());
+    return ImpossibleCase<Distribution>{
+        Distribution({p, "impossible"}), std::move(batch), {1, 3, 6}};
+  }
+  static std::vector<std::pair<Estimator, Acc>> large_support(Rng& rng) {
+    const int64_t k = 100000;
+    Acc acc(k);
+    for (Index i = 0; i < k; ++i) acc.counts()[i] = rough_count(rng);
+    Acc zero(k);  // zero total: uniform
+    CategoricalEstimatorOptions smooth;
+    smooth.smoothing = 0.37;
+    return {{Estimator(k), acc}, {Estimator(k, smooth), acc}, {Estimator(k), zero}};
+  }
+};
+
+// ----- diagonal Gaussian
+// -------------------------------------------------------------------------------------
+
+struct DiagonalGaussianTraits {
+  using Distribution = DiagonalGaussian;
+  using Batch = DiagonalGaussianBatch;
+  using Acc = DiagonalGaussianAccumulator;
+  using Estimator = DiagonalGaussianEstimator;
+  static constexpr uint64_t kSeed = 303;
+  static constexpr int64_t D = 3;
+
+  static Distribution make_model(Rng& rng) {
+    DiagonalGaussianParams p;
+    p.mu.resize(D);
+    p.sigma2.resize(D);
+    for (Index d = 0; d < D; ++d) {
+      p.mu[d] = 3.0 * rng.normal();
+      p.sigma2[d] = 0.5 + rng.uniform();
+    }
+    return Distribution(std::move(p));
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64()).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    return DiagonalGaussianEncoder{}.encode(batch.slice(row, 1).values());
+  }
+  static Estimator make_estimator(const Distribution& /*model*/) { return Estimator(D); }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return Acc(D + 1); }
+  static double total_mass(const Acc& acc) { return acc.count(); }
+  static bool tamper(Acc& /*acc*/) { return false; }
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& /*rng*/) {
+    return std::nullopt;
+  }
+};
+
+// ----- mixture of two responsibility-attention heads (through AnyBatch)
+// --------------------------------------
+
+struct MixtureOfAttentionTraits {
+  using Distribution = Mixture;
+  using Batch = AnyBatch;
+  using Acc = MixtureAccumulator;
+  using Estimator = MixtureEstimator;
+  using RA = ResponsibilityAttentionTraits;
+  static constexpr uint64_t kSeed = 404;
+
+  static Distribution make_model(Rng& rng) {
+    return Mixture({AnyDistribution(RA::make_model(rng)), AnyDistribution(RA::make_model(rng))},
+                   dirichlet(rng, 2));
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.components()[0].sample(n, rng.next_u64());
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    return AnyBatch(RA::row_alone(batch.get<RA::Batch>("row_alone"), row));
+  }
+  static Estimator make_estimator(const Distribution& model) {
+    std::vector<AnyEstimator> estimators;
+    for (const AnyDistribution& c : model.components())
+      estimators.emplace_back(RA::make_estimator(*c.get_if<ResponsibilityAttention>()));
+    return MixtureEstimator(std::move(estimators));
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) {
+    return Acc({AnyAccumulator(RA::Acc(RA::S + 1, RA::N, RA::D, RA::T)),
+                AnyAccumulator(RA::Acc(RA::S, RA::N, RA::D, RA::T))});
+  }
+  static double total_mass(const Acc& acc) {
+    return accurate_sum({acc.comp_count().data(), static_cast<size_t>(acc.comp_count().size())});
+  }
+  static bool tamper(Acc& acc) { return RA::tamper(acc.children()[1].get<RA::Acc>("tamper")); }
+  /// Both components have identity emissions: the impossible rows are impossible under every
+  /// component.
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    auto first = RA::impossible_case(rng);
+    auto second = RA::impossible_case(rng);
+    Mixture model({AnyDistribution(first->model), AnyDistribution(second->model)},
+                  Vector::Constant(2, 0.5));
+    return ImpossibleCase<Distribution>{std::move(model), AnyBatch(first->batch), first->rows};
+  }
+};
+
+// ----- composite: categorical label × Gaussian feature
+// -------------------------------------------------------
+
+struct CompositeTraits {
+  using Distribution = Composite;
+  using Batch = CompositeBatch;
+  using Acc = CompositeAccumulator;
+  using Estimator = CompositeEstimator;
+  using Cat = CategoricalTraits;
+  using Gauss = DiagonalGaussianTraits;
+  static constexpr uint64_t kSeed = 505;
+
+  static Distribution make_model(Rng& rng) {
+    return Composite(
+        {AnyDistribution(Cat::make_model(rng)), AnyDistribution(Gauss::make_model(rng))});
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64()).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    return CompositeBatch(
+        {AnyBatch(Cat::row_alone(batch.field(0).get<Cat::Batch>("row_alone"), row)),
+         AnyBatch(Gauss::row_alone(batch.field(1).get<Gauss::Batch>("row_alone"), row))});
+  }
+  static Estimator make_estimator(const Distribution& /*model*/) {
+    return CompositeEstimator(
+        {AnyEstimator(Cat::Estimator(Cat::K)), AnyEstimator(Gauss::Estimator(Gauss::D))});
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) {
+    return Acc({AnyAccumulator(Cat::Acc(Cat::K + 1)), AnyAccumulator(Gauss::Acc(Gauss::D))});
+  }
+  static double total_mass(const Acc& acc) {
+    return acc.components()[0].get<Cat::Acc>("total_mass").total_mass();
+  }
+  static bool tamper(Acc& /*acc*/) {
+    return false;
+  }  // neither child has an internal law (see composite_test.cpp)
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    auto label = Cat::impossible_case(rng);
+    const Distribution model(
+        {AnyDistribution(label->model), AnyDistribution(Gauss::make_model(rng))});
+    const AnyBatch feature(Gauss::make_batch(*model.components()[1].get_if<DiagonalGaussian>(),
+                                             label->batch.n_rows(), rng));
+    return ImpossibleCase<Distribution>{model, CompositeBatch({AnyBatch(label->batch), feature}),
+                                        label->rows};
+  }
+};
+
+using Families =
+    ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits, DiagonalGaussianTraits,
+                     MixtureOfAttentionTraits, CompositeTraits>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Families, DistributionContractTest, Families);
+
+// ----- F-5: keyed tying
+// --------------------------------------------------------------------------------------
+
+/// F-5 (SPEC.md §1.4): two RA components of a mixture whose estimators carry the same key end one
+/// EM step with identical parameters, equal (rel 1e-12) to estimate() of the sum of their separate
+/// statistics; the tying is the same through optimize's em_step and by hand.
+TEST(KeyTyingTest, TiedMixtureComponentsShareEstimateOfSummedStatistics) {
+  using RA = ResponsibilityAttentionTraits;
+  const uint64_t seed = testing::test_seed(606);
+  SCOPED_TRACE("test seed " + std::to_string(seed));
+  Rng rng(seed);
+  const Mixture model({AnyDistribution(RA::make_model(rng)), AnyDistribution(RA::make_model(rng))},
+                      dirichlet(rng, 2));
+  const AnyBatch batch = model.components()[0].sample(200, rng.next_u64());
+  ResponsibilityAttentionEstimatorOptions options;
+  options.keys = "shared";
+  const RA::Estimator ra_estimator(RA::S, RA::N, RA::D, RA::T, options);
+  const MixtureEstimator estimator({AnyEstimator(ra_estimator), AnyEstimator(ra_estimator)});
+
+  // Untied statistics: the oracle is estimate(c_0 + c_1).
+  const std::vector<double> ones(static_cast<size_t>(batch.n_rows()), 1.0);
+  MixtureAccumulator untied = estimator.make_accumulator();
+  model.accumulate(batch, ones, untied);
+  RA::Acc summed = untied.components()[0].get<RA::Acc>("F-5");
+  summed.combine(untied.components()[1].get<RA::Acc>("F-5"));
+  const ResponsibilityAttention expected = ra_estimator.estimate(std::nullopt, summed);
+
+  // By hand: key_merge / key_replace over the type-erased top-level accumulator.
+  AnyAccumulator tied(untied);
+  tie_keys(tied);
+  const Mixture by_hand = estimator.estimate(std::nullopt, tied.get<MixtureAccumulator>("F-5"));
+  // Through optimize's em_step on the type-erased handles.
+  const AnyDistribution stepped =
+      em_step(AnyDistribution(model), batch, AnyEstimator(estimator), {}, ParallelOptions{});
+  const Mixture* via_em = stepped.get_if<Mixture>();
+  ASSERT_NE(via_em, nullptr);
+
+  for (const Mixture* fitted : {&by_hand, via_em}) {
+    for (const AnyDistribution& component : fitted->components()) {
+      const ResponsibilityAttentionParams& p =
+          component.get_if<ResponsibilityAttention>()->params();
+      const ResponsibilityAttentionParams& q = expected.params();
+      testing::ExpectAllClose(p.key_means, q.key_means, 1e-12, 1e-12);
+      testing::ExpectAllClose(p.emission, q.emission, 1e-12, 1e-12);
+      testing::ExpectAllClose(Matrix(p.position_prior), Matrix(q.position_prior), 1e-12, 1e-12);
+      EXPECT_EQ(p.sigma2, q.sigma2);
+    }
+    const auto& a = fitted->components()[0].get_if<ResponsibilityAttention>()->params();
+    const auto& b = fitted->components()[1].get_if<ResponsibilityAttention>()->params();
+    EXPECT_EQ(a.key_means, b.key_means);
+    EXPECT_EQ(a.emission, b.emission);
+    EXPECT_EQ(a.position_prior, b.position_prior);
+  }
+}
+
+/// F-5: without a key the two components keep their own statistics (the tying pass is a no-op).
+TEST(KeyTyingTest, UnkeyedComponentsStayDistinct) {
+  using RA = ResponsibilityAttentionTraits;
+  Rng rng(testing::test_seed(607));
+  const Mixture model({AnyDistribution(RA::make_model(rng)), AnyDistribution(RA::make_model(rng))},
+                      dirichlet(rng, 2));
+  const AnyBatch batch = model.components()[0].sample(100, rng.next_u64());
+  const MixtureEstimator estimator(
+      {AnyEstimator(RA::make_estimator(*model.components()[0].get_if<ResponsibilityAttention>())),
+       AnyEstimator(RA::make_estimator(*model.components()[1].get_if<ResponsibilityAttention>()))});
+  const std::vector<double> ones(static_cast<size_t>(batch.n_rows()), 1.0);
+  MixtureAccumulator acc = estimator.make_accumulator();
+  model.accumulate(batch, ones, acc);
+  AnyAccumulator any(acc);
+  tie_keys(any);
+  EXPECT_TRUE(any == AnyAccumulator(acc));
+}
+
+}  // namespace
+}  // namespace attnmix::contract
