@@ -1,1 +1,493 @@
 // SPDX-License-Identifier: Apache-2.0
+// Model files (SPEC.md §1.10): the family registry, the field reader that names file and field in
+// every error, the document layout, and the atomic writer (temporary file, fsync, rename).
+#include "attnmix/core/json.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/errors.hpp"
+#include "attnmix/stats/mixture.hpp"
+
+namespace attnmix {
+
+using nlohmann::json;
+
+// ----- ModelJsonField
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string type_name_of(const json& v) {
+  if (v.is_boolean()) return "a bool";
+  if (v.is_null()) return "null";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "a number";
+}
+
+std::string join_path(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+}  // namespace
+
+ModelJsonField::ModelJsonField(const json& value, std::string source, std::string path)
+    : value_(&value), source_(std::move(source)), path_(std::move(path)) {}
+
+std::string ModelJsonField::where(std::string_view message) const {
+  std::string out = source_;
+  if (!path_.empty()) out += ": " + path_;
+  out += ": ";
+  out += message;
+  return out;
+}
+
+void ModelJsonField::fail(std::string_view message) const { throw ValueError(where(message)); }
+
+void ModelJsonField::expect_object(std::span<const std::string_view> required,
+                                   std::span<const std::string_view> optional) const {
+  if (!value_->is_object()) fail("must be a JSON object (got " + type_name_of(*value_) + ")");
+  for (std::string_view key : required)
+    if (!value_->contains(key)) fail("missing field '" + std::string(key) + "'");
+  for (const auto& item : value_->items()) {
+    bool known = false;
+    for (std::string_view key : required) known = known || key == item.key();
+    for (std::string_view key : optional) known = known || key == item.key();
+    if (!known) {
+      std::string expected;
+      for (std::string_view key : required)
+        expected += (expected.empty() ? "" : ", ") + std::string(key);
+      for (std::string_view key : optional)
+        expected += (expected.empty() ? "" : ", ") + std::string(key);
+      fail("unknown field '" + item.key() + "' (expected " + expected + ")");
+    }
+  }
+}
+
+bool ModelJsonField::has(std::string_view key) const {
+  return value_->is_object() && value_->contains(key);
+}
+
+ModelJsonField ModelJsonField::operator[](std::string_view key) const {
+  if (!value_->is_object()) fail("must be a JSON object (got " + type_name_of(*value_) + ")");
+  const auto it = value_->find(key);
+  if (it == value_->end()) fail("missing field '" + std::string(key) + "'");
+  return {*it, source_, join_path(path_, key)};
+}
+
+std::vector<ModelJsonField> ModelJsonField::elements() const {
+  if (!value_->is_array()) fail("must be an array (got " + type_name_of(*value_) + ")");
+  std::vector<ModelJsonField> out;
+  out.reserve(value_->size());
+  for (size_t i = 0; i < value_->size(); ++i)
+    out.emplace_back((*value_)[i], source_, path_ + "[" + std::to_string(i) + "]");
+  return out;
+}
+
+double ModelJsonField::as_double() const {
+  if (!value_->is_number()) fail("must be a number (got " + type_name_of(*value_) + ")");
+  const double x = value_->get<double>();
+  if (!std::isfinite(x)) fail("must be finite");
+  return x;
+}
+
+int64_t ModelJsonField::as_int() const {
+  if (value_->is_number_integer()) return value_->get<int64_t>();
+  const double x = as_double();
+  if (x != std::floor(x) || std::fabs(x) > 9.0e15) fail("must be an integer");
+  return static_cast<int64_t>(x);
+}
+
+std::string ModelJsonField::as_string() const {
+  if (!value_->is_string()) fail("must be a string (got " + type_name_of(*value_) + ")");
+  return value_->get<std::string>();
+}
+
+Vector ModelJsonField::as_vector() const {
+  if (!value_->is_array()) fail("must be an array of numbers (got " + type_name_of(*value_) + ")");
+  Vector out(static_cast<Index>(value_->size()));
+  for (size_t i = 0; i < value_->size(); ++i) {
+    const json& x = (*value_)[i];
+    if (!x.is_number())
+      fail("entry " + std::to_string(i) + " must be a number (got " + type_name_of(x) + ")");
+    out[static_cast<Index>(i)] = x.get<double>();
+  }
+  return out;
+}
+
+Matrix ModelJsonField::as_matrix() const {
+  if (!value_->is_array())
+    fail("must be a 2-D array of numbers (got " + type_name_of(*value_) + ")");
+  const size_t rows = value_->size();
+  size_t cols = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const json& row = (*value_)[r];
+    if (!row.is_array())
+      fail("row " + std::to_string(r) + " must be an array of numbers (got " + type_name_of(row) +
+           ")");
+    if (r == 0) cols = row.size();
+    if (row.size() != cols)
+      fail("row " + std::to_string(r) + " has " + std::to_string(row.size()) +
+           " entries (row 0 has " + std::to_string(cols) + "); the array must be rectangular");
+  }
+  Matrix out(static_cast<Index>(rows), static_cast<Index>(cols));
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) {
+      const json& x = (*value_)[r][c];
+      if (!x.is_number())
+        fail("entry [" + std::to_string(r) + ", " + std::to_string(c) + "] must be a number (got " +
+             type_name_of(x) + ")");
+      out(static_cast<Index>(r), static_cast<Index>(c)) = x.get<double>();
+    }
+  return out;
+}
+
+void ModelJsonField::rethrow_constructor_error(std::string_view family_where,
+                                               std::string_view message) const {
+  const std::string prefix = std::string(family_where) + ": ";
+  if (message.substr(0, prefix.size()) == prefix) {
+    const std::string_view rest = message.substr(prefix.size());
+    if (value_->is_object())
+      for (const auto& item : value_->items()) {
+        const std::string& key = item.key();
+        if (rest.size() > key.size() && rest.substr(0, key.size()) == key &&
+            rest[key.size()] == ' ')
+          throw ValueError(source_ + ": " + join_path(path_, key) +
+                           std::string(rest.substr(key.size())));
+      }
+    fail(rest);
+  }
+  fail(message);
+}
+
+// ----- the family registry
+// -----------------------------------------------------------------------------------------
+
+namespace {
+
+json matrix_to_json(const Matrix& m) {
+  json rows = json::array();
+  for (Index r = 0; r < m.rows(); ++r) {
+    json row = json::array();
+    for (Index c = 0; c < m.cols(); ++c) row.push_back(m(r, c));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+json vector_to_json(const Vector& v) {
+  json out = json::array();
+  for (Index i = 0; i < v.size(); ++i) out.push_back(v[i]);
+  return out;
+}
+
+// responsibility_attention: key_means [S, D], emission [S, T], position_prior [N], sigma2.
+json ra_params_to_json(const AnyDistribution& model) {
+  const ResponsibilityAttentionParams& p = model.get_if<ResponsibilityAttention>()->params();
+  return json{{"key_means", matrix_to_json(p.key_means)},
+              {"emission", matrix_to_json(p.emission)},
+              {"position_prior", vector_to_json(p.position_prior)},
+              {"sigma2", p.sigma2}};
+}
+std::string ra_name_of(const AnyDistribution& model) {
+  return model.get_if<ResponsibilityAttention>()->params().name;
+}
+AnyDistribution ra_from_json(const ModelJsonField& params, const std::string& name) {
+  constexpr std::array<std::string_view, 4> kRequired{"key_means", "emission", "position_prior",
+                                                      "sigma2"};
+  params.expect_object(kRequired, {});
+  ResponsibilityAttentionParams p;
+  p.key_means = params["key_means"].as_matrix();
+  p.emission = params["emission"].as_matrix();
+  p.position_prior = params["position_prior"].as_vector();
+  p.sigma2 = params["sigma2"].as_double();
+  p.name = name;
+  return params.construct(ResponsibilityAttention::kWhere,
+                          [&] { return AnyDistribution(ResponsibilityAttention(std::move(p))); });
+}
+
+// mixture: w [K], components (model objects without "format").
+json mixture_params_to_json(const AnyDistribution& model) {
+  const Mixture& m = *model.get_if<Mixture>();
+  json components = json::array();
+  for (const AnyDistribution& c : m.components()) components.push_back(model_object_to_json(c));
+  return json{{"w", vector_to_json(m.weights())}, {"components", std::move(components)}};
+}
+std::string mixture_name_of(const AnyDistribution& model) {
+  return model.get_if<Mixture>()->name();
+}
+AnyDistribution mixture_from_json(const ModelJsonField& params, const std::string& name) {
+  constexpr std::array<std::string_view, 2> kRequired{"w", "components"};
+  params.expect_object(kRequired, {});
+  Vector w = params["w"].as_vector();
+  std::vector<AnyDistribution> components;
+  for (const ModelJsonField& c : params["components"].elements())
+    components.push_back(model_object_from_json(c, /*top_level=*/false));
+  return params.construct(Mixture::kWhere, [&] {
+    return AnyDistribution(Mixture(std::move(components), std::move(w), name));
+  });
+}
+
+// Adding a family: write its params_to_json / name_of / from_json and add one row here.
+constexpr std::array<ModelCodec, 2> kCodecs{{
+    {ResponsibilityAttention::kFamily, &ra_params_to_json, &ra_name_of, &ra_from_json},
+    {Mixture::kFamily, &mixture_params_to_json, &mixture_name_of, &mixture_from_json},
+}};
+
+// Family names of SPEC.md §1.10 that this build does not implement yet (for a clearer message).
+constexpr std::array<std::string_view, 3> kPlannedFamilies{
+    "chained_attention", "variational_embedding_attention", "variational_multihop_attention"};
+
+const ModelCodec* find_codec(std::string_view family) {
+  for (const ModelCodec& c : kCodecs)
+    if (family == c.family) return &c;
+  return nullptr;
+}
+
+std::string known_families() {
+  std::string out;
+  for (const ModelCodec& c : kCodecs) out += (out.empty() ? "" : ", ") + std::string(c.family);
+  return out;
+}
+
+}  // namespace
+
+std::span<const ModelCodec> model_codecs() { return kCodecs; }
+
+// ----- documents
+// ---------------------------------------------------------------------------------------------------
+
+json model_object_to_json(const AnyDistribution& model) {
+  if (!model.has_value()) throw ValueError("model_to_json: the model is empty");
+  const std::string family = model.family();
+  const ModelCodec* codec = find_codec(family);
+  if (!codec)
+    throw ValueError("model_to_json: family '" + family +
+                     "' has no model-file format (known: " + known_families() + ")");
+  json out = json::object();
+  out["schema_version"] = kModelSchemaVersion;
+  out["family"] = family;
+  out["params"] = codec->params_to_json(model);
+  const std::string name = codec->name_of(model);
+  if (!name.empty()) out["name"] = name;
+  return out;
+}
+
+json model_to_json(const AnyDistribution& model) {
+  json body = model_object_to_json(model);
+  json out = json::object();
+  out["format"] = kModelFormat;
+  for (auto& item : body.items()) out[item.key()] = std::move(item.value());
+  return out;
+}
+
+AnyDistribution model_object_from_json(const ModelJsonField& object, bool top_level) {
+  constexpr std::array<std::string_view, 4> kTopRequired{"format", "schema_version", "family",
+                                                         "params"};
+  constexpr std::array<std::string_view, 1> kTopOptional{"name"};
+  constexpr std::array<std::string_view, 2> kRequired{"family", "params"};
+  constexpr std::array<std::string_view, 3> kOptional{"format", "schema_version", "name"};
+  if (top_level && object.value().is_object() && !object.has("format"))
+    object.fail(
+        "missing field 'format' (an attnmix model file starts with {\"format\": \"attnmix-model\", "
+        "…})");
+  if (top_level)
+    object.expect_object(kTopRequired, kTopOptional);
+  else
+    object.expect_object(kRequired, kOptional);
+  if (object.has("format")) {
+    const ModelJsonField format = object["format"];
+    if (format.as_string() != kModelFormat)
+      format.fail(std::string("must be \"") + kModelFormat + "\" (got \"" + format.as_string() +
+                  "\")");
+  }
+  if (object.has("schema_version")) {
+    const ModelJsonField version = object["schema_version"];
+    if (!version.value().is_number_integer() || version.as_int() != kModelSchemaVersion)
+      version.fail("this build reads schema_version " + std::to_string(kModelSchemaVersion) +
+                   " (got " + version.value().dump() + ")");
+  }
+  const ModelJsonField family_field = object["family"];
+  const std::string family = family_field.as_string();
+  const ModelCodec* codec = find_codec(family);
+  if (!codec) {
+    for (std::string_view planned : kPlannedFamilies)
+      if (family == planned)
+        family_field.fail("family '" + family + "' is not available in this build");
+    family_field.fail("unknown family '" + family + "' (known: " + known_families() + ")");
+  }
+  const std::string name = object.has("name") ? object["name"].as_string() : std::string();
+  return codec->from_json(object["params"], name);
+}
+
+AnyDistribution model_from_json(const json& doc, std::string_view source) {
+  return model_object_from_json(ModelJsonField(doc, std::string(source), ""), /*top_level=*/true);
+}
+
+// ----- text layout
+// -------------------------------------------------------------------------------------------------
+
+namespace {
+
+bool is_scalar_array(const json& v) {
+  if (!v.is_array()) return false;
+  for (const json& x : v)
+    if (x.is_array() || x.is_object()) return false;
+  return true;
+}
+
+/// The envelope fields first, in the order the format documents them; every other key
+/// alphabetically.
+std::vector<std::string> keys_in_order(const json& object) {
+  constexpr std::array<std::string_view, 6> kEnvelope{"format", "schema_version", "family", "name",
+                                                      "params", "optimizer_state"};
+  std::vector<std::string> keys;
+  for (std::string_view key : kEnvelope)
+    if (object.contains(key)) keys.emplace_back(key);
+  for (const auto& item : object.items())
+    if (std::find(kEnvelope.begin(), kEnvelope.end(), item.key()) == kEnvelope.end())
+      keys.push_back(item.key());
+  return keys;
+}
+
+void write_value(std::ostringstream& os, const json& v, int indent) {
+  const std::string pad(static_cast<size_t>(indent), ' ');
+  const std::string inner(static_cast<size_t>(indent + 2), ' ');
+  if (v.is_object() && !v.empty()) {
+    os << "{\n";
+    size_t i = 0;
+    for (const std::string& key : keys_in_order(v)) {
+      os << inner << json(key).dump() << ": ";
+      write_value(os, v.at(key), indent + 2);
+      os << (++i < v.size() ? ",\n" : "\n");
+    }
+    os << pad << "}";
+  } else if (v.is_array() && !v.empty() && !is_scalar_array(v)) {
+    os << "[\n";
+    for (size_t i = 0; i < v.size(); ++i) {
+      os << inner;
+      write_value(os, v[i], indent + 2);
+      os << (i + 1 < v.size() ? ",\n" : "\n");
+    }
+    os << pad << "]";
+  } else if (v.is_array()) {  // numbers on one line: one matrix row per line
+    os << "[";
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i].dump();
+    os << "]";
+  } else {
+    os << v.dump();
+  }
+}
+
+[[noreturn]] void io_error(const std::string& path, const std::string& what, int err) {
+  throw std::runtime_error(path + ": " + what + ": " + std::strerror(err));
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+/// Writes text to path via a temporary file in the same directory, fsync and rename (atomic on
+/// POSIX).
+void write_file_atomically(const std::string& path, const std::string& text) {
+  struct stat target {};
+  mode_t mode = 0644;
+  if (::stat(path.c_str(), &target) == 0) {
+    if (S_ISDIR(target.st_mode))
+      throw std::runtime_error(path + ": cannot write the model: it is a directory");
+    mode = target.st_mode & 07777;
+  }
+  const std::string directory = parent_directory(path);
+  const size_t slash = path.find_last_of('/');
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  std::string temp = directory + "/." + base + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) io_error(path, "cannot create a temporary file in " + directory, errno);
+  const auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(temp.c_str());
+    io_error(path, what, err);
+  };
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write the model");
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, mode) != 0) fail("cannot set the file mode");
+  if (::fsync(fd) != 0) fail("cannot flush the model to disk");
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    io_error(path, "cannot close the model file", err);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    io_error(path, "cannot move the model into place", err);
+  }
+  // Make the rename itself durable; a failure here cannot un-write the file, so it is not reported.
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+}  // namespace
+
+std::string format_model_json(const json& doc) {
+  std::ostringstream os;
+  write_value(os, doc, 0);
+  os << "\n";
+  return os.str();
+}
+
+// ----- files
+// -------------------------------------------------------------------------------------------------------
+
+void save_model(const AnyDistribution& model, const std::string& path) {
+  // Serialise first: nothing touches the disk unless the whole document exists.
+  write_file_atomically(path, format_model_json(model_to_json(model)));
+}
+
+AnyDistribution load_model(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) io_error(path, "cannot open the model file", errno);
+  if (S_ISDIR(info.st_mode))
+    throw std::runtime_error(path + ": cannot read the model file: it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) io_error(path, "cannot open the model file", errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) io_error(path, "cannot read the model file", errno);
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::exception& e) {
+    throw ValueError(path + ": not a valid JSON document: " + e.what());
+  }
+  return model_from_json(doc, path);
+}
+
+}  // namespace attnmix

@@ -1,1 +1,467 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end tests of the attnmix command-line tool (SPEC.md §1.10): the binary (ATTNMIX_CLI) runs
+// in a fresh temporary directory per test; fixtures come from ATTNMIX_TEST_DATA_DIR (see
+// tests/data/README.md).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/json.hpp"
+
+namespace attnmix {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+bool contains(const std::string& text, const std::string& fragment) {
+  return text.find(fragment) != std::string::npos;
+}
+
+/// Each test runs the CLI inside its own empty directory (removed afterwards).
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("attnmix_cli_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  /// Runs `attnmix <args>` in the test directory, capturing stdout and stderr.
+  RunResult run(const std::string& args) const {
+    const fs::path out = dir_ / ".stdout", err = dir_ / ".stderr";
+    const std::string command = "cd '" + dir_.string() + "' && '" + std::string(ATTNMIX_CLI) +
+                                "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(command.c_str());
+    RunResult result;
+    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.out = read_text(out);
+    result.err = read_text(err);
+    fs::remove(out);
+    fs::remove(err);
+    return result;
+  }
+  [[nodiscard]] std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir_ / name) << text;
+  }
+  [[nodiscard]] static std::string data(const std::string& name) {
+    return std::string(ATTNMIX_TEST_DATA_DIR) + "/" + name;
+  }
+  /// Samples n training rows from the fixture model into `name`.
+  void sample_rows(const std::string& name, int n, int seed) const {
+    const RunResult r = run("sample --model '" + data("ra_model.json") + "' -n " +
+                            std::to_string(n) + " --seed " + std::to_string(seed));
+    ASSERT_EQ(r.code, 0) << r.err;
+    write(name, r.out);
+  }
+  [[nodiscard]] std::vector<std::string> listing() const {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_))
+      names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path dir_;
+};
+
+// ----- usage
+// ---------------------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, HelpExitsZeroForEveryCommand) {
+  for (const char* command : {"", "fit ", "score ", "predict ", "sample ", "demo "}) {
+    const RunResult r = run(std::string(command) + "--help");
+    EXPECT_EQ(r.code, 0) << command << r.err;
+    EXPECT_TRUE(contains(r.out, "Usage")) << command;
+  }
+}
+
+TEST_F(CliTest, UsageErrorsExitOne) {
+  EXPECT_EQ(run("fit --data x.jsonl --out m.json --no-such-flag").code, 1);
+  EXPECT_EQ(run("").code, 1);                    // a subcommand is required
+  EXPECT_EQ(run("frobnicate").code, 1);          // unknown subcommand
+  EXPECT_EQ(run("fit --data x.jsonl").code, 1);  // --out missing
+  EXPECT_EQ(run("fit --out m.json").code, 1);    // neither --data nor --text
+  EXPECT_EQ(run("fit --data x --delta fast --out m.json").code, 1);
+  EXPECT_EQ(run("sample --model m.json --seed 1").code, 1);  // -n missing
+  for (const char* family :
+       {"chained", "ca", "variational", "vea", "variational-multihop", "vmha"}) {
+    const RunResult r = run(std::string("fit --family ") + family + " --data x.jsonl --out m.json");
+    EXPECT_EQ(r.code, 1) << family;
+    EXPECT_TRUE(contains(r.err, "not yet available in this build")) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("m.json")));
+}
+
+// ----- the main path
+// -----------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, SampleFitScorePredictRoundTrip) {
+  sample_rows("train.jsonl", 300, 1);
+  const std::vector<std::string> rows = lines_of(read_text(path("train.jsonl")));
+  ASSERT_EQ(rows.size(), 300U);
+  const nlohmann::json first = nlohmann::json::parse(rows[0]);
+  EXPECT_EQ(first["context"].size(), 3U);
+  EXPECT_EQ(first["query"].size(), 4U);
+  EXPECT_TRUE(first["target"].is_number_integer());
+
+  const RunResult fit =
+      run("fit --family ra --data train.jsonl --out model.json --max-its 5 --threads 2");
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  const std::vector<std::string> out = lines_of(fit.out);
+  int progress = 0;
+  for (const std::string& line : out)
+    if (line.rfind("Iteration ", 0) == 0) {
+      ++progress;
+      EXPECT_TRUE(contains(line, "ln[p_mat(Data|Model)]=")) << line;
+      EXPECT_EQ(line.substr(line.size() - 3), " s)") << line;
+    }
+  EXPECT_EQ(progress, 5);
+  EXPECT_TRUE(contains(fit.out, "300 rows")) << fit.out;
+  EXPECT_TRUE(contains(fit.out, "S=4")) << fit.out;
+  EXPECT_TRUE(contains(fit.out, "model written   model.json")) << fit.out;
+  const AnyDistribution model = load_model(path("model.json"));
+  ASSERT_NE(model.get_if<ResponsibilityAttention>(), nullptr);
+  EXPECT_EQ(model.get_if<ResponsibilityAttention>()->context_length(), 3);
+
+  sample_rows("test.jsonl", 100, 2);
+  const RunResult score = run("score --model model.json --data test.jsonl");
+  ASSERT_EQ(score.code, 0) << score.err;
+  double total = 0.0, mean = 0.0;
+  int n = 0;
+  ASSERT_EQ(std::sscanf(score.out.c_str(), "rows=%d total=%lf mean=%lf", &n, &total, &mean), 3)
+      << score.out;
+  EXPECT_EQ(n, 100);
+  EXPECT_TRUE(std::isfinite(total));
+  EXPECT_DOUBLE_EQ(mean, total / 100.0);
+
+  const RunResult per_row = run("score --model model.json --data test.jsonl --per-row");
+  ASSERT_EQ(per_row.code, 0) << per_row.err;
+  const std::vector<std::string> values = lines_of(per_row.out);
+  ASSERT_EQ(values.size(), 100U);
+  double sum = 0.0;
+  for (const std::string& v : values) sum += std::stod(v);
+  EXPECT_NEAR(sum, total, 1e-9 * std::fabs(total));
+  EXPECT_EQ(per_row.err, score.out);  // the summary moves to stderr
+
+  const RunResult predict = run("predict --model model.json --data test.jsonl");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  const std::vector<std::string> predictions = lines_of(predict.out);
+  ASSERT_EQ(predictions.size(), 100U);
+  for (const std::string& line : predictions) {
+    int t = -1;
+    double p = -1.0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%d\t%lf", &t, &p), 2) << line;
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 4);
+    EXPECT_GE(p, 0.25);  // the argmax of 4 probabilities
+    EXPECT_LE(p, 1.0);
+  }
+  double accuracy = -1.0;
+  ASSERT_EQ(std::sscanf(predict.err.c_str(), "accuracy=%lf", &accuracy), 1) << predict.err;
+  EXPECT_GT(accuracy, 0.3);  // chance is 0.25; the fixture model is far more predictable
+
+  const RunResult proba = run("predict --model model.json --data test.jsonl --proba");
+  ASSERT_EQ(proba.code, 0) << proba.err;
+  for (const std::string& line : lines_of(proba.out)) {
+    std::istringstream in(line);
+    double p = 0.0, row_sum = 0.0;
+    int count = 0;
+    while (in >> p) {
+      row_sum += p;
+      ++count;
+    }
+    EXPECT_EQ(count, 4);
+    EXPECT_NEAR(row_sum, 1.0, 1e-9);
+  }
+}
+
+TEST_F(CliTest, SampleIsDeterministicGivenTheSeed) {
+  const std::string model = "--model '" + data("ra_model.json") + "'";
+  const RunResult a = run("sample " + model + " -n 7 --seed 5");
+  const RunResult b = run("sample " + model + " --n 7 --seed 5");
+  const RunResult c = run("sample " + model + " -n 7 --seed 6 --context-length 3");
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(lines_of(a.out).size(), 7U);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+  const RunResult wrong_n = run("sample " + model + " -n 7 --seed 5 --context-length 4");
+  EXPECT_EQ(wrong_n.code, 1);
+  EXPECT_TRUE(contains(wrong_n.err, "N = 3")) << wrong_n.err;
+}
+
+TEST_F(CliTest, ValidationDataAddsTheValidationField) {
+  sample_rows("train.jsonl", 120, 3);
+  sample_rows("valid.jsonl", 40, 4);
+  const RunResult fit =
+      run("fit --data train.jsonl --valid valid.jsonl --out model.json --max-its 3 --classic");
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  EXPECT_TRUE(contains(fit.out, "ln[p_mat(Valid Data|Model)]=")) << fit.out;
+  EXPECT_TRUE(contains(fit.out, "on 40 rows of valid.jsonl")) << fit.out;
+}
+
+TEST_F(CliTest, StrictExitsThreeWhenNotConvergedAndWritesNothing) {
+  sample_rows("train.jsonl", 100, 5);
+  const RunResult strict = run("fit --data train.jsonl --out model.json --max-its 1 --strict");
+  EXPECT_EQ(strict.code, 3) << strict.err;
+  EXPECT_FALSE(fs::exists(path("model.json")));
+  const RunResult lenient = run("fit --data train.jsonl --out model.json --max-its 1");
+  EXPECT_EQ(lenient.code, 0) << lenient.err;
+  EXPECT_TRUE(contains(lenient.out, "NOT converged")) << lenient.out;
+  EXPECT_TRUE(fs::exists(path("model.json")));
+}
+
+// ----- bad inputs
+// --------------------------------------------------------------------------------------------------
+
+/// Every bad data file gives exit code 2 and a message naming the file, the line and the field.
+TEST_F(CliTest, BadDataFilesExitTwoNamingFileLineAndField) {
+  const std::string good = R"({"context":[0,1,2],"query":[1,0,0,0],"target":1})"
+                           "\n";
+  struct Case {
+    const char* name;
+    std::string second_line;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases{
+      {"malformed", R"({"context":[0,1,2],"query":[1,0,0,0])", {"line 2", "malformed JSON"}},
+      {"missing_field", R"({"context":[0,1,2],"target":1})", {"line 2", "missing field 'query'"}},
+      {"ragged",
+       R"({"context":[0,1],"query":[1,0,0,0],"target":1})",
+       {"line 2", "context", "expected N = 3"}},
+      {"fractional",
+       R"({"context":[0,1.5,2],"query":[1,0,0,0],"target":1})",
+       {"line 2", "context[1]", "1.5"}},
+      {"negative",
+       R"({"context":[0,1,2],"query":[1,0,0,0],"target":-1})",
+       {"line 2", "target", "out-of-range ID"}},
+      {"bool_id",
+       R"({"context":[0,true,2],"query":[1,0,0,0],"target":1})",
+       {"line 2", "context[1]", "bool"}},
+      {"nan_query",
+       R"({"context":[0,1,2],"query":[1,"NaN",0,0],"target":1})",
+       {"line 2", "query[1]", "NaN"}},
+      {"huge_query",
+       R"({"context":[0,1,2],"query":[1,0,1e999,0],"target":1})",
+       {"line 2", "query[2]", "1e999"}},
+      {"wrong_d",
+       R"({"context":[0,1,2],"query":[1,0,0],"target":1})",
+       {"line 2", "query", "expected D = 4"}},
+      {"unknown_field",
+       R"({"context":[0,1,2],"query":[1,0,0,0],"target":1,"weight":2})",
+       {"line 2", "weight"}},
+  };
+  for (const Case& c : cases) {
+    const std::string file = std::string(c.name) + ".jsonl";
+    write(file, good + c.second_line + "\n");
+    const RunResult r = run("fit --data " + file + " --out model.json --max-its 1");
+    EXPECT_EQ(r.code, 2) << c.name << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, file)) << c.name << ": " << r.err;
+    for (const std::string& f : c.fragments)
+      EXPECT_TRUE(contains(r.err, f)) << c.name << ": " << r.err;
+  }
+  write("empty.jsonl", "");
+  const RunResult empty = run("fit --data empty.jsonl --out model.json");
+  EXPECT_EQ(empty.code, 2);
+  EXPECT_TRUE(contains(empty.err, "empty.jsonl")) << empty.err;
+  const RunResult missing = run("fit --data no_such_file.jsonl --out model.json");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_TRUE(contains(missing.err, "no_such_file.jsonl")) << missing.err;
+  EXPECT_FALSE(fs::exists(path("model.json")));
+}
+
+/// Ids are checked against the model's dimensions in score and predict; integral floats are
+/// accepted.
+TEST_F(CliTest, ScoreAndPredictCheckIdsAgainstTheModel) {
+  const std::string model = "--model '" + data("ra_model.json") + "'";
+  write("ok.jsonl", R"({"context":[0,1,2.0],"query":[1,0,0,0],"target":3.0})"
+                    "\n");
+  EXPECT_EQ(run("score " + model + " --data ok.jsonl").code, 0);
+  write("big_id.jsonl", R"({"context":[0,1,2],"query":[1,0,0,0],"target":1})"
+                        "\n"
+                        R"({"context":[0,1,4],"query":[1,0,0,0],"target":1})"
+                        "\n");
+  const RunResult r = run("score " + model + " --data big_id.jsonl");
+  EXPECT_EQ(r.code, 2);
+  for (const char* f : {"big_id.jsonl", "line 2", "context[2]", "out-of-range ID 4", "S = 4"})
+    EXPECT_TRUE(contains(r.err, f)) << r.err;
+  write("big_target.jsonl", R"({"context":[0,1,2],"query":[1,0,0,0],"target":4})"
+                            "\n");
+  const RunResult t = run("predict " + model + " --data big_target.jsonl");
+  EXPECT_EQ(t.code, 2);
+  EXPECT_TRUE(contains(t.err, "target")) << t.err;
+  // Targets are optional for predict (then there is no accuracy), but required for score.
+  write("no_target.jsonl", R"({"context":[0,1,2],"query":[1,0,0,0]})"
+                           "\n");
+  const RunResult p = run("predict " + model + " --data no_target.jsonl");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(lines_of(p.out).size(), 1U);
+  EXPECT_FALSE(contains(p.err, "accuracy"));
+  EXPECT_EQ(run("score " + model + " --data no_target.jsonl").code, 2);
+}
+
+TEST_F(CliTest, BadModelFilesExitTwoNamingTheField) {
+  nlohmann::json doc = nlohmann::json::parse(read_text(data("ra_model.json")));
+  doc["params"]["emission"][2][0] = 0.5;
+  write("bad_model.json", doc.dump());
+  write("rows.jsonl", R"({"context":[0,1,2],"query":[1,0,0,0],"target":1})"
+                      "\n");
+  const RunResult r = run("score --model bad_model.json --data rows.jsonl");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "bad_model.json: params.emission row 2")) << r.err;
+  const RunResult missing = run("predict --model no_model.json --data rows.jsonl");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_TRUE(contains(missing.err, "no_model.json")) << missing.err;
+}
+
+/// Impossible evidence in a fit exits 2 and names the lines; scoring an impossible row gives -inf
+/// (SPEC.md §2.5).
+TEST_F(CliTest, ImpossibleEvidence) {
+  write("impossible_model.json",
+        R"({"format":"attnmix-model","schema_version":1,"family":"responsibility_attention",
+    "params":{"key_means":[[0.0],[0.0]],"emission":[[0.0,1.0],[1.0,0.0]],"position_prior":[0.0,1.0],"sigma2":1.0}})");
+  write("row.jsonl", R"({"context":[0,1],"query":[0.0],"target":1})"
+                     "\n");
+  const RunResult score = run("score --model impossible_model.json --data row.jsonl");
+  EXPECT_EQ(score.code, 0) << score.err;
+  EXPECT_EQ(score.out, "rows=1 total=-inf mean=-inf\n");
+
+  sample_rows("train.jsonl", 300, 1);
+  const RunResult fit =
+      run("fit --data train.jsonl --out model.json --emission-smoothing 0 --init-p 0.01");
+  EXPECT_EQ(fit.code, 2) << fit.out;
+  EXPECT_TRUE(contains(fit.err, "train.jsonl: lines ")) << fit.err;
+  EXPECT_TRUE(contains(fit.err, "impossible evidence")) << fit.err;
+  EXPECT_FALSE(fs::exists(path("model.json")));
+}
+
+/// A failed fit leaves an existing model byte-identical, creates nothing new, and leaves no
+/// temporary files.
+TEST_F(CliTest, FailedFitNeverTouchesTheOutput) {
+  const std::string original = read_text(data("ra_model.json"));
+  write("model.json", original);
+  write("bad.jsonl", R"({"context":[0,1,2],"query":[1,0,0,0],"target":1.5})"
+                     "\n");
+  sample_rows("train.jsonl", 50, 7);
+  EXPECT_EQ(run("fit --data bad.jsonl --out model.json").code, 2);
+  EXPECT_EQ(run("fit --data train.jsonl --out model.json --max-its 1 --strict").code, 3);
+  EXPECT_EQ(read_text(path("model.json")), original);
+  EXPECT_EQ(run("fit --data bad.jsonl --out new_model.json").code, 2);
+  EXPECT_EQ(run("fit --data train.jsonl --out no_dir/new_model.json").code, 2);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"bad.jsonl", "model.json", "train.jsonl"}));
+  // A successful fit replaces the model, atomically (no temporary file remains).
+  EXPECT_EQ(run("fit --data train.jsonl --out model.json --max-its 2").code, 0);
+  EXPECT_NE(read_text(path("model.json")), original);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"bad.jsonl", "model.json", "train.jsonl"}));
+}
+
+// ----- other inputs
+// ------------------------------------------------------------------------------------------------
+
+/// The same rows as JSONL, as a deflated int64/float64 .npz and as a stored int32/float32
+/// Fortran-order .npz score identically; invalid .npz ids exit 2 naming the array element.
+TEST_F(CliTest, NpzArchivesMatchJsonLines) {
+  const std::string model = "--model '" + data("ra_model.json") + "'";
+  const RunResult jsonl = run("score " + model + " --data '" + data("ra_small.jsonl") + "'");
+  ASSERT_EQ(jsonl.code, 0) << jsonl.err;
+  EXPECT_TRUE(contains(jsonl.out, "rows=6 ")) << jsonl.out;
+  for (const char* archive : {"ra_small.npz", "ra_small_stored.npz"}) {
+    const RunResult r = run("score " + model + " --data '" + data(archive) + "'");
+    EXPECT_EQ(r.code, 0) << archive << r.err;
+    EXPECT_EQ(r.out, jsonl.out) << archive;
+  }
+  const RunResult predict =
+      run("predict " + model + " --data '" + data("ra_small_no_target.npz") + "'");
+  EXPECT_EQ(predict.code, 0) << predict.err;
+  EXPECT_EQ(lines_of(predict.out).size(), 6U);
+  const RunResult bool_ids = run("score " + model + " --data '" + data("ra_bool_ids.npz") + "'");
+  EXPECT_EQ(bool_ids.code, 2);
+  EXPECT_TRUE(contains(bool_ids.err, "ra_bool_ids.npz: context")) << bool_ids.err;
+  EXPECT_TRUE(contains(bool_ids.err, "bool")) << bool_ids.err;
+  const RunResult fractional =
+      run("score " + model + " --data '" + data("ra_fractional_ids.npz") + "'");
+  EXPECT_EQ(fractional.code, 2);
+  EXPECT_TRUE(contains(fractional.err, "ra_fractional_ids.npz: context[2, 1]")) << fractional.err;
+  // A fit straight from an archive.
+  const RunResult fit =
+      run("fit --data '" + data("ra_small.npz") + "' --out model.json --max-its 2");
+  EXPECT_EQ(fit.code, 0) << fit.err;
+}
+
+TEST_F(CliTest, TextCorporaFitByCharactersAndWords) {
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "abc abd äbc\n";
+  write("corpus.txt", text);
+  const RunResult chars =
+      run("fit --text corpus.txt --context-length 2 --out chars.json --max-its 3");
+  ASSERT_EQ(chars.code, 0) << chars.err;
+  EXPECT_TRUE(contains(chars.out, "vocabulary: 7 distinct characters"))
+      << chars.out;  // a b c d ä space newline
+  const AnyDistribution model = load_model(path("chars.json"));
+  EXPECT_EQ(model.get_if<ResponsibilityAttention>()->n_symbols(), 7);
+  const RunResult words =
+      run("fit --text corpus.txt --tokens words --context-length 2 --out words.json --max-its 3");
+  ASSERT_EQ(words.code, 0) << words.err;
+  EXPECT_TRUE(contains(words.out, "vocabulary: 3 distinct words")) << words.out;
+  EXPECT_EQ(run("fit --text corpus.txt --out m.json").code,
+            1);  // --context-length is required with --text
+  write("short.txt", "ab");
+  const RunResult short_text = run("fit --text short.txt --context-length 2 --out m.json");
+  EXPECT_EQ(short_text.code, 2);
+  EXPECT_TRUE(contains(short_text.err, "short.txt")) << short_text.err;
+}
+
+TEST_F(CliTest, DemoFitsTheRecallTaskAndBeatsTheBaseline) {
+  const RunResult r = run("demo");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Iteration 1: ln[p_mat(Data|Model)]=")) << r.out;
+  EXPECT_TRUE(contains(r.out, "keys recovered           16/16")) << r.out;
+  EXPECT_TRUE(contains(r.out, "targets recovered        16/16")) << r.out;
+  double acc = 0.0, baseline = 0.0;
+  const size_t a = r.out.find("test accuracy");
+  const size_t b = r.out.find("position-only baseline");
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_EQ(std::sscanf(r.out.c_str() + a, "test accuracy %lf", &acc), 1);
+  ASSERT_EQ(std::sscanf(r.out.c_str() + b, "position-only baseline %lf", &baseline), 1);
+  EXPECT_GT(acc, 85.0);
+  EXPECT_GT(acc, 3.0 * baseline);
+}
+
+}  // namespace
+}  // namespace attnmix

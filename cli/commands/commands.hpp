@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file commands.hpp
+/// One registration function per subcommand (one file each under cli/commands/). Each adds its
+/// subcommand to the app; the subcommand's callback runs the command and stores its exit code in
+/// `exit_code`. Errors are thrown (UsageError → 1, ValueError/TypeError/std::runtime_error → 2) and
+/// mapped to exit codes by main.cpp.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace attnmix::cli {
+
+void add_fit_command(CLI::App& app, int& exit_code);
+void add_score_command(CLI::App& app, int& exit_code);
+void add_predict_command(CLI::App& app, int& exit_code);
+void add_sample_command(CLI::App& app, int& exit_code);
+void add_demo_command(CLI::App& app, int& exit_code);
+
+}  // namespace attnmix::cli

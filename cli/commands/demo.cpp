@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// `attnmix demo`: the project's main job, needing no arguments and no files. Runs every demo
+// section in turn; a new mechanism adds its section function to kSections.
+#include <array>
+#include <iostream>
+
+#include "cli_support.hpp"
+#include "commands/commands.hpp"
+#include "commands/demo_sections.hpp"
+
+namespace attnmix::cli {
+
+namespace {
+
+struct DemoSection {
+  const char* title;
+  void (*run)(std::ostream& out);
+};
+
+constexpr std::array<DemoSection, 1> kSections{{
+    {"Responsibility attention: content-addressed recall", &demo_responsibility_attention},
+}};
+
+int run_demo() {
+  std::ostream& out = std::cout;
+  out << "attnmix demo: attention as a mixture\n"
+         "In every attnmix mechanism, which context position is attended is a hidden variable, so "
+         "each mechanism\n"
+         "is a mixture over positions and can be fitted by EM. Each section below fits one "
+         "mechanism on a\n"
+         "built-in task and shows what it learned against a baseline.\n";
+  int number = 1;
+  for (const DemoSection& section : kSections) {
+    out << "\n" << number++ << ". " << section.title << "\n\n";
+    section.run(out);
+  }
+  out.flush();
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_demo_command(CLI::App& app, int& exit_code) {
+  CLI::App* cmd =
+      app.add_subcommand("demo",
+                         "A short tour: fit each mechanism on a built-in task and see what it "
+                         "learned (no arguments, no files)");
+  cmd->callback([&exit_code] { exit_code = run_demo(); });
+}
+
+}  // namespace attnmix::cli

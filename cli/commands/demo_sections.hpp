@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file demo_sections.hpp
+/// The sections of `attnmix demo`, one per mechanism, each in its own file. A section fits its
+/// mechanism on a built-in task, printing the progress lines and a short report of what it learned
+/// against a baseline.
+#pragma once
+
+#include <ostream>
+
+namespace attnmix::cli {
+
+/// Responsibility attention on the content-recall task of SPEC.md §9.2 (demo_responsibility.cpp).
+void demo_responsibility_attention(std::ostream& out);
+
+}  // namespace attnmix::cli

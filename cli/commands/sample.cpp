@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// `attnmix sample`: K observations drawn from a saved model with its family's sampler, as JSON
+// Lines on stdout.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "attnmix/core/json.hpp"
+#include "cli_support.hpp"
+#include "commands/commands.hpp"
+#include "model_data.hpp"
+
+namespace attnmix::cli {
+
+namespace {
+
+struct SampleArgs {
+  std::string model;
+  int64_t n = 0;
+  uint64_t seed = 0;
+  int64_t context_length = 0;
+  CLI::Option* context_length_opt = nullptr;
+};
+
+int run_sample(const SampleArgs& args) {
+  const AnyDistribution model = load_model(args.model);
+  if (args.context_length_opt->count()) {
+    const int64_t N = ra_dims_of(model).context_length->value;
+    if (args.context_length != N)
+      throw UsageError(
+          "--context-length " + std::to_string(args.context_length) +
+          " does not match the model: " +
+          "responsibility attention has a fixed context length, N = " + std::to_string(N) +
+          " for this model (omit --context-length or pass " + std::to_string(N) + ")");
+  }
+  const AnyBatch batch = model.sample(args.n, args.seed);
+  write_jsonl(std::cout, batch);
+  std::cout.flush();
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<SampleArgs>();
+  CLI::App* cmd = app.add_subcommand("sample", "Draw observations from a saved model");
+  cmd->footer(
+      "Prints one JSON object per line, in the data-file format that fit, score and predict read. "
+      "The same "
+      "--seed always gives the same rows.");
+  cmd->add_option("--model", args->model, "Model file written by 'attnmix fit'")
+      ->required()
+      ->type_name("FILE");
+  cmd->add_option("-n,--n", args->n, "Number of observations")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", args->seed, "Random seed")->required();
+  args->context_length_opt =
+      cmd->add_option("--context-length", args->context_length,
+                      "Context length N (responsibility attention: must equal the model's N)")
+          ->check(CLI::PositiveNumber);
+  cmd->callback([args, &exit_code] { exit_code = run_sample(*args); });
+}
+
+}  // namespace attnmix::cli

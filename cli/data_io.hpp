@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file data_io.hpp
+/// Responsibility-attention data files (SPEC.md §1.10): JSON Lines
+/// {"context":[ids],"query":[reals],"target":id} or a NumPy .npz archive with context (n, N) int,
+/// query (n, D) float, target (n,) int. The format is chosen by content (a zip archive starts with
+/// "PK"), not by file name.
+///
+/// Validation follows SPEC.md §1.2, with messages naming the file, the line (JSONL, 1-based) or the
+/// array index (npz, 0-based) and the field: a missing or unknown field, a ragged context (a width
+/// other than line 1's or the declared N), bool ids, fractional, negative or out-of-range ids
+/// (integral floats such as 2.0 are accepted), non-numeric or non-finite queries, a wrong D, and an
+/// empty file. Errors are attnmix::ValueError (content) or std::runtime_error (the file cannot be
+/// read).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/errors.hpp"
+#include "attnmix/core/types.hpp"
+
+namespace attnmix::cli {
+
+/// A declared dimension and where it came from ("the model", "--symbols", "line 1", "the training
+/// data"), which messages quote: "context has 5 entries; expected N = 6 (from the model)".
+struct Dim {
+  int64_t value = 0;
+  std::string from;
+};
+
+/// Dimensions the rows must respect; unset ones are taken from the data.
+struct RaDims {
+  std::optional<Dim> n_symbols;       // S: context ids must be < S
+  std::optional<Dim> context_length;  // N
+  std::optional<Dim> query_dim;       // D
+  std::optional<Dim> n_targets;       // T: targets must be < T
+};
+
+/// Whether rows must carry a target (fit, score) or may omit it on every line (predict).
+enum class TargetPolicy { kRequired, kOptional };
+
+/// Validated rows, not yet encoded.
+struct RaRows {
+  std::string source;  // the file name, for messages
+  bool is_npz = false;
+  IdMatrix contexts;  // [n, N]
+  Matrix queries;     // [n, D]
+  IdVector targets;   // [n]; zeros when !has_targets
+  bool has_targets = true;
+  std::vector<int64_t> line_of_row;  // JSONL: the 1-based line of each row
+  [[nodiscard]] Index n_rows() const { return contexts.rows(); }
+  /// "data.jsonl: line 7" or "data.npz: row 6".
+  [[nodiscard]] std::string locate(Index row) const;
+};
+
+/// Reads and validates a data file. @throws ValueError / TypeError (content), std::runtime_error
+/// (I/O).
+[[nodiscard]] RaRows read_ra_rows(const std::string& path, const RaDims& declared,
+                                  TargetPolicy policy);
+
+/// Dimensions for a fit: declared values where given, otherwise N and D from the data and S, T from
+/// the largest ids of all row sets (training and validation).
+[[nodiscard]] RaDims infer_ra_dims(const RaDims& declared,
+                                   const std::vector<const RaRows*>& row_sets);
+
+/// The encoded batch (rows already validated against dims).
+[[nodiscard]] ResponsibilityAttentionBatch encode_ra_rows(const RaRows& rows, const RaDims& dims);
+
+/// Rethrows an impossible-evidence error as a ValueError naming the rows' file lines:
+/// "data.jsonl: lines 3, 9: impossible evidence: …".
+[[noreturn]] void rethrow_with_lines(const ImpossibleEvidenceError& error, const RaRows& rows);
+
+}  // namespace attnmix::cli

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// JSON Lines reading with file:line:field error messages (nlohmann's parser callback tracks the
+// current field).
+#include "jsonl.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include "attnmix/core/errors.hpp"
+
+namespace attnmix::cli {
+
+using nlohmann::json;
+
+std::string json_kind(const json& value) {
+  switch (value.type()) {
+    case json::value_t::boolean:
+      return "a bool (" + value.dump() + ")";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::string:
+      return "a string (" + value.dump() + ")";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "the number " + value.dump();
+  }
+}
+
+namespace {
+
+/// Where the parser is inside one line: the top-level key and, inside its array, the element index.
+struct FieldTracker {
+  std::string key;
+  bool in_array = false;
+  int64_t index =
+      0;  // inside the array: the number of elements read so far = the index of the next one
+  std::set<std::string> seen;
+  std::string duplicate;
+
+  [[nodiscard]] std::string field() const {
+    if (key.empty()) return "";
+    return in_array ? key + "[" + std::to_string(index) + "]" : key;
+  }
+  bool on_event(int depth, json::parse_event_t event, const json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1) {
+      key = parsed.get<std::string>();
+      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+      in_array = false;
+      index = 0;
+    } else if (event == json::parse_event_t::array_start && depth == 1) {
+      in_array = true;
+    } else if (event == json::parse_event_t::value && depth == 2 && in_array) {
+      ++index;
+    }
+    return true;
+  }
+};
+
+/// nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 9: syntax error …"
+/// without the bracketed id and the line (always 1 here): "column 9: syntax error …".
+std::string describe_parse_error(const json::exception& e) {
+  std::string text = e.what();
+  const size_t column = text.find("column ");
+  if (column != std::string::npos) return text.substr(column);
+  const size_t bracket = text.find("] ");
+  return bracket == std::string::npos ? text : text.substr(bracket + 2);
+}
+
+}  // namespace
+
+void for_each_json_line(const std::string& path,
+                        const std::function<void(int64_t, const json&)>& visit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0)
+      line.erase(0, 3);  // a UTF-8 byte-order mark
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    const std::string where = path + ": line " + std::to_string(number);
+    FieldTracker tracker;
+    json value;
+    try {
+      value = json::parse(line, [&](int depth, json::parse_event_t event, json& parsed) {
+        return tracker.on_event(depth, event, parsed);
+      });
+    } catch (const json::out_of_range& e) {  // id 406: a number that overflows a double, e.g. 1e999
+      const std::string field = tracker.field();
+      const std::string what = e.what();
+      const size_t quote = what.find('\'');
+      const size_t end = quote == std::string::npos ? quote : what.find('\'', quote + 1);
+      const std::string number_text = end == std::string::npos
+                                          ? "a number"
+                                          : "the number " + what.substr(quote + 1, end - quote - 1);
+      throw ValueError(where + (field.empty() ? "" : ": " + field) + ": " + number_text +
+                       " overflows a double (values must be finite)");
+    } catch (const json::exception& e) {
+      throw ValueError(where + ": malformed JSON at " + describe_parse_error(e));
+    }
+    if (!value.is_object())
+      throw ValueError(where +
+                       ": each line must be a JSON object like {\"context\": [...], ...} (got " +
+                       json_kind(value) + ")");
+    if (!tracker.duplicate.empty())
+      throw ValueError(where + ": field '" + tracker.duplicate + "' appears more than once");
+    visit(number, value);
+  }
+  if (in.bad())
+    throw std::runtime_error(path + ": cannot read the data file: " + std::strerror(errno));
+}
+
+}  // namespace attnmix::cli
