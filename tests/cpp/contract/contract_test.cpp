@@ -184,9 +184,6 @@ struct DiagonalGaussianTraits {
   static Acc other_layout_accumulator(const Distribution& /*model*/) { return Acc(D + 1); }
   static double total_mass(const Acc& acc) { return acc.count(); }
   static bool tamper(Acc& /*acc*/) { return false; }
-  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& /*rng*/) {
-    return std::nullopt;
-  }
 };
 
 // ----- mixture of two responsibility-attention heads (through AnyBatch)
@@ -287,6 +284,13 @@ using Families =
     ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits, DiagonalGaussianTraits,
                      MixtureOfAttentionTraits, CompositeTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, DistributionContractTest, Families);
+// The Gaussian's density is positive everywhere, so it has no impossible evidence.
+using FamiliesWithImpossibleEvidence =
+    ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits, MixtureOfAttentionTraits,
+                     CompositeTraits>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Families, ImpossibleEvidenceContractTest, FamiliesWithImpossibleEvidence);
+using FamiliesWithLargeSupport = ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Families, LargeSupportContractTest, FamiliesWithLargeSupport);
 
 // ----- F-5: keyed tying
 // --------------------------------------------------------------------------------------
