@@ -1,10 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // Responsibility attention: validation, log density, the E-step and prediction (SPEC.md §2.1, §2.2, §2.5).
-// Hot path: per row, pass 1 computes ℓ_i (N·D squared differences) and r_i; pass 2 scatters w r_i into the
-// statistics. Both passes run per batch so impossible rows are detected before anything is added.
+// Hot path (docs/PERFORMANCE.md): pass 1 computes, row by row, ℓ_i (N·D squared differences, eight positions at a
+// time in 8-lane vectors), r_i and log p; pass 2 scatters w r_i into the statistics. Both passes run per batch (one
+// chunk of parallel_accumulate), so impossible rows are detected before anything is added. The arithmetic of a row
+// never depends on its neighbours, on buffer addresses or on the thread that runs it: reductions over lanes have
+// one written-out order, exp runs on whole 8-lane vectors (exp_lanes) and log on whole Eigen packets (never Eigen's
+// array loops, which switch between scalar and packet code by alignment), and the kernels specialised for
+// D = 8, 16, 24, 32, 48, 64 perform the operations of the run-time-D kernel (checked bitwise).
 #include <Eigen/Core>
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <numbers>
+#include <type_traits>
 #include <vector>
 
 #include "attnmix/attention/responsibility.hpp"
@@ -16,29 +27,388 @@ namespace attnmix {
 
 namespace {
 
-/// ‖y − k‖² over D entries, written so the compiler vectorises it.
-inline double squared_distance(const double* __restrict y, const double* __restrict k, Index D) {
-  double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-  for (Index d = 0; d < D; ++d) {
-    const double diff = y[d] - k[d];
+// ---- Eight-lane vectors ----------------------------------------------------------------------------------------
+// GCC/Clang vector extension: lane-wise IEEE arithmetic, one AVX-512 register (two AVX2 or four SSE2 registers
+// without AVX-512). Every reduction over lanes is written out, so its order is fixed.
+#if defined(__GNUC__) && !defined(__clang__)
+// Without AVX-512, GCC notes that passing 64-byte vectors by value has an ABI; these helpers have internal linkage.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+constexpr Index kLanes = 8;
+using Lanes = double __attribute__((vector_size(kLanes * sizeof(double))));
+using LaneMask = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
+using LaneBits = uint64_t __attribute__((vector_size(kLanes * sizeof(uint64_t))));
+
+inline Lanes load(const double* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(double* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
+inline Lanes broadcast(double x) { return Lanes{} + x; }
+
+/// The one summation tree over 8 lanes used everywhere: ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
+inline double horizontal_sum(Lanes a) {
+  const Lanes b = a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6);
+  const Lanes c = b + __builtin_shufflevector(b, b, 2, 3, 0, 1, 6, 7, 4, 5);
+  return c[0] + c[4];
+}
+
+/// out[j] = horizontal_sum(v[j]) for 8 vectors at once (the same tree, 21 operations instead of 48).
+inline Lanes horizontal_sums(const Lanes (&v)[kLanes]) {
+  Lanes u[4];
+  for (int p = 0; p < 4; ++p) {
+    const Lanes a = v[2 * p];
+    const Lanes b = v[2 * p + 1];
+    // [a0+a1, b0+b1, a2+a3, b2+b3, a4+a5, b4+b5, a6+a7, b6+b7]
+    u[p] = __builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14) +
+           __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15);
+  }
+  Lanes w[2];
+  for (int p = 0; p < 2; ++p) {
+    const Lanes a = u[2 * p];
+    const Lanes b = u[2 * p + 1];
+    // [(0+1)+(2+3) of v0, v1, v2, v3 (pairs p), then (4+5)+(6+7) of the same four]
+    w[p] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) +
+           __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  return __builtin_shufflevector(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+/// Lane-wise maximum / minimum that skip NaN lanes of x (NaN is detected separately).
+inline Lanes lanes_max(Lanes acc, Lanes x) { return x > acc ? x : acc; }
+inline Lanes lanes_min(Lanes acc, Lanes x) { return x < acc ? x : acc; }
+inline double horizontal_max(Lanes a) {
+  double m = a[0];
+  for (int j = 1; j < kLanes; ++j) m = a[j] > m ? a[j] : m;
+  return m;
+}
+inline double horizontal_min(Lanes a) {
+  double m = a[0];
+  for (int j = 1; j < kLanes; ++j) m = a[j] < m ? a[j] : m;
+  return m;
+}
+
+/// 64-byte-aligned per-thread scratch reused across calls (no allocation per chunk; aligned 8-lane access).
+template <int kTag>
+double* aligned_scratch(size_t size) {
+  thread_local std::vector<double> buffer;
+  if (buffer.size() < size + kLanes) buffer.resize(size + kLanes);
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - address % 64) % 64) / sizeof(double);
+}
+
+// ---- exp and log ------------------------------------------------------------------------------------------------
+using Packet = Eigen::internal::packet_traits<double>::type;
+constexpr Index kPacket = Eigen::internal::packet_traits<double>::size;
+static_assert(kLanes % kPacket == 0);
+
+/// Below this argument exp goes through std::exp (exp(−708) is still a normal double): exp_lanes is written for
+/// arguments in [−708, 0], and the responsibilities of −∞ log weights must be exactly 0 (SPEC.md §2.1: a
+/// zero-probability position can never be revived; Eigen's packet exp returns 5.6e−309 for −∞, which would).
+constexpr double kExpLanesMin = -708.0;
+
+/// exp(x) lane-wise for x ∈ [−708, 0], within about 1 ulp of the correctly rounded value (docs/PERFORMANCE.md):
+/// x = k·ln 2 + r with k = round(x / ln 2) and |r| ≤ ln 2 / 2 (Cody–Waite: k·ln2_hi is exact), exp(r) by its Taylor
+/// polynomial of degree 13 (truncation below 4e−18 relative), times 2^k built in the exponent bits. No division and
+/// no table, about 20 operations per 8 lanes. Arguments outside the range are clamped to it.
+inline Lanes exp_lanes(Lanes x) {
+  constexpr double kLog2e = 1.4426950408889634074;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 32 significant bits (fdlibm)
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  constexpr double kShifter = 0x1.8p52;                   // adding it rounds to an integer in the low bits
+  x = x < kExpLanesMin ? broadcast(kExpLanesMin) : x;
+  x = x > 0.0 ? broadcast(0.0) : x;
+  const Lanes shifted = x * kLog2e + kShifter;
+  const Lanes k = shifted - kShifter;  // round(x / ln 2) ∈ [−1022, 0]
+  const Lanes r = (x - k * kLn2Hi) - k * kLn2Lo;
+  Lanes p = broadcast(1.0 / 6227020800.0);  // 1/13!
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // 2^k: the low bits of `shifted` hold k (two's complement offset by the shifter's mantissa), so adding the bias
+  // and shifting into the exponent field gives the bits of 2^k (a normal double for k ≥ −1022).
+  const LaneBits two_k = (std::bit_cast<LaneBits>(shifted) + 1023) << 52;
+  return p * std::bit_cast<Lanes>(two_k);
+}
+
+/// e[k] = exp(x[k] − shift) for k < n (e must not alias x; every x[k] − shift ≤ 0). lowest = min_k x[k] selects
+/// the rare fix-up of arguments below kExpLanesMin (then std::exp, which gives 0 for −∞).
+inline void exp_shifted(const double* __restrict x, double shift, double lowest, double* __restrict e, Index n) {
+  Index k = 0;
+  for (; k + kLanes <= n; k += kLanes) store(e + k, exp_lanes(load(x + k) - shift));
+  if (k < n) {
+    double pad[kLanes] = {};
+    for (Index j = 0; j < n - k; ++j) pad[j] = x[k + j] - shift;
+    store(pad, exp_lanes(load(pad)));
+    for (Index j = 0; j < n - k; ++j) e[k + j] = pad[j];
+  }
+  if (lowest - shift < kExpLanesMin)
+    for (Index j = 0; j < n; ++j)
+      if (x[j] - shift < kExpLanesMin) e[j] = std::exp(x[j] - shift);
+}
+
+/// x[k] ← log(x[k]) for k < n, on whole packets (the tail is padded with ones).
+inline void log_in_place(double* x, Index n) {
+  Index k = 0;
+  for (; k + kPacket <= n; k += kPacket)
+    Eigen::internal::pstoreu(x + k, Eigen::internal::plog(Eigen::internal::ploadu<Packet>(x + k)));
+  if (k < n) {
+    alignas(64) double pad[kPacket];
+    std::fill(pad, pad + kPacket, 1.0);
+    for (Index j = 0; j < n - k; ++j) pad[j] = x[k + j];
+    Eigen::internal::pstore(pad, Eigen::internal::plog(Eigen::internal::pload<Packet>(pad)));
+    for (Index j = 0; j < n - k; ++j) x[k + j] = pad[j];
+  }
+}
+
+// ---- Row kernels -----------------------------------------------------------------------------------------------
+
+/// What the kernels read from the model.
+struct Tables {
+  const double* key_means;     // [S, D]
+  const double* log_emission;  // [S, T]
+  const double* log_prior;     // [N]
+  Index N, D, T;
+  double inv_two_sigma2;
+  double gate_const;
+};
+
+/// The query of one row as 8-lane blocks: kBlocks = D / 8 known at compile time (then D mod 8 = 0 and the blocks
+/// stay in registers), or kBlocks = 0 for a run-time D (D / 8 blocks, then the D mod 8 tail entry by entry).
+template <Index kBlocks>
+struct Query {
+  const double* y;
+  Lanes blocks[kBlocks > 0 ? kBlocks : 1];
+  Query(const double* row, Index /*D*/) : y(row) {
+    if constexpr (kBlocks > 0)
+      for (Index b = 0; b < kBlocks; ++b) blocks[b] = load(row + b * kLanes);
+  }
+  [[nodiscard]] Lanes block(Index b) const {
+    if constexpr (kBlocks > 0) return blocks[b];
+    else return load(y + b * kLanes);
+  }
+};
+
+template <Index kBlocks>
+inline Index full_blocks(Index D) {
+  if constexpr (kBlocks > 0) return kBlocks;
+  else return D / kLanes;
+}
+
+/// Lane-wise partial sums of (y − k)² over the full 8-wide blocks of d.
+template <Index kBlocks>
+inline Lanes squared_distance_lanes(const Query<kBlocks>& y, const double* __restrict k, Index D) {
+  Lanes acc{};
+  const Index blocks = full_blocks<kBlocks>(D);
+  for (Index b = 0; b < blocks; ++b) {
+    const Lanes diff = y.block(b) - load(k + b * kLanes);
     acc += diff * diff;
   }
   return acc;
 }
 
-/// In place x_i ← exp(x_i − shift) over N entries (Eigen's vectorised exp); returns Σ_i x_i.
-inline double exponentiate_in_place(double* x, double shift, Index N) {
-  Eigen::Map<Eigen::ArrayXd> values(x, N);
-  values = (values - shift).exp();
-  return values.sum();
+/// ‖y − k‖²: the lane partial sums, the fixed horizontal sum, then the D mod 8 tail in order.
+template <Index kBlocks>
+inline double squared_distance(const Query<kBlocks>& y, const double* __restrict k, Index D) {
+  double sum = horizontal_sum(squared_distance_lanes(y, k, D));
+  if constexpr (kBlocks == 0)
+    for (Index d = full_blocks<kBlocks>(D) * kLanes; d < D; ++d) {
+      const double diff = y.y[d] - k[d];
+      sum += diff * diff;
+    }
+  return sum;
 }
 
-/// Per-thread scratch reused across calls (avoids an allocation per chunk).
-std::vector<double>& scratch(size_t size) {
-  thread_local std::vector<double> buffer;
-  if (buffer.size() < size) buffer.resize(size);
-  return buffer;
+/// ‖y‖² in the order of squared_distance.
+template <Index kBlocks>
+inline double squared_norm(const Query<kBlocks>& y, Index D) {
+  Lanes acc{};
+  const Index blocks = full_blocks<kBlocks>(D);
+  for (Index b = 0; b < blocks; ++b) acc += y.block(b) * y.block(b);
+  double sum = horizontal_sum(acc);
+  if constexpr (kBlocks == 0)
+    for (Index d = blocks * kLanes; d < D; ++d) sum += y.y[d] * y.y[d];
+  return sum;
+}
+
+/// ℓ_i = log π_i − ‖y − K[c_i]‖²/(2σ²) + log B[c_i, t] (without gate_const) into out[N]. Returns max_i ℓ_i, or NaN
+/// when some ℓ_i is NaN; lowest receives min_i ℓ_i. Positions go eight at a time (their distances reduced together
+/// by horizontal_sums), the N mod 8 rest one at a time; every ℓ_i gets the same operations either way.
+template <Index kBlocks>
+inline double log_joint_row(const Tables& m, const int64_t* __restrict ctx, const Query<kBlocks>& y, int64_t t,
+                            double* __restrict out, double& lowest) {
+  const Index N = m.N;
+  const Index D = m.D;
+  const Index T = m.T;
+  const double* __restrict K = m.key_means;
+  const double* __restrict log_B_t = m.log_emission + t;
+  const Lanes inv = broadcast(m.inv_two_sigma2);
+  Lanes max8 = broadcast(kNegInf);
+  Lanes min8 = broadcast(kInf);
+  LaneMask nan8{};
+  Index i = 0;
+  for (; i + kLanes <= N; i += kLanes) {
+    const int64_t* c = ctx + i;
+    Lanes partial[kLanes];
+    for (Index j = 0; j < kLanes; ++j) partial[j] = squared_distance_lanes(y, K + c[j] * D, D);
+    Lanes dist = horizontal_sums(partial);
+    if constexpr (kBlocks == 0)
+      for (Index d = full_blocks<kBlocks>(D) * kLanes; d < D; ++d) {
+        const Lanes diff = broadcast(y.y[d]) - Lanes{K[c[0] * D + d], K[c[1] * D + d], K[c[2] * D + d],
+                                                     K[c[3] * D + d], K[c[4] * D + d], K[c[5] * D + d],
+                                                     K[c[6] * D + d], K[c[7] * D + d]};
+        dist += diff * diff;
+      }
+    const Lanes log_B = {log_B_t[c[0] * T], log_B_t[c[1] * T], log_B_t[c[2] * T], log_B_t[c[3] * T],
+                         log_B_t[c[4] * T], log_B_t[c[5] * T], log_B_t[c[6] * T], log_B_t[c[7] * T]};
+    const Lanes l = load(m.log_prior + i) - dist * inv + log_B;
+    store(out + i, l);
+    max8 = lanes_max(max8, l);
+    min8 = lanes_min(min8, l);
+    nan8 |= l != l;
+  }
+  double max_l = horizontal_max(max8);
+  double min_l = horizontal_min(min8);
+  bool nan = false;
+  for (int j = 0; j < kLanes; ++j) nan |= nan8[j] != 0;
+  for (; i < N; ++i) {
+    const int64_t s = ctx[i];
+    const double l = m.log_prior[i] - squared_distance(y, K + s * D, D) * m.inv_two_sigma2 + log_B_t[s * T];
+    out[i] = l;
+    max_l = l > max_l ? l : max_l;
+    min_l = l < min_l ? l : min_l;
+    nan |= l != l;
+  }
+  lowest = min_l;
+  return nan ? std::numeric_limits<double>::quiet_NaN() : max_l;
+}
+
+/// Σ_k x[k] over n entries in a fixed order (8-lane partial sums, horizontal sum, tail).
+inline double ordered_sum(const double* x, Index n) {
+  Lanes acc{};
+  Index k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc += load(x + k);
+  double sum = horizontal_sum(acc);
+  for (; k < n; ++k) sum += x[k];
+  return sum;
+}
+
+/// Pass 1 over the rows of batch: r[n, N] ← responsibilities (zeros for impossible rows), log_p[n] ← log p (−∞ for
+/// impossible rows). Returns the number of impossible rows. Shared by log_density and the E-step, so both give the
+/// same bits. @throws ValueError when some ℓ_i is NaN or +∞.
+template <Index kBlocks>
+Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batch, double* __restrict r,
+                       double* __restrict log_p, const char* where) {
+  const Index N = m.N;
+  const Index n_rows = batch.n_rows();
+  double* __restrict e = aligned_scratch<0>(static_cast<size_t>(N + n_rows));  // [N]
+  double* __restrict max_of_row = e + N;                                       // [n_rows]
+  Index n_impossible = 0;
+  for (Index n = 0; n < n_rows; ++n) {
+    double* r_row = r + n * N;
+    const Query<kBlocks> y(batch.query(n), m.D);
+    double lowest = 0.0;
+    const double max_l = log_joint_row(m, batch.context(n), y, batch.target(n), r_row, lowest);
+    if (std::isnan(max_l) || max_l == kInf)
+      throw ValueError(std::string(where) + ": log weight of row " + std::to_string(n) + " is NaN or +inf");
+    max_of_row[n] = max_l;
+    if (max_l == kNegInf) {
+      std::fill(r_row, r_row + N, 0.0);
+      log_p[n] = 1.0;  // a placeholder for the logs below
+      ++n_impossible;
+      continue;
+    }
+    exp_shifted(r_row, max_l, lowest, e, N);
+    const double total = ordered_sum(e, N);
+    const double inv_total = 1.0 / total;
+    for (Index i = 0; i < N; ++i) r_row[i] = e[i] * inv_total;
+    log_p[n] = total;
+  }
+  log_in_place(log_p, n_rows);
+  for (Index n = 0; n < n_rows; ++n)
+    log_p[n] = max_of_row[n] == kNegInf ? kNegInf : max_of_row[n] + log_p[n] + m.gate_const;
+  return n_impossible;
+}
+
+/// Pass 2: the statistics of SPEC.md §2.2 of every row with w_n > 0, in row order. key_sum is summed in a
+/// 64-byte-aligned scratch (8-lane read-modify-writes that straddle cache lines cost twice as much) and its
+/// non-zero entries are then added to acc: into a zeroed accumulator, as parallel_accumulate's partials are, that
+/// gives the bits of adding row by row; untouched entries are left exactly as they were.
+template <Index kBlocks>
+void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
+             const double* __restrict r, ResponsibilityAttentionAccumulator& acc) {
+  const Index N = m.N;
+  const Index D = m.D;
+  const Index T = m.T;
+  const Index S = acc.n_symbols();
+  const Index blocks = full_blocks<kBlocks>(D);
+  const Index stride = (D + kLanes - 1) / kLanes * kLanes;  // padded row of the scratch
+  double* __restrict local = aligned_scratch<1>(static_cast<size_t>(S * stride));
+  std::fill(local, local + S * stride, 0.0);
+  double* __restrict key_mass = acc.key_mass().data();
+  double* __restrict emission = acc.emission_count().data();
+  double* __restrict position = acc.position_count().data();
+  double query_sq = 0.0;
+  for (Index n = 0; n < batch.n_rows(); ++n) {
+    const double wn = w[n];
+    if (wn == 0.0) continue;
+    const int64_t* __restrict ctx = batch.context(n);
+    const Query<kBlocks> y(batch.query(n), D);
+    double* __restrict emission_t = emission + batch.target(n);
+    const double* __restrict r_row = r + n * N;
+    for (Index i = 0; i < N; ++i) {
+      const double wr = wn * r_row[i];
+      const int64_t s = ctx[i];
+      double* __restrict ks = local + s * stride;
+      const Lanes wr8 = broadcast(wr);
+      for (Index b = 0; b < blocks; ++b) store(ks + b * kLanes, load(ks + b * kLanes) + wr8 * y.block(b));
+      if constexpr (kBlocks == 0)
+        for (Index d = blocks * kLanes; d < D; ++d) ks[d] += wr * y.y[d];
+      key_mass[s] += wr;
+      emission_t[s * T] += wr;
+    }
+    for (Index i = 0; i < N; ++i) position[i] += wn * r_row[i];
+    query_sq += wn * ordered_sum(r_row, N) * squared_norm(y, D);
+  }
+  double* __restrict key_sum = acc.key_sum().data();
+  for (Index s = 0; s < S; ++s) {
+    const double* __restrict src = local + s * stride;
+    double* __restrict dst = key_sum + s * D;
+    Index d = 0;
+    for (; d + kLanes <= D; d += kLanes) {
+      const Lanes v = load(src + d);
+      store(dst + d, v != 0.0 ? load(dst + d) + v : load(dst + d));
+    }
+    for (; d < D; ++d)
+      if (src[d] != 0.0) dst[d] += src[d];
+  }
+  acc.query_sq() += query_sq;
+}
+
+/// Calls f(std::integral_constant<Index, D / 8>) for the specialised D, f(std::integral_constant<Index, 0>) otherwise.
+template <class F>
+decltype(auto) dispatch_query_dim(Index D, F&& f) {
+  switch (D) {
+    case 8: return f(std::integral_constant<Index, 1>{});
+    case 16: return f(std::integral_constant<Index, 2>{});
+    case 24: return f(std::integral_constant<Index, 3>{});
+    case 32: return f(std::integral_constant<Index, 4>{});
+    case 48: return f(std::integral_constant<Index, 6>{});
+    case 64: return f(std::integral_constant<Index, 8>{});
+    default: return f(std::integral_constant<Index, 0>{});
+  }
 }
 
 }  // namespace
@@ -74,23 +444,20 @@ void ResponsibilityAttention::check_batch(const ResponsibilityAttentionBatch& ba
                      " >= T = " + std::to_string(n_targets()) + ")");
 }
 
+namespace {
+Tables tables_of(const ResponsibilityAttentionParams& p, const Vector& log_prior, const Matrix& log_emission,
+                 double inv_two_sigma2, double gate_const) {
+  return {p.key_means.data(), log_emission.data(), log_prior.data(), p.position_prior.size(), p.key_means.cols(),
+          p.emission.cols(), inv_two_sigma2, gate_const};
+}
+}  // namespace
+
 double ResponsibilityAttention::row_log_joint(const ResponsibilityAttentionBatch& batch, Index row,
                                               double* out) const {
-  const Index N = context_length();
-  const Index D = query_dim();
-  const Index T = n_targets();
-  const int64_t* ctx = batch.context(row);
-  const double* y = batch.query(row);
-  const int64_t t = batch.target(row);
-  const double* K = params_.key_means.data();
-  const double* log_B = log_emission_.data();
-  double max_l = kNegInf;
-  for (Index i = 0; i < N; ++i) {
-    const int64_t s = ctx[i];
-    const double l = log_prior_[i] - squared_distance(y, K + s * D, D) * inv_two_sigma2_ + log_B[s * T + t];
-    out[i] = l;
-    max_l = l > max_l ? l : max_l;
-  }
+  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  double lowest = 0.0;
+  const double max_l =
+      log_joint_row(m, batch.context(row), Query<0>(batch.query(row), m.D), batch.target(row), out, lowest);
   if (std::isnan(max_l) || max_l == kInf)
     throw ValueError(std::string(kWhere) + ": log weight of row " + std::to_string(row) + " is NaN or +inf");
   return max_l;
@@ -99,13 +466,16 @@ double ResponsibilityAttention::row_log_joint(const ResponsibilityAttentionBatch
 void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& batch, std::span<double> out) const {
   check_batch(batch);
   check::dimension(kWhere, "log_density output length", batch.n_rows(), static_cast<Index>(out.size()));
-  std::vector<double>& buf = scratch(static_cast<size_t>(context_length()));
-  for (Index n = 0; n < batch.n_rows(); ++n) {
-    const double max_l = row_log_joint(batch, n, buf.data());
-    out[n] = max_l == kNegInf ? kNegInf
-                              : max_l + std::log(exponentiate_in_place(buf.data(), max_l, context_length())) +
-                                    gate_const_;
-  }
+  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  // Blocks of rows keep the responsibility scratch small; rows are independent, so blocking changes no bits.
+  constexpr Index kBlockRows = 256;
+  double* r = aligned_scratch<2>(static_cast<size_t>(kBlockRows * m.N));
+  dispatch_query_dim(m.D, [&](auto blocks) {
+    for (Index begin = 0; begin < batch.n_rows(); begin += kBlockRows) {
+      const Index count = std::min(kBlockRows, batch.n_rows() - begin);
+      responsibilities<decltype(blocks)::value>(m, batch.slice(begin, count), r, out.data() + begin, kWhere);
+    }
+  });
 }
 
 void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& batch, std::span<const double> w,
@@ -119,59 +489,22 @@ void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& bat
   if (!log_p_out.empty())
     check::dimension(kWhere, "log-density output length", batch.n_rows(), static_cast<Index>(log_p_out.size()));
   const Index n_rows = batch.n_rows();
-  const Index N = context_length();
-  const Index D = query_dim();
-  const Index T = n_targets();
+  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
 
   // Pass 1: responsibilities of every row into r [n, N]; impossible rows collected before any statistic changes.
-  std::vector<double>& r = scratch(static_cast<size_t>(n_rows * N));
-  std::vector<int64_t> impossible;
-  for (Index n = 0; n < n_rows; ++n) {
-    double* r_row = r.data() + n * N;
-    const double max_l = row_log_joint(batch, n, r_row);
-    if (max_l == kNegInf) {
-      if (!log_p_out.empty()) log_p_out[n] = kNegInf;
-      if (w[n] > 0.0) impossible.push_back(n);
-      std::fill(r_row, r_row + N, 0.0);
-      continue;
+  double* r = aligned_scratch<2>(static_cast<size_t>(n_rows * (m.N + 1)));
+  double* log_p = log_p_out.empty() ? r + n_rows * m.N : log_p_out.data();
+  dispatch_query_dim(m.D, [&](auto blocks) {
+    constexpr Index kBlocks = decltype(blocks)::value;
+    if (responsibilities<kBlocks>(m, batch, r, log_p, kWhere) > 0) {
+      std::vector<int64_t> impossible;
+      for (Index n = 0; n < n_rows; ++n)
+        if (log_p[n] == kNegInf && w[n] > 0.0) impossible.push_back(n);
+      if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));
     }
-    const double total = exponentiate_in_place(r_row, max_l, N);
-    if (!log_p_out.empty()) log_p_out[n] = max_l + std::log(total) + gate_const_;
-    const double inv_total = 1.0 / total;
-    for (Index i = 0; i < N; ++i) r_row[i] *= inv_total;
-  }
-  if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));
-
-  // Pass 2: scatter-add (a symbol repeated in a context contributes once per position).
-  double* key_sum = acc.key_sum().data();
-  double* key_mass = acc.key_mass().data();
-  double* emission = acc.emission_count().data();
-  double* position = acc.position_count().data();
-  double query_sq = 0.0;
-  for (Index n = 0; n < n_rows; ++n) {
-    const double wn = w[n];
-    if (wn == 0.0) continue;
-    const int64_t* ctx = batch.context(n);
-    const double* __restrict y = batch.query(n);
-    const int64_t t = batch.target(n);
-    const double* r_row = r.data() + n * N;
-    double r_total = 0.0;
-    double y_sq = 0.0;
-    for (Index d = 0; d < D; ++d) y_sq += y[d] * y[d];
-    for (Index i = 0; i < N; ++i) {
-      const double wr = wn * r_row[i];
-      const int64_t s = ctx[i];
-      double* __restrict ks = key_sum + s * D;
-#pragma omp simd
-      for (Index d = 0; d < D; ++d) ks[d] += wr * y[d];
-      key_mass[s] += wr;
-      emission[s * T + t] += wr;
-      position[i] += wr;
-      r_total += r_row[i];
-    }
-    query_sq += wn * r_total * y_sq;
-  }
-  acc.query_sq() += query_sq;
+    // Pass 2: scatter-add (a symbol repeated in a context contributes once per position).
+    scatter<kBlocks>(m, batch, w.data(), r, acc);
+  });
 }
 
 Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch& batch) const {
@@ -184,7 +517,7 @@ Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch
   std::vector<double> a(static_cast<size_t>(N));
   for (Index n = 0; n < batch.n_rows(); ++n) {
     const int64_t* ctx = batch.context(n);
-    const double* y = batch.query(n);
+    const Query<0> y(batch.query(n), D);
     double max_l = kNegInf;
     for (Index i = 0; i < N; ++i) {
       a[i] = log_prior_[i] - squared_distance(y, K + ctx[i] * D, D) * inv_two_sigma2_;

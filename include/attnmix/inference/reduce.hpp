@@ -3,21 +3,30 @@
 /// The deterministic multi-threaded E-step and scoring pass (SPEC.md §1.8).
 ///
 /// Rows are split into fixed chunks of chunk_rows rows (independent of the thread count). Chunk c fills a zeroed
-/// partial P_c; partials are added into the total in chunk order, total = ((0 + P_0) + P_1) + …, inside an OpenMP
-/// `ordered` region, so each thread reuses one partial buffer and the result is bitwise identical for any thread
-/// count. Impossible rows of all chunks are collected before the total is added to the caller's accumulator, so the
-/// E-step stays atomic.
-/// Cost: the family's per-row cost, plus one flat add of the statistics per chunk.
+/// partial P_c; partials are added into the total in chunk order, total = ((0 + P_0) + P_1) + …, so the result is
+/// bitwise identical for any thread count. One thread reuses one partial; several threads share a ring of
+/// 2·threads + 2 partials (chunk c uses slot c mod ring once chunk c − ring is merged), and whichever thread
+/// completes the next chunk in order merges it, so no thread waits for another at every chunk (a lock-step ordered
+/// loop collapses when the machine is oversubscribed). The merge also clears the partial for its next chunk (one
+/// pass over both buffers). Impossible rows of all chunks are collected before the total is added to the caller's
+/// accumulator, so the E-step stays atomic; of other errors, the first failing chunk's is rethrown.
+/// Cost: the family's per-row cost, plus one flat add-and-clear of the statistics per chunk (docs/PERFORMANCE.md);
+/// memory: 1 (one thread) or 2·threads + 2 partials.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/types.hpp"
 #include "attnmix/stats/log_math.hpp"
@@ -32,6 +41,40 @@ struct ParallelOptions {
 
 /// Threads to use for n_threads (0 = hardware); 1 without OpenMP.
 [[nodiscard]] int resolve_threads(int n_threads);
+
+namespace detail {
+/// True when A's merge and zeroing are exactly FlatStats' element-wise ones (no family-specific override).
+template <class A>
+consteval bool plain_flat_stats() {
+  if constexpr (!std::is_base_of_v<FlatStats, A>) {
+    return false;
+  } else {
+    return std::is_same_v<decltype(&A::merge_trusted), void (FlatAccumulator<A>::*)(const A&)> &&
+           std::is_same_v<decltype(&A::set_zero), void (FlatStats::*)()>;
+  }
+}
+
+/// total += partial, then partial = 0: the ordered merge of a chunk and the zeroing of its partial for the thread's
+/// next chunk. For plain flat accumulators (both from model.make_accumulator(), so one layout) it is one pass over
+/// both buffers with exactly the additions of merge_trusted; otherwise merge_trusted, then set_zero.
+template <class A>
+void merge_and_clear(A& total, A& partial) {
+  if constexpr (plain_flat_stats<A>()) {
+    const std::span<double> src = partial.flat();
+    const std::span<double> dst = total.flat();
+    ATTNMIX_ASSERT(dst.size() == src.size(), "partial and total statistics differ in size");
+    double* __restrict d = dst.data();
+    double* __restrict p = src.data();
+    for (size_t k = 0; k < src.size(); ++k) {
+      d[k] += p[k];
+      p[k] = 0.0;
+    }
+  } else {
+    total.merge_trusted(partial);
+    partial.set_zero();
+  }
+}
+}  // namespace detail
 
 /// acc += statistics of (batch, w) under model, atomically; log_p_out (if non-empty) receives per-row log p.
 /// @throws ImpossibleEvidenceError (listing rows of the whole batch) and every error of the family's E-step.
@@ -53,38 +96,88 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
   auto total = model.make_accumulator();
   std::mutex error_mutex;
   std::exception_ptr error;
+  Index error_chunk = n_chunks;  // the first failing chunk's error is the one rethrown
   std::string impossible_where;
   std::vector<int64_t> impossible;
   bool failed = false;  // read and written under error_mutex only
 
-#pragma omp parallel num_threads(n_threads)
-  {
-    auto partial = model.make_accumulator();
-#pragma omp for ordered schedule(static, 1)
-    for (Index c = 0; c < n_chunks; ++c) {
-      const Index begin = c * chunk;
-      const Index count = std::min(chunk, n - begin);
-      bool ok = false;
-      try {
-        partial.set_zero();
-        model.accumulate(batch.slice(begin, count), w.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
-                         partial,
-                         log_p_out.empty() ? log_p_out
-                                           : log_p_out.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)));
-        ok = true;
-      } catch (const ImpossibleEvidenceError& e) {
-        const std::lock_guard<std::mutex> lock(error_mutex);
-        failed = true;
-        impossible_where = e.where();
-        for (int64_t row : e.rows()) impossible.push_back(row + begin);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(error_mutex);
-        failed = true;
-        if (!error) error = std::current_exception();
+  // Runs chunk c into a zeroed partial; false (error recorded) when the family's E-step throws.
+  const auto run_chunk = [&](Index c, typename D::accumulator_type& partial) -> bool {
+    const Index begin = c * chunk;
+    const Index count = std::min(chunk, n - begin);
+    try {
+      model.accumulate(batch.slice(begin, count), w.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
+                       partial,
+                       log_p_out.empty() ? log_p_out
+                                         : log_p_out.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)));
+      return true;
+    } catch (const ImpossibleEvidenceError& e) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      failed = true;
+      impossible_where = e.where();
+      for (int64_t row : e.rows()) impossible.push_back(row + begin);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      failed = true;
+      if (c < error_chunk) {
+        error_chunk = c;
+        error = std::current_exception();
       }
-#pragma omp ordered
-      {
-        if (ok) total.merge_trusted(partial);
+    }
+    return false;
+  };
+
+  if (n_threads == 1) {
+    auto partial = model.make_accumulator();
+    partial.set_zero();  // kept zero between chunks by merge_and_clear
+    for (Index c = 0; c < n_chunks; ++c) {
+      if (run_chunk(c, partial))
+        detail::merge_and_clear(total, partial);
+      else
+        partial.set_zero();  // whatever a failed chunk left behind
+    }
+  } else {
+    // A ring of partials indexed by chunk: chunk c uses slot c mod n_slots once chunk c − n_slots is merged.
+    // Threads take chunks in order from a counter; whichever thread completes the next chunk to merge merges it
+    // (and every completed chunk after it) under merge_mutex, so total = ((0 + P_0) + P_1) + … in chunk order, and a
+    // thread can run up to n_slots − 1 chunks ahead of a descheduled one instead of waiting for it at every chunk.
+    const Index n_slots = std::min<Index>(n_chunks, 2 * Index{n_threads} + 2);
+    std::vector<std::unique_ptr<typename D::accumulator_type>> slots;
+    for (Index s = 0; s < n_slots; ++s) {
+      slots.push_back(std::make_unique<typename D::accumulator_type>(model.make_accumulator()));
+      slots.back()->set_zero();
+    }
+    enum class Slot : unsigned char { kFree, kDone, kFailed };
+    std::vector<Slot> state(static_cast<size_t>(n_slots), Slot::kFree);  // under merge_mutex
+    std::mutex merge_mutex;
+    std::condition_variable merged;
+    Index next_merge = 0;  // under merge_mutex
+    std::atomic<Index> next_chunk{0};
+
+#pragma omp parallel num_threads(n_threads)
+    {
+      for (Index c = next_chunk.fetch_add(1); c < n_chunks; c = next_chunk.fetch_add(1)) {
+        const size_t slot = static_cast<size_t>(c % n_slots);
+        {
+          std::unique_lock<std::mutex> lock(merge_mutex);
+          merged.wait(lock, [&] { return next_merge > c - n_slots; });
+        }
+        const bool ok = run_chunk(c, *slots[slot]);
+        {
+          const std::lock_guard<std::mutex> lock(merge_mutex);
+          state[slot] = ok ? Slot::kDone : Slot::kFailed;
+          while (next_merge < n_chunks) {
+            const size_t s = static_cast<size_t>(next_merge % n_slots);
+            if (state[s] == Slot::kFree) break;
+            if (state[s] == Slot::kDone)
+              detail::merge_and_clear(total, *slots[s]);
+            else
+              slots[s]->set_zero();  // whatever a failed chunk left behind
+            state[s] = Slot::kFree;
+            ++next_merge;
+          }
+        }
+        merged.notify_all();
       }
     }
   }

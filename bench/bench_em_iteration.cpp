@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+// One responsibility-attention EM iteration (E-step + M-step) and the E-step alone (STYLE.md §12).
+//
+// Problem of the issue: n = 200000 rows, N = 16 positions, D = 32, S = 256 symbols, T = 256 targets.
+// Data: uniform contexts; query = key of a uniformly chosen position + N(0, σ²) noise; uniform targets.
+// Model: K ~ N(0, 1), B rows = normalised U(0.05, 1) draws, π = normalised U(0.5, 1) draws, σ² = 1.
+// The NumPy baseline bench/numpy_ra_em.py draws the same distributions (other random streams).
+//
+//   BM_EmIteration/threads:{1,2}   attnmix::em_step on all 200000 rows (what one optimize() iteration costs)
+//   BM_EmIterationChunkRows/<c>    the same on one thread with chunk_rows = c (the default is 1024)
+//   BM_EStep/<rows>                parallel_accumulate on the first <rows> rows, one thread (size sweep)
+//   BM_EStepKernel/<rows>          ResponsibilityAttention::accumulate alone (no chunking, no merge)
+//   BM_MergePartial                one flat add of a partial accumulator (the per-chunk merge cost)
+//   BM_MStep                       estimator.estimate on full statistics
+//
+// Run: build-bench/bench/attnmix_bench [--benchmark_format=json] [--benchmark_filter=EmIteration]
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/rng.hpp"
+#include "attnmix/inference/optimize.hpp"
+#include "attnmix/inference/reduce.hpp"
+
+namespace attnmix {
+namespace {
+
+constexpr Index kRows = 200000;
+constexpr Index kN = 16;
+constexpr Index kD = 32;
+constexpr Index kS = 256;
+constexpr Index kT = 256;
+constexpr Index kSweepMax = Index{1} << 20;
+constexpr uint64_t kSeed = 20240611;
+
+ResponsibilityAttention make_model(Rng& rng) {
+  ResponsibilityAttentionParams p;
+  p.key_means.resize(kS, kD);
+  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
+  p.emission.resize(kS, kT);
+  for (Index s = 0; s < kS; ++s) {
+    for (Index t = 0; t < kT; ++t) p.emission(s, t) = 0.05 + 0.95 * rng.uniform();
+    p.emission.row(s) /= p.emission.row(s).sum();
+  }
+  p.position_prior.resize(kN);
+  for (Index i = 0; i < kN; ++i) p.position_prior[i] = 0.5 + 0.5 * rng.uniform();
+  p.position_prior /= p.position_prior.sum();
+  p.sigma2 = 1.0;
+  return ResponsibilityAttention(std::move(p));
+}
+
+ResponsibilityAttentionBatch make_batch(const ResponsibilityAttention& model, Index rows, Rng& rng) {
+  IdMatrix contexts(rows, kN);
+  Matrix queries(rows, kD);
+  IdVector targets(rows);
+  const Matrix& K = model.params().key_means;
+  const double sigma = std::sqrt(model.sigma2());
+  for (Index n = 0; n < rows; ++n) {
+    for (Index i = 0; i < kN; ++i) contexts(n, i) = static_cast<int64_t>(rng.uniform_int(kS));
+    const int64_t s = contexts(n, static_cast<Index>(rng.uniform_int(kN)));
+    for (Index d = 0; d < kD; ++d) queries(n, d) = K(s, d) + sigma * rng.normal();
+    targets[n] = static_cast<int64_t>(rng.uniform_int(kT));
+  }
+  return model.encoder().encode(std::move(contexts), std::move(queries), std::move(targets));
+}
+
+/// Model and the 200000-row batch, built once.
+struct Problem {
+  Rng rng{kSeed};
+  ResponsibilityAttention model = make_model(rng);
+  ResponsibilityAttentionBatch batch = make_batch(model, kRows, rng);
+  ResponsibilityAttentionEstimator estimator = model.estimator();
+};
+
+const Problem& problem() {
+  static const Problem p;
+  return p;
+}
+
+/// The 2^20-row batch of the size sweep, built on first use only.
+const ResponsibilityAttentionBatch& sweep_batch() {
+  static const ResponsibilityAttentionBatch batch = [] {
+    Rng rng(kSeed + 1);
+    return make_batch(problem().model, kSweepMax, rng);
+  }();
+  return batch;
+}
+
+void BM_EmIteration(benchmark::State& state) {
+  const Problem& p = problem();
+  const ParallelOptions parallel{static_cast<int>(state.range(0)), 1024};
+  std::vector<double> log_p(static_cast<size_t>(kRows));
+  for (auto _ : state) {
+    ResponsibilityAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
+    benchmark::DoNotOptimize(next.params().key_means.data());
+    benchmark::DoNotOptimize(log_p.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows);
+  state.counters["threads"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_EmIteration)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->MinTime(2.0);
+
+/// The same iteration on one thread with other chunk sizes (the default is 1024, SPEC.md §1.8): shows what the
+/// per-chunk merge of the S·D + S·T + N + 1 statistics costs.
+void BM_EmIterationChunkRows(benchmark::State& state) {
+  const Problem& p = problem();
+  const ParallelOptions parallel{1, state.range(0)};
+  std::vector<double> log_p(static_cast<size_t>(kRows));
+  for (auto _ : state) {
+    ResponsibilityAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
+    benchmark::DoNotOptimize(next.params().key_means.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows);
+}
+BENCHMARK(BM_EmIterationChunkRows)->ArgName("chunk_rows")->RangeMultiplier(4)->Range(256, 65536)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_EStep(benchmark::State& state) {
+  const Index rows = state.range(0);
+  const ResponsibilityAttentionBatch batch = sweep_batch().slice(0, rows);
+  const std::vector<double> w(static_cast<size_t>(rows), 1.0);
+  std::vector<double> log_p(static_cast<size_t>(rows));
+  const ParallelOptions parallel{1, 1024};
+  auto acc = problem().model.make_accumulator();
+  for (auto _ : state) {
+    acc.set_zero();
+    parallel_accumulate(problem().model, batch, w, acc, log_p, parallel);
+    benchmark::DoNotOptimize(acc.flat().data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+}
+BENCHMARK(BM_EStep)->RangeMultiplier(4)->Range(64, kSweepMax)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_EStepKernel(benchmark::State& state) {
+  const Index rows = state.range(0);
+  const ResponsibilityAttentionBatch batch = sweep_batch().slice(0, rows);
+  const std::vector<double> w(static_cast<size_t>(rows), 1.0);
+  std::vector<double> log_p(static_cast<size_t>(rows));
+  auto acc = problem().model.make_accumulator();
+  for (auto _ : state) {
+    acc.set_zero();
+    problem().model.accumulate(batch, w, acc, log_p);
+    benchmark::DoNotOptimize(acc.flat().data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+}
+BENCHMARK(BM_EStepKernel)->Arg(1024)->Arg(kRows)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_MergePartial(benchmark::State& state) {
+  auto total = problem().model.make_accumulator();
+  auto partial = problem().model.make_accumulator();
+  for (auto _ : state) {
+    partial.set_zero();
+    total.merge_trusted(partial);
+    benchmark::DoNotOptimize(total.flat().data());
+  }
+  state.SetBytesProcessed(state.iterations() * 3 * partial.flat_size() * static_cast<int64_t>(sizeof(double)));
+}
+BENCHMARK(BM_MergePartial)->Unit(benchmark::kMicrosecond);
+
+void BM_MStep(benchmark::State& state) {
+  const Problem& p = problem();
+  auto acc = p.model.make_accumulator();
+  const std::vector<double> w(static_cast<size_t>(kRows), 1.0);
+  parallel_accumulate(p.model, p.batch, w, acc, {}, ParallelOptions{1, 1024});
+  for (auto _ : state) {
+    ResponsibilityAttention next = p.estimator.estimate(std::nullopt, acc);
+    benchmark::DoNotOptimize(next.params().key_means.data());
+  }
+}
+BENCHMARK(BM_MStep)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace attnmix
+
+BENCHMARK_MAIN();

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""Run the C++ EM-iteration benchmark and the NumPy baseline back to back, print the ratios, save the
+result (machine and revision recorded), or diff a saved result against another (STYLE.md §12).
+
+  /usr/bin/python3 bench/compare.py run  [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
+  /usr/bin/python3 bench/compare.py diff BASELINE.json CURRENT.json
+
+`run` alternates the two programs `--rounds` times (the machine is shared and noisy, so only ratios
+measured in the same run are compared) and reports, per program, the median over rounds of each
+round's figure: the C++ figure is Google Benchmark's median real time of BM_EmIteration/threads:k over
+its repetitions, the NumPy figure is numpy_ra_em.py's median over its repetitions.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "loadavg": load}
+
+
+def revision():
+    try:
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_cpp(bench, repetitions):
+    out = subprocess.run(
+        [bench, "--benchmark_filter=^BM_EmIteration/", "--benchmark_format=json",
+         f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
+        capture_output=True, text=True, check=True).stdout
+    result = {}
+    for b in json.loads(out)["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            threads = int(b["run_name"].split("threads:")[1].split("/")[0])
+            unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+            result[threads] = b["real_time"] * unit
+    return result
+
+
+def run_numpy(reps):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_ra_em.py"), "--reps", str(reps)],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    data = json.loads(out)
+    return {name: v["median_s"] for name, v in data["variants"].items()}
+
+
+def cmd_run(args):
+    cpp_rounds, np_rounds = [], []
+    for r in range(args.rounds):
+        cpp_rounds.append(run_cpp(args.bench, args.repetitions))
+        np_rounds.append(run_numpy(args.numpy_reps))
+        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}", file=sys.stderr)
+    cpp = {k: statistics.median(rd[k] for rd in cpp_rounds) for k in cpp_rounds[0]}
+    npy = {k: statistics.median(rd[k] for rd in np_rounds) for k in np_rounds[0]}
+    best_np = min(npy.values())
+    result = {
+        "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpp_seconds_by_threads": cpp, "numpy_seconds_by_variant": npy,
+        "rounds": {"cpp": cpp_rounds, "numpy": np_rounds},
+        "ratios": {
+            "numpy_chunked_over_cpp_1_thread": npy.get("chunked", float("nan")) / cpp[1],
+            "numpy_presorted_over_cpp_1_thread": npy.get("presorted", float("nan")) / cpp[1],
+            "numpy_best_over_cpp_1_thread": best_np / cpp[1],
+            "cpp_1_thread_over_2_threads": cpp[1] / cpp[2] if 2 in cpp else float("nan"),
+        },
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+def cmd_diff(args):
+    with open(args.baseline) as f:
+        base = json.load(f)
+    with open(args.current) as f:
+        cur = json.load(f)
+    print(f"baseline {base['revision']} on {base['machine']['cpu']} ({base['date']})")
+    print(f"current  {cur['revision']} on {cur['machine']['cpu']} ({cur['date']})")
+    for key in ("cpp_seconds_by_threads", "numpy_seconds_by_variant"):
+        for name in sorted(set(base[key]) | set(cur[key])):
+            b, c = base[key].get(name), cur[key].get(name)
+            if b is None or c is None:
+                print(f"  {key}[{name}]: {b} -> {c}")
+            else:
+                print(f"  {key}[{name}]: {b * 1e3:9.2f} ms -> {c * 1e3:9.2f} ms  ({c / b:5.2f}x)")
+    for name in sorted(set(base["ratios"]) | set(cur["ratios"])):
+        print(f"  ratio {name}: {base['ratios'].get(name, float('nan')):.2f} -> "
+              f"{cur['ratios'].get(name, float('nan')):.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run C++ and NumPy back to back")
+    run.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
+    run.add_argument("--rounds", type=int, default=3)
+    run.add_argument("--repetitions", type=int, default=5, help="Google Benchmark repetitions per round")
+    run.add_argument("--numpy-reps", type=int, default=5)
+    run.add_argument("--out", help="save the result as JSON (a baseline for `diff`)")
+    run.set_defaults(func=cmd_run)
+    diff = sub.add_parser("diff", help="compare two saved results")
+    diff.add_argument("baseline")
+    diff.add_argument("current")
+    diff.set_defaults(func=cmd_diff)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
