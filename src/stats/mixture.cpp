@@ -161,7 +161,7 @@ Matrix Mixture::responsibilities(const AnyBatch& batch) const {
     if (lse == kNegInf)
       rho.row(row).setZero();
     else
-      rho.row(row) = (rho.row(row).array() - lse).exp().matrix();
+      exp_shift_in_place({rho.data() + row * rho.cols(), static_cast<size_t>(rho.cols())}, lse);
   }
   return rho;
 }
@@ -186,7 +186,7 @@ void Mixture::accumulate(const AnyBatch& batch, std::span<const double> w, Mixtu
       if (w[row] > 0.0) impossible.push_back(row);
       rho.row(row).setZero();
     } else {
-      rho.row(row) = (rho.row(row).array() - lse).exp().matrix();
+      exp_shift_in_place({rho.data() + row * K, static_cast<size_t>(K)}, lse);
     }
   }
   if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));

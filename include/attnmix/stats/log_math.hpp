@@ -26,6 +26,12 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
   return m + std::log(s);
 }
 
+/// x_i ← exp(x_i − lse) in place with std::exp, so exp(−∞) is exactly 0 (Eigen's vectorised exp is not: it clamps
+/// −∞ to about −709.8 and returns ~1e−308, which would give impossible components a positive weight).
+inline void exp_shift_in_place(std::span<double> x, double lse) {
+  for (double& v : x) v = std::exp(v - lse);
+}
+
 /// Compensated (Neumaier) sum of x.
 [[nodiscard]] inline double accurate_sum(std::span<const double> x) {
   double sum = 0.0;

@@ -452,3 +452,28 @@ TEST(ResponsibilityAttentionTest, ImpossibleEvidenceLeavesStatisticsUnchanged) {
 
 }  // namespace
 }  // namespace attnmix
+
+namespace attnmix {
+namespace {
+
+/// SPEC §2.1: a zero-prior position can never be revived: after EM steps its prior is exactly 0 (positions in the
+/// middle of a 16-wide context exercise the vectorised exp).
+TEST(ResponsibilityAttentionTest, ZeroPriorPositionStaysExactlyZero) {
+  Rng rng(testing::test_seed(22));
+  ResponsibilityAttentionParams p = random_model(8, 16, 4, 3, rng).params();
+  p.position_prior[9] = 0.0;
+  p.position_prior[3] = 0.0;
+  p.position_prior /= p.position_prior.sum();
+  ResponsibilityAttention model(p);
+  const auto batch = model.sampler(4).sample(300);
+  const ResponsibilityAttentionEstimator est = model.estimator();
+  std::vector<double> log_p(300);
+  for (int it = 0; it < 3; ++it) {
+    model = em_step(model, batch, est, log_p, ParallelOptions{1, 64});
+    EXPECT_EQ(model.params().position_prior[9], 0.0);
+    EXPECT_EQ(model.params().position_prior[3], 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace attnmix

@@ -109,3 +109,34 @@ TEST(MixtureTest, PackConcatenatesChildrenAndUnpackValidatesFirst) {
 
 }  // namespace
 }  // namespace attnmix
+
+namespace attnmix {
+namespace {
+
+/// A row impossible under only one component gives that component exactly zero weight (SPEC §1.5): the E-step
+/// succeeds and the impossible component receives no mass from the row.
+TEST(MixtureTest, RowImpossibleUnderOneComponentGivesItZeroWeight) {
+  const ResponsibilityAttention a = component(1.0, 0.5);  // symbol 2 never emits target 1
+  ResponsibilityAttentionParams q = a.params();
+  q.emission.row(2) << 0.5, 0.5;
+  const ResponsibilityAttention b(q);
+  // Eight components (a full SIMD packet): seven impossible for the row, the last possible.
+  std::vector<AnyDistribution> components(7, AnyDistribution(a));
+  components.emplace_back(b);
+  const Mixture mix(components, Vector::Constant(8, 0.125));
+  IdMatrix ctx(1, 2);
+  ctx << 2, 2;
+  IdVector t(1);
+  t << 1;
+  const AnyBatch batch(a.encoder().encode(ctx, Matrix::Zero(1, 2), t));
+  const Matrix rho = mix.responsibilities(batch);
+  for (Index k = 0; k < 7; ++k) EXPECT_EQ(rho(0, k), 0.0) << "component " << k;
+  EXPECT_EQ(rho(0, 7), 1.0);
+  auto acc = mix.make_accumulator();
+  mix.accumulate(batch, std::vector<double>{1.0}, acc);
+  for (Index k = 0; k < 7; ++k) EXPECT_EQ(acc.comp_count()[k], 0.0) << "component " << k;
+  EXPECT_EQ(acc.comp_count()[7], 1.0);
+}
+
+}  // namespace
+}  // namespace attnmix
