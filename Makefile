@@ -25,6 +25,11 @@ test: build
 test-unit: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
 
+# Installs the attnmix Python package where /usr/bin/python3 finds it (site.getsitepackages()[0], e.g.
+# /usr/local/lib/python3.11/dist-packages); ATTNMIX_PYTHON_INSTALL_DIR in the CMake cache overrides it.
+install-python: build
+	@cmake --install $(BUILD) --component python
+
 bench: deps
 	@cmake -S . -B $(BUILD)-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNMIX_BUILD_BENCHMARKS=ON -DATTNMIX_BUILD_TESTS=OFF >/dev/null
 	@cmake --build $(BUILD)-bench -j $(JOBS) --target attnmix_bench

@@ -2,6 +2,7 @@
 option(ATTNMIX_BUILD_TESTS "Build the GoogleTest suites and register them with ctest" ${PROJECT_IS_TOP_LEVEL})
 option(ATTNMIX_BUILD_BENCHMARKS "Build the Google Benchmark programs under bench/" OFF)
 option(ATTNMIX_BUILD_CLI "Build the attnmix command-line tool" ON)
+# ATTNMIX_WITH_PYTHON: ON when its dependencies are found (cmake/AttnmixPython.cmake).
 option(ATTNMIX_WITH_OPENMP "Run E-steps on several threads with OpenMP" ON)
 option(ATTNMIX_WARNINGS_AS_ERRORS "Treat compiler warnings as errors (ON in CI)" OFF)
 option(ATTNMIX_NATIVE "Compile every attnmix target with -march=native" ON)

@@ -52,6 +52,10 @@ class ResponsibilityAttentionBatch {
     return storage_->queries.data() + (begin_ + row) * storage_->queries.cols();
   }
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
+  /// The targets of rows [row, n_rows()) are contiguous from here (numpy views in the Python module).
+  [[nodiscard]] const int64_t* target_data(Index row = 0) const noexcept {
+    return storage_->targets.data() + begin_ + row;
+  }
   /// Rows [begin, begin + count) sharing this batch's storage.
   [[nodiscard]] ResponsibilityAttentionBatch slice(Index begin, Index count) const;
   /// Copies of the rows (for writers and bindings).

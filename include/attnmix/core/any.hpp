@@ -134,6 +134,15 @@ class AnyAccumulator {
   [[nodiscard]] const A& get(std::string_view where) const {
     return const_cast<AnyAccumulator*>(this)->get<A>(where);
   }
+  /// The concrete accumulator, or nullptr when this handle holds another family (bindings dispatch on it).
+  template <class A>
+  [[nodiscard]] A* get_if() noexcept {
+    return self_ && self_->type() == typeid(A) ? &static_cast<Model<A>&>(*self_).acc : nullptr;
+  }
+  template <class A>
+  [[nodiscard]] const A* get_if() const noexcept {
+    return const_cast<AnyAccumulator*>(this)->get_if<A>();
+  }
 
  private:
   struct Concept {

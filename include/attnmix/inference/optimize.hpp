@@ -71,13 +71,16 @@ inline void tie_keys(AnyAccumulator& acc) {
   acc.key_replace(pool);
 }
 
-/// The initial model of SPEC.md §1.7 step 2 (single-threaded).
+/// The initial model of SPEC.md §1.7 step 2 (single-threaded), drawing from the caller's rng (which advances):
+/// rng_w = Rng(rng.uniform_int(2³¹ − 1)), w_n ~ Bernoulli(init_p) from rng_w, responsibilities from rng.
+/// options.seed is not used; optimize(batch, estimator, options, initialize_model(…, rng)) equals optimize() with a
+/// seed whenever rng = Rng(seed). The Python binding uses it for an rng object supplied by the caller.
 template <class E>
 [[nodiscard]] typename E::distribution_type initialize_model(const typename E::distribution_type::batch_type& batch,
-                                                             const E& estimator, const OptimizeOptions& options) {
+                                                             const E& estimator, const OptimizeOptions& options,
+                                                             Rng& rng) {
   double p = options.init_p > 0.0 ? options.init_p : 0.1;
   p = std::min(1.0, p);
-  Rng rng(options.seed);
   Rng rng_w(rng.uniform_int((uint64_t{1} << 31) - 1));
   std::vector<double> w(static_cast<size_t>(batch.n_rows()));
   for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
@@ -87,6 +90,14 @@ template <class E>
   for (double wn : w) nobs += wn;
   tie_keys(acc);
   return estimator.estimate(nobs, acc);
+}
+
+/// The initial model of SPEC.md §1.7 step 2 from Rng(options.seed).
+template <class E>
+[[nodiscard]] typename E::distribution_type initialize_model(const typename E::distribution_type::batch_type& batch,
+                                                             const E& estimator, const OptimizeOptions& options) {
+  Rng rng(options.seed);
+  return initialize_model(batch, estimator, options, rng);
 }
 
 /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out receives the

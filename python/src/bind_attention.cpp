@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: Apache-2.0
+// Responsibility attention in Python (SPEC.md §2.4): ResponsibilityAttention{Distribution,
+// Estimator, Accumulator, AccumulatorFactory, DataEncoder, Sampler} and sequence_to_triples.
+// Constructors convert their arguments (convert.hpp) and call the library's validating
+// constructors; the generic role methods come from bind_core.cpp.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "bindings.hpp"
+#include "convert.hpp"
+#include "encoders.hpp"
+#include "roles.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+using namespace pybind11::literals;
+using Dist = DistributionOf<ResponsibilityAttention>;
+using Est = EstimatorOf<ResponsibilityAttentionEstimator>;
+using Acc = AccumulatorOf<ResponsibilityAttentionAccumulator>;
+using Factory = FactoryOf<ResponsibilityAttentionAccumulator>;
+using Encoder = ResponsibilityAttentionDataEncoderPy;
+
+constexpr const char* kDist = "ResponsibilityAttentionDistribution";
+
+py::object optional_int(const std::optional<int64_t>& v) {
+  return v ? py::object(py::int_(*v)) : py::none();
+}
+
+Dist make_distribution(py::object key_means, py::object emission, py::object position_prior,
+                       py::object sigma2, py::object name) {
+  ResponsibilityAttentionParams p;
+  p.key_means = reals_2d(key_means, kDist, "key_means");
+  p.emission = reals_2d(emission, kDist, "emission");
+  if (!position_prior.is_none())
+    p.position_prior = reals_1d(position_prior, kDist, "position_prior");
+  p.sigma2 = real_number(sigma2, kDist, "sigma2");
+  p.name = name_arg(name, kDist);
+  return Dist(AnyDistribution(ResponsibilityAttention(std::move(p))));  // validates (SPEC.md §2.5)
+}
+
+ResponsibilityAttentionAccumulator make_accumulator(py::object S, py::object N, py::object D,
+                                                    py::object T, py::object keys,
+                                                    const char* where) {
+  return {positive_int(S, where, "num_symbols"), positive_int(N, where, "context_length"),
+          positive_int(D, where, "query_dim"), positive_int(T, where, "num_targets"),
+          optional_str(keys, where, "keys")};
+}
+
+/// key_means, emission, position_prior, sigma2, name: the constructor's arguments (pickling, repr).
+py::tuple params_of(const ResponsibilityAttention& m) {
+  const ResponsibilityAttentionParams& p = m.params();
+  return py::make_tuple(copy_reals(p.key_means.data(), {p.key_means.rows(), p.key_means.cols()}),
+                        copy_reals(p.emission.data(), {p.emission.rows(), p.emission.cols()}),
+                        copy_reals(p.position_prior.data(), {p.position_prior.size()}),
+                        py::float_(p.sigma2), name_to_python(p.name));
+}
+
+std::string describe(const ResponsibilityAttention& m) {
+  const py::str format(
+      "ResponsibilityAttentionDistribution(S=%d, N=%d, D=%d, T=%d, sigma2=%r, name=%r)");
+  return py::str(format.attr("__mod__")(
+      py::make_tuple(m.n_symbols(), m.context_length(), m.query_dim(), m.n_targets(),
+                     py::float_(m.sigma2()), name_to_python(m.params().name))));
+}
+
+/// predict_proba(context, query): (T,) for a 1-D context, (n, T) for a batch.
+py::array predict_proba(const ResponsibilityAttention& m, py::object context, py::object query) {
+  constexpr const char* where = "ResponsibilityAttentionDistribution.predict_proba";
+  NdArray<int64_t> c = read_ids(context, where, "context");
+  NdArray<double> y = read_reals(query, where, "query");
+  const bool single = c.ndim() == 1;
+  if (c.ndim() != 1 && c.ndim() != 2)
+    throw TypeError(std::string(where) +
+                    ": context must be 1-D (one example) or 2-D (a batch), got shape " +
+                    shape_text(c.shape));
+  if (y.ndim() != 1 && y.ndim() != 2)
+    throw ValueError(std::string(where) +
+                     ": query must be 1-D (one example) or 2-D (a batch), got shape " +
+                     shape_text(y.shape));
+  if (c.ndim() == 1) c.shape.insert(c.shape.begin(), 1);
+  if (y.ndim() == 1) y.shape.insert(y.shape.begin(), 1);
+  IdMatrix contexts(c.shape[0], c.shape[1]);
+  std::copy(c.values.begin(), c.values.end(), contexts.data());
+  Matrix queries(y.shape[0], y.shape[1]);
+  std::copy(y.values.begin(), y.values.end(), queries.data());
+  Matrix proba;
+  {
+    const py::gil_scoped_release release;
+    proba = m.predict_proba(contexts, queries);
+  }
+  if (single) return copy_reals(proba.data(), {proba.cols()});
+  return copy_reals(proba.data(), {proba.rows(), proba.cols()});
+}
+
+struct SamplerPy {
+  ResponsibilityAttentionSampler sampler;
+  py::object dist;
+};
+
+py::object sample(SamplerPy& s, py::object size, py::object batched) {
+  constexpr const char* where = "ResponsibilityAttentionSampler.sample";
+  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  const auto one = [&] {
+    const ResponsibilityAttentionObservation obs = s.sampler.sample();
+    return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()),
+                          obs.query.data(), static_cast<Index>(obs.query.size()), obs.target);
+  };
+  if (size.is_none()) return one();
+  const int64_t m = nonnegative_int(size, where, "size");
+  py::list out;
+  for (int64_t k = 0; k < m; ++k) out.append(one());
+  return out;
+}
+
+void bind_distribution(py::module_& m) {
+  py::class_<Dist, DistributionHandle>(
+      m, kDist,
+      "One attention head as a mixture over context positions with a generative gate (SPEC.md §2): "
+      "z ~ pi, y ~ N(K[c_z], sigma2 I), t ~ B[c_z].")
+      .def(py::init(&make_distribution), "key_means"_a, "emission"_a,
+           "position_prior"_a = py::none(), "sigma2"_a = ResponsibilityAttentionParams{}.sigma2,
+           "name"_a = py::none())
+      .def_property_readonly("key_means",
+                             [](py::object self) {
+                               const Matrix& k =
+                                   self.cast<const Dist&>().model().params().key_means;
+                               return readonly_view(k.data(), {k.rows(), k.cols()}, self);
+                             })
+      .def_property_readonly("emission",
+                             [](py::object self) {
+                               const Matrix& b = self.cast<const Dist&>().model().params().emission;
+                               return readonly_view(b.data(), {b.rows(), b.cols()}, self);
+                             })
+      .def_property_readonly("position_prior",
+                             [](py::object self) {
+                               const Vector& p =
+                                   self.cast<const Dist&>().model().params().position_prior;
+                               return readonly_view(p.data(), {p.size()}, self);
+                             })
+      .def_property_readonly("log_position_prior",
+                             [](py::object self) {
+                               const Vector& p =
+                                   self.cast<const Dist&>().model().log_position_prior();
+                               return readonly_view(p.data(), {p.size()}, self);
+                             })
+      .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); })
+      .def_property_readonly("gate_const", [](const Dist& d) { return d.model().gate_const(); })
+      .def_property_readonly("name",
+                             [](const Dist& d) { return name_to_python(d.model().params().name); })
+      .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); })
+      .def_property_readonly("context_length",
+                             [](const Dist& d) { return d.model().context_length(); })
+      .def_property_readonly("query_dim", [](const Dist& d) { return d.model().query_dim(); })
+      .def_property_readonly("num_targets", [](const Dist& d) { return d.model().n_targets(); })
+      .def(
+          "predict_proba",
+          [](const Dist& d, py::object c, py::object y) { return predict_proba(d.model(), c, y); },
+          "context"_a, "query"_a,
+          "p(target | context, query) = sum_i a_i B[c_i] with the target-blind attention a: (T,) "
+          "for one example, (n, T) for a batch.")
+      .def(
+          "sampler",
+          [](py::object self, py::object seed) {
+            return SamplerPy{ResponsibilityAttentionSampler(
+                                 self.cast<const Dist&>().model(),
+                                 sampler_seed(seed, "ResponsibilityAttentionDistribution")),
+                             self};
+          },
+          "seed"_a = py::none())
+      .def("__str__", [](const Dist& d) { return describe(d.model()); })
+      .def("__repr__", [](const Dist& d) { return describe(d.model()); })
+      .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 5)
+                          throw ValueError("ResponsibilityAttentionDistribution: bad pickle state");
+                        return make_distribution(t[0], t[1], t[2], t[3], t[4]);
+                      }));
+
+  py::class_<SamplerPy>(
+      m, "ResponsibilityAttentionSampler",
+      "Draws (context, query, target) observations: a context (without replacement when N <= S), z "
+      "~ pi, y = K[c_z] + sqrt(sigma2) N(0, I), t ~ B[c_z].")
+      .def(py::init([](py::object dist, py::object seed) {
+             if (!py::isinstance<Dist>(dist))
+               throw TypeError(
+                   "ResponsibilityAttentionSampler: dist must be a "
+                   "ResponsibilityAttentionDistribution");
+             return SamplerPy{ResponsibilityAttentionSampler(
+                                  dist.cast<const Dist&>().model(),
+                                  sampler_seed(seed, "ResponsibilityAttentionSampler")),
+                              dist};
+           }),
+           "dist"_a, "seed"_a = py::none())
+      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; })
+      .def("sample", &sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
+           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
+           "sample() calls.");
+}
+
+void bind_estimator(py::module_& m) {
+  const ResponsibilityAttentionEstimatorOptions defaults;
+  py::class_<Est, EstimatorHandle>(
+      m, "ResponsibilityAttentionEstimator",
+      "The closed-form M-step of responsibility attention (SPEC.md §2.3).")
+      .def(py::init([](py::object S, py::object N, py::object D, py::object T, py::object sigma2,
+                       py::object estimate_sigma2, py::object min_sigma2,
+                       py::object emission_smoothing, py::object pseudo_count, py::object name,
+                       py::object keys) {
+             constexpr const char* where = "ResponsibilityAttentionEstimator";
+             const int64_t s = positive_int(S, where, "num_symbols");
+             const int64_t n = positive_int(N, where, "context_length");
+             const int64_t d = positive_int(D, where, "query_dim");
+             const int64_t t = positive_int(T, where, "num_targets");
+             ResponsibilityAttentionEstimatorOptions o;
+             o.sigma2 = positive_real(sigma2, where, "sigma2");
+             o.estimate_sigma2 = flag(estimate_sigma2, where, "estimate_sigma2");
+             o.min_sigma2 = positive_real(min_sigma2, where, "min_sigma2");
+             o.emission_smoothing =
+                 nonnegative_real(emission_smoothing, where, "emission_smoothing");
+             o.name = name_arg(name, where);
+             o.keys = optional_str(keys, where, "keys");
+             py::object pseudo = pseudo_count_arg(pseudo_count, where);
+             return Est(AnyEstimator(ResponsibilityAttentionEstimator(s, n, d, t, std::move(o))),
+                        std::move(pseudo));
+           }),
+           "num_symbols"_a, "context_length"_a, "query_dim"_a, "num_targets"_a, py::kw_only(),
+           "sigma2"_a = defaults.sigma2, "estimate_sigma2"_a = defaults.estimate_sigma2,
+           "min_sigma2"_a = defaults.min_sigma2,
+           "emission_smoothing"_a = defaults.emission_smoothing, "pseudo_count"_a = py::none(),
+           "name"_a = py::none(), "keys"_a = py::none())
+      .def_property_readonly("num_symbols", [](const Est& e) { return e.estimator().n_symbols(); })
+      .def_property_readonly("context_length",
+                             [](const Est& e) { return e.estimator().context_length(); })
+      .def_property_readonly("query_dim", [](const Est& e) { return e.estimator().query_dim(); })
+      .def_property_readonly("num_targets", [](const Est& e) { return e.estimator().n_targets(); })
+      .def_property_readonly("sigma2", [](const Est& e) { return e.estimator().options().sigma2; })
+      .def_property_readonly("estimate_sigma2",
+                             [](const Est& e) { return e.estimator().options().estimate_sigma2; })
+      .def_property_readonly("min_sigma2",
+                             [](const Est& e) { return e.estimator().options().min_sigma2; })
+      .def_property_readonly(
+          "emission_smoothing",
+          [](const Est& e) { return e.estimator().options().emission_smoothing; })
+      .def_property_readonly(
+          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
+      .def_property_readonly("keys", [](const Est& e) -> py::object {
+        const auto& keys = e.estimator().options().keys;
+        return keys ? py::object(py::str(*keys)) : py::none();
+      });
+}
+
+/// The dimension attributes of the accumulator and of its factory.
+template <class Class>
+void def_dimensions(Class& cls) {
+  using T = typename Class::type;
+  cls.def_property_readonly("num_symbols", [](const T& h) { return h.acc().n_symbols(); })
+      .def_property_readonly("context_length", [](const T& h) { return h.acc().context_length(); })
+      .def_property_readonly("query_dim", [](const T& h) { return h.acc().query_dim(); })
+      .def_property_readonly("num_targets", [](const T& h) { return h.acc().n_targets(); });
+}
+
+void bind_accumulator(py::module_& m) {
+  constexpr const char* kAcc = "ResponsibilityAttentionAccumulator";
+  constexpr const char* kFactory = "ResponsibilityAttentionAccumulatorFactory";
+  py::class_<Acc, AccumulatorHandle> acc(m, kAcc,
+                                         "Statistics, value() = (key_sum (S,D), key_mass (S,), "
+                                         "emission_count (S,T), position_count (N,), query_sq).");
+  acc.def(py::init([kAcc](py::object S, py::object N, py::object D, py::object T, py::object keys,
+                          py::object name) {
+            py::object nm = name_to_python(name_arg(name, kAcc));
+            return Acc(AccumulatorHandle(AnyAccumulator(make_accumulator(S, N, D, T, keys, kAcc)),
+                                         std::move(nm)));
+          }),
+          "num_symbols"_a, "context_length"_a, "query_dim"_a, "num_targets"_a,
+          "keys"_a = py::none(), "name"_a = py::none());
+  def_dimensions(acc);
+
+  py::class_<Factory, FactoryHandle> factory(m, kFactory);
+  factory.def(
+      py::init([kFactory](py::object S, py::object N, py::object D, py::object T, py::object keys,
+                          py::object name) {
+        py::object nm = name_to_python(name_arg(name, kFactory));
+        return Factory(AnyAccumulator(make_accumulator(S, N, D, T, keys, kFactory)), std::move(nm));
+      }),
+      "num_symbols"_a, "context_length"_a, "query_dim"_a, "num_targets"_a, "keys"_a = py::none(),
+      "name"_a = py::none());
+  def_dimensions(factory);
+}
+
+void bind_encoder(py::module_& m) {
+  py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
+      m, "ResponsibilityAttentionDataEncoder",
+      "Encodes (context, query, target) triples, or a (contexts (n,N), queries (n,D), targets "
+      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked.")
+      .def(py::init([](py::object S, py::object N, py::object D, py::object T) {
+             constexpr const char* where = "ResponsibilityAttentionDataEncoder";
+             return std::make_shared<Encoder>(
+                 ResponsibilityAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
+                                                optional_positive_int(N, where, "context_length"),
+                                                optional_positive_int(D, where, "query_dim"),
+                                                optional_positive_int(T, where, "num_targets")});
+           }),
+           "num_symbols"_a = py::none(), "context_length"_a = py::none(),
+           "query_dim"_a = py::none(), "num_targets"_a = py::none())
+      .def_property_readonly("num_symbols",
+                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); })
+      .def_property_readonly("context_length",
+                             [](const Encoder& e) { return optional_int(e.spec().context_length); })
+      .def_property_readonly("query_dim",
+                             [](const Encoder& e) { return optional_int(e.spec().query_dim); })
+      .def_property_readonly("num_targets",
+                             [](const Encoder& e) { return optional_int(e.spec().n_targets); });
+}
+
+void bind_sequence_to_triples(py::module_& m) {
+  m.def(
+      "sequence_to_triples",
+      [](py::object tokens, py::object context_length, py::object num_symbols,
+         py::object embeddings) {
+        constexpr const char* where = "sequence_to_triples";
+        const NdArray<int64_t> ids = read_ids(tokens, where, "tokens");
+        if (ids.ndim() != 1) throw ValueError("tokens must be a 1-D sequence.");
+        const int64_t N = positive_int(context_length, where, "context_length");
+        const std::optional<int64_t> S = optional_positive_int(num_symbols, where, "num_symbols");
+        std::optional<Matrix> table;
+        if (!embeddings.is_none()) table = reals_2d(embeddings, where, "embeddings");
+        const ResponsibilityAttentionBatch batch =
+            sequence_to_triples(ids.values, N, S, table ? &*table : nullptr);
+        py::list out;
+        for (Index row = 0; row < batch.n_rows(); ++row)
+          out.append(ra_observation(batch.context(row), batch.context_length(), batch.query(row),
+                                    batch.query_dim(), batch.target(row)));
+        return out;
+      },
+      "tokens"_a, "context_length"_a, py::kw_only(), "num_symbols"_a = py::none(),
+      "embeddings"_a = py::none(),
+      "The (context, query, target) triples of a token sequence (SPEC.md §2.4): for p in [N-1, "
+      "len-2], context tokens[p-N+1..p], query embeddings[tokens[p]] (one-hot of length S without "
+      "embeddings), target tokens[p+1].");
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  bind_distribution(m);
+  bind_estimator(m);
+  bind_accumulator(m);
+  bind_encoder(m);
+  bind_sequence_to_triples(m);
+}
+
+}  // namespace attnmix::python

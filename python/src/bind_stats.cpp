@@ -1,0 +1,526 @@
+// SPDX-License-Identifier: Apache-2.0
+// The combinators and classical leaves in Python (SPEC.md §1.5): Mixture{Distribution, Estimator,
+// Accumulator, DataEncoder}, Composite{…}, Categorical{…, Sampler} and DiagonalGaussian{…,
+// Sampler}. Constructors convert and call the library's validating constructors; the generic role
+// methods come from bind_core.cpp.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "attnmix/inference/reduce.hpp"
+#include "attnmix/stats/categorical.hpp"
+#include "attnmix/stats/composite.hpp"
+#include "attnmix/stats/gaussian.hpp"
+#include "attnmix/stats/mixture.hpp"
+#include "bindings.hpp"
+#include "convert.hpp"
+#include "encoders.hpp"
+#include "roles.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+using namespace pybind11::literals;
+
+// ---- arguments that are lists of other role objects ---------------------------------------------
+
+template <class Handle>
+std::vector<py::object> handles_arg(py::object seq, const char* where, const char* name,
+                                    const char* kind) {
+  if (!is_sequence(seq) || is_ndarray(seq))
+    throw TypeError(std::string(where) + ": " + name + " must be a list of " + kind + " (got " +
+                    type_name(seq) + ")");
+  std::vector<py::object> out;
+  for (const py::object item : py::reinterpret_borrow<py::sequence>(seq)) {
+    if (!py::isinstance<Handle>(item))
+      throw TypeError(std::string(where) + ": " + name + " must be a list of " + kind +
+                      " (got an element of type " + type_name(item) + ")");
+    out.push_back(py::reinterpret_borrow<py::object>(item));
+  }
+  return out;
+}
+
+std::vector<AnyDistribution> distributions_arg(py::object seq, const char* where,
+                                               const char* name) {
+  std::vector<AnyDistribution> out;
+  for (const py::object& d :
+       handles_arg<DistributionHandle>(seq, where, name, "attnmix distributions"))
+    out.push_back(d.cast<const DistributionHandle&>().any);
+  return out;
+}
+
+std::vector<AnyEstimator> estimators_arg(py::object seq, const char* where) {
+  std::vector<AnyEstimator> out;
+  for (const py::object& e :
+       handles_arg<EstimatorHandle>(seq, where, "estimators", "attnmix estimators"))
+    out.push_back(e.cast<const EstimatorHandle&>().any);
+  return out;
+}
+
+std::vector<AnyAccumulator> accumulators_arg(py::object seq, const char* where) {
+  std::vector<AnyAccumulator> out;
+  for (const py::object& a :
+       handles_arg<AccumulatorHandle>(seq, where, "accumulators", "attnmix accumulators"))
+    out.push_back(
+        a.cast<const AccumulatorHandle&>().get());  // copies: the new accumulator owns its children
+  return out;
+}
+
+std::vector<std::shared_ptr<DataEncoder>> encoders_arg(py::object seq, const char* where) {
+  std::vector<std::shared_ptr<DataEncoder>> out;
+  for (const py::object& e :
+       handles_arg<DataEncoder>(seq, where, "encoders", "attnmix data encoders"))
+    out.push_back(e.cast<std::shared_ptr<DataEncoder>>());
+  return out;
+}
+
+py::list wrap_all(const std::vector<AnyDistribution>& models) {
+  py::list out;
+  for (const AnyDistribution& d : models) out.append(wrap_distribution(d));
+  return out;
+}
+
+py::list children_of(const AccumulatorHandle& h) {
+  py::list out;
+  for (AccumulatorHandle child : h.children()) out.append(wrap_accumulator(std::move(child)));
+  return out;
+}
+
+py::object optional_int(const std::optional<int64_t>& v) {
+  return v ? py::object(py::int_(*v)) : py::none();
+}
+
+py::object keys_to_python(const std::optional<std::string>& keys) {
+  return keys ? py::object(py::str(*keys)) : py::none();
+}
+
+template <class Sampler, class Convert>
+py::object sample_leaf(Sampler& sampler, py::object size, py::object batched, const char* where,
+                       Convert&& convert) {
+  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  if (size.is_none()) return convert(sampler.sample());
+  const int64_t m = nonnegative_int(size, where, "size");
+  py::list out;
+  for (int64_t k = 0; k < m; ++k) out.append(convert(sampler.sample()));
+  return out;
+}
+
+// ---- mixture ------------------------------------------------------------------------------------
+
+void bind_mixture(py::module_& m) {
+  using Dist = DistributionOf<Mixture>;
+  constexpr const char* kDist = "MixtureDistribution";
+  const auto make = [](py::object components, py::object w, py::object name) {
+    std::vector<AnyDistribution> parts = distributions_arg(components, kDist, "components");
+    Vector weights = reals_1d(w, kDist, "w");
+    return Dist(
+        AnyDistribution(Mixture(std::move(parts), std::move(weights), name_arg(name, kDist))));
+  };
+  py::class_<Dist, DistributionHandle>(
+      m, kDist,
+      "A finite mixture of components of any family on the same data (SPEC.md §1.5): log p(x) = "
+      "LSE_k(log w_k + log p_k(x)).")
+      .def(py::init(make), "components"_a, "w"_a, "name"_a = py::none())
+      .def_property_readonly("w",
+                             [](py::object self) {
+                               const Vector& w = self.cast<const Dist&>().model().weights();
+                               return readonly_view(w.data(), {w.size()}, self);
+                             })
+      .def_property_readonly("components",
+                             [](const Dist& d) { return wrap_all(d.model().components()); })
+      .def_property_readonly(
+          "num_components",
+          [](const Dist& d) { return static_cast<Index>(d.model().components().size()); })
+      .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); })
+      .def(
+          "seq_posterior",
+          [](const Dist& d, py::object x) {
+            const AnyBatch batch = batch_of(x, *encoder_of(d.any));
+            Matrix rho;
+            {
+              const py::gil_scoped_release release;
+              rho = d.model().responsibilities(batch);
+            }
+            return copy_reals(rho.data(), {rho.rows(), rho.cols()});
+          },
+          "x"_a, "Component responsibilities rho (n, K) of an encoded batch.")
+      .def("__repr__",
+           [](const Dist& d) {
+             return "MixtureDistribution(" + std::to_string(d.model().components().size()) +
+                    " components, name=" +
+                    py::repr(name_to_python(d.model().name())).cast<std::string>() + ")";
+           })
+      .def(py::pickle(
+          [](py::object self) {
+            const auto& d = self.cast<const Dist&>();
+            const Vector& w = d.model().weights();
+            return py::make_tuple(wrap_all(d.model().components()),
+                                  copy_reals(w.data(), {w.size()}),
+                                  name_to_python(d.model().name()));
+          },
+          [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
+
+  using Est = EstimatorOf<MixtureEstimator>;
+  py::class_<Est, EstimatorHandle>(
+      m, "MixtureEstimator",
+      "The mixture M-step: w = comp_count / sum, each component from its own statistics.")
+      .def(py::init([](py::object estimators, py::object pseudo_count, py::object keys,
+                       py::object name) {
+             constexpr const char* where = "MixtureEstimator";
+             return Est(AnyEstimator(MixtureEstimator(estimators_arg(estimators, where),
+                                                      optional_str(keys, where, "keys"),
+                                                      name_arg(name, where))),
+                        pseudo_count_arg(pseudo_count, where));
+           }),
+           "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(),
+           "name"_a = py::none());
+
+  using Acc = AccumulatorOf<MixtureAccumulator>;
+  py::class_<Acc, AccumulatorHandle>(
+      m, "MixtureAccumulator",
+      "Statistics, value() = (comp_count (K,), (component statistics ...)).")
+      .def(py::init([](py::object accumulators, py::object keys, py::object name) {
+             constexpr const char* where = "MixtureAccumulator";
+             py::object nm = name_to_python(name_arg(name, where));
+             return Acc(AccumulatorHandle(
+                 AnyAccumulator(MixtureAccumulator(accumulators_arg(accumulators, where),
+                                                   optional_str(keys, where, "keys"))),
+                 std::move(nm)));
+           }),
+           "accumulators"_a, "keys"_a = py::none(), "name"_a = py::none())
+      .def_property_readonly("accumulators", &children_of,
+                             "The component accumulators (views into this one).");
+
+  py::class_<MixtureDataEncoderPy, DataEncoder, std::shared_ptr<MixtureDataEncoderPy>>(
+      m, "MixtureDataEncoder")
+      .def(py::init([](std::shared_ptr<DataEncoder> encoder) {
+             if (!encoder)
+               throw TypeError("MixtureDataEncoder: encoder must be an attnmix data encoder");
+             return std::make_shared<MixtureDataEncoderPy>(std::move(encoder));
+           }),
+           "encoder"_a)
+      .def_property_readonly("encoder", &MixtureDataEncoderPy::component);
+}
+
+// ---- composite ----------------------------------------------------------------------------------
+
+void bind_composite(py::module_& m) {
+  using Dist = DistributionOf<Composite>;
+  constexpr const char* kDist = "CompositeDistribution";
+  const auto make = [](py::object dists, py::object name) {
+    return Dist(AnyDistribution(
+        Composite(distributions_arg(dists, kDist, "dists"), name_arg(name, kDist))));
+  };
+  py::class_<Dist, DistributionHandle>(
+      m, kDist,
+      "The product of independent components over the fields of a tuple observation (SPEC.md "
+      "§1.5): log p(x) = sum_f log p_f(x_f).")
+      .def(py::init(make), "dists"_a, "name"_a = py::none())
+      .def_property_readonly("dists",
+                             [](const Dist& d) { return wrap_all(d.model().components()); })
+      .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); })
+      .def("__repr__",
+           [](const Dist& d) {
+             return "CompositeDistribution(" + std::to_string(d.model().components().size()) +
+                    " fields, name=" +
+                    py::repr(name_to_python(d.model().name())).cast<std::string>() + ")";
+           })
+      .def(py::pickle(
+          [](const Dist& d) {
+            return py::make_tuple(wrap_all(d.model().components()),
+                                  name_to_python(d.model().name()));
+          },
+          [make](const py::tuple& t) { return make(t[0], t[1]); }));
+
+  using Est = EstimatorOf<CompositeEstimator>;
+  py::class_<Est, EstimatorHandle>(m, "CompositeEstimator",
+                                   "Each field's component estimated from its statistics.")
+      .def(py::init([](py::object estimators, py::object pseudo_count, py::object keys,
+                       py::object name) {
+             constexpr const char* where = "CompositeEstimator";
+             return Est(AnyEstimator(CompositeEstimator(estimators_arg(estimators, where),
+                                                        optional_str(keys, where, "keys"),
+                                                        name_arg(name, where))),
+                        pseudo_count_arg(pseudo_count, where));
+           }),
+           "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(),
+           "name"_a = py::none());
+
+  using Acc = AccumulatorOf<CompositeAccumulator>;
+  py::class_<Acc, AccumulatorHandle>(m, "CompositeAccumulator",
+                                     "Statistics, value() = (field statistics ...).")
+      .def(py::init([](py::object accumulators, py::object keys, py::object name) {
+             constexpr const char* where = "CompositeAccumulator";
+             py::object nm = name_to_python(name_arg(name, where));
+             return Acc(AccumulatorHandle(
+                 AnyAccumulator(CompositeAccumulator(accumulators_arg(accumulators, where),
+                                                     optional_str(keys, where, "keys"))),
+                 std::move(nm)));
+           }),
+           "accumulators"_a, "keys"_a = py::none(), "name"_a = py::none())
+      .def_property_readonly("accumulators", &children_of,
+                             "The field accumulators (views into this one).");
+
+  py::class_<CompositeDataEncoderPy, DataEncoder, std::shared_ptr<CompositeDataEncoderPy>>(
+      m, "CompositeDataEncoder")
+      .def(py::init([](py::object encoders) {
+             return std::make_shared<CompositeDataEncoderPy>(
+                 encoders_arg(encoders, "CompositeDataEncoder"));
+           }),
+           "encoders"_a)
+      .def_property_readonly("encoders",
+                             [](const CompositeDataEncoderPy& e) { return e.fields(); });
+}
+
+// ---- categorical --------------------------------------------------------------------------------
+
+struct CategoricalSamplerPy {
+  CategoricalSampler sampler;
+  py::object dist;
+};
+
+void bind_categorical(py::module_& m) {
+  using Dist = DistributionOf<Categorical>;
+  constexpr const char* kDist = "CategoricalDistribution";
+  const auto make = [](py::object p, py::object name) {
+    return Dist(AnyDistribution(Categorical({reals_1d(p, kDist, "p"), name_arg(name, kDist)})));
+  };
+  const auto make_sampler = [](py::object dist, py::object seed, const char* where) {
+    if (!py::isinstance<Dist>(dist))
+      throw TypeError(std::string(where) + ": dist must be a CategoricalDistribution");
+    return CategoricalSamplerPy{
+        CategoricalSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
+  };
+  py::class_<Dist, DistributionHandle>(m, kDist,
+                                       "A categorical distribution over ids [0, K) (SPEC.md §1.5).")
+      .def(py::init(make), "p"_a, "name"_a = py::none())
+      .def_property_readonly("p",
+                             [](py::object self) {
+                               const Vector& p = self.cast<const Dist&>().model().params().p;
+                               return readonly_view(p.data(), {p.size()}, self);
+                             })
+      .def_property_readonly("num_categories",
+                             [](const Dist& d) { return d.model().n_categories(); })
+      .def_property_readonly("name",
+                             [](const Dist& d) { return name_to_python(d.model().params().name); })
+      .def(
+          "sampler",
+          [make_sampler](py::object self, py::object seed) {
+            return make_sampler(self, seed, kDist);
+          },
+          "seed"_a = py::none())
+      .def("__repr__",
+           [](const Dist& d) {
+             return "CategoricalDistribution(K=" + std::to_string(d.model().n_categories()) +
+                    ", name=" +
+                    py::repr(name_to_python(d.model().params().name)).cast<std::string>() + ")";
+           })
+      .def(py::pickle(
+          [](const Dist& d) {
+            const Vector& p = d.model().params().p;
+            return py::make_tuple(copy_reals(p.data(), {p.size()}),
+                                  name_to_python(d.model().params().name));
+          },
+          [make](const py::tuple& t) { return make(t[0], t[1]); }));
+
+  py::class_<CategoricalSamplerPy>(m, "CategoricalSampler")
+      .def(py::init([make_sampler](py::object dist, py::object seed) {
+             return make_sampler(std::move(dist), seed, "CategoricalSampler");
+           }),
+           "dist"_a, "seed"_a = py::none())
+      .def(
+          "sample",
+          [](CategoricalSamplerPy& s, py::object size, py::object batched) {
+            return sample_leaf(s.sampler, size, batched, "CategoricalSampler.sample",
+                               [](int64_t id) { return py::int_(id); });
+          },
+          "size"_a = py::none(), py::kw_only(), "batched"_a = true);
+
+  const CategoricalEstimatorOptions defaults;
+  using Est = EstimatorOf<CategoricalEstimator>;
+  py::class_<Est, EstimatorHandle>(m, "CategoricalEstimator", "p = (counts + smoothing) / sum.")
+      .def(py::init([](py::object K, py::object smoothing, py::object pseudo_count, py::object name,
+                       py::object keys) {
+             constexpr const char* where = "CategoricalEstimator";
+             const int64_t k = positive_int(K, where, "num_categories");
+             CategoricalEstimatorOptions o;
+             o.smoothing = nonnegative_real(smoothing, where, "smoothing");
+             o.name = name_arg(name, where);
+             o.keys = optional_str(keys, where, "keys");
+             py::object pseudo = pseudo_count_arg(pseudo_count, where);
+             return Est(AnyEstimator(CategoricalEstimator(k, std::move(o))), std::move(pseudo));
+           }),
+           "num_categories"_a, py::kw_only(), "smoothing"_a = defaults.smoothing,
+           "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none())
+      .def_property_readonly("num_categories",
+                             [](const Est& e) { return e.estimator().n_categories(); })
+      .def_property_readonly("smoothing",
+                             [](const Est& e) { return e.estimator().options().smoothing; })
+      .def_property_readonly(
+          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
+      .def_property_readonly(
+          "keys", [](const Est& e) { return keys_to_python(e.estimator().options().keys); });
+
+  using Acc = AccumulatorOf<CategoricalAccumulator>;
+  py::class_<Acc, AccumulatorHandle>(m, "CategoricalAccumulator",
+                                     "Statistics, value() = (counts (K,),).")
+      .def(py::init([](py::object K, py::object keys, py::object name) {
+             constexpr const char* where = "CategoricalAccumulator";
+             py::object nm = name_to_python(name_arg(name, where));
+             return Acc(AccumulatorHandle(
+                 AnyAccumulator(CategoricalAccumulator(positive_int(K, where, "num_categories"),
+                                                       optional_str(keys, where, "keys"))),
+                 std::move(nm)));
+           }),
+           "num_categories"_a, "keys"_a = py::none(), "name"_a = py::none())
+      .def_property_readonly("num_categories", [](const Acc& a) { return a.acc().n_categories(); });
+
+  py::class_<CategoricalDataEncoderPy, DataEncoder, std::shared_ptr<CategoricalDataEncoderPy>>(
+      m, "CategoricalDataEncoder", "Encodes a list (or 1-D array) of ids.")
+      .def(py::init([](py::object K) {
+             return std::make_shared<CategoricalDataEncoderPy>(CategoricalEncoder{
+                 optional_positive_int(K, "CategoricalDataEncoder", "num_categories")});
+           }),
+           "num_categories"_a = py::none())
+      .def_property_readonly("num_categories", [](const CategoricalDataEncoderPy& e) {
+        return optional_int(e.spec().n_categories);
+      });
+}
+
+// ---- diagonal Gaussian --------------------------------------------------------------------------
+
+struct GaussianSamplerPy {
+  DiagonalGaussianSampler sampler;
+  py::object dist;
+};
+
+void bind_gaussian(py::module_& m) {
+  using Dist = DistributionOf<DiagonalGaussian>;
+  constexpr const char* kDist = "DiagonalGaussianDistribution";
+  const auto make = [](py::object mu, py::object sigma2, py::object name) {
+    return Dist(AnyDistribution(DiagonalGaussian(
+        {reals_1d(mu, kDist, "mu"), reals_1d(sigma2, kDist, "sigma2"), name_arg(name, kDist)})));
+  };
+  const auto make_sampler = [](py::object dist, py::object seed, const char* where) {
+    if (!py::isinstance<Dist>(dist))
+      throw TypeError(std::string(where) + ": dist must be a DiagonalGaussianDistribution");
+    return GaussianSamplerPy{
+        DiagonalGaussianSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
+  };
+  py::class_<Dist, DistributionHandle>(
+      m, kDist, "A Gaussian with diagonal covariance over real vectors (SPEC.md §1.5).")
+      .def(py::init(make), "mu"_a, "sigma2"_a, "name"_a = py::none())
+      .def_property_readonly("mu",
+                             [](py::object self) {
+                               const Vector& mu = self.cast<const Dist&>().model().params().mu;
+                               return readonly_view(mu.data(), {mu.size()}, self);
+                             })
+      .def_property_readonly("sigma2",
+                             [](py::object self) {
+                               const Vector& s = self.cast<const Dist&>().model().params().sigma2;
+                               return readonly_view(s.data(), {s.size()}, self);
+                             })
+      .def_property_readonly("dim", [](const Dist& d) { return d.model().dim(); })
+      .def_property_readonly("name",
+                             [](const Dist& d) { return name_to_python(d.model().params().name); })
+      .def(
+          "sampler",
+          [make_sampler](py::object self, py::object seed) {
+            return make_sampler(self, seed, kDist);
+          },
+          "seed"_a = py::none())
+      .def("__repr__",
+           [](const Dist& d) {
+             return "DiagonalGaussianDistribution(D=" + std::to_string(d.model().dim()) +
+                    ", name=" +
+                    py::repr(name_to_python(d.model().params().name)).cast<std::string>() + ")";
+           })
+      .def(py::pickle(
+          [](const Dist& d) {
+            const DiagonalGaussianParams& p = d.model().params();
+            return py::make_tuple(copy_reals(p.mu.data(), {p.mu.size()}),
+                                  copy_reals(p.sigma2.data(), {p.sigma2.size()}),
+                                  name_to_python(p.name));
+          },
+          [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
+
+  py::class_<GaussianSamplerPy>(m, "DiagonalGaussianSampler")
+      .def(py::init([make_sampler](py::object dist, py::object seed) {
+             return make_sampler(std::move(dist), seed, "DiagonalGaussianSampler");
+           }),
+           "dist"_a, "seed"_a = py::none())
+      .def(
+          "sample",
+          [](GaussianSamplerPy& s, py::object size, py::object batched) {
+            return sample_leaf(s.sampler, size, batched, "DiagonalGaussianSampler.sample",
+                               [](const std::vector<double>& x) {
+                                 return copy_reals(x.data(), {static_cast<Index>(x.size())});
+                               });
+          },
+          "size"_a = py::none(), py::kw_only(), "batched"_a = true);
+
+  const DiagonalGaussianEstimatorOptions defaults;
+  using Est = EstimatorOf<DiagonalGaussianEstimator>;
+  py::class_<Est, EstimatorHandle>(
+      m, "DiagonalGaussianEstimator",
+      "mu = sum / count, sigma2 = max(sum_sq / count - mu^2, min_sigma2).")
+      .def(py::init([](py::object D, py::object min_sigma2, py::object pseudo_count,
+                       py::object name, py::object keys) {
+             constexpr const char* where = "DiagonalGaussianEstimator";
+             const int64_t d = positive_int(D, where, "dim");
+             DiagonalGaussianEstimatorOptions o;
+             o.min_sigma2 = positive_real(min_sigma2, where, "min_sigma2");
+             o.name = name_arg(name, where);
+             o.keys = optional_str(keys, where, "keys");
+             py::object pseudo = pseudo_count_arg(pseudo_count, where);
+             return Est(AnyEstimator(DiagonalGaussianEstimator(d, std::move(o))),
+                        std::move(pseudo));
+           }),
+           "dim"_a, py::kw_only(), "min_sigma2"_a = defaults.min_sigma2,
+           "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none())
+      .def_property_readonly("dim", [](const Est& e) { return e.estimator().dim(); })
+      .def_property_readonly("min_sigma2",
+                             [](const Est& e) { return e.estimator().options().min_sigma2; })
+      .def_property_readonly(
+          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
+      .def_property_readonly(
+          "keys", [](const Est& e) { return keys_to_python(e.estimator().options().keys); });
+
+  using Acc = AccumulatorOf<DiagonalGaussianAccumulator>;
+  py::class_<Acc, AccumulatorHandle>(m, "DiagonalGaussianAccumulator",
+                                     "Statistics, value() = (sum (D,), sum_sq (D,), count).")
+      .def(py::init([](py::object D, py::object keys, py::object name) {
+             constexpr const char* where = "DiagonalGaussianAccumulator";
+             py::object nm = name_to_python(name_arg(name, where));
+             return Acc(AccumulatorHandle(
+                 AnyAccumulator(DiagonalGaussianAccumulator(positive_int(D, where, "dim"),
+                                                            optional_str(keys, where, "keys"))),
+                 std::move(nm)));
+           }),
+           "dim"_a, "keys"_a = py::none(), "name"_a = py::none())
+      .def_property_readonly("dim", [](const Acc& a) { return a.acc().dim(); });
+
+  py::class_<DiagonalGaussianDataEncoderPy, DataEncoder,
+             std::shared_ptr<DiagonalGaussianDataEncoderPy>>(
+      m, "DiagonalGaussianDataEncoder", "Encodes a list of vectors (or an (n, D) array).")
+      .def(py::init([](py::object D) {
+             return std::make_shared<DiagonalGaussianDataEncoderPy>(DiagonalGaussianEncoder{
+                 optional_positive_int(D, "DiagonalGaussianDataEncoder", "dim")});
+           }),
+           "dim"_a = py::none())
+      .def_property_readonly(
+          "dim", [](const DiagonalGaussianDataEncoderPy& e) { return optional_int(e.spec().dim); });
+}
+
+}  // namespace
+
+void bind_stats(py::module_& m) {
+  bind_mixture(m);
+  bind_composite(m);
+  bind_categorical(m);
+  bind_gaussian(m);
+}
+
+}  // namespace attnmix::python

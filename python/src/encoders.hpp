@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file encoders.hpp
+/// The Python data encoders of every family (SPEC.md §1.1, §1.10): Python data → the library's
+/// validated batch, through the conversion layer (convert.hpp) and the library's own encoders.
+///
+/// Accepted data (seq_encode):
+///   responsibility attention  a list of (context, query, target) triples, or the fast path: a
+///   tuple of numpy
+///                             arrays (contexts (n, N) ids, queries (n, D) reals, targets (n,) ids)
+///   categorical               a list of ids or an (n,) array (also as the 1-tuple (ids,))
+///   diagonal Gaussian         a list of vectors or an (n, D) array (also as the 1-tuple (values,))
+///   mixture                   whatever its component encoder accepts
+///   composite                 a list of F-tuples (one field per component), or a tuple of F
+///   EncodedBatch objects
+/// An EncodedBatch passes through every encoder unchanged (roles.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/responsibility.hpp"
+#include "attnmix/stats/categorical.hpp"
+#include "attnmix/stats/gaussian.hpp"
+#include "roles.hpp"
+
+namespace attnmix::python {
+
+class ResponsibilityAttentionDataEncoderPy final : public DataEncoder {
+ public:
+  explicit ResponsibilityAttentionDataEncoderPy(ResponsibilityAttentionEncoder spec)
+      : spec_(spec) {}
+  [[nodiscard]] const ResponsibilityAttentionEncoder& spec() const noexcept { return spec_; }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override;
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override;
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override {
+    return "ResponsibilityAttentionDataEncoder";
+  }
+
+ private:
+  ResponsibilityAttentionEncoder spec_;
+};
+
+class CategoricalDataEncoderPy final : public DataEncoder {
+ public:
+  explicit CategoricalDataEncoderPy(CategoricalEncoder spec) : spec_(spec) {}
+  [[nodiscard]] const CategoricalEncoder& spec() const noexcept { return spec_; }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override;
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override;
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override { return "CategoricalDataEncoder"; }
+
+ private:
+  CategoricalEncoder spec_;
+};
+
+class DiagonalGaussianDataEncoderPy final : public DataEncoder {
+ public:
+  explicit DiagonalGaussianDataEncoderPy(DiagonalGaussianEncoder spec) : spec_(spec) {}
+  [[nodiscard]] const DiagonalGaussianEncoder& spec() const noexcept { return spec_; }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override;
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override;
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override { return "DiagonalGaussianDataEncoder"; }
+
+ private:
+  DiagonalGaussianEncoder spec_;
+};
+
+/// A mixture's rows are its components' rows: the component encoder does the work.
+class MixtureDataEncoderPy final : public DataEncoder {
+ public:
+  explicit MixtureDataEncoderPy(std::shared_ptr<DataEncoder> component)
+      : component_(std::move(component)) {}
+  [[nodiscard]] const std::shared_ptr<DataEncoder>& component() const noexcept {
+    return component_;
+  }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override { return component_->encode(data); }
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override {
+    return component_->parts(batch, owner);
+  }
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override { return "MixtureDataEncoder"; }
+
+ private:
+  std::shared_ptr<DataEncoder> component_;
+};
+
+/// One encoder per field of a tuple observation.
+class CompositeDataEncoderPy final : public DataEncoder {
+ public:
+  explicit CompositeDataEncoderPy(std::vector<std::shared_ptr<DataEncoder>> fields)
+      : fields_(std::move(fields)) {}
+  [[nodiscard]] const std::vector<std::shared_ptr<DataEncoder>>& fields() const noexcept {
+    return fields_;
+  }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override;
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override;
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override { return "CompositeDataEncoder"; }
+
+ private:
+  std::vector<std::shared_ptr<DataEncoder>> fields_;
+};
+
+/// One RA observation as the reference returns it: (context int64 (N,), query float64 (D,), int
+/// target).
+[[nodiscard]] py::tuple ra_observation(const int64_t* context, Index N, const double* query,
+                                       Index D, int64_t target);
+
+}  // namespace attnmix::python
