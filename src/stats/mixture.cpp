@@ -241,9 +241,14 @@ Mixture MixtureEstimator::estimate(std::optional<double> nobs, const MixtureAccu
   Vector w = total > 0.0 ? Vector(counts / total) : Vector::Constant(K, 1.0 / static_cast<double>(K));
   if (total > 0.0) w /= accurate_sum({w.data(), static_cast<size_t>(K)});  // exact simplex after rounding
   std::vector<AnyDistribution> components;
-  for (Index k = 0; k < K; ++k)
-    components.push_back(estimators_[k].estimate(nobs ? std::optional<double>(counts[k]) : std::nullopt,
-                                                 acc.components()[k]));
+  // Component k's mass is comp_count[k] unless it is keyed: tying replaced its statistics with the pooled ones of
+  // every site sharing the key, whose mass is not comp_count[k], so no per-component nobs applies to it.
+  for (Index k = 0; k < K; ++k) {
+    const AnyAccumulator& child = acc.components()[k];
+    const bool pooled = child.keys().has_value();
+    components.push_back(estimators_[k].estimate(nobs && !pooled ? std::optional<double>(counts[k]) : std::nullopt,
+                                                 child));
+  }
   return Mixture(std::move(components), std::move(w), name_);
 }
 

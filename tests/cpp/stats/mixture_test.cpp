@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/inference/optimize.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mixture.hpp"
 #include "testing/all_close.hpp"
@@ -136,6 +137,29 @@ TEST(MixtureTest, RowImpossibleUnderOneComponentGivesItZeroWeight) {
   mix.accumulate(batch, std::vector<double>{1.0}, acc);
   for (Index k = 0; k < 7; ++k) EXPECT_EQ(acc.comp_count()[k], 0.0) << "component " << k;
   EXPECT_EQ(acc.comp_count()[7], 1.0);
+}
+
+}  // namespace
+}  // namespace attnmix
+
+namespace attnmix {
+namespace {
+
+/// Keyed components can be fitted from scratch: initialisation passes no per-component nobs to a tied component
+/// (its statistics are the pool's), and the tied components end with identical parameters.
+TEST(MixtureTest, KeyedComponentsFitFromScratch) {
+  const ResponsibilityAttention a = component(1.0, 0.5);
+  ResponsibilityAttentionEstimatorOptions options;
+  options.keys = "shared";
+  const AnyEstimator tied(ResponsibilityAttentionEstimator(3, 2, 2, 2, options));
+  OptimizeOptions opt;
+  opt.max_its = 3;
+  const auto fit = optimize(AnyBatch(a.sampler(2).sample(200)), MixtureEstimator({tied, tied}), opt);
+  const auto* first = fit.model.components()[0].get_if<ResponsibilityAttention>();
+  const auto* second = fit.model.components()[1].get_if<ResponsibilityAttention>();
+  ASSERT_TRUE(first && second);
+  EXPECT_EQ(first->params().key_means, second->params().key_means);
+  EXPECT_EQ(first->params().emission, second->params().emission);
 }
 
 }  // namespace
