@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chained-attention statistics, the M-step and the sampler (SPEC.md §3.3, §3.4).
+#include <algorithm>
+#include <cmath>
+
+#include "attnmix/attention/chained.hpp"
+#include "attnmix/core/check.hpp"
+#include "attnmix/stats/log_math.hpp"
+#include "attnmix/stats/mass_law.hpp"
+
+namespace attnmix {
+
+namespace {
+constexpr double kKeyMassFloor = 1e-9;  // M-step denominator floor of SPEC.md §3.3
+
+std::shared_ptr<const StatLayout> ca_layout(int64_t L, int64_t S, int64_t T) {
+  return std::make_shared<const StatLayout>(std::vector<FieldSpec>{
+      {"key_num", {L, S, S}, FieldKind::kCount},
+      {"key_mass", {L, S}, FieldKind::kCount},
+      {"emission_count", {S, T}, FieldKind::kCount},
+      {"ll", {}, FieldKind::kReal},
+      {"n", {}, FieldKind::kCount},
+  });
+}
+
+double span_sum(const double* p, Index n) { return accurate_sum({p, static_cast<size_t>(n)}); }
+}  // namespace
+
+ChainedAttentionAccumulator::ChainedAttentionAccumulator(int64_t n_hops, int64_t n_symbols, int64_t n_targets,
+                                                         std::optional<std::string> keys)
+    : FlatAccumulator(ca_layout((check::positive_int(kWhere, "n_hops", n_hops), n_hops),
+                                (check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
+                                (check::positive_int(kWhere, "num_targets", n_targets), n_targets))),
+      L_(n_hops),
+      S_(n_symbols),
+      T_(n_targets) {
+  set_keys(std::move(keys));
+}
+
+void ChainedAttentionAccumulator::validate(std::string_view where) const {
+  check_entries(where);
+  const double total = n();
+  for (Index hop = 0; hop < L_; ++hop)
+    check_mass_law(where, "n", total, "sum(key_mass[" + std::to_string(hop) + "])",
+                   span_sum(field(1) + hop * S_, S_));
+  check_mass_law(where, "n", total, "sum(emission_count)", span_sum(field(2), S_ * T_));
+}
+
+ChainedAttentionEncoder ChainedAttentionAccumulator::encoder() const { return {S_, T_}; }
+
+ChainedAttentionEstimator::ChainedAttentionEstimator(int64_t n_hops, int64_t n_symbols, int64_t n_targets,
+                                                     ChainedAttentionEstimatorOptions options)
+    : L_(n_hops), S_(n_symbols), T_(n_targets), options_(std::move(options)) {
+  check::positive_int(kWhere, "n_hops", L_);
+  check::positive_int(kWhere, "num_symbols", S_);
+  check::positive_int(kWhere, "num_targets", T_);
+  check::positive_real(kWhere, "sigma2", options_.sigma2);
+  check::nonnegative_real(kWhere, "emission_smoothing", options_.emission_smoothing);
+}
+
+ChainedAttentionAccumulator ChainedAttentionEstimator::make_accumulator() const {
+  return {L_, S_, T_, options_.keys};
+}
+
+ChainedAttentionEncoder ChainedAttentionEstimator::encoder() const { return {S_, T_}; }
+
+ChainedAttention ChainedAttentionEstimator::estimate(std::optional<double> nobs,
+                                                     const ChainedAttentionAccumulator& acc) const {
+  if (acc.n_hops() != L_ || acc.n_symbols() != S_ || acc.n_targets() != T_)
+    throw ValueError(std::string(kWhere) + ": statistics must have the layout [" +
+                     make_accumulator().layout().describe() + "] (got [" + acc.layout().describe() + "])");
+  acc.validate(kWhere);
+  if (nobs) check_mass_law(kWhere, "nobs", *nobs, "n", acc.n());
+
+  ChainedAttentionParams p;
+  p.name = options_.name;
+  p.sigma2 = options_.sigma2;
+  const ConstMatrixMap key_mass = acc.key_mass();
+  for (Index hop = 0; hop < L_; ++hop) {
+    Matrix K = acc.key_num(hop);
+    for (Index s = 0; s < S_; ++s) K.row(s) /= std::max(key_mass(hop, s), kKeyMassFloor);
+    p.key_tables.push_back(std::move(K));
+  }
+  const ConstMatrixMap counts = acc.emission_count();
+  const double eps = options_.emission_smoothing;
+  p.emission.resize(S_, T_);
+  for (Index s = 0; s < S_; ++s) {
+    auto row = p.emission.row(s);
+    row = counts.row(s).array() + eps;
+    const double total = accurate_sum({row.data(), static_cast<size_t>(T_)});
+    if (total > 0.0)
+      row /= total;
+    else
+      row.setConstant(1.0 / static_cast<double>(T_));  // zero-total row (ε = 0): uniform
+  }
+  return ChainedAttention(std::move(p));
+}
+
+ChainedAttentionEstimator ChainedAttention::estimator() const {
+  ChainedAttentionEstimatorOptions options;
+  options.sigma2 = params_.sigma2;
+  options.name = params_.name;
+  return {n_hops(), n_symbols(), n_targets(), std::move(options)};
+}
+
+ChainedAttentionSampler ChainedAttention::sampler(uint64_t seed, int64_t context_length) const {
+  return {*this, seed, context_length};
+}
+
+ChainedAttentionSampler::ChainedAttentionSampler(ChainedAttention model, uint64_t seed, int64_t context_length)
+    : model_(std::move(model)), rng_(seed), context_length_(context_length) {
+  check::positive_int("ChainedAttentionSampler", "context_length", context_length);
+}
+
+ChainedAttentionObservation ChainedAttentionSampler::sample() {
+  const int64_t S = model_.n_symbols();
+  const auto N = static_cast<size_t>(context_length_);
+  const auto uniform_symbol = [&] { return static_cast<int64_t>(rng_.uniform_int(static_cast<uint64_t>(S))); };
+  ChainedAttentionObservation obs;
+  obs.keys.resize(N);
+  obs.values.resize(N);
+  for (int64_t& k : obs.keys) k = uniform_symbol();
+  for (int64_t& v : obs.values) v = uniform_symbol();
+  obs.query = uniform_symbol();
+  std::vector<double> gate(N);
+  int64_t u = obs.query;
+  int64_t position = 0;
+  for (Index hop = 0; hop < model_.n_hops(); ++hop) {
+    const double* logits = model_.gate_logits(hop, u);
+    double top = kNegInf;
+    for (size_t j = 0; j < N; ++j) top = std::max(top, logits[obs.keys[j]]);
+    double total = 0.0;
+    for (size_t j = 0; j < N; ++j) total += (gate[j] = std::exp(logits[obs.keys[j]] - top));
+    for (double& g : gate) g /= total;
+    position = rng_.categorical(gate);
+    u = obs.values[static_cast<size_t>(position)];
+  }
+  const double* b = model_.emission().data() + u * model_.n_targets();
+  obs.target = rng_.categorical({b, static_cast<size_t>(model_.n_targets())});
+  return obs;
+}
+
+ChainedAttentionBatch ChainedAttentionSampler::sample(Index m) {
+  if (m < 0) throw ValueError("ChainedAttentionSampler: size must be >= 0");
+  IdMatrix keys(m, context_length_);
+  IdMatrix values(m, context_length_);
+  IdVector queries(m);
+  IdVector targets(m);
+  for (Index k = 0; k < m; ++k) {
+    ChainedAttentionObservation obs = sample();
+    for (Index j = 0; j < context_length_; ++j) {
+      keys(k, j) = obs.keys[static_cast<size_t>(j)];
+      values(k, j) = obs.values[static_cast<size_t>(j)];
+    }
+    queries[k] = obs.query;
+    targets[k] = obs.target;
+  }
+  return model_.encoder().encode(std::move(keys), std::move(values), std::move(queries), std::move(targets));
+}
+
+}  // namespace attnmix
