@@ -5,6 +5,7 @@ result (machine and revision recorded), or diff a saved result against another (
 
   /usr/bin/python3 bench/compare.py run  [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
   /usr/bin/python3 bench/compare.py diff BASELINE.json CURRENT.json
+  /usr/bin/python3 bench/compare.py chained [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
 
 `run` alternates the two programs `--rounds` times (the machine is shared and noisy, so only ratios
 measured in the same run are compared) and reports, per program, the median over rounds of each
@@ -117,6 +118,70 @@ def cmd_diff(args):
               f"{cur['ratios'].get(name, float('nan')):.2f}")
 
 
+# ---- Chained attention (bench_chained.cpp vs numpy_chained_em.py) -------------------------------------------------
+
+def run_cpp_chained(bench, repetitions):
+    """{(hops, threads): median seconds of BM_ChainedEmIteration} from one Google Benchmark run."""
+    out = subprocess.run(
+        [bench, "--benchmark_filter=^BM_ChainedEmIteration/", "--benchmark_format=json",
+         f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
+        capture_output=True, text=True, check=True).stdout
+    result = {}
+    for b in json.loads(out)["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            name = b["run_name"]
+            hops = int(name.split("hops:")[1].split("/")[0])
+            threads = int(name.split("threads:")[1].split("/")[0])
+            unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+            result[f"L{hops}_t{threads}"] = b["real_time"] * unit
+    return result
+
+
+def run_numpy_chained(hops, reps):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_chained_em.py"), "--hops", str(hops),
+                          "--reps", str(reps)], capture_output=True, text=True, check=True, env=env).stdout
+    return {f"L{hops}_{name}": v for name, v in json.loads(out)["median_s"].items()}
+
+
+def cmd_chained(args):
+    check = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_chained_em.py"), "--check-cpp",
+                            args.bench], capture_output=True, text=True)
+    check_ok = check.returncode == 0
+    print(f"check against C++: {'pass' if check_ok else 'FAIL'}", file=sys.stderr)
+    cpp_rounds, np_rounds = [], []
+    for r in range(args.rounds):
+        cpp_rounds.append(run_cpp_chained(args.bench, args.repetitions))
+        npy = {}
+        for hops in (2, 3):
+            npy.update(run_numpy_chained(hops, args.numpy_reps))
+        np_rounds.append(npy)
+        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}", file=sys.stderr)
+    cpp = {k: statistics.median(rd[k] for rd in cpp_rounds) for k in cpp_rounds[0]}
+    npy = {k: statistics.median(rd[k] for rd in np_rounds) for k in np_rounds[0]}
+    ratios = {}
+    for hops in (2, 3):
+        for variant in ("materialised", "onehot"):
+            key = f"L{hops}_{variant}"
+            per_round = [rn[key] / rc[f"L{hops}_t1"] for rc, rn in zip(cpp_rounds, np_rounds)]
+            ratios[f"numpy_{variant}_over_cpp_1_thread_L{hops}"] = statistics.median(per_round)
+            per_round = [rn[key] / rc[f"L{hops}_t2"] for rc, rn in zip(cpp_rounds, np_rounds)]
+            ratios[f"numpy_{variant}_over_cpp_2_threads_L{hops}"] = statistics.median(per_round)
+        ratios[f"cpp_1_thread_over_2_threads_L{hops}"] = statistics.median(
+            rc[f"L{hops}_t1"] / rc[f"L{hops}_t2"] for rc in cpp_rounds)
+    result = {
+        "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "check_against_cpp": check_ok,
+        "cpp_seconds": cpp, "numpy_seconds": npy, "ratios_median_of_rounds": ratios,
+        "rounds": {"cpp": cpp_rounds, "numpy": np_rounds},
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +196,13 @@ def main():
     diff.add_argument("baseline")
     diff.add_argument("current")
     diff.set_defaults(func=cmd_diff)
+    chained = sub.add_parser("chained", help="chained attention: C++ vs both NumPy baselines, back to back")
+    chained.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
+    chained.add_argument("--rounds", type=int, default=3)
+    chained.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
+    chained.add_argument("--numpy-reps", type=int, default=3)
+    chained.add_argument("--out", help="save the result as JSON")
+    chained.set_defaults(func=cmd_chained)
     args = parser.parse_args()
     args.func(args)
 

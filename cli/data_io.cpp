@@ -3,16 +3,8 @@
 // (SPEC.md §1.2).
 #include "data_io.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <array>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <stdexcept>
 
 #include "attnmix/core/errors.hpp"
 #include "jsonl.hpp"
@@ -22,72 +14,9 @@ namespace attnmix::cli {
 
 using nlohmann::json;
 
-std::string RaRows::locate(Index row) const {
-  if (is_npz || line_of_row.empty()) return source + ": row " + std::to_string(row);
-  return source + ": line " + std::to_string(line_of_row[static_cast<size_t>(row)]);
-}
-
 namespace {
 
-constexpr std::array<std::string_view, 3> kFields{"context", "query", "target"};
-
-std::string expected_fields() { return "expected context, query, target"; }
-
-std::string dim_text(const char* symbol, const Dim& dim) {
-  return std::string(symbol) + " = " + std::to_string(dim.value) + " (from " + dim.from + ")";
-}
-
-std::string number_text(double x) {
-  std::array<char, 64> buf{};
-  std::snprintf(buf.data(), buf.size(), "%.17g", x);
-  return buf.data();
-}
-
-/// Range check of an exact id: ValueError "where: field: out-of-range ID v (must be in [0, S); S =
-/// 16 (from …))".
-void check_id_range(int64_t id, const std::string& where, const std::string& field,
-                    const char* symbol, const std::optional<Dim>& bound) {
-  if (id < 0)
-    throw ValueError(where + ": " + field + ": out-of-range ID " + std::to_string(id) +
-                     " (ids must be >= 0)");
-  if (bound && id >= bound->value)
-    throw ValueError(where + ": " + field + ": out-of-range ID " + std::to_string(id) +
-                     " (must be in [0, " + std::to_string(bound->value) + "); " +
-                     dim_text(symbol, *bound) + ")");
-}
-
-/// A real that must be an exact integer id (integral floats such as 2.0 are accepted).
-int64_t exact_real_id(double x, const std::string& where, const std::string& field) {
-  if (!std::isfinite(x))
-    throw ValueError(where + ": " + field + ": ids must be finite (got " + number_text(x) + ")");
-  if (x != std::floor(x))
-    throw ValueError(where + ": " + field + ": ids must be integers (got " + number_text(x) + ")");
-  if (std::fabs(x) > 9.0e15)
-    throw ValueError(where + ": " + field + ": out-of-range ID " + number_text(x) + " (too large)");
-  return static_cast<int64_t>(x);
-}
-
-int64_t json_id(const json& v, const std::string& where, const std::string& field,
-                const char* symbol, const std::optional<Dim>& bound) {
-  int64_t id = 0;
-  if (v.is_boolean())
-    throw TypeError(where + ": " + field + ": ids must be integers, not bools (got " + v.dump() +
-                    ")");
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX))
-      throw ValueError(where + ": " + field + ": out-of-range ID " + v.dump() + " (too large)");
-    id = static_cast<int64_t>(u);
-  } else if (v.is_number_integer()) {
-    id = v.get<int64_t>();
-  } else if (v.is_number_float()) {
-    id = exact_real_id(v.get<double>(), where, field);
-  } else {
-    throw TypeError(where + ": " + field + ": must be an integer id (got " + json_kind(v) + ")");
-  }
-  check_id_range(id, where, field, symbol, bound);
-  return id;
-}
+constexpr auto kFieldList = "context=..., query=..., target=...";
 
 /// Accumulates rows and fixes N and D from the declared dims or the first row.
 struct RowSink {
@@ -96,15 +25,6 @@ struct RowSink {
   std::vector<double> queries;
   std::vector<int64_t> targets;
   Index n_rows = 0;
-
-  void check_width(const char* what, const char* symbol, std::optional<Dim>& dim, size_t width,
-                   const std::string& where, const std::string& first_row) {
-    if (width == 0) throw ValueError(where + ": " + what + " must be non-empty");
-    if (!dim) dim = Dim{static_cast<int64_t>(width), first_row};
-    if (static_cast<int64_t>(width) != dim->value)
-      throw ValueError(where + ": " + what + " has " + std::to_string(width) +
-                       " entries; expected " + dim_text(symbol, *dim));
-  }
 };
 
 RaRows finish(RowSink& sink, RaRows rows) {
@@ -124,24 +44,12 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
   RaRows rows;
   rows.source = path;
   RowSink sink{declared, {}, {}, {}, 0};
-  std::optional<bool> rows_have_targets;
+  TargetPresence targets_seen(policy);
   for_each_json_line(path, [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
-    for (const auto& item : object.items())
-      if (std::find(kFields.begin(), kFields.end(), item.key()) == kFields.end())
-        throw ValueError(where + ": unknown field '" + item.key() + "' (" + expected_fields() +
-                         ")");
-    for (const char* field : {"context", "query"})
-      if (!object.contains(field)) throw ValueError(where + ": missing field '" + field + "'");
+    check_json_fields(object, where, {"context", "query", "target"}, {"context", "query"});
     const bool has_target = object.contains("target");
-    if (policy == TargetPolicy::kRequired && !has_target)
-      throw ValueError(where + ": missing field 'target'");
-    if (!rows_have_targets) rows_have_targets = has_target;
-    if (*rows_have_targets != has_target)
-      throw ValueError(where +
-                       (has_target ? ": has a 'target' but the lines before it do not"
-                                   : ": missing field 'target' (the lines before it have one)") +
-                       "; either every line carries a target or none does");
+    targets_seen.see(has_target, where);
     const std::string first_row =
         "line " + std::to_string(sink.n_rows == 0 ? line : rows.line_of_row.front());
 
@@ -149,7 +57,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
     if (!context.is_array())
       throw TypeError(where + ": context: must be an array of integer ids (got " +
                       json_kind(context) + ")");
-    sink.check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
+    check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
     for (size_t i = 0; i < context.size(); ++i)
       sink.contexts.push_back(json_id(context[i], where, "context[" + std::to_string(i) + "]", "S",
                                       sink.dims.n_symbols));
@@ -158,7 +66,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
     if (!query.is_array())
       throw TypeError(where + ": query: must be an array of numbers (got " + json_kind(query) +
                       ")");
-    sink.check_width("query", "D", sink.dims.query_dim, query.size(), where, first_row);
+    check_width("query", "D", sink.dims.query_dim, query.size(), where, first_row);
     for (size_t d = 0; d < query.size(); ++d) {
       const json& x = query[d];
       if (!x.is_number())
@@ -171,7 +79,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
     rows.line_of_row.push_back(line);
     ++sink.n_rows;
   });
-  rows.has_targets = rows_have_targets.value_or(true);
+  rows.has_targets = targets_seen.has_targets();
   return finish(sink, std::move(rows));
 }
 
@@ -180,11 +88,9 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   rows.source = path;
   rows.is_npz = true;
   std::map<std::string, NpyArray> arrays = read_npz(path);
-  for (const auto& [name, array] : arrays)
-    if (std::find(kFields.begin(), kFields.end(), name) == kFields.end())
-      throw ValueError(path + ": unknown array '" + name + "' (" + expected_fields() + ")");
-  for (const char* field : {"context", "query"})
-    if (!arrays.count(field)) throw ValueError(path + ": missing array '" + field + "'");
+  std::vector<std::string> names;
+  for (const auto& [name, array] : arrays) names.push_back(name);
+  check_npz_arrays(names, path, {"context", "query", "target"}, {"context", "query"});
   rows.has_targets = arrays.count("target") > 0;
   if (policy == TargetPolicy::kRequired && !rows.has_targets)
     throw ValueError(path + ": missing array 'target'");
@@ -216,23 +122,15 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   }
   RowSink sink{declared, {}, {}, {}, 0};
   if (n > 0) {
-    sink.check_width("context", "N", sink.dims.context_length,
+    check_width("context", "N", sink.dims.context_length,
                      static_cast<size_t>(context.shape[1]), path + ": context",
                      "the context array");
-    sink.check_width("query", "D", sink.dims.query_dim, static_cast<size_t>(query.shape[1]),
+    check_width("query", "D", sink.dims.query_dim, static_cast<size_t>(query.shape[1]),
                      path + ": query", "the query array");
   }
-  const auto index_text = [](const char* name, int64_t r, int64_t c) {
-    return std::string(name) + "[" + std::to_string(r) + (c >= 0 ? ", " + std::to_string(c) : "") +
-           "]";
-  };
   const auto id_at = [&](const NpyArray& a, size_t k, const char* name, int64_t r, int64_t c,
                          const char* symbol, const std::optional<Dim>& bound) {
-    const std::string field = index_text(name, r, c);
-    const int64_t id =
-        a.kind == NpyArray::Kind::kFloat ? exact_real_id(a.reals[k], path, field) : a.ints[k];
-    check_id_range(id, path, field, symbol, bound);
-    return id;
+    return npz_id(a, k, path, index_text(name, r, c), symbol, bound);
   };
   const int64_t N = n > 0 ? context.shape[1] : 0;
   const int64_t D = n > 0 ? query.shape[1] : 0;
@@ -260,23 +158,9 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
 }  // namespace
 
 RaRows read_ra_rows(const std::string& path, const RaDims& declared, TargetPolicy policy) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0)
-    throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
-  if (S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot read the data file: it is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
-  std::array<char, 6> magic{};
-  in.read(magic.data(), magic.size());
-  const std::string head(magic.data(), static_cast<size_t>(in.gcount()));
-  if (head.rfind("PK", 0) == 0) return read_npz_rows(path, declared, policy);
-  if (head.rfind("\x93NUMPY", 0) == 0)
-    throw ValueError(
-        path +
-        ": a single .npy array is not a data file; save context, query and target together "
-        "with numpy.savez(path, context=..., query=..., target=...)");
-  return read_jsonl(path, declared, policy);
+  return data_file_kind(path, kFieldList) == DataFileKind::kNpz
+             ? read_npz_rows(path, declared, policy)
+             : read_jsonl(path, declared, policy);
 }
 
 RaDims infer_ra_dims(const RaDims& declared, const std::vector<const RaRows*>& row_sets) {
@@ -302,25 +186,6 @@ ResponsibilityAttentionBatch encode_ra_rows(const RaRows& rows, const RaDims& di
   const ResponsibilityAttentionEncoder encoder{dims.n_symbols->value, dims.context_length->value,
                                                dims.query_dim->value, dims.n_targets->value};
   return encoder.encode(rows.contexts, rows.queries, rows.targets);
-}
-
-void rethrow_with_lines(const ImpossibleEvidenceError& error, const RaRows& rows) {
-  const std::vector<int64_t>& bad = error.rows();
-  std::string where =
-      rows.source + (rows.is_npz ? ": rows " : (bad.size() == 1 ? ": line " : ": lines "));
-  const size_t shown = std::min<size_t>(bad.size(), 10);
-  for (size_t k = 0; k < shown; ++k) {
-    const int64_t row = bad[k];
-    where += (k ? ", " : "") + std::to_string(rows.is_npz || rows.line_of_row.empty()
-                                                  ? row
-                                                  : rows.line_of_row[static_cast<size_t>(row)]);
-  }
-  if (bad.size() > shown) where += " and " + std::to_string(bad.size() - shown) + " more";
-  throw ValueError(where + ": impossible evidence: the model gives " +
-                   (bad.size() == 1 ? "this row" : "these rows") +
-                   " probability zero (log p = -inf), so EM cannot use " +
-                   (bad.size() == 1 ? "it" : "them") +
-                   "; a positive --emission-smoothing keeps every target possible");
 }
 
 }  // namespace attnmix::cli

@@ -10,7 +10,7 @@
 /// other than line 1's or the declared N), bool ids, fractional, negative or out-of-range ids
 /// (integral floats such as 2.0 are accepted), non-numeric or non-finite queries, a wrong D, and an
 /// empty file. Errors are attnmix::ValueError (content) or std::runtime_error (the file cannot be
-/// read).
+/// read). The parsing shared with the other families lives in data_fields.hpp.
 #pragma once
 
 #include <cstdint>
@@ -19,17 +19,10 @@
 #include <vector>
 
 #include "attnmix/attention/responsibility.hpp"
-#include "attnmix/core/errors.hpp"
 #include "attnmix/core/types.hpp"
+#include "data_fields.hpp"
 
 namespace attnmix::cli {
-
-/// A declared dimension and where it came from ("the model", "--symbols", "line 1", "the training
-/// data"), which messages quote: "context has 5 entries; expected N = 6 (from the model)".
-struct Dim {
-  int64_t value = 0;
-  std::string from;
-};
 
 /// Dimensions the rows must respect; unset ones are taken from the data.
 struct RaDims {
@@ -39,21 +32,13 @@ struct RaDims {
   std::optional<Dim> n_targets;       // T: targets must be < T
 };
 
-/// Whether rows must carry a target (fit, score) or may omit it on every line (predict).
-enum class TargetPolicy { kRequired, kOptional };
-
-/// Validated rows, not yet encoded.
-struct RaRows {
-  std::string source;  // the file name, for messages
-  bool is_npz = false;
+/// Validated rows, not yet encoded; the RowOrigin part locates them in their file.
+struct RaRows : RowOrigin {
   IdMatrix contexts;  // [n, N]
   Matrix queries;     // [n, D]
   IdVector targets;   // [n]; zeros when !has_targets
   bool has_targets = true;
-  std::vector<int64_t> line_of_row;  // JSONL: the 1-based line of each row
   [[nodiscard]] Index n_rows() const { return contexts.rows(); }
-  /// "data.jsonl: line 7" or "data.npz: row 6".
-  [[nodiscard]] std::string locate(Index row) const;
 };
 
 /// Reads and validates a data file. @throws ValueError / TypeError (content), std::runtime_error
@@ -68,9 +53,5 @@ struct RaRows {
 
 /// The encoded batch (rows already validated against dims).
 [[nodiscard]] ResponsibilityAttentionBatch encode_ra_rows(const RaRows& rows, const RaDims& dims);
-
-/// Rethrows an impossible-evidence error as a ValueError naming the rows' file lines:
-/// "data.jsonl: lines 3, 9: impossible evidence: …".
-[[noreturn]] void rethrow_with_lines(const ImpossibleEvidenceError& error, const RaRows& rows);
 
 }  // namespace attnmix::cli

@@ -1,32 +1,70 @@
 // SPDX-License-Identifier: Apache-2.0
-// Family dispatch between loaded models and data files (reading rows for a model, writing sampled
-// rows).
+// Family dispatch between loaded models and data files (reading rows for a model, drawing and
+// writing sampled rows).
 #include "model_data.hpp"
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/mixture.hpp"
+#include "cli_support.hpp"
 
 namespace attnmix::cli {
 
-RaDims ra_dims_of(const AnyDistribution& model) {
-  if (const auto* ra = model.get_if<ResponsibilityAttention>()) {
-    const std::string from = "the model";
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+/// The dimension values of dims in a fixed order, to compare the components of a mixture.
+std::vector<int64_t> dim_values(const DataDims& dims) {
+  return std::visit(
+      Overloaded{[](const RaDims& d) {
+                   return std::vector<int64_t>{0, d.n_symbols->value, d.context_length->value,
+                                               d.query_dim->value, d.n_targets->value};
+                 },
+                 [](const CaDims& d) {
+                   return std::vector<int64_t>{1, d.n_symbols->value, d.n_targets->value};
+                 }},
+      dims);
+}
+
+/// Moves the rows' origin and targets beside the encoded batch.
+template <class Rows>
+ModelData model_data(Rows rows, AnyBatch batch) {
+  ModelData data;
+  data.has_targets = rows.has_targets;
+  data.targets = std::move(rows.targets);
+  data.batch = std::move(batch);
+  data.origin = std::move(static_cast<RowOrigin&>(rows));
+  return data;
+}
+
+}  // namespace
+
+DataDims data_dims_of(const AnyDistribution& model) {
+  const std::string from = "the model";
+  if (const auto* ra = model.get_if<ResponsibilityAttention>())
     return RaDims{Dim{ra->n_symbols(), from}, Dim{ra->context_length(), from},
                   Dim{ra->query_dim(), from}, Dim{ra->n_targets(), from}};
-  }
+  // A chained model reads contexts of any length N (only the file's own rows must agree).
+  if (const auto* ca = model.get_if<ChainedAttention>())
+    return CaDims{Dim{ca->n_symbols(), from}, std::nullopt, Dim{ca->n_targets(), from}};
   if (const auto* mixture = model.get_if<Mixture>()) {
-    std::optional<RaDims> dims;
+    std::optional<DataDims> dims;
     for (const AnyDistribution& component : mixture->components()) {
-      const RaDims d = ra_dims_of(component);
-      if (dims && (d.n_symbols->value != dims->n_symbols->value ||
-                   d.context_length->value != dims->context_length->value ||
-                   d.query_dim->value != dims->query_dim->value ||
-                   d.n_targets->value != dims->n_targets->value))
+      const DataDims d = data_dims_of(component);
+      if (dims && dim_values(d) != dim_values(*dims))
         throw ValueError(
-            "the mixture's components have different dimensions, so no data file fits all of them");
+            "the mixture's components have different families or dimensions, so no data file fits "
+            "all of them");
       dims = d;
     }
     return *dims;
@@ -37,18 +75,57 @@ RaDims ra_dims_of(const AnyDistribution& model) {
 
 ModelData read_model_data(const AnyDistribution& model, const std::string& data_path,
                           TargetPolicy policy) {
-  const RaDims dims = ra_dims_of(model);
-  ModelData data{read_ra_rows(data_path, dims, policy), AnyBatch()};
-  data.batch = AnyBatch(encode_ra_rows(data.rows, dims));
-  return data;
+  return std::visit(
+      Overloaded{[&](const RaDims& dims) {
+                   RaRows rows = read_ra_rows(data_path, dims, policy);
+                   AnyBatch batch(encode_ra_rows(rows, dims));
+                   return model_data(std::move(rows), std::move(batch));
+                 },
+                 [&](const CaDims& declared) {
+                   CaRows rows = read_ca_rows(data_path, declared, policy);
+                   const CaDims dims = infer_ca_dims(declared, {&rows});
+                   AnyBatch batch(encode_ca_rows(rows, dims));
+                   return model_data(std::move(rows), std::move(batch));
+                 }},
+      data_dims_of(model));
 }
 
-void write_jsonl(std::ostream& out, const AnyBatch& any) {
+AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed,
+                      std::optional<int64_t> context_length) {
+  if (const auto* ca = model.get_if<ChainedAttention>())
+    return AnyBatch(context_length ? ca->sampler(seed, *context_length).sample(m)
+                                   : ca->sampler(seed).sample(m));
+  if (const auto* ra = model.get_if<ResponsibilityAttention>();
+      ra && context_length && *context_length != ra->context_length()) {
+    const std::string N = std::to_string(ra->context_length());
+    throw UsageError("--context-length " + std::to_string(*context_length) +
+                     " does not match the model: responsibility attention has a fixed context "
+                     "length, N = " +
+                     N + " for this model (omit --context-length or pass " + N + ")");
+  }
+  return model.sample(m, seed);
+}
+
+void write_jsonl(std::ostream& out, const AnyDistribution& model, const AnyBatch& any) {
+  const auto ids = [](const int64_t* first, Index count) {
+    return std::vector<int64_t>(first, first + count);
+  };
+  if (model.get_if<ChainedAttention>()) {
+    const auto& batch = any.get<ChainedAttentionBatch>("attnmix sample");
+    for (Index row = 0; row < batch.n_rows(); ++row) {
+      nlohmann::json object = nlohmann::json::object();
+      object["keys"] = ids(batch.keys(row), batch.context_length());
+      object["values"] = ids(batch.values(row), batch.context_length());
+      object["query"] = batch.query(row);
+      object["target"] = batch.target(row);
+      out << object.dump() << '\n';
+    }
+    return;
+  }
   const auto& batch = any.get<ResponsibilityAttentionBatch>("attnmix sample");
   for (Index row = 0; row < batch.n_rows(); ++row) {
     nlohmann::json object = nlohmann::json::object();
-    object["context"] =
-        std::vector<int64_t>(batch.context(row), batch.context(row) + batch.context_length());
+    object["context"] = ids(batch.context(row), batch.context_length());
     object["query"] = std::vector<double>(batch.query(row), batch.query(row) + batch.query_dim());
     object["target"] = batch.target(row);
     out << object.dump() << '\n';

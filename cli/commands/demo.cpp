@@ -17,8 +17,9 @@ struct DemoSection {
   void (*run)(std::ostream& out);
 };
 
-constexpr std::array<DemoSection, 1> kSections{{
+constexpr std::array<DemoSection, 2> kSections{{
     {"Responsibility attention: content-addressed recall", &demo_responsibility_attention},
+    {"Chained attention: transitive lookup needs two hops", &demo_chained_attention},
 }};
 
 int run_demo() {

@@ -12,4 +12,8 @@ namespace attnmix::cli {
 /// Responsibility attention on the content-recall task of SPEC.md §9.2 (demo_responsibility.cpp).
 void demo_responsibility_attention(std::ostream& out);
 
+/// Chained attention, one hop against two, on the transitive-lookup task of SPEC.md §9.3
+/// (demo_chained.cpp).
+void demo_chained_attention(std::ostream& out);
+
 }  // namespace attnmix::cli

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// `attnmix fit`: reads training data (a data file or a text corpus), fits the chosen family by EM
-// with the library's optimize(), prints the §1.7 progress lines with per-iteration seconds and a
-// closing summary, and writes the model atomically only after a successful fit. Every default comes
-// from the library's options structs.
+// `attnmix fit`: the generic half. Parses the flags, lets the chosen family prepare its data and
+// estimator (fit_problem.hpp), fits by EM with the library's optimize(), prints the §1.7 progress
+// lines with per-iteration seconds and a closing summary, and writes the model atomically only
+// after a successful fit. Every default comes from the library's options structs.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/json.hpp"
@@ -19,32 +21,62 @@
 #include "attnmix/inference/reduce.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
-#include "data_io.hpp"
-#include "text_corpus.hpp"
+#include "commands/fit_problem.hpp"
 
 namespace attnmix::cli {
 
 namespace {
 
-/// Family names accepted by --family (SPEC.md §1.10), with their short aliases.
-const std::vector<std::string> kFamilyNames{
-    "responsibility", "ra", "chained", "ca", "variational", "vea", "variational-multihop", "vmha"};
-
-struct FitArgs {
-  std::string family = "responsibility";
-  std::string data, text, tokens = "chars", out, valid;
-  int64_t context_length = 0, symbols = 0, query_dim = 0, targets = 0;
-  ResponsibilityAttentionEstimatorOptions estimator;  // the library's M-step defaults
-  OptimizeOptions optimize;                           // the library's EM-loop defaults
-  std::string delta;  // "none" or a number; initialised from optimize.delta
-  bool classic = false;
-  bool strict = false;
-  CLI::Option* context_length_opt = nullptr;
-  CLI::Option* symbols_opt = nullptr;
-  CLI::Option* query_dim_opt = nullptr;
-  CLI::Option* targets_opt = nullptr;
-  CLI::Option* tokens_opt = nullptr;
+/// A family --family can name: its names (the first is canonical), its preparation function (null
+/// when the family is not yet in this build) and the flags that apply only to it.
+struct FitFamily {
+  std::vector<std::string> names;
+  FitProblem (*prepare)(const FitArgs&);
+  std::vector<CLI::Option* FitArgs::*> own_flags;
 };
+
+const std::vector<FitFamily>& fit_families() {
+  static const std::vector<FitFamily> families{
+      {{"responsibility", "ra"},
+       &prepare_responsibility_fit,
+       {&FitArgs::text_opt, &FitArgs::tokens_opt, &FitArgs::query_dim_opt,
+        &FitArgs::estimate_sigma2_opt, &FitArgs::min_sigma2_opt}},
+      {{"chained", "ca"}, &prepare_chained_fit, {&FitArgs::hops_opt}},
+      {{"variational", "vea"}, nullptr, {}},
+      {{"variational-multihop", "vmha"}, nullptr, {}},
+  };
+  return families;
+}
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const FitFamily& family : fit_families())
+    names.insert(names.end(), family.names.begin(), family.names.end());
+  return names;
+}
+
+/// The family named by --family, after checking that no flag of another family was given.
+const FitFamily& choose_family(const FitArgs& args) {
+  const FitFamily* chosen = nullptr;
+  std::string available;
+  for (const FitFamily& family : fit_families()) {
+    if (std::find(family.names.begin(), family.names.end(), args.family) != family.names.end())
+      chosen = &family;
+    if (family.prepare)
+      available += (available.empty() ? "" : ", ") + family.names[0] + " (" + family.names[1] + ")";
+  }
+  if (chosen == nullptr || chosen->prepare == nullptr)
+    throw UsageError("--family " + args.family +
+                     ": this mechanism is not yet available in this build (available: " +
+                     available + ")");
+  for (const FitFamily& family : fit_families())
+    if (&family != chosen)
+      for (CLI::Option* FitArgs::*flag : family.own_flags)
+        if (given(args.*flag))
+          throw UsageError((args.*flag)->get_name() + " applies only to --family " +
+                           family.names[0] + ", not to --family " + chosen->names[0]);
+  return *chosen;
+}
 
 std::string delta_text(const std::optional<double>& delta) {
   return delta ? format_double(*delta) : "none";
@@ -64,108 +96,6 @@ std::optional<double> parse_delta(const std::string& text) {
   return value;
 }
 
-/// Training (and validation) data ready for optimize(), with what the summary needs to say about
-/// it.
-struct FitInput {
-  AnyBatch train;
-  std::optional<AnyBatch> valid;
-  RaDims dims;
-  std::string train_source;
-  std::string valid_source;
-  std::optional<int64_t> vocabulary_size;  // text corpora only
-  std::string token_kind;                  // "characters" / "words"
-  RaRows train_rows;                       // locates rows for impossible-evidence messages
-};
-
-std::optional<Dim> flag_dim(const CLI::Option* option, int64_t value, const char* flag) {
-  if (option->count() == 0) return std::nullopt;
-  return Dim{value, flag};
-}
-
-FitInput read_data_files(const FitArgs& args) {
-  RaDims declared{flag_dim(args.symbols_opt, args.symbols, "--symbols"),
-                  flag_dim(args.context_length_opt, args.context_length, "--context-length"),
-                  flag_dim(args.query_dim_opt, args.query_dim, "--query-dim"),
-                  flag_dim(args.targets_opt, args.targets, "--targets")};
-  FitInput input;
-  input.train_rows = read_ra_rows(args.data, declared, TargetPolicy::kRequired);
-  input.train_source = args.data;
-  std::optional<RaRows> valid_rows;
-  if (!args.valid.empty()) {
-    RaDims valid_declared = declared;  // the validation rows must have the training rows' N and D
-    if (!valid_declared.context_length)
-      valid_declared.context_length =
-          Dim{input.train_rows.contexts.cols(), "the training data " + args.data};
-    if (!valid_declared.query_dim)
-      valid_declared.query_dim =
-          Dim{input.train_rows.queries.cols(), "the training data " + args.data};
-    valid_rows = read_ra_rows(args.valid, valid_declared, TargetPolicy::kRequired);
-    input.valid_source = args.valid;
-  }
-  std::vector<const RaRows*> sets{&input.train_rows};
-  if (valid_rows) sets.push_back(&*valid_rows);
-  input.dims = infer_ra_dims(declared, sets);
-  input.train = AnyBatch(encode_ra_rows(input.train_rows, input.dims));
-  if (valid_rows) input.valid = AnyBatch(encode_ra_rows(*valid_rows, input.dims));
-  return input;
-}
-
-FitInput read_text_corpus(const FitArgs& args) {
-  if (args.context_length_opt->count() == 0)
-    throw UsageError(
-        "--text needs --context-length N: how many tokens (the current one included) each "
-        "prediction attends over");
-  const TokenMode mode = parse_token_mode(args.tokens);
-  FitInput input;
-  input.token_kind = mode == TokenMode::kChars ? "characters" : "words";
-  Vocabulary vocab;
-  const TokenizedText train = tokenize_text(args.text, mode, vocab, /*grow=*/true);
-  std::optional<TokenizedText> valid;
-  if (!args.valid.empty()) valid = tokenize_text(args.valid, mode, vocab, /*grow=*/false);
-  const int64_t V = vocab.size();
-  const int64_t N = args.context_length;
-  const auto check_length = [&](const TokenizedText& t, const std::string& path) {
-    if (static_cast<int64_t>(t.ids.size()) <= N)
-      throw ValueError(path + ": has " + std::to_string(t.ids.size()) + " " + input.token_kind +
-                       "; a context of N = " + std::to_string(N) + " needs at least " +
-                       std::to_string(N + 1));
-  };
-  check_length(train, args.text);
-  if (valid) check_length(*valid, args.valid);
-  int64_t S = V;
-  if (args.symbols_opt->count()) {
-    if (args.symbols < V)
-      throw ValueError(args.text + ": has " + std::to_string(V) + " distinct " + input.token_kind +
-                       " but --symbols is " + std::to_string(args.symbols));
-    S = args.symbols;
-  }
-  if (args.query_dim_opt->count() && args.query_dim != S)
-    throw ValueError("--query-dim " + std::to_string(args.query_dim) +
-                     " does not fit a text corpus: its queries are "
-                     "one-hot codes of the current token, so D = S = " +
-                     std::to_string(S));
-  int64_t T = S;
-  if (args.targets_opt->count()) {
-    if (args.targets < V)
-      throw ValueError(args.text + ": has " + std::to_string(V) + " distinct " + input.token_kind +
-                       " (every one can be a target) but --targets is " +
-                       std::to_string(args.targets));
-    T = args.targets;
-  }
-  const std::string from = "the text";
-  input.dims = RaDims{Dim{S, from}, Dim{N, "--context-length"}, Dim{S, from}, Dim{T, from}};
-  input.vocabulary_size = V;
-  input.train = AnyBatch(sequence_to_triples(train.ids, N, S));
-  if (valid) input.valid = AnyBatch(sequence_to_triples(valid->ids, N, S));
-  input.train_source = args.text;
-  input.valid_source = args.valid;
-  // Triple r predicts token r + N: locate it by that token's line.
-  input.train_rows.source = args.text;
-  for (size_t r = 0; r + static_cast<size_t>(N) < train.ids.size(); ++r)
-    input.train_rows.line_of_row.push_back(train.line_of_token[r + static_cast<size_t>(N)]);
-  return input;
-}
-
 void print_progress(const IterationReport& report) {
   std::string line = format_progress_line(report);
   if (!line.empty() && line.back() == '\n') line.pop_back();
@@ -173,38 +103,27 @@ void print_progress(const IterationReport& report) {
 }
 
 int run_fit(const FitArgs& args) {
-  if (args.family != "responsibility" && args.family != "ra")
-    throw UsageError("--family " + args.family +
-                     ": this mechanism is not yet available in this build "
-                     "(available: responsibility, alias ra)");
+  const FitFamily& family = choose_family(args);
   if (args.data.empty() == args.text.empty())
     throw UsageError("give exactly one of --data FILE or --text FILE");
-  if (args.tokens_opt->count() && args.text.empty())
-    throw UsageError("--tokens applies only to --text corpora");
   OptimizeOptions options = args.optimize;
   options.delta = parse_delta(args.delta);
   options.reuse_estep_ll = !args.classic;
   options.on_iteration = print_progress;
   check_output_path(args.out);
 
-  FitInput input = args.text.empty() ? read_data_files(args) : read_text_corpus(args);
-  const RaDims& d = input.dims;
-  const AnyEstimator estimator(
-      ResponsibilityAttentionEstimator(d.n_symbols->value, d.context_length->value,
-                                       d.query_dim->value, d.n_targets->value, args.estimator));
+  const FitProblem input = family.prepare(args);
   const Index n_rows = input.train.n_rows();
-  std::cout << "Fitting responsibility attention by EM to " << n_rows << " rows of "
-            << input.train_source << " (S=" << d.n_symbols->value
-            << ", N=" << d.context_length->value << ", D=" << d.query_dim->value
-            << ", T=" << d.n_targets->value << ")\n"
+  std::cout << "Fitting " << input.mechanism << " by EM to " << n_rows << " rows of "
+            << input.train_source << " (" << input.dims_brief << ")\n"
             << std::flush;
   const auto start = std::chrono::steady_clock::now();
   std::optional<OptimizeResult<AnyDistribution>> fit;
   try {
-    fit = optimize(input.train, estimator, options, std::nullopt,
+    fit = optimize(input.train, input.estimator, options, std::nullopt,
                    input.valid ? &*input.valid : nullptr);
   } catch (const ImpossibleEvidenceError& e) {
-    rethrow_with_lines(e, input.train_rows);
+    rethrow_with_lines(e, input.train_origin);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -213,14 +132,9 @@ int run_fit(const FitArgs& args) {
 
   // The closing summary.
   std::cout << "\nSummary\n";
-  std::cout << "  data            " << n_rows << " rows from " << input.train_source;
-  if (input.vocabulary_size)
-    std::cout << " (vocabulary: " << *input.vocabulary_size << " distinct " << input.token_kind
-              << ")";
-  std::cout << "\n  dimensions      S=" << d.n_symbols->value
-            << " symbols, N=" << d.context_length->value
-            << " context positions, D=" << d.query_dim->value
-            << " query dims, T=" << d.n_targets->value << " targets\n";
+  std::cout << "  data            " << n_rows << " rows from " << input.train_source
+            << input.data_note << "\n";
+  std::cout << "  dimensions      " << input.dims_summary << "\n";
   std::cout << "  iterations      " << fit->n_iterations << " run; ";
   if (converged) {
     const auto& s = fit->scores;
@@ -269,25 +183,26 @@ void add_fit_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd =
       app.add_subcommand("fit", "Fit a model to data by EM and save it as a JSON model file");
   cmd->footer(
-      "Data: --data takes JSON Lines ({\"context\":[ids],\"query\":[reals],\"target\":id} per "
-      "line) or a NumPy .npz "
-      "archive (context (n,N) int, query (n,D) float, target (n,) int); --text takes a plain-text "
-      "corpus, split into "
-      "UTF-8 characters (or words with --tokens words) and turned into next-token triples with "
-      "one-hot queries.\n"
+      "Data: --data takes JSON Lines or a NumPy .npz archive with the fields of the family: "
+      "responsibility {\"context\":[ids],\"query\":[reals],\"target\":id} (arrays context (n,N) "
+      "int, query (n,D) float, target (n,) int); chained "
+      "{\"keys\":[ids],\"values\":[ids],\"query\":id,\"target\":id} (arrays keys (n,N), "
+      "values (n,N), query (n,), target (n,), all int). --text (responsibility only) takes a "
+      "plain-text corpus, split into UTF-8 characters (or words with --tokens words) and turned "
+      "into next-token triples with one-hot queries.\n"
       "Output: one progress line per iteration on stdout, then a summary. The model is written "
-      "only after a "
-      "successful fit, atomically; a failed fit leaves --out untouched.\n"
+      "only after a successful fit, atomically; a failed fit leaves --out untouched.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is "
       "then not written).");
   cmd->add_option("--family", args->family,
-                  "Mechanism: responsibility (ra); chained (ca), variational (vea), "
-                  "variational-multihop (vmha) "
-                  "are not yet available in this build")
-      ->check(CLI::IsMember(kFamilyNames))
+                  "Mechanism: responsibility (ra) or chained (ca); variational (vea) and "
+                  "variational-multihop (vmha) are not yet available in this build")
+      ->check(CLI::IsMember(family_names()))
       ->capture_default_str();
   cmd->add_option("--data", args->data, "Training data: JSON Lines or .npz")->type_name("FILE");
-  cmd->add_option("--text", args->text, "Training text corpus (plain text)")->type_name("FILE");
+  args->text_opt =
+      cmd->add_option("--text", args->text, "Training text corpus (plain text; responsibility)")
+          ->type_name("FILE");
   args->tokens_opt = cmd->add_option("--tokens", args->tokens,
                                      "How --text is split: chars (UTF-8 characters) or words")
                          ->check(CLI::IsMember({"chars", "words"}))
@@ -298,32 +213,43 @@ void add_fit_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--valid", args->valid,
                   "Validation data (same kind as the training input), scored each iteration")
       ->type_name("FILE");
+  args->hops_opt = cmd->add_option("--hops", args->hops, "L, attention hops (chained)")
+                       ->check(CLI::PositiveNumber)
+                       ->capture_default_str();
   args->context_length_opt =
       cmd->add_option("--context-length", args->context_length,
                       "N, context positions (default: from the data; required with --text)")
           ->check(CLI::PositiveNumber);
   args->symbols_opt =
-      cmd->add_option("--symbols", args->symbols, "S, number of symbols (default: largest id + 1)")
+      cmd->add_option("--symbols", args->symbols,
+                      "S, number of symbols (default: largest context, key, value or query id + 1)")
           ->check(CLI::PositiveNumber);
-  args->query_dim_opt =
-      cmd->add_option("--query-dim", args->query_dim, "D, query dimension (default: from the data)")
-          ->check(CLI::PositiveNumber);
+  args->query_dim_opt = cmd->add_option("--query-dim", args->query_dim,
+                                        "D, query dimension (responsibility; default: from the data)")
+                            ->check(CLI::PositiveNumber);
   args->targets_opt = cmd->add_option("--targets", args->targets,
                                       "T, number of targets (default: largest target + 1)")
                           ->check(CLI::PositiveNumber);
-  cmd->add_option("--sigma2", args->estimator.sigma2,
-                  "Gate variance sigma^2 (fixed unless --estimate-sigma2)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_flag("--estimate-sigma2", args->estimator.estimate_sigma2,
-                "Learn sigma^2 in the M-step");
-  cmd->add_option("--min-sigma2", args->estimator.min_sigma2, "Floor for a learned sigma^2")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--emission-smoothing", args->estimator.emission_smoothing,
-                  "Pseudo-count added to every emission count")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  const ResponsibilityAttentionEstimatorOptions ra;  // the defaults quoted in the help
+  const ChainedAttentionEstimatorOptions ca;
+  args->sigma2_opt =
+      cmd->add_option("--sigma2", args->sigma2,
+                      "Gate variance sigma^2, fixed unless --estimate-sigma2 (default: " +
+                          format_short(ra.sigma2) + " responsibility, " + format_short(ca.sigma2) +
+                          " chained)")
+          ->check(CLI::PositiveNumber);
+  args->estimate_sigma2_opt = cmd->add_flag("--estimate-sigma2", args->estimate_sigma2,
+                                            "Learn sigma^2 in the M-step (responsibility)");
+  args->min_sigma2_opt = cmd->add_option("--min-sigma2", args->min_sigma2,
+                                         "Floor for a learned sigma^2 (responsibility; default: " +
+                                             format_short(ra.min_sigma2) + ")")
+                             ->check(CLI::PositiveNumber);
+  args->emission_smoothing_opt =
+      cmd->add_option("--emission-smoothing", args->emission_smoothing,
+                      "Pseudo-count added to every emission count (default: " +
+                          format_short(ra.emission_smoothing) + " responsibility, " +
+                          format_short(ca.emission_smoothing) + " chained)")
+          ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-its", args->optimize.max_its, "Maximum EM iterations")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

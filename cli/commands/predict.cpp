@@ -28,7 +28,7 @@ int run_predict(const PredictArgs& args) {
   for (Index row = 0; row < proba.rows(); ++row) {
     Index best = 0;
     const double p = proba.row(row).maxCoeff(&best);
-    if (data.rows.has_targets && best == data.rows.targets[row]) ++correct;
+    if (data.has_targets && best == data.targets[row]) ++correct;
     if (args.proba) {
       for (Index t = 0; t < proba.cols(); ++t)
         std::cout << (t ? " " : "") << format_double(proba(row, t));
@@ -38,7 +38,7 @@ int run_predict(const PredictArgs& args) {
     }
   }
   std::cout.flush();
-  if (data.rows.has_targets)
+  if (data.has_targets)
     std::cerr << "accuracy="
               << format_double(static_cast<double>(correct) / static_cast<double>(proba.rows()))
               << " (" << correct << "/" << proba.rows() << " rows)\n";

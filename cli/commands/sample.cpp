@@ -3,6 +3,7 @@
 // Lines on stdout.
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "attnmix/core/json.hpp"
@@ -24,17 +25,9 @@ struct SampleArgs {
 
 int run_sample(const SampleArgs& args) {
   const AnyDistribution model = load_model(args.model);
-  if (args.context_length_opt->count()) {
-    const int64_t N = ra_dims_of(model).context_length->value;
-    if (args.context_length != N)
-      throw UsageError(
-          "--context-length " + std::to_string(args.context_length) +
-          " does not match the model: " +
-          "responsibility attention has a fixed context length, N = " + std::to_string(N) +
-          " for this model (omit --context-length or pass " + std::to_string(N) + ")");
-  }
-  const AnyBatch batch = model.sample(args.n, args.seed);
-  write_jsonl(std::cout, batch);
+  std::optional<int64_t> context_length;
+  if (args.context_length_opt->count()) context_length = args.context_length;
+  write_jsonl(std::cout, model, draw_samples(model, args.n, args.seed, context_length));
   std::cout.flush();
   return kExitOk;
 }
@@ -57,7 +50,8 @@ void add_sample_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args->seed, "Random seed")->required();
   args->context_length_opt =
       cmd->add_option("--context-length", args->context_length,
-                      "Context length N (responsibility attention: must equal the model's N)")
+                      "Context length N (chained attention: default 6; responsibility attention: "
+                      "must equal the model's N)")
           ->check(CLI::PositiveNumber);
   cmd->callback([args, &exit_code] { exit_code = run_sample(*args); });
 }

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Type stubs of attnmix._core, the compiled part of attnmix (SPEC.md §1.10, §2.4)."""
+"""Type stubs of attnmix._core, the compiled part of attnmix (SPEC.md §1.10, §2.4, §3.4)."""
 from collections.abc import Iterator, MutableMapping, Sequence
 from os import PathLike
 from typing import Any, TextIO, overload
@@ -159,6 +159,69 @@ class ResponsibilityAttentionDataEncoder(DataEncoder):
 def sequence_to_triples(tokens: ArrayLike, context_length: int, *, num_symbols: int | None = None,
                         embeddings: ArrayLike | None = None
                         ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int]]: ...
+
+# ---- chained attention (SPEC.md §3.4) ------------------------------------------------------------------------------
+
+CaObservation = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]
+
+class ChainedAttentionDistribution(Distribution):
+    def __init__(self, keys: ArrayLike, emission: ArrayLike, sigma2: float = 0.1, name: str | None = None) -> None: ...
+    key_tables: npt.NDArray[np.float64]
+    emission: npt.NDArray[np.float64]
+    sigma2: float
+    name: str | None
+    n_hops: int
+    num_symbols: int
+    num_targets: int
+    def predict_proba(self, context_keys: ArrayLike, context_values: ArrayLike, query: ArrayLike
+                      ) -> npt.NDArray[np.float64]: ...
+    def sampler(self, seed: RngLike = None, *, context_length: int = 6) -> ChainedAttentionSampler: ...
+    def estimator(self, pseudo_count: float | None = None) -> ChainedAttentionEstimator: ...
+    def dist_to_encoder(self) -> ChainedAttentionDataEncoder: ...
+
+class ChainedAttentionSampler:
+    def __init__(self, dist: ChainedAttentionDistribution, seed: RngLike = None, *, context_length: int = 6) -> None: ...
+    dist: ChainedAttentionDistribution
+    @overload
+    def sample(self, size: None = None, *, batched: bool = True) -> CaObservation: ...
+    @overload
+    def sample(self, size: int, *, batched: bool = True) -> list[CaObservation]: ...
+
+class ChainedAttentionEstimator(Estimator):
+    def __init__(self, n_hops: int, num_symbols: int, num_targets: int, *, sigma2: float = 0.1,
+                 emission_smoothing: float = 1e-4, pseudo_count: float | None = None, name: str | None = None,
+                 keys: str | None = None) -> None: ...
+    n_hops: int
+    num_symbols: int
+    num_targets: int
+    sigma2: float
+    emission_smoothing: float
+    name: str | None
+    keys: str | None
+    def accumulator_factory(self) -> ChainedAttentionAccumulatorFactory: ...
+    def estimate(self, nobs: float | None, value: Any) -> ChainedAttentionDistribution: ...
+
+class ChainedAttentionAccumulator(Accumulator):
+    def __init__(self, n_hops: int, num_symbols: int, num_targets: int, keys: str | None = None,
+                 name: str | None = None) -> None: ...
+    n_hops: int
+    num_symbols: int
+    num_targets: int
+    def value(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], float,
+                             float]: ...
+
+class ChainedAttentionAccumulatorFactory(AccumulatorFactory):
+    def __init__(self, n_hops: int, num_symbols: int, num_targets: int, keys: str | None = None,
+                 name: str | None = None) -> None: ...
+    n_hops: int
+    num_symbols: int
+    num_targets: int
+    def make(self) -> ChainedAttentionAccumulator: ...
+
+class ChainedAttentionDataEncoder(DataEncoder):
+    def __init__(self, num_symbols: int | None = None, num_targets: int | None = None) -> None: ...
+    num_symbols: int | None
+    num_targets: int | None
 
 # ---- mixture, composite and classical leaves (SPEC.md §1.5) -------------------------------------------------------
 

@@ -12,6 +12,8 @@ namespace attnmix::python {
 void bind_core(pybind11::module_& m);
 /// Responsibility attention: the six roles and sequence_to_triples (SPEC.md §2.4).
 void bind_attention(pybind11::module_& m);
+/// Chained attention: the six roles (SPEC.md §3.4).
+void bind_chained(pybind11::module_& m);
 /// Mixture, Composite, Categorical and DiagonalGaussian (SPEC.md §1.5).
 void bind_stats(pybind11::module_& m);
 /// optimize() and score() (SPEC.md §1.7).

@@ -14,6 +14,8 @@ namespace {
 
 constexpr const char* kTripleMessage =
     "attention observations must be context/query/target triples";
+constexpr const char* kChainedMessage =
+    "chained attention observations must be keys/values/query/target tuples";
 
 /// The fast path: `data` is a tuple of `arity` elements whose first is a numpy array of
 /// `first_ndim` dimensions.
@@ -126,6 +128,86 @@ bool ResponsibilityAttentionDataEncoderPy::equals(const DataEncoder& other) cons
 py::tuple ra_observation(const int64_t* context, Index N, const double* query, Index D,
                          int64_t target) {
   return py::make_tuple(copy_ids(context, {N}), copy_reals(query, {D}), py::int_(target));
+}
+
+// ---- chained attention --------------------------------------------------------------------------
+
+AnyBatch ChainedAttentionDataEncoderPy::encode(py::handle data) const {
+  const std::string where = class_name();
+  if (is_array_tuple(data, 4, 2)) {
+    const py::tuple arrays = py::reinterpret_borrow<py::tuple>(data);
+    IdMatrix keys = ids_2d(arrays[0], where, "keys");
+    IdMatrix values = ids_2d(arrays[1], where, "values");
+    IdVector queries = ids_1d(arrays[2], where, "query");
+    IdVector targets = ids_1d(arrays[3], where, "target");
+    return AnyBatch(
+        spec_.encode(std::move(keys), std::move(values), std::move(queries), std::move(targets)));
+  }
+  const std::vector<py::object> rows = observations_of(data, where);
+  const Index n = static_cast<Index>(rows.size());
+  Index N = 0;
+  std::vector<int64_t> keys;
+  std::vector<int64_t> values;
+  IdVector queries(n);
+  IdVector targets(n);
+  for (Index row = 0; row < n; ++row) {
+    const std::vector<py::object> obs =
+        fields_of(rows[static_cast<size_t>(row)], 4, kChainedMessage);
+    NdArray<int64_t> k = read_ids(obs[0], where, "keys");
+    if (k.ndim() != 1)
+      throw TypeError(where + ": keys of row " + std::to_string(row) +
+                      " must be a 1-D sequence of ids (got shape " + shape_text(k.shape) + ")");
+    NdArray<int64_t> v = read_ids(obs[1], where, "values");
+    if (v.ndim() != 1)
+      throw TypeError(where + ": values of row " + std::to_string(row) +
+                      " must be a 1-D sequence of ids (got shape " + shape_text(v.shape) + ")");
+    if (row == 0) {
+      N = k.shape[0];
+      keys.reserve(static_cast<size_t>(n * N));
+      values.reserve(static_cast<size_t>(n * N));
+    }
+    if (k.shape[0] != N)  // a ragged nesting of the keys
+      throw TypeError(where + ": keys must all have the same length (row 0 has " +
+                      std::to_string(N) + ", row " + std::to_string(row) + " has " +
+                      std::to_string(k.shape[0]) + ")");
+    if (v.shape[0] != k.shape[0])
+      throw ValueError(where + ": keys and values of row " + std::to_string(row) +
+                       " must have the same length (got " + std::to_string(k.shape[0]) + " and " +
+                       std::to_string(v.shape[0]) + ")");
+    keys.insert(keys.end(), k.values.begin(), k.values.end());
+    values.insert(values.end(), v.values.begin(), v.values.end());
+    queries[row] = id_scalar(obs[2], where, "query");
+    targets[row] = id_scalar(obs[3], where, "target");
+  }
+  IdMatrix k(n, N);
+  std::copy(keys.begin(), keys.end(), k.data());
+  IdMatrix v(n, N);
+  std::copy(values.begin(), values.end(), v.data());
+  return AnyBatch(spec_.encode(std::move(k), std::move(v), std::move(queries), std::move(targets)));
+}
+
+py::tuple ChainedAttentionDataEncoderPy::parts(const AnyBatch& any, py::handle owner) const {
+  const auto& batch = batch_as_family<ChainedAttentionBatch>(any, class_name());
+  const Index n = batch.n_rows();
+  const auto readonly_copy = [n](const IdVector& ids) {
+    py::array out = copy_ids(ids.data(), {n});
+    out.attr("setflags")(py::arg("write") = false);
+    return out;
+  };
+  return py::make_tuple(readonly_view(batch.keys(0), {n, batch.context_length()}, owner),
+                        readonly_view(batch.values(0), {n, batch.context_length()}, owner),
+                        readonly_copy(batch.queries()), readonly_copy(batch.targets()));
+}
+
+bool ChainedAttentionDataEncoderPy::equals(const DataEncoder& other) const {
+  const auto* o = dynamic_cast<const ChainedAttentionDataEncoderPy*>(&other);
+  return o && o->spec_ == spec_;
+}
+
+py::tuple ca_observation(const int64_t* keys, const int64_t* values, Index N, int64_t query,
+                         int64_t target) {
+  return py::make_tuple(copy_ids(keys, {N}), copy_ids(values, {N}), py::int_(query),
+                        py::int_(target));
 }
 
 // ---- categorical --------------------------------------------------------------------------------

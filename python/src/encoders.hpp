@@ -7,6 +7,9 @@
 ///   responsibility attention  a list of (context, query, target) triples, or the fast path: a
 ///   tuple of numpy
 ///                             arrays (contexts (n, N) ids, queries (n, D) reals, targets (n,) ids)
+///   chained attention         a list of (keys, values, query, target) observations, or the fast
+///                             path: a tuple of numpy arrays (keys (n, N), values (n, N), queries
+///                             (n,), targets (n,), all ids)
 ///   categorical               a list of ids or an (n,) array (also as the 1-tuple (ids,))
 ///   diagonal Gaussian         a list of vectors or an (n, D) array (also as the 1-tuple (values,))
 ///   mixture                   whatever its component encoder accepts
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/stats/categorical.hpp"
 #include "attnmix/stats/gaussian.hpp"
@@ -40,6 +44,19 @@ class ResponsibilityAttentionDataEncoderPy final : public DataEncoder {
 
  private:
   ResponsibilityAttentionEncoder spec_;
+};
+
+class ChainedAttentionDataEncoderPy final : public DataEncoder {
+ public:
+  explicit ChainedAttentionDataEncoderPy(ChainedAttentionEncoder spec) : spec_(spec) {}
+  [[nodiscard]] const ChainedAttentionEncoder& spec() const noexcept { return spec_; }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override;
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override;
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override { return "ChainedAttentionDataEncoder"; }
+
+ private:
+  ChainedAttentionEncoder spec_;
 };
 
 class CategoricalDataEncoderPy final : public DataEncoder {
@@ -108,5 +125,9 @@ class CompositeDataEncoderPy final : public DataEncoder {
 /// target).
 [[nodiscard]] py::tuple ra_observation(const int64_t* context, Index N, const double* query,
                                        Index D, int64_t target);
+
+/// One CA observation: (keys int64 (N,), values int64 (N,), int query, int target).
+[[nodiscard]] py::tuple ca_observation(const int64_t* keys, const int64_t* values, Index N,
+                                       int64_t query, int64_t target);
 
 }  // namespace attnmix::python

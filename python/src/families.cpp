@@ -4,6 +4,7 @@
 // means one branch per function here, plus its classes in a bind_*.cpp file.
 #include <span>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/categorical.hpp"
@@ -17,6 +18,7 @@
 namespace attnmix::python {
 
 using RaAccumulator = ResponsibilityAttentionAccumulator;
+using CaAccumulator = ChainedAttentionAccumulator;
 
 namespace {
 
@@ -32,6 +34,7 @@ std::span<AnyAccumulator> children_of(AnyAccumulator& acc) {
 template <class F>
 bool with_leaf(const AnyAccumulator& acc, F&& f) {
   if (const auto* a = acc.get_if<RaAccumulator>()) return f(*a), true;
+  if (const auto* a = acc.get_if<CaAccumulator>()) return f(*a), true;
   if (const auto* a = acc.get_if<CategoricalAccumulator>()) return f(*a), true;
   if (const auto* a = acc.get_if<DiagonalGaussianAccumulator>()) return f(*a), true;
   return false;
@@ -122,6 +125,7 @@ std::vector<AccumulatorHandle> AccumulatorHandle::children() const {
 py::object wrap_distribution(AnyDistribution m) {
   if (m.get_if<ResponsibilityAttention>())
     return py::cast(DistributionOf<ResponsibilityAttention>(std::move(m)));
+  if (m.get_if<ChainedAttention>()) return py::cast(DistributionOf<ChainedAttention>(std::move(m)));
   if (m.get_if<Mixture>()) return py::cast(DistributionOf<Mixture>(std::move(m)));
   if (m.get_if<Composite>()) return py::cast(DistributionOf<Composite>(std::move(m)));
   if (m.get_if<Categorical>()) return py::cast(DistributionOf<Categorical>(std::move(m)));
@@ -133,6 +137,8 @@ py::object wrap_estimator(AnyEstimator e, py::object pseudo_count) {
   if (e.get_if<ResponsibilityAttentionEstimator>())
     return py::cast(
         EstimatorOf<ResponsibilityAttentionEstimator>(std::move(e), std::move(pseudo_count)));
+  if (e.get_if<ChainedAttentionEstimator>())
+    return py::cast(EstimatorOf<ChainedAttentionEstimator>(std::move(e), std::move(pseudo_count)));
   if (e.get_if<MixtureEstimator>())
     return py::cast(EstimatorOf<MixtureEstimator>(std::move(e), std::move(pseudo_count)));
   if (e.get_if<CompositeEstimator>())
@@ -147,6 +153,7 @@ py::object wrap_estimator(AnyEstimator e, py::object pseudo_count) {
 py::object wrap_accumulator(AccumulatorHandle site) {
   const AnyAccumulator& a = site.get();
   if (a.get_if<RaAccumulator>()) return py::cast(AccumulatorOf<RaAccumulator>(std::move(site)));
+  if (a.get_if<CaAccumulator>()) return py::cast(AccumulatorOf<CaAccumulator>(std::move(site)));
   if (a.get_if<MixtureAccumulator>())
     return py::cast(AccumulatorOf<MixtureAccumulator>(std::move(site)));
   if (a.get_if<CompositeAccumulator>())
@@ -161,6 +168,8 @@ py::object wrap_accumulator(AccumulatorHandle site) {
 py::object wrap_factory(AnyAccumulator prototype, py::object name) {
   if (prototype.get_if<RaAccumulator>())
     return py::cast(FactoryOf<RaAccumulator>(std::move(prototype), std::move(name)));
+  if (prototype.get_if<CaAccumulator>())
+    return py::cast(FactoryOf<CaAccumulator>(std::move(prototype), std::move(name)));
   return py::cast(FactoryHandle(std::move(prototype), std::move(name)));
 }
 
@@ -169,6 +178,8 @@ py::object wrap_factory(AnyAccumulator prototype, py::object name) {
 std::shared_ptr<DataEncoder> encoder_of(const AnyDistribution& m) {
   if (const auto* ra = m.get_if<ResponsibilityAttention>())
     return std::make_shared<ResponsibilityAttentionDataEncoderPy>(ra->encoder());
+  if (const auto* ca = m.get_if<ChainedAttention>())
+    return std::make_shared<ChainedAttentionDataEncoderPy>(ca->encoder());
   if (const auto* mixture = m.get_if<Mixture>())
     return std::make_shared<MixtureDataEncoderPy>(encoder_of(mixture->components().front()));
   if (const auto* composite = m.get_if<Composite>()) {
@@ -186,6 +197,8 @@ std::shared_ptr<DataEncoder> encoder_of(const AnyDistribution& m) {
 std::shared_ptr<DataEncoder> encoder_of(const AnyAccumulator& acc) {
   if (const auto* ra = acc.get_if<RaAccumulator>())
     return std::make_shared<ResponsibilityAttentionDataEncoderPy>(ra->encoder());
+  if (const auto* ca = acc.get_if<CaAccumulator>())
+    return std::make_shared<ChainedAttentionDataEncoderPy>(ca->encoder());
   if (const auto* mixture = acc.get_if<MixtureAccumulator>())
     return std::make_shared<MixtureDataEncoderPy>(encoder_of(mixture->components().front()));
   if (const auto* composite = acc.get_if<CompositeAccumulator>()) {

@@ -178,6 +178,11 @@ class ChainedAttention {
   [[nodiscard]] const double* gate_logits(Index hop, int64_t u) const noexcept {
     return gate_logits_.data() + (hop * n_symbols() + u) * n_symbols();
   }
+  /// Gate weights of hop ℓ for query symbol u: exp(gate_logits(ℓ, u)[s] − max_s′ gate_logits(ℓ, u)[s′]), s ∈ [S].
+  /// A row's softmax over its keys is these weights gathered and normalised (exact while none underflowed).
+  [[nodiscard]] const double* gate_weights(Index hop, int64_t u) const noexcept {
+    return gate_weights_.data() + (hop * n_symbols() + u) * n_symbols();
+  }
   [[nodiscard]] const Matrix& emission() const noexcept { return params_.emission; }
 
  private:
@@ -185,6 +190,7 @@ class ChainedAttention {
 
   ChainedAttentionParams params_;
   Matrix gate_logits_;  // [L·S, S]: row (ℓ, u) holds the logits of query u against every key symbol
+  Matrix gate_weights_;  // [L·S, S]: exp(row − row max) of gate_logits_
 };
 
 /// Options of the M-step (SPEC.md §3.3); the single source of the defaults.

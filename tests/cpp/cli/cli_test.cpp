@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/transitive_task.hpp"
 #include "attnmix/core/json.hpp"
 
 namespace attnmix {
@@ -88,6 +90,20 @@ class CliTest : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.err;
     write(name, r.out);
   }
+  /// Writes n rows of the transitive-lookup task (S = 30, 5 pairs, N = 10) as chained JSON Lines.
+  void write_transitive(const std::string& name, Index n, uint64_t seed) const {
+    const ChainedAttentionBatch batch = make_transitive_task(n, seed);
+    std::ofstream out(dir_ / name);
+    for (Index r = 0; r < batch.n_rows(); ++r) {
+      nlohmann::json row;
+      row["keys"] = std::vector<int64_t>(batch.keys(r), batch.keys(r) + batch.context_length());
+      row["values"] =
+          std::vector<int64_t>(batch.values(r), batch.values(r) + batch.context_length());
+      row["query"] = batch.query(r);
+      row["target"] = batch.target(r);
+      out << row.dump() << '\n';
+    }
+  }
   [[nodiscard]] std::vector<std::string> listing() const {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(dir_))
@@ -118,12 +134,21 @@ TEST_F(CliTest, UsageErrorsExitOne) {
   EXPECT_EQ(run("fit --out m.json").code, 1);    // neither --data nor --text
   EXPECT_EQ(run("fit --data x --delta fast --out m.json").code, 1);
   EXPECT_EQ(run("sample --model m.json --seed 1").code, 1);  // -n missing
-  for (const char* family :
-       {"chained", "ca", "variational", "vea", "variational-multihop", "vmha"}) {
+  for (const char* family : {"variational", "vea", "variational-multihop", "vmha"}) {
     const RunResult r = run(std::string("fit --family ") + family + " --data x.jsonl --out m.json");
     EXPECT_EQ(r.code, 1) << family;
     EXPECT_TRUE(contains(r.err, "not yet available in this build")) << r.err;
   }
+  // Flags of one family are usage errors with the other.
+  for (const char* args : {"--family ra --hops 2", "--family ca --query-dim 3",
+                           "--family chained --estimate-sigma2", "--family ca --min-sigma2 0.1"}) {
+    const RunResult r = run(std::string("fit ") + args + " --data x.jsonl --out m.json");
+    EXPECT_EQ(r.code, 1) << args;
+    EXPECT_TRUE(contains(r.err, "applies only to --family")) << args << ": " << r.err;
+  }
+  const RunResult text = run("fit --family ca --text x.txt --out m.json");
+  EXPECT_EQ(text.code, 1);
+  EXPECT_TRUE(contains(text.err, "--text applies only to --family responsibility")) << text.err;
   EXPECT_FALSE(fs::exists(path("m.json")));
 }
 
@@ -446,7 +471,242 @@ TEST_F(CliTest, TextCorporaFitByCharactersAndWords) {
   EXPECT_TRUE(contains(short_text.err, "short.txt")) << short_text.err;
 }
 
-TEST_F(CliTest, DemoFitsTheRecallTaskAndBeatsTheBaseline) {
+// ----- chained attention
+// ------------------------------------------------------------------------------------------
+
+/// fit → score → predict → sample → fit again on chained-attention JSON Lines: two hops learn the
+/// transitive task, one hop cannot.
+TEST_F(CliTest, ChainedFitScorePredictSampleRoundTrip) {
+  write_transitive("train.jsonl", 1000, 11);
+  write_transitive("test.jsonl", 300, 12);
+  const RunResult fit = run(
+      "fit --family chained --hops 2 --data train.jsonl --out model.json --max-its 12 "
+      "--delta none --threads 2");
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  int progress = 0;
+  for (const std::string& line : lines_of(fit.out))
+    if (line.rfind("Iteration ", 0) == 0) {
+      ++progress;
+      EXPECT_EQ(line.substr(line.size() - 3), " s)") << line;
+    }
+  EXPECT_EQ(progress, 12);
+  for (const char* f : {"Fitting chained attention (L = 2 hops)", "1000 rows",
+                        "L=2 hops, S=30 symbols, N=10 context positions, T=30 targets",
+                        "--delta none", "model written   model.json"})
+    EXPECT_TRUE(contains(fit.out, f)) << f << "\n" << fit.out;
+  const AnyDistribution model = load_model(path("model.json"));
+  const auto* ca = model.get_if<ChainedAttention>();
+  ASSERT_NE(ca, nullptr);
+  EXPECT_EQ(ca->n_hops(), 2);
+  EXPECT_EQ(ca->sigma2(), ChainedAttentionEstimatorOptions{}.sigma2);  // the CA default, 0.1
+
+  const RunResult score = run("score --model model.json --data test.jsonl");
+  ASSERT_EQ(score.code, 0) << score.err;
+  double total = 0.0, mean = 0.0;
+  int n = 0;
+  ASSERT_EQ(std::sscanf(score.out.c_str(), "rows=%d total=%lf mean=%lf", &n, &total, &mean), 3)
+      << score.out;
+  EXPECT_EQ(n, 300);
+  EXPECT_TRUE(std::isfinite(total));
+  const RunResult per_row = run("score --model model.json --data test.jsonl --per-row");
+  ASSERT_EQ(per_row.code, 0) << per_row.err;
+  ASSERT_EQ(lines_of(per_row.out).size(), 300U);
+  EXPECT_EQ(per_row.err, score.out);
+
+  const RunResult predict = run("predict --model model.json --data test.jsonl");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  ASSERT_EQ(lines_of(predict.out).size(), 300U);
+  double two_hop = -1.0;
+  ASSERT_EQ(std::sscanf(predict.err.c_str(), "accuracy=%lf", &two_hop), 1) << predict.err;
+  EXPECT_GT(two_hop, 0.8);
+  const RunResult proba = run("predict --model model.json --data test.jsonl --proba");
+  ASSERT_EQ(proba.code, 0) << proba.err;
+  for (const std::string& line : lines_of(proba.out)) {
+    std::istringstream in(line);
+    double p = 0.0, row_sum = 0.0;
+    int count = 0;
+    while (in >> p) {
+      row_sum += p;
+      ++count;
+    }
+    EXPECT_EQ(count, 30);
+    EXPECT_NEAR(row_sum, 1.0, 1e-9);
+  }
+
+  ASSERT_EQ(run("fit --family ca --hops 1 --data train.jsonl --out one.json --max-its 12 "
+                "--delta none")
+                .code,
+            0);
+  const RunResult one = run("predict --model one.json --data test.jsonl");
+  double one_hop = -1.0;
+  ASSERT_EQ(std::sscanf(one.err.c_str(), "accuracy=%lf", &one_hop), 1) << one.err;
+  EXPECT_LT(one_hop, 0.3);
+
+  // sample: --context-length sets N (default 6); the output is data that fit reads back.
+  const RunResult sample = run("sample --model model.json -n 40 --seed 3 --context-length 4");
+  ASSERT_EQ(sample.code, 0) << sample.err;
+  const std::vector<std::string> rows = lines_of(sample.out);
+  ASSERT_EQ(rows.size(), 40U);
+  const nlohmann::json first = nlohmann::json::parse(rows[0]);
+  EXPECT_EQ(first["keys"].size(), 4U);
+  EXPECT_EQ(first["values"].size(), 4U);
+  EXPECT_TRUE(first["query"].is_number_integer());
+  EXPECT_TRUE(first["target"].is_number_integer());
+  EXPECT_EQ(sample.out, run("sample --model model.json -n 40 --seed 3 --context-length 4").out);
+  const RunResult default_n = run("sample --model model.json -n 2 --seed 3");
+  EXPECT_EQ(nlohmann::json::parse(lines_of(default_n.out)[0])["keys"].size(), 6U);
+  write("sampled.jsonl", sample.out);
+  const RunResult refit = run("fit --family ca --data sampled.jsonl --out refit.json --max-its 2 "
+                              "--symbols 30 --targets 30 --valid sampled.jsonl");
+  EXPECT_EQ(refit.code, 0) << refit.err;
+  EXPECT_TRUE(contains(refit.out, "ln[p_mat(Valid Data|Model)]=")) << refit.out;
+  EXPECT_EQ(run("score --model refit.json --data sampled.jsonl").code, 0);
+}
+
+/// The same chained rows as JSONL, as a deflated int64 .npz and as a stored int32/float64 .npz
+/// score identically; a fit reads an archive directly.
+TEST_F(CliTest, ChainedNpzArchivesMatchJsonLines) {
+  const std::string model = "--model '" + data("ca_model.json") + "'";
+  const RunResult jsonl = run("score " + model + " --data '" + data("ca_small.jsonl") + "'");
+  ASSERT_EQ(jsonl.code, 0) << jsonl.err;
+  EXPECT_TRUE(contains(jsonl.out, "rows=6 ")) << jsonl.out;
+  for (const char* archive : {"ca_small.npz", "ca_small_stored.npz"}) {
+    const RunResult r = run("score " + model + " --data '" + data(archive) + "'");
+    EXPECT_EQ(r.code, 0) << archive << r.err;
+    EXPECT_EQ(r.out, jsonl.out) << archive;
+  }
+  const RunResult predict = run("predict " + model + " --data '" + data("ca_small.jsonl") + "'");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  EXPECT_TRUE(contains(predict.err, "accuracy=1 (6/6 rows)")) << predict.err;
+  const RunResult no_target =
+      run("predict " + model + " --data '" + data("ca_small_no_target.npz") + "'");
+  EXPECT_EQ(no_target.code, 0) << no_target.err;
+  EXPECT_EQ(lines_of(no_target.out), lines_of(predict.out));
+  EXPECT_FALSE(contains(no_target.err, "accuracy"));
+  EXPECT_EQ(run("score " + model + " --data '" + data("ca_small_no_target.npz") + "'").code, 2);
+  const RunResult fit = run("fit --family ca --data '" + data("ca_small.npz") +
+                            "' --out model.json --max-its 2");
+  EXPECT_EQ(fit.code, 0) << fit.err;
+  EXPECT_TRUE(contains(fit.out, "S=6, N=4, T=6")) << fit.out;
+  // A responsibility model cannot read chained rows, and the message says why.
+  const RunResult wrong = run("score --model '" + data("ra_model.json") + "' --data '" +
+                              data("ca_small.jsonl") + "'");
+  EXPECT_EQ(wrong.code, 2);
+  EXPECT_TRUE(contains(wrong.err, "unknown field 'keys'")) << wrong.err;
+}
+
+/// Every bad chained data file exits 2 naming the file, the line (or array index) and the field,
+/// and leaves no model file.
+TEST_F(CliTest, ChainedBadDataFilesExitTwoNamingFileLineAndField) {
+  const std::string good = R"({"keys":[0,1,2],"values":[3,4,5],"query":0,"target":1})"
+                           "\n";
+  struct Case {
+    const char* name;
+    std::string second_line;
+    std::vector<std::string> fragments;
+    std::string flags;
+  };
+  const std::vector<Case> cases{
+      {"bad_id", R"({"keys":[0,"x",2],"values":[3,4,5],"query":0,"target":1})",
+       {"line 2", "keys[1]", "integer id"}, ""},
+      {"fractional", R"({"keys":[0,1,2],"values":[3,4.5,5],"query":0,"target":1})",
+       {"line 2", "values[1]", "4.5"}, ""},
+      {"negative", R"({"keys":[0,1,2],"values":[3,4,5],"query":-1,"target":1})",
+       {"line 2", "query", "out-of-range ID -1"}, ""},
+      {"bool_id", R"({"keys":[0,1,2],"values":[3,4,5],"query":0,"target":true})",
+       {"line 2", "target", "bool"}, ""},
+      {"missing_field", R"({"keys":[0,1,2],"query":0,"target":1})",
+       {"line 2", "missing field 'values'"}, ""},
+      {"missing_target", R"({"keys":[0,1,2],"values":[3,4,5],"query":0})",
+       {"line 2", "missing field 'target'"}, ""},
+      {"ragged", R"({"keys":[0,1],"values":[3,4],"query":0,"target":1})",
+       {"line 2", "keys has 2 entries", "expected N = 3 (from line 1)"}, ""},
+      {"mismatched", R"({"keys":[0,1,2],"values":[3,4],"query":0,"target":1})",
+       {"line 2", "values has 2 entries but keys has 3"}, ""},
+      {"query_array", R"({"keys":[0,1,2],"values":[3,4,5],"query":[0],"target":1})",
+       {"line 2", "query", "an array"}, ""},
+      {"unknown_field", R"({"keys":[0,1,2],"values":[3,4,5],"query":0,"target":1,"context":[0]})",
+       {"line 2", "unknown field 'context'", "expected keys, values, query, target"}, ""},
+      {"target_range", R"({"keys":[0,1,2],"values":[3,4,5],"query":0,"target":7})",
+       {"line 2", "target", "out-of-range ID 7", "T = 5 (from --targets)"}, " --targets 5"},
+      {"symbol_range", R"({"keys":[0,1,9],"values":[3,4,5],"query":0,"target":1})",
+       {"line 2", "keys[2]", "out-of-range ID 9", "S = 8 (from --symbols)"}, " --symbols 8"},
+  };
+  for (const Case& c : cases) {
+    const std::string file = std::string(c.name) + ".jsonl";
+    write(file, good + c.second_line + "\n");
+    const RunResult r =
+        run("fit --family ca --data " + file + " --out model.json --max-its 1" + c.flags);
+    EXPECT_EQ(r.code, 2) << c.name << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, file + ": line 2: ")) << c.name << ": " << r.err;
+    for (const std::string& f : c.fragments)
+      EXPECT_TRUE(contains(r.err, f)) << c.name << ": " << r.err;
+    EXPECT_FALSE(fs::exists(path("model.json"))) << c.name;
+  }
+  // The same checks in --valid files, and in score/predict against the model's S and T.
+  write("train.jsonl", good);
+  write("valid.jsonl", good + R"({"keys":[0,1,2,3],"values":[3,4,5,6],"query":0,"target":1})" "\n");
+  const RunResult valid =
+      run("fit --family ca --data train.jsonl --valid valid.jsonl --out model.json");
+  EXPECT_EQ(valid.code, 2);
+  EXPECT_TRUE(contains(valid.err, "valid.jsonl: line 2: keys has 4 entries")) << valid.err;
+  write("big.jsonl", good + R"({"keys":[0,1,2],"values":[3,4,6],"query":0,"target":1})" "\n");
+  const RunResult big = run("score --model '" + data("ca_model.json") + "' --data big.jsonl");
+  EXPECT_EQ(big.code, 2);
+  for (const char* f : {"big.jsonl: line 2: values[2]", "out-of-range ID 6", "S = 6 (from the model)"})
+    EXPECT_TRUE(contains(big.err, f)) << big.err;
+  // .npz archives: the array element or the mismatched shape is named.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> archives{
+      {"ca_bool_ids.npz", {"ca_bool_ids.npz: values", "bool"}},
+      {"ca_fractional_ids.npz", {"ca_fractional_ids.npz: keys[2, 1]", "1.5"}},
+      {"ca_mismatched.npz", {"ca_mismatched.npz: values", "(6, 3)", "(6, 4)"}},
+  };
+  for (const auto& [archive, fragments] : archives) {
+    const RunResult r =
+        run("fit --family ca --data '" + data(archive) + "' --out model.json --max-its 1");
+    EXPECT_EQ(r.code, 2) << archive;
+    for (const std::string& f : fragments) EXPECT_TRUE(contains(r.err, f)) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("model.json")));
+}
+
+/// Impossible evidence (SPEC.md §3.4's reference case) scores -inf; in a fit it exits 2 naming the
+/// lines; a failed chained fit never touches an existing model.
+TEST_F(CliTest, ChainedImpossibleEvidenceAndFailedFits) {
+  write("impossible_model.json",
+        R"({"format":"attnmix-model","schema_version":1,"family":"chained_attention",
+    "params":{"keys":[[[1.0,0.0],[0.0,1.0]]],"emission":[[1.0,0.0],[1.0,0.0]],"sigma2":0.1}})");
+  write("row.jsonl", R"({"keys":[0,1],"values":[0,1],"query":0,"target":1})"
+                     "\n");
+  const RunResult score = run("score --model impossible_model.json --data row.jsonl");
+  EXPECT_EQ(score.code, 0) << score.err;
+  EXPECT_EQ(score.out, "rows=1 total=-inf mean=-inf\n");
+
+  write_transitive("train.jsonl", 300, 5);
+  const RunResult fit = run(
+      "fit --family ca --data train.jsonl --out model.json --emission-smoothing 0 --init-p 0.01");
+  EXPECT_EQ(fit.code, 2) << fit.out;
+  EXPECT_TRUE(contains(fit.err, "train.jsonl: lines ")) << fit.err;
+  EXPECT_TRUE(contains(fit.err, "impossible evidence")) << fit.err;
+  EXPECT_FALSE(fs::exists(path("model.json")));
+
+  const std::string original = read_text(data("ca_model.json"));
+  write("model.json", original);
+  write("bad.jsonl", R"({"keys":[0,1],"values":[0,1],"query":0.5,"target":1})"
+                     "\n");
+  EXPECT_EQ(run("fit --family ca --data bad.jsonl --out model.json").code, 2);
+  EXPECT_EQ(run("fit --family ca --data train.jsonl --out model.json --emission-smoothing 0 "
+                "--init-p 0.01")
+                .code,
+            2);
+  EXPECT_EQ(run("fit --family ca --data train.jsonl --out model.json --max-its 1 --strict").code,
+            3);
+  EXPECT_EQ(read_text(path("model.json")), original);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"bad.jsonl", "impossible_model.json",
+                                                 "model.json", "row.jsonl", "train.jsonl"}));
+}
+
+TEST_F(CliTest, DemoFitsEachMechanismAndBeatsItsBaseline) {
   const RunResult r = run("demo");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "Iteration 1: ln[p_mat(Data|Model)]=")) << r.out;
@@ -461,6 +721,17 @@ TEST_F(CliTest, DemoFitsTheRecallTaskAndBeatsTheBaseline) {
   ASSERT_EQ(std::sscanf(r.out.c_str() + b, "position-only baseline %lf", &baseline), 1);
   EXPECT_GT(acc, 85.0);
   EXPECT_GT(acc, 3.0 * baseline);
+  // Chained attention: two hops solve transitive lookup, one hop cannot.
+  double one_hop = -1.0, two_hops = -1.0;
+  const size_t one = r.out.find("one hop  (L = 1)");
+  const size_t two = r.out.find("two hops (L = 2)");
+  ASSERT_NE(one, std::string::npos) << r.out;
+  ASSERT_NE(two, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + one, "one hop  (L = 1) %lf", &one_hop), 1);
+  ASSERT_EQ(std::sscanf(r.out.c_str() + two, "two hops (L = 2) %lf", &two_hops), 1);
+  EXPECT_GT(two_hops, 0.8);
+  EXPECT_LT(one_hop, 0.2);
+  EXPECT_TRUE(contains(r.out, "Why one hop fails")) << r.out;
 }
 
 }  // namespace

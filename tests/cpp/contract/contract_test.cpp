@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/inference/optimize.hpp"
@@ -44,6 +45,7 @@ struct ResponsibilityAttentionTraits {
   using Acc = ResponsibilityAttentionAccumulator;
   using Estimator = ResponsibilityAttentionEstimator;
   static constexpr uint64_t kSeed = 101;
+  static constexpr bool kExactEm = true;
   static constexpr int64_t S = 5, N = 4, D = 3, T = 4;
 
   static Distribution make_model(Rng& rng) {
@@ -113,6 +115,87 @@ struct ResponsibilityAttentionTraits {
   }
 };
 
+// ----- chained attention
+// ------------------------------------------------------------------------------------
+
+struct ChainedAttentionTraits {
+  using Distribution = ChainedAttention;
+  using Batch = ChainedAttentionBatch;
+  using Acc = ChainedAttentionAccumulator;
+  using Estimator = ChainedAttentionEstimator;
+  static constexpr uint64_t kSeed = 707;
+  static constexpr bool kExactEm = false;
+  static constexpr int64_t L = 2, S = 5, T = 4, N = 4;
+
+  static Distribution make_model(Rng& rng) {
+    ChainedAttentionParams p;
+    for (Index hop = 0; hop < L; ++hop) {
+      Matrix K(S, S);
+      for (Index k = 0; k < K.size(); ++k) K.data()[k] = rng.normal();
+      p.key_tables.push_back(std::move(K));
+    }
+    p.emission.resize(S, T);
+    for (Index s = 0; s < S; ++s) p.emission.row(s) = dirichlet(rng, T).transpose();
+    p.sigma2 = 0.5;
+    return Distribution(std::move(p));
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64(), N).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    const Batch one = batch.slice(row, 1);
+    return ChainedAttentionEncoder{}.encode(one.keys(), one.values(), one.queries(), one.targets());
+  }
+  static Estimator make_estimator(const Distribution& model) {
+    ChainedAttentionEstimatorOptions options;
+    options.sigma2 = model.sigma2();
+    options.emission_smoothing = 0.0;
+    return {L, S, T, options};
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return {L, S + 1, T}; }
+  static double total_mass(const Acc& acc) { return acc.n(); }
+  static bool tamper(Acc& acc) {
+    acc.key_mass()(1, 0) += 1.0;  // Σ key_mass[1] now exceeds n
+    return true;
+  }
+  /// Emission = identity (S = T = 3): a row whose target is none of its values is impossible (SPEC.md §3.2).
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    ChainedAttentionParams p;
+    for (Index hop = 0; hop < L; ++hop) {
+      Matrix K(3, 3);
+      for (Index k = 0; k < K.size(); ++k) K.data()[k] = rng.normal();
+      p.key_tables.push_back(std::move(K));
+    }
+    p.emission = Matrix::Identity(3, 3);
+    IdMatrix keys(6, 2), values(6, 2);
+    keys << 0, 1, 2, 2, 1, 0, 0, 0, 2, 1, 1, 2;
+    values << 0, 1, 0, 1, 2, 2, 1, 1, 0, 2, 0, 0;
+    const IdVector queries = (IdVector(6) << 0, 1, 2, 0, 1, 2).finished();
+    const IdVector targets = (IdVector(6) << 1, 2, 2, 0, 2, 1).finished();  // rows 1, 3, 5: no value emits it
+    Batch batch = ChainedAttentionEncoder{3, 3}.encode(keys, values, queries, targets);
+    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), {1, 3, 5}};
+  }
+  /// T = 10⁵ random emission counts whose masses obey the laws; default smoothing and none.
+  static std::vector<std::pair<Estimator, Acc>> large_support(Rng& rng) {
+    const int64_t l = 2, s = 3, t = 100000;
+    Acc acc(l, s, t);
+    for (Index k = 0; k < acc.emission_count().size(); ++k) acc.emission_count().data()[k] = rough_count(rng);
+    acc.emission_count()(1, 7) = 0.0;
+    acc.emission_count().row(2).setZero();  // an all-zero row: uniform without smoothing
+    const ConstMatrixMap counts = std::as_const(acc).emission_count();
+    const double total = accurate_sum({counts.data(), static_cast<size_t>(counts.size())});
+    acc.n() = total;
+    for (Index hop = 0; hop < l; ++hop) {
+      acc.key_mass().row(hop) << 0.2 * total, 0.5 * total, 0.3 * total;
+      for (Index r = 0; r < s; ++r)
+        for (Index c = 0; c < s; ++c) acc.key_num(hop)(r, c) = rng.uniform() * acc.key_mass()(hop, r);
+    }
+    ChainedAttentionEstimatorOptions none;
+    none.emission_smoothing = 0.0;
+    return {{Estimator(l, s, t), acc}, {Estimator(l, s, t, none), acc}};
+  }
+};
+
 // ----- categorical
 // -------------------------------------------------------------------------------------------
 
@@ -122,6 +205,7 @@ struct CategoricalTraits {
   using Acc = CategoricalAccumulator;
   using Estimator = CategoricalEstimator;
   static constexpr uint64_t kSeed = 202;
+  static constexpr bool kExactEm = true;
   static constexpr int64_t K = 6;
 
   static Distribution make_model(Rng& rng) { return Distribution({dirichlet(rng, K), "c"}); }
@@ -162,6 +246,7 @@ struct DiagonalGaussianTraits {
   using Acc = DiagonalGaussianAccumulator;
   using Estimator = DiagonalGaussianEstimator;
   static constexpr uint64_t kSeed = 303;
+  static constexpr bool kExactEm = true;
   static constexpr int64_t D = 3;
 
   static Distribution make_model(Rng& rng) {
@@ -196,6 +281,7 @@ struct MixtureOfAttentionTraits {
   using Estimator = MixtureEstimator;
   using RA = ResponsibilityAttentionTraits;
   static constexpr uint64_t kSeed = 404;
+  static constexpr bool kExactEm = true;
 
   static Distribution make_model(Rng& rng) {
     return Mixture({AnyDistribution(RA::make_model(rng)), AnyDistribution(RA::make_model(rng))},
@@ -243,6 +329,7 @@ struct CompositeTraits {
   using Cat = CategoricalTraits;
   using Gauss = DiagonalGaussianTraits;
   static constexpr uint64_t kSeed = 505;
+  static constexpr bool kExactEm = true;
 
   static Distribution make_model(Rng& rng) {
     return Composite(
@@ -281,15 +368,16 @@ struct CompositeTraits {
 };
 
 using Families =
-    ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits, DiagonalGaussianTraits,
-                     MixtureOfAttentionTraits, CompositeTraits>;
+    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
+                     DiagonalGaussianTraits, MixtureOfAttentionTraits, CompositeTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, DistributionContractTest, Families);
 // The Gaussian's density is positive everywhere, so it has no impossible evidence.
 using FamiliesWithImpossibleEvidence =
-    ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits, MixtureOfAttentionTraits,
-                     CompositeTraits>;
+    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
+                     MixtureOfAttentionTraits, CompositeTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, ImpossibleEvidenceContractTest, FamiliesWithImpossibleEvidence);
-using FamiliesWithLargeSupport = ::testing::Types<ResponsibilityAttentionTraits, CategoricalTraits>;
+using FamiliesWithLargeSupport =
+    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, LargeSupportContractTest, FamiliesWithLargeSupport);
 
 // ----- F-5: keyed tying

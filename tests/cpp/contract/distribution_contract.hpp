@@ -8,7 +8,9 @@
 ///   static X make_model(Rng&);                a random valid model
 ///   static Batch make_batch(const X&, Index n, Rng&);   n random rows, possible under the model
 ///   static Batch row_alone(const Batch&, Index row);    that row encoded on its own (C-1)
-///   static Estimator make_estimator(const X&);          an exact-EM estimator for the model
+///   static Estimator make_estimator(const X&);          the family's estimator for the model
+///   static constexpr bool kExactEm;           EM provably never decreases the log-likelihood (false for
+///                                             generalised-EM families such as chained attention, SPEC.md §3.3)
 ///   static Acc other_layout_accumulator(const X&);      same family, another layout (C-5)
 ///   static double total_mass(const Acc&);     the mass estimate() checks nobs against (C-7)
 ///   static bool tamper(Acc&);                 break an internal mass law; false if none (C-7)
@@ -492,8 +494,8 @@ TYPED_TEST_P(DistributionContractTest, SamplerShapes) {
 }
 
 /// EM (SPEC.md §1.7) never decreases the log-likelihood of an exact-EM family (delta = None, 10
-/// iterations, within 1e-9·|ll|); optimize through AnyEstimator reports the same scores bit for
-/// bit.
+/// iterations, within 1e-9·|ll|; not asserted for generalised-EM families); optimize through AnyEstimator
+/// reports the same scores bit for bit.
 TYPED_TEST_P(DistributionContractTest, EmLogLikelihoodNeverDecreases) {
   const auto model = TypeParam::make_model(this->rng_);
   const auto batch = TypeParam::make_batch(model, 300, this->rng_);
@@ -508,9 +510,11 @@ TYPED_TEST_P(DistributionContractTest, EmLogLikelihoodNeverDecreases) {
   options.on_iteration = [&](const IterationReport& r) { lls.push_back(r.log_likelihood); };
   const auto fit = optimize(batch, estimator, options);
   ASSERT_EQ(lls.size(), 10u);
-  for (size_t i = 1; i < lls.size(); ++i)
-    EXPECT_GE(lls[i], lls[i - 1] - 1e-9 * std::fabs(lls[i - 1])) << "iteration " << i + 1;
-  EXPECT_GE(score(fit.model, batch, {}), lls.back() - 1e-9 * std::fabs(lls.back()));
+  if constexpr (TypeParam::kExactEm) {
+    for (size_t i = 1; i < lls.size(); ++i)
+      EXPECT_GE(lls[i], lls[i - 1] - 1e-9 * std::fabs(lls[i - 1])) << "iteration " << i + 1;
+    EXPECT_GE(score(fit.model, batch, {}), lls.back() - 1e-9 * std::fabs(lls.back()));
+  }
 
   options.on_iteration = [&](const IterationReport& r) { any_lls.push_back(r.log_likelihood); };
   const auto any_fit = optimize(to_any(batch), AnyEstimator(estimator), options);

@@ -181,7 +181,7 @@ TEST(ModelJsonTest, WrongFormatAndFamilyAreRejected) {
   doc = valid_ra_document();
   doc["family"] = "banana";
   expect_load_error(doc, {"model.json: family", "unknown family 'banana'"});
-  doc["family"] = "chained_attention";
+  doc["family"] = "variational_embedding_attention";
   expect_load_error(doc, {"model.json: family", "not available in this build"});
 }
 

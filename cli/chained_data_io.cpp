@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chained-attention data files: JSON Lines and .npz readers with strict, located validation
+// (SPEC.md §1.2), written with the shared field parsers of data_fields.hpp.
+#include "chained_data_io.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "attnmix/core/errors.hpp"
+#include "jsonl.hpp"
+#include "npz.hpp"
+
+namespace attnmix::cli {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr auto kFieldList = "keys=..., values=..., query=..., target=...";
+
+/// Accumulates rows; N becomes set from the declared dims or the first row.
+struct CaSink {
+  CaDims dims;
+  std::vector<int64_t> keys, values, queries, targets;
+  Index n_rows = 0;
+
+  CaRows finish(CaRows rows) {
+    if (n_rows == 0)
+      throw ValueError(rows.source + ": contains no observations (the file is empty)");
+    const Index N = dims.context_length->value;
+    rows.keys = Eigen::Map<const IdMatrix>(keys.data(), n_rows, N);
+    rows.values = Eigen::Map<const IdMatrix>(values.data(), n_rows, N);
+    rows.queries = Eigen::Map<const IdVector>(queries.data(), n_rows);
+    rows.targets = rows.has_targets ? IdVector(Eigen::Map<const IdVector>(targets.data(), n_rows))
+                                    : IdVector(IdVector::Zero(n_rows));
+    return rows;
+  }
+};
+
+const json& id_array(const json& object, const char* field, const std::string& where) {
+  const json& a = object[field];
+  if (!a.is_array())
+    throw TypeError(where + ": " + field + ": must be an array of integer ids (got " +
+                    json_kind(a) + ")");
+  return a;
+}
+
+CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy policy) {
+  CaRows rows;
+  rows.source = path;
+  CaSink sink{declared, {}, {}, {}, {}, 0};
+  TargetPresence targets_seen(policy);
+  for_each_json_line(path, [&](int64_t line, const json& object) {
+    const std::string where = path + ": line " + std::to_string(line);
+    check_json_fields(object, where, {"keys", "values", "query", "target"},
+                      {"keys", "values", "query"});
+    const bool has_target = object.contains("target");
+    targets_seen.see(has_target, where);
+    const std::string first_row =
+        "line " + std::to_string(sink.n_rows == 0 ? line : rows.line_of_row.front());
+
+    const json& keys = id_array(object, "keys", where);
+    const json& values = id_array(object, "values", where);
+    if (keys.size() != values.size())
+      throw ValueError(where + ": values has " + std::to_string(values.size()) +
+                       " entries but keys has " + std::to_string(keys.size()) +
+                       " (position j pairs keys[j] with values[j])");
+    check_width("keys", "N", sink.dims.context_length, keys.size(), where, first_row);
+    for (size_t j = 0; j < keys.size(); ++j)
+      sink.keys.push_back(json_id(keys[j], where, "keys[" + std::to_string(j) + "]", "S",
+                                  sink.dims.n_symbols));
+    for (size_t j = 0; j < values.size(); ++j)
+      sink.values.push_back(json_id(values[j], where, "values[" + std::to_string(j) + "]", "S",
+                                    sink.dims.n_symbols));
+    sink.queries.push_back(json_id(object["query"], where, "query", "S", sink.dims.n_symbols));
+    if (has_target)
+      sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
+    rows.line_of_row.push_back(line);
+    ++sink.n_rows;
+  });
+  rows.has_targets = targets_seen.has_targets();
+  return sink.finish(std::move(rows));
+}
+
+/// An npz id array must not be bool and must have `dims` dimensions with n rows.
+void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
+                    const std::string& path) {
+  if (a.kind == NpyArray::Kind::kBool)
+    throw TypeError(path + ": " + name + ": ids must be integers, not bools (dtype " + a.descr +
+                    ")");
+  const char* shape = dims == 2 ? "(n, N)" : "(n,)";
+  if (a.shape.size() != dims)
+    throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " + shape +
+                     " (got shape " + a.shape_text() + ")");
+  if (n >= 0 && a.shape[0] != n)
+    throw ValueError(path + ": " + name + ": has " + std::to_string(a.shape[0]) +
+                     " rows but keys has " + std::to_string(n));
+}
+
+CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPolicy policy) {
+  CaRows rows;
+  rows.source = path;
+  rows.is_npz = true;
+  std::map<std::string, NpyArray> arrays = read_npz(path);
+  std::vector<std::string> names;
+  for (const auto& [name, array] : arrays) names.push_back(name);
+  check_npz_arrays(names, path, {"keys", "values", "query", "target"},
+                   {"keys", "values", "query"});
+  rows.has_targets = arrays.count("target") > 0;
+  if (policy == TargetPolicy::kRequired && !rows.has_targets)
+    throw ValueError(path + ": missing array 'target'");
+
+  const NpyArray& keys = arrays["keys"];
+  const NpyArray& values = arrays["values"];
+  const NpyArray& query = arrays["query"];
+  check_id_array(keys, "keys", 2, -1, path);
+  const int64_t n = keys.shape[0];
+  check_id_array(values, "values", 2, n, path);
+  if (values.shape[1] != keys.shape[1])
+    throw ValueError(path + ": values: has shape " + values.shape_text() + " but keys has " +
+                     keys.shape_text() + " (position j pairs keys[r, j] with values[r, j])");
+  check_id_array(query, "query", 1, n, path);
+  const NpyArray* target = rows.has_targets ? &arrays["target"] : nullptr;
+  if (target) check_id_array(*target, "target", 1, n, path);
+
+  CaSink sink{declared, {}, {}, {}, {}, 0};
+  if (n > 0)
+    check_width("keys", "N", sink.dims.context_length, static_cast<size_t>(keys.shape[1]),
+                path + ": keys", "the keys array");
+  const int64_t N = n > 0 ? keys.shape[1] : 0;
+  const std::optional<Dim>& S = sink.dims.n_symbols;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < N; ++j) {
+      const auto k = static_cast<size_t>(r * N + j);
+      sink.keys.push_back(npz_id(keys, k, path, index_text("keys", r, j), "S", S));
+      sink.values.push_back(npz_id(values, k, path, index_text("values", r, j), "S", S));
+    }
+    const auto k = static_cast<size_t>(r);
+    sink.queries.push_back(npz_id(query, k, path, index_text("query", r, -1), "S", S));
+    if (target)
+      sink.targets.push_back(
+          npz_id(*target, k, path, index_text("target", r, -1), "T", sink.dims.n_targets));
+    ++sink.n_rows;
+  }
+  return sink.finish(std::move(rows));
+}
+
+}  // namespace
+
+CaRows read_ca_rows(const std::string& path, const CaDims& declared, TargetPolicy policy) {
+  return data_file_kind(path, kFieldList) == DataFileKind::kNpz
+             ? read_npz_rows(path, declared, policy)
+             : read_jsonl(path, declared, policy);
+}
+
+CaDims infer_ca_dims(const CaDims& declared, const std::vector<const CaRows*>& row_sets) {
+  CaDims dims = declared;
+  const CaRows& first = *row_sets.front();
+  if (!dims.context_length) dims.context_length = Dim{first.keys.cols(), first.source};
+  if (!dims.n_symbols) {
+    int64_t max_id = 0;
+    for (const CaRows* rows : row_sets)
+      max_id = std::max({max_id, rows->keys.maxCoeff(), rows->values.maxCoeff(),
+                         rows->queries.maxCoeff()});
+    dims.n_symbols = Dim{max_id + 1, "the largest key, value or query id"};
+  }
+  if (!dims.n_targets) {
+    int64_t max_id = 0;
+    for (const CaRows* rows : row_sets)
+      if (rows->has_targets) max_id = std::max(max_id, rows->targets.maxCoeff());
+    dims.n_targets = Dim{max_id + 1, "the largest target"};
+  }
+  return dims;
+}
+
+ChainedAttentionBatch encode_ca_rows(const CaRows& rows, const CaDims& dims) {
+  ChainedAttentionEncoder encoder;
+  encoder.n_symbols = dims.n_symbols->value;
+  encoder.n_targets = dims.n_targets->value;
+  return encoder.encode(rows.keys, rows.values, rows.queries, rows.targets);
+}
+
+}  // namespace attnmix::cli

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// `attnmix fit --family chained`: reads CA data files (--data, --valid), settles S, N, T and builds
+// the L-hop estimator from the library's options with the flags that were given.
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/chained.hpp"
+#include "cli_support.hpp"
+#include "chained_data_io.hpp"
+#include "commands/fit_problem.hpp"
+
+namespace attnmix::cli {
+
+FitProblem prepare_chained_fit(const FitArgs& args) {
+  const CaDims declared{flag_dim(args.symbols_opt, args.symbols, "--symbols"),
+                        flag_dim(args.context_length_opt, args.context_length, "--context-length"),
+                        flag_dim(args.targets_opt, args.targets, "--targets")};
+  FitProblem problem;
+  CaRows train_rows = read_ca_rows(args.data, declared, TargetPolicy::kRequired);
+  problem.train_source = args.data;
+  std::optional<CaRows> valid_rows;
+  if (!args.valid.empty()) {
+    CaDims valid_declared = declared;  // the validation rows must have the training rows' N
+    if (!valid_declared.context_length)
+      valid_declared.context_length = Dim{train_rows.keys.cols(), "the training data " + args.data};
+    valid_rows = read_ca_rows(args.valid, valid_declared, TargetPolicy::kRequired);
+    problem.valid_source = args.valid;
+  }
+  std::vector<const CaRows*> sets{&train_rows};
+  if (valid_rows) sets.push_back(&*valid_rows);
+  const CaDims dims = infer_ca_dims(declared, sets);
+  problem.train = AnyBatch(encode_ca_rows(train_rows, dims));
+  if (valid_rows) problem.valid = AnyBatch(encode_ca_rows(*valid_rows, dims));
+  problem.train_origin = std::move(train_rows);
+
+  ChainedAttentionEstimatorOptions options;  // the library's M-step defaults
+  if (given(args.sigma2_opt)) options.sigma2 = args.sigma2;
+  if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
+  const int64_t L = args.hops;
+  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  problem.mechanism = "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
+  problem.estimator = AnyEstimator(ChainedAttentionEstimator(L, S, T, options));
+  problem.dims_brief = "L=" + std::to_string(L) + ", S=" + std::to_string(S) +
+                       ", N=" + std::to_string(N) + ", T=" + std::to_string(T);
+  problem.dims_summary = "L=" + std::to_string(L) + (L == 1 ? " hop, S=" : " hops, S=") +
+                         std::to_string(S) + " symbols, N=" + std::to_string(N) +
+                         " context positions, T=" + std::to_string(T) + " targets";
+  return problem;
+}
+
+}  // namespace attnmix::cli

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file data_fields.hpp
+/// The pieces every data-file reader shares (SPEC.md §1.2, §1.10), whatever the family: declared
+/// dimensions and where they came from, where a row sits in its file, the kind of file (chosen by
+/// content: a zip archive starts with "PK"), and strict exact-id parsing from JSON values and .npz
+/// elements with messages that name the file, the line (JSONL, 1-based) or the array index (npz,
+/// 0-based) and the field. Each family's reader (data_io.hpp, chained_data_io.hpp) is written with
+/// these, so every family reports the same problem in the same words.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+#include "attnmix/core/types.hpp"
+#include "npz.hpp"
+
+namespace attnmix::cli {
+
+/// A declared dimension and where it came from ("the model", "--symbols", "line 1", "the training
+/// data"), which messages quote: "context has 5 entries; expected N = 6 (from the model)".
+struct Dim {
+  int64_t value = 0;
+  std::string from;
+};
+
+/// Whether rows must carry a target (fit, score) or may omit it on every line (predict).
+enum class TargetPolicy { kRequired, kOptional };
+
+/// Where the rows of a data set came from, to point at a row in messages.
+struct RowOrigin {
+  std::string source;  // the file name
+  bool is_npz = false;
+  std::vector<int64_t> line_of_row;  // JSONL: the 1-based line of each row
+  /// "data.jsonl: line 7" or "data.npz: row 6".
+  [[nodiscard]] std::string locate(Index row) const;
+};
+
+/// Rethrows an impossible-evidence error as a ValueError naming the rows' file lines:
+/// "data.jsonl: lines 3, 9: impossible evidence: …".
+[[noreturn]] void rethrow_with_lines(const ImpossibleEvidenceError& error, const RowOrigin& origin);
+
+enum class DataFileKind { kJsonLines, kNpz };
+
+/// Opens `path` and tells JSON Lines from an .npz archive by its first bytes.
+/// @throws std::runtime_error (missing, unreadable or a directory); ValueError for a bare .npy
+/// array (`fields` lists the arrays an archive should hold, "keys=..., values=...", for the hint).
+[[nodiscard]] DataFileKind data_file_kind(const std::string& path, std::string_view fields);
+
+/// "N = 6 (from the model)".
+[[nodiscard]] std::string dim_text(const char* symbol, const Dim& dim);
+
+/// x with 17 significant digits, for quoting a bad value.
+[[nodiscard]] std::string number_text(double x);
+
+/// Range check of an exact id: ValueError "where: field: out-of-range ID v (must be in [0, S); S =
+/// 16 (from …))", or "(ids must be >= 0)" for a negative id.
+void check_id_range(int64_t id, const std::string& where, const std::string& field,
+                    const char* symbol, const std::optional<Dim>& bound);
+
+/// A real that must be an exact integer id (integral floats such as 2.0 are accepted).
+/// @throws ValueError for a non-finite, fractional or huge value.
+[[nodiscard]] int64_t exact_real_id(double x, const std::string& where, const std::string& field);
+
+/// A JSON value that must be an exact id in range. @throws TypeError (bool, string, …) or
+/// ValueError (fractional, negative, out of range).
+[[nodiscard]] int64_t json_id(const nlohmann::json& v, const std::string& where,
+                              const std::string& field, const char* symbol,
+                              const std::optional<Dim>& bound);
+
+/// Element k of an npz id array, named `field` ("keys[2, 1]") in messages, checked against bound.
+[[nodiscard]] int64_t npz_id(const NpyArray& a, size_t k, const std::string& path,
+                             const std::string& field, const char* symbol,
+                             const std::optional<Dim>& bound);
+
+/// "context[2, 1]" (c ≥ 0) or "target[2]" (c < 0).
+[[nodiscard]] std::string index_text(const char* name, int64_t r, int64_t c);
+
+/// Checks the keys of one JSON Lines object: every key in `known` (else "unknown field 'x' (expected
+/// …)"), every one of `required` present (else "missing field 'x'"). @throws ValueError.
+void check_json_fields(const nlohmann::json& object, const std::string& where,
+                       std::initializer_list<const char*> known,
+                       std::initializer_list<const char*> required);
+
+/// The same for the members of an .npz archive ("unknown array", "missing array").
+void check_npz_arrays(const std::vector<std::string>& names, const std::string& path,
+                      std::initializer_list<const char*> known,
+                      std::initializer_list<const char*> required);
+
+/// Fixes a width dimension from the first row (`first_row` names it) when it is not declared, then
+/// checks `width` against it: "where: keys has 4 entries; expected N = 5 (from line 1)".
+/// @throws ValueError (also for an empty array).
+void check_width(const char* what, const char* symbol, std::optional<Dim>& dim, size_t width,
+                 const std::string& where, const std::string& first_row);
+
+/// Tracks whether the lines of a JSON Lines file carry a target: every line or none (predict may
+/// omit them; fit and score need them). @throws ValueError naming the line.
+class TargetPresence {
+ public:
+  explicit TargetPresence(TargetPolicy policy) : policy_(policy) {}
+  void see(bool has_target, const std::string& where);
+  [[nodiscard]] bool has_targets() const { return seen_.value_or(true); }
+
+ private:
+  TargetPolicy policy_;
+  std::optional<bool> seen_;
+};
+
+}  // namespace attnmix::cli

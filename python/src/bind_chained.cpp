@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chained attention in Python (SPEC.md §3.4): ChainedAttention{Distribution, Estimator,
+// Accumulator, AccumulatorFactory, DataEncoder, Sampler}. Constructors convert their arguments
+// (convert.hpp) and call the library's validating constructors; the generic role methods come from
+// bind_core.cpp.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/chained.hpp"
+#include "bindings.hpp"
+#include "convert.hpp"
+#include "encoders.hpp"
+#include "roles.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+using namespace pybind11::literals;
+using Dist = DistributionOf<ChainedAttention>;
+using Est = EstimatorOf<ChainedAttentionEstimator>;
+using Acc = AccumulatorOf<ChainedAttentionAccumulator>;
+using Factory = FactoryOf<ChainedAttentionAccumulator>;
+using Encoder = ChainedAttentionDataEncoderPy;
+
+constexpr const char* kDist = "ChainedAttentionDistribution";
+/// The sampler's default context length: the default argument of ChainedAttention::sampler and of
+/// ChainedAttentionSampler (SPEC.md §3.4).
+constexpr int64_t kDefaultContextLength = 6;
+
+py::object optional_int(const std::optional<int64_t>& v) {
+  return v ? py::object(py::int_(*v)) : py::none();
+}
+
+/// keys (L, S, S): a real 3-D array, split into the L hop tables. The library checks the rest
+/// (L, S ≥ 1, square tables with S rows, finiteness).
+std::vector<Matrix> key_tables_arg(py::handle keys) {
+  const NdArray<double> a = read_reals(keys, kDist, "keys");
+  if (a.ndim() != 3)
+    throw ValueError(std::string(kDist) + ": keys must be a 3-D (L, S, S) array (got shape " +
+                     shape_text(a.shape) + ")");
+  const Index L = a.shape[0];
+  const Index rows = a.shape[1];
+  const Index cols = a.shape[2];
+  std::vector<Matrix> tables;
+  tables.reserve(static_cast<size_t>(L));
+  for (Index hop = 0; hop < L; ++hop) {
+    Matrix K(rows, cols);
+    std::copy_n(a.values.begin() + hop * rows * cols, rows * cols, K.data());
+    tables.push_back(std::move(K));
+  }
+  return tables;
+}
+
+Dist make_distribution(py::object keys, py::object emission, py::object sigma2, py::object name) {
+  ChainedAttentionParams p;
+  p.key_tables = key_tables_arg(keys);
+  p.emission = reals_2d(emission, kDist, "emission");
+  p.sigma2 = real_number(sigma2, kDist, "sigma2");
+  p.name = name_arg(name, kDist);
+  return Dist(AnyDistribution(ChainedAttention(std::move(p))));  // validates (SPEC.md §3.4)
+}
+
+/// The hop tables as one new (L, S, S) array.
+py::array_t<double> key_tables_of(const ChainedAttention& m) {
+  const Index L = m.n_hops();
+  const Index S = m.n_symbols();
+  std::vector<double> flat;
+  flat.reserve(static_cast<size_t>(L * S * S));
+  for (const Matrix& K : m.params().key_tables)
+    flat.insert(flat.end(), K.data(), K.data() + K.size());
+  return copy_reals(flat.data(), {L, S, S});
+}
+
+ChainedAttentionAccumulator make_accumulator(py::object L, py::object S, py::object T,
+                                             py::object keys, const char* where) {
+  return {positive_int(L, where, "n_hops"), positive_int(S, where, "num_symbols"),
+          positive_int(T, where, "num_targets"), optional_str(keys, where, "keys")};
+}
+
+/// keys, emission, sigma2, name: the constructor's arguments (pickling).
+py::tuple params_of(const ChainedAttention& m) {
+  const Matrix& b = m.params().emission;
+  return py::make_tuple(key_tables_of(m), copy_reals(b.data(), {b.rows(), b.cols()}),
+                        py::float_(m.sigma2()), name_to_python(m.params().name));
+}
+
+std::string describe(const ChainedAttention& m) {
+  const py::str format("ChainedAttentionDistribution(L=%d, S=%d, T=%d, sigma2=%r, name=%r)");
+  return py::str(format.attr("__mod__")(py::make_tuple(m.n_hops(), m.n_symbols(), m.n_targets(),
+                                                       py::float_(m.sigma2()),
+                                                       name_to_python(m.params().name))));
+}
+
+/// predict_proba(context_keys, context_values, query): (T,) for 1-D keys (one example, a scalar
+/// query), (n, T) for 2-D keys (a batch, queries (n,)).
+py::array predict_proba(const ChainedAttention& m, py::object context_keys,
+                        py::object context_values, py::object query) {
+  constexpr const char* where = "ChainedAttentionDistribution.predict_proba";
+  NdArray<int64_t> k = read_ids(context_keys, where, "context_keys");
+  NdArray<int64_t> v = read_ids(context_values, where, "context_values");
+  NdArray<int64_t> q = read_ids(query, where, "query");
+  if (k.ndim() != 1 && k.ndim() != 2)
+    throw TypeError(std::string(where) +
+                    ": context_keys must be 1-D (one example) or 2-D (a batch), got shape " +
+                    shape_text(k.shape));
+  const bool single = k.ndim() == 1;
+  if (v.ndim() != k.ndim())
+    throw TypeError(std::string(where) + ": context_values must have the dimensions of " +
+                    "context_keys (" + std::to_string(k.ndim()) + "-D), got shape " +
+                    shape_text(v.shape));
+  if (q.ndim() != k.ndim() - 1)
+    throw TypeError(std::string(where) + ": query must be " +
+                    (single ? std::string("one id for 1-D context_keys")
+                            : std::string("a 1-D array of ids for 2-D context_keys")) +
+                    ", got shape " + shape_text(q.shape));
+  if (single) {
+    k.shape.insert(k.shape.begin(), 1);
+    v.shape.insert(v.shape.begin(), 1);
+    q.shape.insert(q.shape.begin(), 1);
+  }
+  if (v.shape != k.shape)
+    throw ValueError(std::string(where) + ": context_keys and context_values must have the same " +
+                     "shape (got " + shape_text(k.shape) + " and " + shape_text(v.shape) + ")");
+  if (q.shape[0] != k.shape[0])
+    throw ValueError(std::string(where) + ": query must have one id per row of context_keys (" +
+                     std::to_string(k.shape[0]) + " rows, " + std::to_string(q.shape[0]) +
+                     " queries)");
+  IdMatrix keys(k.shape[0], k.shape[1]);
+  std::copy(k.values.begin(), k.values.end(), keys.data());
+  IdMatrix values(v.shape[0], v.shape[1]);
+  std::copy(v.values.begin(), v.values.end(), values.data());
+  IdVector queries(q.shape[0]);
+  std::copy(q.values.begin(), q.values.end(), queries.data());
+  Matrix proba;
+  {
+    const py::gil_scoped_release release;
+    proba = m.predict_proba(keys, values, queries);  // validates the ids against S
+  }
+  if (single) return copy_reals(proba.data(), {proba.cols()});
+  return copy_reals(proba.data(), {proba.rows(), proba.cols()});
+}
+
+struct SamplerPy {
+  ChainedAttentionSampler sampler;
+  py::object dist;
+};
+
+SamplerPy make_sampler(py::object dist, py::object seed, py::object context_length,
+                       const char* where) {
+  const int64_t n = positive_int(context_length, where, "context_length");
+  return SamplerPy{
+      ChainedAttentionSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where), n),
+      std::move(dist)};
+}
+
+py::object sample(SamplerPy& s, py::object size, py::object batched) {
+  constexpr const char* where = "ChainedAttentionSampler.sample";
+  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  const auto one = [&] {
+    const ChainedAttentionObservation obs = s.sampler.sample();
+    return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()),
+                          obs.query, obs.target);
+  };
+  if (size.is_none()) return one();
+  const int64_t m = nonnegative_int(size, where, "size");
+  py::list out;
+  for (int64_t k = 0; k < m; ++k) out.append(one());
+  return out;
+}
+
+void bind_distribution(py::module_& m) {
+  py::class_<Dist, DistributionHandle>(
+      m, kDist,
+      "L content-addressed attention hops whose attended positions form a chain (SPEC.md §3): "
+      "z_0 ~ g(q, K0), z_l | z_(l-1) = i ~ g(v_i, K_l), t ~ B[v_(z_(L-1))].")
+      .def(py::init(&make_distribution), "keys"_a, "emission"_a,
+           "sigma2"_a = ChainedAttentionParams{}.sigma2, "name"_a = py::none())
+      .def_property_readonly(
+          "key_tables", [](const Dist& d) { return key_tables_of(d.model()); },
+          "The hop key tables, a new (L, S, S) array.")
+      .def_property_readonly("emission",
+                             [](py::object self) {
+                               const Matrix& b = self.cast<const Dist&>().model().emission();
+                               return readonly_view(b.data(), {b.rows(), b.cols()}, self);
+                             })
+      .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); })
+      .def_property_readonly("name",
+                             [](const Dist& d) { return name_to_python(d.model().params().name); })
+      .def_property_readonly("n_hops", [](const Dist& d) { return d.model().n_hops(); })
+      .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); })
+      .def_property_readonly("num_targets", [](const Dist& d) { return d.model().n_targets(); })
+      .def(
+          "predict_proba",
+          [](const Dist& d, py::object k, py::object v, py::object q) {
+            return predict_proba(d.model(), k, v, q);
+          },
+          "context_keys"_a, "context_values"_a, "query"_a,
+          "p(target | keys, values, query) = sum_j alpha_(L-1)(j) B[v_j] (the forward pass without "
+          "the target): (T,) for one example (1-D keys), (n, T) for a batch.")
+      .def(
+          "sampler",
+          [](py::object self, py::object seed, py::object context_length) {
+            return make_sampler(std::move(self), std::move(seed), std::move(context_length), kDist);
+          },
+          "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength)
+      .def("__str__", [](const Dist& d) { return describe(d.model()); })
+      .def("__repr__", [](const Dist& d) { return describe(d.model()); })
+      .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 4)
+                          throw ValueError("ChainedAttentionDistribution: bad pickle state");
+                        return make_distribution(t[0], t[1], t[2], t[3]);
+                      }));
+
+  py::class_<SamplerPy>(
+      m, "ChainedAttentionSampler",
+      "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
+      "(context_length each), q uniform, the L hop positions from their gates, t ~ B[v_pos].")
+      .def(py::init([](py::object dist, py::object seed, py::object context_length) {
+             if (!py::isinstance<Dist>(dist))
+               throw TypeError(
+                   "ChainedAttentionSampler: dist must be a ChainedAttentionDistribution");
+             return make_sampler(std::move(dist), std::move(seed), std::move(context_length),
+                                 "ChainedAttentionSampler");
+           }),
+           "dist"_a, "seed"_a = py::none(), py::kw_only(),
+           "context_length"_a = kDefaultContextLength)
+      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; })
+      .def("sample", &sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
+           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
+           "sample() calls.");
+}
+
+void bind_estimator(py::module_& m) {
+  const ChainedAttentionEstimatorOptions defaults;
+  py::class_<Est, EstimatorHandle>(
+      m, "ChainedAttentionEstimator",
+      "The M-step of chained attention (SPEC.md §3.3): K_l[s] = key_num[l][s] / "
+      "max(key_mass[l][s], 1e-9), B = (emission_count + emission_smoothing) row-normalised, sigma2 "
+      "fixed.")
+      .def(py::init([](py::object L, py::object S, py::object T, py::object sigma2,
+                       py::object emission_smoothing, py::object pseudo_count, py::object name,
+                       py::object keys) {
+             constexpr const char* where = "ChainedAttentionEstimator";
+             const int64_t l = positive_int(L, where, "n_hops");
+             const int64_t s = positive_int(S, where, "num_symbols");
+             const int64_t t = positive_int(T, where, "num_targets");
+             ChainedAttentionEstimatorOptions o;
+             o.sigma2 = positive_real(sigma2, where, "sigma2");
+             o.emission_smoothing =
+                 nonnegative_real(emission_smoothing, where, "emission_smoothing");
+             o.name = name_arg(name, where);
+             o.keys = optional_str(keys, where, "keys");
+             py::object pseudo = pseudo_count_arg(pseudo_count, where);
+             return Est(AnyEstimator(ChainedAttentionEstimator(l, s, t, std::move(o))),
+                        std::move(pseudo));
+           }),
+           "n_hops"_a, "num_symbols"_a, "num_targets"_a, py::kw_only(),
+           "sigma2"_a = defaults.sigma2, "emission_smoothing"_a = defaults.emission_smoothing,
+           "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none())
+      .def_property_readonly("n_hops", [](const Est& e) { return e.estimator().n_hops(); })
+      .def_property_readonly("num_symbols", [](const Est& e) { return e.estimator().n_symbols(); })
+      .def_property_readonly("num_targets", [](const Est& e) { return e.estimator().n_targets(); })
+      .def_property_readonly("sigma2", [](const Est& e) { return e.estimator().options().sigma2; })
+      .def_property_readonly(
+          "emission_smoothing",
+          [](const Est& e) { return e.estimator().options().emission_smoothing; })
+      .def_property_readonly(
+          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
+      .def_property_readonly("keys", [](const Est& e) -> py::object {
+        const auto& keys = e.estimator().options().keys;
+        return keys ? py::object(py::str(*keys)) : py::none();
+      });
+}
+
+/// The dimension attributes of the accumulator and of its factory.
+template <class Class>
+void def_dimensions(Class& cls) {
+  using H = typename Class::type;
+  cls.def_property_readonly("n_hops", [](const H& h) { return h.acc().n_hops(); })
+      .def_property_readonly("num_symbols", [](const H& h) { return h.acc().n_symbols(); })
+      .def_property_readonly("num_targets", [](const H& h) { return h.acc().n_targets(); });
+}
+
+void bind_accumulator(py::module_& m) {
+  constexpr const char* kAcc = "ChainedAttentionAccumulator";
+  constexpr const char* kFactory = "ChainedAttentionAccumulatorFactory";
+  py::class_<Acc, AccumulatorHandle> acc(
+      m, kAcc,
+      "Statistics, value() = (key_num (L,S,S), key_mass (L,S), emission_count (S,T), ll, n).");
+  acc.def(
+      py::init([kAcc](py::object L, py::object S, py::object T, py::object keys, py::object name) {
+        py::object nm = name_to_python(name_arg(name, kAcc));
+        return Acc(AccumulatorHandle(AnyAccumulator(make_accumulator(L, S, T, keys, kAcc)),
+                                     std::move(nm)));
+      }),
+      "n_hops"_a, "num_symbols"_a, "num_targets"_a, "keys"_a = py::none(), "name"_a = py::none());
+  def_dimensions(acc);
+
+  py::class_<Factory, FactoryHandle> factory(m, kFactory);
+  factory.def(
+      py::init([kFactory](py::object L, py::object S, py::object T, py::object keys,
+                          py::object name) {
+        py::object nm = name_to_python(name_arg(name, kFactory));
+        return Factory(AnyAccumulator(make_accumulator(L, S, T, keys, kFactory)), std::move(nm));
+      }),
+      "n_hops"_a, "num_symbols"_a, "num_targets"_a, "keys"_a = py::none(), "name"_a = py::none());
+  def_dimensions(factory);
+}
+
+void bind_encoder(py::module_& m) {
+  py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
+      m, "ChainedAttentionDataEncoder",
+      "Encodes (keys, values, query, target) observations, or a (keys (n,N), values (n,N), "
+      "queries (n,), targets (n,)) tuple of numpy arrays, into an EncodedBatch; declared bounds "
+      "are checked.")
+      .def(py::init([](py::object S, py::object T) {
+             constexpr const char* where = "ChainedAttentionDataEncoder";
+             return std::make_shared<Encoder>(
+                 ChainedAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
+                                         optional_positive_int(T, where, "num_targets")});
+           }),
+           "num_symbols"_a = py::none(), "num_targets"_a = py::none())
+      .def_property_readonly("num_symbols",
+                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); })
+      .def_property_readonly("num_targets",
+                             [](const Encoder& e) { return optional_int(e.spec().n_targets); });
+}
+
+}  // namespace
+
+void bind_chained(py::module_& m) {
+  bind_distribution(m);
+  bind_estimator(m);
+  bind_accumulator(m);
+  bind_encoder(m);
+}
+
+}  // namespace attnmix::python
