@@ -7,6 +7,7 @@
 // The NumPy baseline bench/numpy_ra_em.py draws the same distributions (other random streams).
 //
 //   BM_EmIteration/threads:{1,2}   attnmix::em_step on all 200000 rows (what one optimize() iteration costs)
+//   BM_EmIterationPreallocated     threads:1 with the weights and accumulator allocated once (page-fault cost)
 //   BM_EmIterationChunkRows/<c>    the same on one thread with chunk_rows = c (the default is 1024)
 //   BM_EStep/<rows>                parallel_accumulate on the first <rows> rows, one thread (size sweep)
 //   BM_EStepKernel/<rows>          ResponsibilityAttention::accumulate alone (no chunking, no merge)
@@ -103,6 +104,25 @@ void BM_EmIteration(benchmark::State& state) {
 }
 BENCHMARK(BM_EmIteration)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->MinTime(2.0);
+
+/// The iteration of BM_EmIteration/threads:1 with the unit weights and the accumulator allocated once, outside
+/// the loop: em_step allocates both (2.2 MB) on every call, and on this VM the page faults of memory the allocator
+/// returned to the system cost about a quarter of the iteration (docs/PERFORMANCE.md).
+void BM_EmIterationPreallocated(benchmark::State& state) {
+  const Problem& p = problem();
+  const ParallelOptions parallel{1, 1024};
+  std::vector<double> log_p(static_cast<size_t>(kRows));
+  const std::vector<double> ones(static_cast<size_t>(kRows), 1.0);
+  auto acc = p.estimator.make_accumulator();
+  for (auto _ : state) {
+    acc.set_zero();
+    parallel_accumulate(p.model, p.batch, ones, acc, log_p, parallel);
+    ResponsibilityAttention next = p.estimator.estimate(std::nullopt, acc);
+    benchmark::DoNotOptimize(next.params().key_means.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows);
+}
+BENCHMARK(BM_EmIterationPreallocated)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 /// The same iteration on one thread with other chunk sizes (the default is 1024, SPEC.md §1.8): shows what the
 /// per-chunk merge of the S·D + S·T + N + 1 statistics costs.

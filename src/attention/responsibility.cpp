@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Responsibility attention: validation, log density, the E-step and prediction (SPEC.md §2.1, §2.2, §2.5).
 // Hot path (docs/PERFORMANCE.md): pass 1 computes, row by row, ℓ_i (N·D squared differences, eight positions at a
-// time in 8-lane vectors), r_i and log p; pass 2 scatters w r_i into the statistics. Both passes run per batch (one
-// chunk of parallel_accumulate), so impossible rows are detected before anything is added. The arithmetic of a row
-// never depends on its neighbours, on buffer addresses or on the thread that runs it: reductions over lanes have
-// one written-out order, exp runs on whole 8-lane vectors (exp_lanes) and log on whole Eigen packets (never Eigen's
-// array loops, which switch between scalar and packet code by alignment), and the kernels specialised for
-// D = 8, 16, 24, 32, 48, 64 perform the operations of the run-time-D kernel (checked bitwise).
+// time in 8-lane vectors), r_i and log p, requesting the query and context lines of a few rows ahead; pass 2
+// scatters w r_i into the statistics. Both passes run per batch (one chunk of parallel_accumulate), so impossible
+// rows are detected before anything is added. The arithmetic of a row never depends on its neighbours, on buffer
+// addresses or on the thread that runs it: reductions over lanes have one written-out order, exp runs on whole
+// 8-lane vectors (exp_lanes) and log on whole Eigen packets (never Eigen's array loops, which switch between scalar
+// and packet code by alignment), and the kernels specialised for D = 8, 16, 24, 32, 48, 64 perform the operations
+// of the run-time-D kernel (checked bitwise).
 #include <Eigen/Core>
 #include <algorithm>
 #include <bit>
@@ -97,6 +98,18 @@ double* aligned_scratch(size_t size) {
   if (buffer.size() < size + kLanes) buffer.resize(size + kLanes);
   const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
   return buffer.data() + ((64 - address % 64) % 64) / sizeof(double);
+}
+
+/// Rows ahead of the one being processed whose query and context lines are requested early: the hardware
+/// prefetcher alone leaves the first access of each 256-byte query row waiting for memory (docs/PERFORMANCE.md).
+constexpr Index kPrefetchRows = 6;
+
+/// Requests the cache lines of bytes [p, p + size) (a hint; it changes no result). Always inlined: GCC drops
+/// __builtin_prefetch from an out-of-line helper it deems pure.
+[[gnu::always_inline]] inline void prefetch_lines(const void* p, Index size) {
+  constexpr Index kCacheLine = 64;
+  const char* bytes = static_cast<const char*>(p);
+  for (Index b = 0; b < size; b += kCacheLine) __builtin_prefetch(bytes + b);
 }
 
 // ---- exp and log ------------------------------------------------------------------------------------------------
@@ -318,6 +331,10 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
   Index n_impossible = 0;
   for (Index n = 0; n < n_rows; ++n) {
     double* r_row = r + n * N;
+    if (n + kPrefetchRows < n_rows) {
+      prefetch_lines(batch.query(n + kPrefetchRows), m.D * Index{sizeof(double)});
+      prefetch_lines(batch.context(n + kPrefetchRows), N * Index{sizeof(int64_t)});
+    }
     const Query<kBlocks> y(batch.query(n), m.D);
     double lowest = 0.0;
     const double max_l = log_joint_row(m, batch.context(n), y, batch.target(n), r_row, lowest);
@@ -451,17 +468,6 @@ Tables tables_of(const ResponsibilityAttentionParams& p, const Vector& log_prior
           p.emission.cols(), inv_two_sigma2, gate_const};
 }
 }  // namespace
-
-double ResponsibilityAttention::row_log_joint(const ResponsibilityAttentionBatch& batch, Index row,
-                                              double* out) const {
-  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
-  double lowest = 0.0;
-  const double max_l =
-      log_joint_row(m, batch.context(row), Query<0>(batch.query(row), m.D), batch.target(row), out, lowest);
-  if (std::isnan(max_l) || max_l == kInf)
-    throw ValueError(std::string(kWhere) + ": log weight of row " + std::to_string(row) + " is NaN or +inf");
-  return max_l;
-}
 
 void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& batch, std::span<double> out) const {
   check_batch(batch);

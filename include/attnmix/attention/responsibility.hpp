@@ -177,8 +177,6 @@ class ResponsibilityAttention {
 
  private:
   void check_batch(const ResponsibilityAttentionBatch& batch) const;
-  /// Log-joint ℓ_i (without gate_const) for one row into out[N]; returns max_i ℓ_i.
-  double row_log_joint(const ResponsibilityAttentionBatch& batch, Index row, double* out) const;
 
   ResponsibilityAttentionParams params_;
   Vector log_prior_;     // [N]
