@@ -6,6 +6,7 @@ result (machine and revision recorded), or diff a saved result against another (
   /usr/bin/python3 bench/compare.py run  [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
   /usr/bin/python3 bench/compare.py diff BASELINE.json CURRENT.json
   /usr/bin/python3 bench/compare.py chained [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
+  /usr/bin/python3 bench/compare.py assign [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
 
 `run` alternates the two programs `--rounds` times (the machine is shared and noisy, so only ratios
 measured in the same run are compared) and reports, per program, the median over rounds of each
@@ -182,6 +183,86 @@ def cmd_chained(args):
             f.write(text + "\n")
 
 
+# ---- Assignment-tree attention (bench_assign.cpp vs scipy_lap.py and the seed-004 script) ------------------------
+
+SEED_004 = "/work/shared/seeds/004_assignment_tree_experiment.py"
+
+
+def run_cpp_assign(bench, repetitions):
+    """{name: median seconds} and {lap shape: optimal cost} from one Google Benchmark run of BM_Assign*."""
+    out = subprocess.run(
+        [bench, "--benchmark_filter=^BM_Assign", "--benchmark_format=json",
+         f"--benchmark_repetitions={repetitions}"],
+        capture_output=True, text=True, check=True).stdout
+    runs, costs = {}, {}  # the median over repetitions is taken here (works with 1 repetition too)
+    for b in json.loads(out)["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        name = b["run_name"]
+        unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+        if name.startswith("BM_AssignLap/"):
+            shape = name.split("nq:")[1].split("/")[0] + "x" + name.split("nk:")[1].split("/")[0]
+            key = f"lap_{shape}"
+            costs[shape] = b.get("cost")
+        elif name.startswith("BM_AssignFrequencyEstimate"):
+            key = "frequency_estimate_K128"
+        elif name.startswith("BM_AssignTreeExperiment/"):
+            key = "experiment_t" + name.split("threads:")[1].split("/")[0]
+        else:
+            continue
+        runs.setdefault(key, []).append(b["real_time"] * unit)
+    return {k: statistics.median(v) for k, v in runs.items()}, costs
+
+
+def run_python_assign(seed_script, min_time):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "scipy_lap.py"), "--min-time", str(min_time)]
+    if seed_script:
+        cmd += ["--seed-script", seed_script]
+    data = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout)
+    seconds = {f"lap_{k}": v["seconds"] for k, v in data["lap"].items()}
+    seconds["frequency_estimate_K128"] = data["frequency_estimate_K128_s"]
+    if data["seed_script_s"] is not None:
+        seconds["experiment"] = data["seed_script_s"]
+    return seconds, {k: v["cost"] for k, v in data["lap"].items()}
+
+
+def cmd_assign(args):
+    cpp_rounds, py_rounds, cost_ok = [], [], True
+    seed_script = args.seed_script if os.path.exists(args.seed_script) else None
+    for r in range(args.rounds):
+        cpp, cpp_cost = run_cpp_assign(args.bench, args.repetitions)
+        py, py_cost = run_python_assign(seed_script, args.min_time)
+        for shape, c in py_cost.items():
+            if cpp_cost.get(shape) is None or abs(cpp_cost[shape] - c) > 1e-9 * max(1.0, abs(c)):
+                cost_ok = False
+        cpp_rounds.append(cpp)
+        py_rounds.append(py)
+        print(f"round {r + 1}: C++ {cpp}  Python {py}", file=sys.stderr)
+    ratios = {}
+    for key in cpp_rounds[0]:
+        if key.startswith("lap_") or key == "frequency_estimate_K128":
+            ratios[f"scipy_over_cpp_{key}"] = statistics.median(p[key] / c[key] for c, p in zip(cpp_rounds, py_rounds))
+    if "experiment" in py_rounds[0]:
+        for key in cpp_rounds[0]:
+            if key.startswith("experiment_t"):
+                ratios[f"seed_script_over_cpp_{key}"] = statistics.median(
+                    p["experiment"] / c[key] for c, p in zip(cpp_rounds, py_rounds))
+    result = {
+        "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "optimal_costs_agree": cost_ok,
+        "cpp_seconds": {k: statistics.median(rd[k] for rd in cpp_rounds) for k in cpp_rounds[0]},
+        "python_seconds": {k: statistics.median(rd[k] for rd in py_rounds) for k in py_rounds[0]},
+        "ratios_median_of_rounds": ratios,
+        "rounds": {"cpp": cpp_rounds, "python": py_rounds},
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +284,14 @@ def main():
     chained.add_argument("--numpy-reps", type=int, default=3)
     chained.add_argument("--out", help="save the result as JSON")
     chained.set_defaults(func=cmd_chained)
+    assign = sub.add_parser("assign", help="assignment tree: C++ vs scipy's LAP and the seed-004 script")
+    assign.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
+    assign.add_argument("--rounds", type=int, default=3)
+    assign.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
+    assign.add_argument("--min-time", type=float, default=0.3, help="scipy_lap.py seconds of timing per figure")
+    assign.add_argument("--seed-script", default=SEED_004, help="seed-004 script (skipped when missing)")
+    assign.add_argument("--out", help="save the result as JSON")
+    assign.set_defaults(func=cmd_assign)
     args = parser.parse_args()
     args.func(args)
 

@@ -34,23 +34,28 @@ std::string format_seconds(double seconds) {
   return buf.data();
 }
 
-void check_output_path(const std::string& path) {
+namespace {
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path, std::string_view what) {
   if (path.empty()) throw std::runtime_error("the output path is empty");
+  const std::string cannot = path + ": cannot write " + std::string(what);
   struct stat info {};
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot write the model there: it is a directory");
-  const size_t slash = path.find_last_of('/');
-  const std::string directory =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    throw std::runtime_error(cannot + " there: it is a directory");
+  const std::string directory = parent_directory(path);
   if (::stat(directory.c_str(), &info) != 0)
-    throw std::runtime_error(path + ": cannot write the model: directory " + directory + ": " +
-                             std::strerror(errno));
+    throw std::runtime_error(cannot + ": directory " + directory + ": " + std::strerror(errno));
   if (!S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot write the model: " + directory +
-                             " is not a directory");
+    throw std::runtime_error(cannot + ": " + directory + " is not a directory");
   if (::access(directory.c_str(), W_OK) != 0)
-    throw std::runtime_error(path + ": cannot write the model: directory " + directory + ": " +
-                             std::strerror(errno));
+    throw std::runtime_error(cannot + ": directory " + directory + ": " + std::strerror(errno));
 }
 
 }  // namespace attnmix::cli

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file cli_support.hpp
 /// Small pieces every attnmix subcommand shares: the exit codes, the usage-error type, number
-/// formatting and the check that an output path can be written before a long fit starts.
+/// formatting, the check that an output path can be written before a long run starts, and the
+/// atomic writer of result files.
 #pragma once
 
 #include <stdexcept>
@@ -35,7 +36,7 @@ class UsageError : public std::runtime_error {
 
 /// Throws std::runtime_error unless `path` can be created or replaced: its directory exists and is
 /// writable and `path` is not a directory. Run before fitting so that a bad --out fails in
-/// milliseconds, not after the fit.
-void check_output_path(const std::string& path);
+/// milliseconds, not after the fit. `what` names the file in messages ("cannot write the model").
+void check_output_path(const std::string& path, std::string_view what = "the model");
 
 }  // namespace attnmix::cli

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add_predict_command(app, exit_code);
   add_sample_command(app, exit_code);
   add_demo_command(app, exit_code);
+  add_assign_tree_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {  // --help (exit 0) and every parse error (exit 1)

@@ -15,5 +15,6 @@ void add_score_command(CLI::App& app, int& exit_code);
 void add_predict_command(CLI::App& app, int& exit_code);
 void add_sample_command(CLI::App& app, int& exit_code);
 void add_demo_command(CLI::App& app, int& exit_code);
+void add_assign_tree_command(CLI::App& app, int& exit_code);
 
 }  // namespace attnmix::cli

@@ -17,9 +17,10 @@ struct DemoSection {
   void (*run)(std::ostream& out);
 };
 
-constexpr std::array<DemoSection, 2> kSections{{
+constexpr std::array<DemoSection, 3> kSections{{
     {"Responsibility attention: content-addressed recall", &demo_responsibility_attention},
     {"Chained attention: transitive lookup needs two hops", &demo_chained_attention},
+    {"Assignment-tree attention: matchings as a sparse support", &demo_assignment_tree},
 }};
 
 int run_demo() {
@@ -29,7 +30,9 @@ int run_demo() {
          "each mechanism\n"
          "is a mixture over positions and can be fitted by EM. Each section below fits one "
          "mechanism on a\n"
-         "built-in task and shows what it learned against a baseline.\n";
+         "built-in task and shows what it learned against a baseline; the last one builds a "
+         "sparse attention\n"
+         "support from perturb-and-MAP matchings and compares it with dense attention.\n";
   int number = 1;
   for (const DemoSection& section : kSections) {
     out << "\n" << number++ << ". " << section.title << "\n\n";

@@ -16,4 +16,8 @@ void demo_responsibility_attention(std::ostream& out);
 /// (demo_chained.cpp).
 void demo_chained_attention(std::ostream& out);
 
+/// Assignment-tree attention on the 16 × 15 problem of SPEC.md §8.2: frequencies, the spanning
+/// tree, and dense against tree-sparse attention on a few retrieval trials (demo_assign_tree.cpp).
+void demo_assignment_tree(std::ostream& out);
+
 }  // namespace attnmix::cli

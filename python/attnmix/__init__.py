@@ -57,7 +57,7 @@ from attnmix._core import (
     save_model,
     sequence_to_triples,
 )
-from attnmix import inference
+from attnmix import assign, inference
 
 __version__ = _core.__version__
 
@@ -100,6 +100,7 @@ __all__ = [
     "ResponsibilityAttentionEstimator",
     "ResponsibilityAttentionSampler",
     "Rng",
+    "assign",
     "inference",
     "load_model",
     "optimize",

@@ -18,5 +18,7 @@ void bind_chained(pybind11::module_& m);
 void bind_stats(pybind11::module_& m);
 /// optimize() and score() (SPEC.md §1.7).
 void bind_inference(pybind11::module_& m);
+/// The submodule assign: assignment-tree attention and its experiment (SPEC.md §8).
+void bind_assign(pybind11::module_& m);
 
 }  // namespace attnmix::python

@@ -489,6 +489,26 @@ void reals_of_shape(py::handle obj, const std::vector<Index>& shape, std::string
   out.insert(out.end(), a.values.begin(), a.values.end());
 }
 
+// ---- boolean masks ------------------------------------------------------------------------------
+
+BoolMatrix bools_2d(py::handle obj, std::string_view where, std::string_view name) {
+  numpy_types();
+  if (!is_ndarray(obj) && !is_sequence(obj))
+    throw TypeError(prefix(where, name) + " must be a 2-D bool array (got " + type_name(obj) + ")");
+  // numpy turns nested bools into a bool array and rejects a ragged nesting (ValueError).
+  const py::module_ np = py::module_::import("numpy");
+  const auto a = py::reinterpret_borrow<py::array>(np.attr("asarray")(obj));
+  if (a.dtype().kind() != 'b')
+    throw TypeError(prefix(where, name) + " must be a 2-D bool array (got dtype " +
+                    py::str(a.dtype()).cast<std::string>() + ")");
+  if (a.ndim() != 2)
+    throw ValueError(prefix(where, name) + " must be a 2-D bool array (got " +
+                     std::to_string(a.ndim()) + " dimensions)");
+  BoolMatrix out(static_cast<Index>(a.shape(0)), static_cast<Index>(a.shape(1)));
+  visit_elements<bool>(a, [p = out.data()](bool v) mutable { *p++ = v; });
+  return out;
+}
+
 // ---- weights ------------------------------------------------------------------------------------
 
 std::vector<double> weights(py::handle obj, Index n_rows, std::string_view where) {
@@ -608,6 +628,10 @@ py::array_t<double> copy_reals(const double* data, const std::vector<Index>& sha
 
 py::array_t<int64_t> copy_ids(const int64_t* data, const std::vector<Index>& shape) {
   return py::array_t<int64_t>(ssize_shape(shape), data);
+}
+
+py::array_t<bool> copy_bools(const bool* data, const std::vector<Index>& shape) {
+  return py::array_t<bool>(ssize_shape(shape), data);
 }
 
 namespace {

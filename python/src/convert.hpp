@@ -81,6 +81,13 @@ void init_conversions();
 void reals_of_shape(py::handle obj, const std::vector<Index>& shape, std::string_view where,
                     std::string_view name, std::vector<double>& out);
 
+// ---- boolean masks ------------------------------------------------------------------------------
+/// A row-major boolean matrix (the type of attnmix::assign::Mask).
+using BoolMatrix = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+/// A 2-D mask of actual bools (a numpy bool array or nested Python / numpy bools); any other
+/// dtype, 0/1 integers included → TypeError; another ndim or a ragged nesting → ValueError.
+[[nodiscard]] BoolMatrix bools_2d(py::handle obj, std::string_view where, std::string_view name);
+
 // ---- weights ------------------------------------------------------------------------------------
 /// Observation weights of shape (n_rows,): real, non-bool, finite, ≥ 0.
 [[nodiscard]] std::vector<double> weights(py::handle obj, Index n_rows, std::string_view where);
@@ -140,6 +147,7 @@ class RngSource {
 /// A new array holding a copy of data with the given shape (C order).
 [[nodiscard]] py::array_t<double> copy_reals(const double* data, const std::vector<Index>& shape);
 [[nodiscard]] py::array_t<int64_t> copy_ids(const int64_t* data, const std::vector<Index>& shape);
+[[nodiscard]] py::array_t<bool> copy_bools(const bool* data, const std::vector<Index>& shape);
 /// A read-only C-order view of data kept alive by `base`.
 [[nodiscard]] py::array readonly_view(const double* data, const std::vector<Index>& shape,
                                       py::handle base);

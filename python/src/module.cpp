@@ -97,4 +97,5 @@ PYBIND11_MODULE(_core, m) {
   attnmix::python::bind_chained(m);
   attnmix::python::bind_stats(m);
   attnmix::python::bind_inference(m);
+  attnmix::python::bind_assign(m);
 }

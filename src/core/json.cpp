@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Model files (SPEC.md §1.10): the family registry, the field reader that names file and field in
-// every error, the document layout, and the atomic writer (temporary file, fsync, rename).
+// every error and the document layout. Files are written with write_file_atomically (core/atomic_file.hpp).
 #include "attnmix/core/json.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -18,6 +17,7 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/atomic_file.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/mixture.hpp"
 
@@ -419,64 +419,6 @@ void write_value(std::ostringstream& os, const json& v, int indent) {
   throw std::runtime_error(path + ": " + what + ": " + std::strerror(err));
 }
 
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-/// Writes text to path via a temporary file in the same directory, fsync and rename (atomic on
-/// POSIX).
-void write_file_atomically(const std::string& path, const std::string& text) {
-  struct stat target {};
-  mode_t mode = 0644;
-  if (::stat(path.c_str(), &target) == 0) {
-    if (S_ISDIR(target.st_mode))
-      throw std::runtime_error(path + ": cannot write the model: it is a directory");
-    mode = target.st_mode & 07777;
-  }
-  const std::string directory = parent_directory(path);
-  const size_t slash = path.find_last_of('/');
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  std::string temp = directory + "/." + base + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) io_error(path, "cannot create a temporary file in " + directory, errno);
-  const auto fail = [&](const std::string& what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    io_error(path, what, err);
-  };
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("cannot write the model");
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fchmod(fd, mode) != 0) fail("cannot set the file mode");
-  if (::fsync(fd) != 0) fail("cannot flush the model to disk");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    io_error(path, "cannot close the model file", err);
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    io_error(path, "cannot move the model into place", err);
-  }
-  // Make the rename itself durable; a failure here cannot un-write the file, so it is not reported.
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-}
-
 }  // namespace
 
 std::string format_model_json(const json& doc) {
@@ -491,7 +433,7 @@ std::string format_model_json(const json& doc) {
 
 void save_model(const AnyDistribution& model, const std::string& path) {
   // Serialise first: nothing touches the disk unless the whole document exists.
-  write_file_atomically(path, format_model_json(model_to_json(model)));
+  write_file_atomically(path, format_model_json(model_to_json(model)), "the model");
 }
 
 AnyDistribution load_model(const std::string& path) {

@@ -119,7 +119,8 @@ class CliTest : public ::testing::Test {
 // ---------------------------------------------------------------------------------------------------------
 
 TEST_F(CliTest, HelpExitsZeroForEveryCommand) {
-  for (const char* command : {"", "fit ", "score ", "predict ", "sample ", "demo "}) {
+  for (const char* command :
+       {"", "fit ", "score ", "predict ", "sample ", "demo ", "assign-tree "}) {
     const RunResult r = run(std::string(command) + "--help");
     EXPECT_EQ(r.code, 0) << command << r.err;
     EXPECT_TRUE(contains(r.out, "Usage")) << command;
@@ -732,6 +733,91 @@ TEST_F(CliTest, DemoFitsEachMechanismAndBeatsItsBaseline) {
   EXPECT_GT(two_hops, 0.8);
   EXPECT_LT(one_hop, 0.2);
   EXPECT_TRUE(contains(r.out, "Why one hop fails")) << r.out;
+  // Assignment-tree attention: frequencies, the spanning tree, dense against tree-sparse attention.
+  EXPECT_TRUE(contains(r.out, "Assignment-tree attention")) << r.out;
+  EXPECT_TRUE(contains(r.out, "key column sums            exactly 1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "spanning tree              30 edges = 16 + 15 - 1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "dense attention        MSE ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tree-sparse attention  MSE ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "attnmix assign-tree")) << r.out;
+}
+
+// ----- assign-tree (SPEC.md §8.2)
+// -------------------------------------------------------------------------------------
+
+/// The keys of results.json in the order of SPEC.md §8.2 step 6.
+const std::vector<std::string> kAssignTreeKeys = {
+    "seed",
+    "shape",
+    "tau",
+    "prediction_1_rmse_slope_predicted",
+    "prediction_1_rmse_slope_observed",
+    "prediction_1_rmse",
+    "prediction_2_union_edges",
+    "prediction_3_frequency_corr_alpha0",
+    "prediction_3_frequency_corr_alpha1",
+    "transport_max_row_marginal_error",
+    "transport_max_key_marginal_error",
+    "tree_edges_expected",
+    "tree_edges_observed",
+    "dense_retrieval_mse",
+    "tree_sparse_retrieval_mse",
+    "tree_edges_K16_mean",
+    "raw_union_edges_K16_mean",
+    "transport_max_key_marginal_error_expected",
+    "prediction_3_tree_zero_frequency_edges",
+    "retrieval_zero_frequency_tree_edges_total",
+    "retrieval_repaired_query_rows_total",
+    "retrieval_trials_with_repair",
+};
+
+TEST_F(CliTest, AssignTreeWritesResultsInSpecOrderAndPrintsVerdicts) {
+  const RunResult r = run("assign-tree");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(listing(), std::vector<std::string>{"results.json"});  // no temporary file left
+  const std::string text = read_text(path("results.json"));
+  const auto doc = nlohmann::ordered_json::parse(text);
+  std::vector<std::string> keys;
+  for (const auto& item : doc.items()) keys.push_back(item.key());
+  EXPECT_EQ(keys, kAssignTreeKeys);
+  EXPECT_EQ(doc["seed"], 1234);
+  EXPECT_EQ(doc["shape"], nlohmann::json::parse("[16, 15]"));
+  EXPECT_EQ(doc["tree_edges_observed"], 30);
+  EXPECT_EQ(text, doc.dump(2) + "\n");  // 2-space indentation
+  EXPECT_EQ(r.out.rfind(text, 0), 0u) << r.out;  // the document is printed first
+  // A verdict for each prediction, and the retrieval numbers reported without one.
+  for (const char* verdict :
+       {"Prediction 1, Monte-Carlo error O(K^-1/2): holds", "Prediction 2, union occupancy: holds",
+        "Prediction 3, the bias aligns attention with frequency: holds",
+        "Transport check, T = freq / 16: holds", "key (column) marginals are exact",
+        "Tree edges: holds", "Retrieval, dense vs tree-sparse attention (reported, no prediction)",
+        "repaired query rows", "zero-frequency tree edges"})
+    EXPECT_TRUE(contains(r.out, verdict)) << verdict << "\n" << r.out;
+  EXPECT_FALSE(contains(r.out, "DOES NOT HOLD")) << r.out;
+  EXPECT_TRUE(contains(r.err, "% done")) << r.err;  // progress on stderr
+
+  // --out, --seed and --threads: the same seed gives the same document whatever the thread count.
+  fs::create_directories(path("sub"));
+  const RunResult again = run("assign-tree --out sub/r.json --seed 1234 --threads 1");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(read_text(path("sub/r.json")), text);
+}
+
+TEST_F(CliTest, AssignTreeBadOutExitsTwoAndWritesNothing) {
+  const RunResult missing = run("assign-tree --out no/such/dir/results.json");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_TRUE(contains(missing.err, "no/such/dir/results.json")) << missing.err;
+  EXPECT_TRUE(contains(missing.err, "No such file or directory")) << missing.err;
+  EXPECT_TRUE(missing.out.empty()) << missing.out;
+  fs::create_directories(path("adir"));
+  const RunResult directory = run("assign-tree --out adir");
+  EXPECT_EQ(directory.code, 2);
+  EXPECT_TRUE(contains(directory.err, "it is a directory")) << directory.err;
+  EXPECT_EQ(listing(), std::vector<std::string>{"adir"});
+  EXPECT_TRUE(fs::is_empty(path("adir")));
+  EXPECT_EQ(run("assign-tree --threads -1").code, 1);
+  EXPECT_EQ(run("assign-tree --seed many").code, 1);
+  EXPECT_EQ(listing(), std::vector<std::string>{"adir"});
 }
 
 }  // namespace

@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: Apache-2.0
+// attnmix.assign (SPEC.md §8): the building blocks of assignment-tree attention and the seed-004
+// experiment, as the submodule _core.assign (re-exported by python/attnmix/assign.py). Arguments go
+// through the strict conversion layer; the calls that sample (frequency estimates, the experiment)
+// run with the GIL released.
+#include <pybind11/stl.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "attnmix/assign/assignment_tree.hpp"
+#include "attnmix/assign/experiment.hpp"
+#include "attnmix/assign/lap.hpp"
+#include "bindings.hpp"
+#include "convert.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+using namespace pybind11::literals;
+
+py::array_t<double> matrix_out(const Matrix& m) {
+  return copy_reals(m.data(), {m.rows(), m.cols()});
+}
+
+py::array_t<bool> mask_out(const assign::Mask& m) {
+  return copy_bools(m.data(), {m.rows(), m.cols()});
+}
+
+py::array_t<int64_t> index_out(const std::vector<Index>& v) {
+  static_assert(sizeof(Index) == sizeof(int64_t));
+  return copy_ids(reinterpret_cast<const int64_t*>(v.data()), {static_cast<Index>(v.size())});
+}
+
+/// The results document as Python values; objects become dicts in the document's key order.
+py::object json_to_python(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::object: {
+      py::dict d;
+      for (const auto& [key, value] : j.items()) d[py::str(key)] = json_to_python(value);
+      return d;
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      py::list l;
+      for (const auto& value : j) l.append(json_to_python(value));
+      return l;
+    }
+    case nlohmann::ordered_json::value_t::boolean:
+      return py::bool_(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return py::int_(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return py::int_(j.get<uint64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return py::float_(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return py::str(j.get<std::string>());
+    default:
+      return py::none();
+  }
+}
+
+}  // namespace
+
+void bind_assign(py::module_& m) {
+  py::module_ a = m.def_submodule(
+      "assign",
+      "Assignment-tree attention (SPEC.md §8, seed 004): perturb-and-MAP assignment frequencies, "
+      "their maximum spanning tree as a sparse attention support, and the seed's experiment.");
+
+  a.def(
+      "linear_sum_assignment",
+      [](py::object cost) {
+        const Matrix c = reals_2d(cost, "linear_sum_assignment", "cost");
+        const assign::Assignment result = assign::linear_sum_assignment(c);
+        return py::make_tuple(index_out(result.rows), index_out(result.cols));
+      },
+      "cost"_a,
+      "Exact minimum-cost rectangular assignment, as scipy.optimize.linear_sum_assignment: "
+      "returns (rows, cols), int64 arrays of min(nq, nk) matched pairs sorted by row. +inf "
+      "entries are forbidden pairs; NaN, -inf or an infeasible problem raise ValueError.");
+
+  a.def(
+      "assignment_sample",
+      [](py::object cost, py::object tau, py::object rng) {
+        const char* where = "assignment_sample";
+        const Matrix c = reals_2d(cost, where, "cost");
+        const double t = real_number(tau, where, "tau");
+        RngSource source = rng_source(rng, 0, where);
+        const assign::Assignment result = assign::assignment_sample(c, t, source.get());
+        py::list pairs;
+        for (size_t k = 0; k < result.rows.size(); ++k)
+          pairs.append(py::make_tuple(result.rows[k], result.cols[k]));
+        return pairs;
+      },
+      "cost"_a, "tau"_a, "rng"_a,
+      "One perturb-and-MAP sample: adds tau * Gumbel(0, 1) noise (one (nq, nk) table drawn "
+      "row-major from rng) to cost and solves the assignment. Returns the matched (i, j) pairs. "
+      "rng: an attnmix.Rng (advanced in place), an int seed or a numpy Generator.");
+
+  a.def(
+      "frequency_estimate",
+      [](py::object cost, py::object tau, py::object K, py::object rng) {
+        const char* where = "frequency_estimate";
+        const Matrix c = reals_2d(cost, where, "cost");
+        const double t = real_number(tau, where, "tau");
+        const int64_t n_samples = positive_int(K, where, "K");
+        RngSource source = rng_source(rng, 0, where);
+        Matrix freq;
+        {
+          const py::gil_scoped_release release;
+          freq = assign::frequency_estimate(c, t, n_samples, source.get());
+        }
+        return matrix_out(freq);
+      },
+      "cost"_a, "tau"_a, "K"_a, "rng"_a,
+      "The mean of K assignment indicator matrices (nq, nk); every column sums to 1 when "
+      "nq >= nk. Draws one seed from rng; the result does not depend on the thread count.");
+
+  a.def(
+      "kruskal_tree",
+      [](py::object score) {
+        const Matrix s = reals_2d(score, "kruskal_tree", "score");
+        return mask_out(assign::kruskal_tree(s));
+      },
+      "score"_a,
+      "Maximum spanning tree of the complete bipartite graph (query i = node i, key j = node "
+      "nq + j) weighted by score: a bool (nq, nk) array with nq + nk - 1 True entries. Ties "
+      "follow the order (-score, i, nq + j).");
+
+  a.def(
+      "assignment_tree",
+      [](py::object cost, py::object tau, py::object K, py::object rng) {
+        const char* where = "assignment_tree";
+        const Matrix c = reals_2d(cost, where, "cost");
+        const double t = real_number(tau, where, "tau");
+        const int64_t n_samples = positive_int(K, where, "K");
+        RngSource source = rng_source(rng, 0, where);
+        assign::AssignmentTree tree;
+        {
+          const py::gil_scoped_release release;
+          tree = assign::assignment_tree(c, t, n_samples, source.get());
+        }
+        return py::make_tuple(matrix_out(tree.tree_freq), mask_out(tree.tree),
+                              matrix_out(tree.freq));
+      },
+      "cost"_a, "tau"_a, "K"_a, "rng"_a,
+      "frequency_estimate then kruskal_tree: returns (freq * tree, tree, freq).");
+
+  a.def(
+      "sparse_attention",
+      [](py::object q, py::object k, py::object v, py::object tree_freq, py::object alpha,
+         py::object eps, py::object return_report) {
+        const char* where = "sparse_attention";
+        const Matrix qm = reals_2d(q, where, "q");
+        const Matrix km = reals_2d(k, where, "k");
+        const Matrix vm = reals_2d(v, where, "v");
+        const Matrix f = reals_2d(tree_freq, where, "tree_freq");
+        const double al = real_number(alpha, where, "alpha");
+        const double ep = real_number(eps, where, "eps");
+        const bool report = flag(return_report, where, "return_report");
+        const assign::SparseAttentionResult r = assign::sparse_attention(qm, km, vm, f, al, ep);
+        if (!report) return py::make_tuple(matrix_out(r.out), matrix_out(r.p));
+        py::list repaired;
+        for (Index i : r.repaired_rows) repaired.append(i);
+        py::dict info;
+        info["repaired_rows"] = repaired;
+        return py::make_tuple(matrix_out(r.out), matrix_out(r.p), info);
+      },
+      "q"_a, "k"_a, "v"_a, "tree_freq"_a, "alpha"_a = 1.0, "eps"_a = 1e-6, py::kw_only(),
+      "return_report"_a = false,
+      "Attention restricted to the support tree_freq > 0: logits q k^T / sqrt(d) + "
+      "alpha * log(eps + tree_freq), -inf off the support, softmax, p v. A query row with empty "
+      "support is repaired with its first argmax of tree_freq. Returns (out, p), or with "
+      "return_report=True (out, p, {'repaired_rows': [i, ...]}).");
+
+  a.def(
+      "dense_attention",
+      [](py::object q, py::object k, py::object v) {
+        const char* where = "dense_attention";
+        const assign::AttentionResult r = assign::dense_attention(
+            reals_2d(q, where, "q"), reals_2d(k, where, "k"), reals_2d(v, where, "v"));
+        return py::make_tuple(matrix_out(r.out), matrix_out(r.p));
+      },
+      "q"_a, "k"_a, "v"_a,
+      "Standard softmax attention with logits q k^T / sqrt(d): returns (out, p).");
+
+  a.def(
+      "zero_frequency_tree_edges",
+      [](py::object tree, py::object freq) {
+        const char* where = "zero_frequency_tree_edges";
+        const BoolMatrix t = bools_2d(tree, where, "tree");
+        const Matrix f = reals_2d(freq, where, "freq");
+        return static_cast<int64_t>(assign::zero_frequency_tree_edges(t, f));
+      },
+      "tree"_a, "freq"_a,
+      "The number of tree edges whose frequency is zero (they are left out of sparse_attention's "
+      "support).");
+
+  a.def(
+      "run_assignment_tree_experiment",
+      [](py::object seed) {
+        const auto s =
+            static_cast<uint64_t>(nonnegative_int(seed, "run_assignment_tree_experiment", "seed"));
+        nlohmann::ordered_json doc;
+        {
+          const py::gil_scoped_release release;
+          doc = assign::run_assignment_tree_experiment(s).to_json();
+        }
+        return json_to_python(doc);
+      },
+      "seed"_a = 1234,
+      "The seed-004 experiment (SPEC.md §8.2): returns the results document as a dict whose keys "
+      "are in the order of results.json (what `attnmix assign-tree` writes). Takes seconds.");
+}
+
+}  // namespace attnmix::python
