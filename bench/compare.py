@@ -162,7 +162,7 @@ def cmd_chained(args):
     npy = {k: statistics.median(rd[k] for rd in np_rounds) for k in np_rounds[0]}
     ratios = {}
     for hops in (2, 3):
-        for variant in ("materialised", "onehot"):
+        for variant in ("reference", "materialised", "onehot"):
             key = f"L{hops}_{variant}"
             per_round = [rn[key] / rc[f"L{hops}_t1"] for rc, rn in zip(cpp_rounds, np_rounds)]
             ratios[f"numpy_{variant}_over_cpp_1_thread_L{hops}"] = statistics.median(per_round)

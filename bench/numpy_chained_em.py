@@ -6,21 +6,24 @@ positions (M = 5 pairs), S = T = 30 symbols, L = 2 or 3 hops, sigma2 = 0.1 (fixe
 
 One iteration = E-step over all rows with unit weights (gates, forward-backward, gamma/xi, the
 statistics of SPEC.md §3.3 scattered with bincount: key_num, key_mass, emission_count, ll, n) +
-M-step (K = key_num / max(key_mass, 1e-9), B = emission_count + 1e-4 row-normalised). Two
-vectorised implementations that differ only in how the gate logits are formed; both single-core
-(OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = 1, set before numpy is imported), both over row chunks:
+M-step (K = key_num / max(key_mass, 1e-9), B = emission_count + 1e-4 row-normalised). Three
+vectorised implementations, all single-core (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = 1, set before
+numpy is imported):
 
-  materialised  as the reference design (seed 001, mixle) does: the (chunk, N, N, S) difference
+  reference     the reference design's formulation (seed 001, mixle): the whole batch at once, the
+                (n, N, N, S) difference tensor, einsum recursions, statistics scattered with np.add.at
+                as dense one-hot rows (class Reference).
+  materialised  a tuned version of the same idea, over row chunks: the (chunk, N, N, S) difference
                 tensor e_{v_i} - K[k_j] is built per chunk (np.subtract into a preallocated buffer)
                 and its squared norm taken with einsum; likewise (chunk, N, S) for hop 0.
   onehot        the expansion of SPEC.md §3.1: a gate table G[u, s] = (2 K[s, u] - rho[s]) / (2 sigma2)
                 per hop (S*S entries, once per iteration), gathered with np.take at flat indices
                 v_i*S + k_j computed once per data set (not timed, like the scatter indices).
 
-Everything else (softmax in place, forward-backward with stacked matmul, gamma, xi, bincount scatters,
-M-step) is shared code. Neither baseline has the log-space rescue of the C++ kernel: the check
+The last two share everything else (softmax in place, forward-backward with stacked matmul, gamma,
+xi, bincount scatters, M-step). Neither baseline has the log-space rescue of the C++ kernel: the check
 p >= 1e-250 is asserted instead (it holds for this model, whose emission entries are >= 0.05/T·…).
-The two variants are compared with each other on every run (rtol 1e-9).
+All variants are compared with each other on every run (rtol 1e-9).
 
 --check-cpp BENCH runs `BENCH --benchmark_filter=BM_ChainedCheckCase` (bench/bench_chained.cpp),
 which fits one EM iteration in C++ on a small case defined by closed formulas (S = 7, T = 5, N = 6,
@@ -31,7 +34,7 @@ of all N^L hop paths.
 Prints one JSON object; `median_s` is the median over the repetitions of each variant.
 
 Usage: /usr/bin/python3 bench/numpy_chained_em.py [--rows 20000] [--hops 2] [--reps 5]
-           [--variant both|materialised|onehot] [--chunk-materialised 64] [--chunk-onehot 2048]
+           [--variant all|both|reference|materialised|onehot] [--chunk-materialised 64] [--chunk-onehot 2048]
        /usr/bin/python3 bench/numpy_chained_em.py --check-cpp build-benchca/bench/attnmix_bench
 """
 import os
@@ -220,6 +223,57 @@ class OneHot(Baseline):
         return alpha0, trans
 
 
+class Reference:
+    """The reference design's formulation (seed 001, mixle), written out here: the whole batch at once, the
+    (n, N, N, S) difference tensor squared and summed, einsum recursions, and statistics scattered with np.add.at
+    as dense one-hot rows (the expected incoming one-hot of each position). Same iteration as the two variants
+    above (checked on every run)."""
+    name = "reference"
+
+    def __init__(self, data, n_symbols, n_targets, chunk):
+        self.keys, self.vals, self.q, self.t = data
+        self.S, self.T = n_symbols, n_targets
+        self.eye = np.eye(n_symbols)
+
+    def iteration(self, model):
+        K, B, sigma2 = model
+        L = K.shape[0]
+        keys, vals, q, t = self.keys, self.vals, self.q, self.t
+        d = self.eye[q][:, None, :] - K[0][keys]                                          # (n, N, S)
+        alpha = [softmax_(-np.sum(d * d, axis=2) / (2.0 * sigma2))]
+        trans = []
+        for ell in range(1, L):
+            dd = self.eye[vals][:, :, None, :] - K[ell][keys][:, None, :, :]              # (n, N, N, S)
+            trans.append(softmax_(-np.sum(dd * dd, axis=3) / (2.0 * sigma2)))
+            alpha.append(np.einsum("ni,nij->nj", alpha[-1], trans[-1]))
+        f = B[vals, t[:, None]]
+        p = np.einsum("nk,nk->n", alpha[L - 1], f)
+        beta = [None] * L
+        beta[L - 1] = f
+        for ell in range(L - 2, -1, -1):
+            beta[ell] = np.einsum("nij,nj->ni", trans[ell], beta[ell + 1])
+        gamma = [alpha[ell] * beta[ell] / p[:, None] for ell in range(L)]
+        stats = Stats(L, self.S, self.T)
+        key_num = np.zeros((L, self.S, self.S))
+        key_mass = np.zeros((L, self.S))
+        emission = np.zeros((self.S, self.T))
+        flat_keys = keys.reshape(-1)
+        np.add.at(key_num[0], flat_keys, (gamma[0][:, :, None] * self.eye[q][:, None, :]).reshape(-1, self.S))
+        np.add.at(key_mass[0], flat_keys, gamma[0].reshape(-1))
+        for ell in range(1, L):
+            xi = alpha[ell - 1][:, :, None] * trans[ell - 1] * beta[ell][:, None, :] / p[:, None, None]
+            incoming = np.einsum("nij,nis->njs", xi, self.eye[vals])                       # (n, N, S)
+            np.add.at(key_num[ell], flat_keys, incoming.reshape(-1, self.S))
+            np.add.at(key_mass[ell], flat_keys, xi.sum(axis=1).reshape(-1))
+        np.add.at(emission, (vals.reshape(-1), np.repeat(t, vals.shape[1])), gamma[L - 1].reshape(-1))
+        stats.key_num[:] = key_num.reshape(L, -1)
+        stats.key_mass[:] = key_mass
+        stats.emission[:] = emission.reshape(-1)
+        stats.ll = float(np.log(p).sum())
+        stats.n = float(p.shape[0])
+        return m_step(stats, sigma2), stats
+
+
 # ----------------------------------------------------------------------------------------------
 # Check against C++ on a case defined by closed formulas (identical in bench_chained.cpp).
 
@@ -327,7 +381,8 @@ def main():
     parser.add_argument("--hops", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=20240611)
-    parser.add_argument("--variant", choices=["both", "materialised", "onehot"], default="both")
+    parser.add_argument("--variant", choices=["all", "both", "reference", "materialised", "onehot"],
+                        default="all")
     parser.add_argument("--chunk-materialised", type=int, default=64)
     parser.add_argument("--chunk-onehot", type=int, default=2048)
     parser.add_argument("--check-cpp", metavar="BENCH", help="compare with the C++ check case and exit")
@@ -338,13 +393,14 @@ def main():
     rng = np.random.default_rng(args.seed)
     model = random_model(args.hops, rng)
     data = transitive_task(args.rows, rng)
-    chunks = {"materialised": args.chunk_materialised, "onehot": args.chunk_onehot}
-    classes = {"materialised": [Materialised], "onehot": [OneHot], "both": [Materialised, OneHot]}[args.variant]
+    chunks = {"reference": args.rows, "materialised": args.chunk_materialised, "onehot": args.chunk_onehot}
+    classes = {"reference": [Reference], "materialised": [Materialised], "onehot": [OneHot],
+               "both": [Materialised, OneHot], "all": [Reference, Materialised, OneHot]}[args.variant]
     variants, results = {}, {}
     for cls in classes:
         variants[cls.name], results[cls.name] = time_variant(cls, data, model, args.reps, chunks[cls.name])
-    if len(results) == 2:  # both variants compute the same iteration
-        (m1, s1), (m2, s2) = results["materialised"], results["onehot"]
+    (m1, s1), *others = results.values()  # every variant computes the same iteration
+    for m2, s2 in others:
         for a, b in zip(list(m1[:2]) + list(s1.value()), list(m2[:2]) + list(s2.value())):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     any_stats = next(iter(results.values()))[1]
