@@ -39,6 +39,7 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
+#include "lanes_impl.hpp"
 
 namespace attnmix {
 
@@ -46,52 +47,19 @@ namespace {
 
 constexpr double kRescueBelow = 1e-250;  // rows with p below this are recomputed in log space
 
-// ---- Eight-lane vectors (as in responsibility.cpp) --------------------------------------------------------------
-// GCC/Clang vector extension: lane-wise IEEE arithmetic, one AVX-512 register (two AVX2 or four SSE2 registers
-// without AVX-512). Every reduction over lanes is written out, so its order is fixed.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-constexpr Index kLanes = 8;
-using Lanes = double __attribute__((vector_size(kLanes * sizeof(double))));
+using lanes::broadcast;
+using lanes::horizontal_sum;
+using lanes::horizontal_sums;
+using lanes::kLanes;
+using lanes::Lanes;
+using lanes::load;
+using lanes::store;
 
-inline Lanes load(const double* p) {
-  Lanes v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store(double* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
-inline Lanes broadcast(double x) { return Lanes{} + x; }
-/// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
-inline double horizontal_sum(Lanes a) {
-  const Lanes b = a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6);
-  const Lanes c = b + __builtin_shufflevector(b, b, 2, 3, 0, 1, 6, 7, 4, 5);
-  return c[0] + c[4];
-}
 /// Σ_j x[j] y[j] over P = k·8 padded entries: lane-wise products summed block by block, then horizontal_sum.
 inline double dot(const double* x, const double* y, Index P) {
   Lanes total{};
   for (Index b = 0; b < P; b += kLanes) total += load(x + b) * load(y + b);
   return horizontal_sum(total);
-}
-
-/// Lane k of the result = horizontal_sum(v[k]) for k < count ≤ 8, and fill in the other lanes; the same tree as
-/// horizontal_sum, in 21 operations for eight vectors instead of 48 (as in responsibility.cpp).
-inline Lanes horizontal_sums(const double* v, Index count, double fill) {
-  Lanes a[kLanes] = {};
-  for (Index k = 0; k < count; ++k) a[k] = load(v + k * kLanes);
-  Lanes u[4];
-  for (int q = 0; q < 4; ++q)
-    u[q] = __builtin_shufflevector(a[2 * q], a[2 * q + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-           __builtin_shufflevector(a[2 * q], a[2 * q + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-  Lanes w[2];
-  for (int q = 0; q < 2; ++q)
-    w[q] = __builtin_shufflevector(u[2 * q], u[2 * q + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-           __builtin_shufflevector(u[2 * q], u[2 * q + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-  const Lanes sums = __builtin_shufflevector(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-                     __builtin_shufflevector(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
-  constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  return lane < static_cast<double>(count) ? sums : broadcast(fill);
 }
 
 /// Zero-initialised doubles on 64-byte boundaries (a padded row is whole cache lines).

@@ -23,59 +23,21 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
+#include "lanes_impl.hpp"
 
 namespace attnmix {
 
 namespace {
 
-// ---- Eight-lane vectors ----------------------------------------------------------------------------------------
-// GCC/Clang vector extension: lane-wise IEEE arithmetic, one AVX-512 register (two AVX2 or four SSE2 registers
-// without AVX-512). Every reduction over lanes is written out, so its order is fixed.
-#if defined(__GNUC__) && !defined(__clang__)
-// Without AVX-512, GCC notes that passing 64-byte vectors by value has an ABI; these helpers have internal linkage.
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-constexpr Index kLanes = 8;
-using Lanes = double __attribute__((vector_size(kLanes * sizeof(double))));
+using lanes::broadcast;
+using lanes::horizontal_sum;
+using lanes::horizontal_sums;
+using lanes::kLanes;
+using lanes::Lanes;
+using lanes::load;
+using lanes::store;
 using LaneMask = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
 using LaneBits = uint64_t __attribute__((vector_size(kLanes * sizeof(uint64_t))));
-
-inline Lanes load(const double* p) {
-  Lanes v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store(double* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
-inline Lanes broadcast(double x) { return Lanes{} + x; }
-
-/// The one summation tree over 8 lanes used everywhere: ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
-inline double horizontal_sum(Lanes a) {
-  const Lanes b = a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6);
-  const Lanes c = b + __builtin_shufflevector(b, b, 2, 3, 0, 1, 6, 7, 4, 5);
-  return c[0] + c[4];
-}
-
-/// out[j] = horizontal_sum(v[j]) for 8 vectors at once (the same tree, 21 operations instead of 48).
-inline Lanes horizontal_sums(const Lanes (&v)[kLanes]) {
-  Lanes u[4];
-  for (int p = 0; p < 4; ++p) {
-    const Lanes a = v[2 * p];
-    const Lanes b = v[2 * p + 1];
-    // [a0+a1, b0+b1, a2+a3, b2+b3, a4+a5, b4+b5, a6+a7, b6+b7]
-    u[p] = __builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14) +
-           __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15);
-  }
-  Lanes w[2];
-  for (int p = 0; p < 2; ++p) {
-    const Lanes a = u[2 * p];
-    const Lanes b = u[2 * p + 1];
-    // [(0+1)+(2+3) of v0, v1, v2, v3 (pairs p), then (4+5)+(6+7) of the same four]
-    w[p] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) +
-           __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
-  }
-  return __builtin_shufflevector(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
 
 /// Lane-wise maximum / minimum that skip NaN lanes of x (NaN is detected separately).
 inline Lanes lanes_max(Lanes acc, Lanes x) { return x > acc ? x : acc; }

@@ -7,6 +7,7 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
+#include "attnmix/stats/simplex.hpp"
 
 namespace attnmix {
 
@@ -119,18 +120,7 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional
   p.key_means.resize(S_, D_);
   for (Index s = 0; s < S_; ++s) p.key_means.row(s) = key_sum.row(s) / std::max(key_mass[s], kKeyMassFloor);
 
-  const ConstMatrixMap counts = acc.emission_count();
-  const double eps = options_.emission_smoothing;
-  p.emission.resize(S_, T_);
-  for (Index s = 0; s < S_; ++s) {
-    auto row = p.emission.row(s);
-    row = counts.row(s).array() + eps;
-    const double total = accurate_sum({row.data(), static_cast<size_t>(T_)});
-    if (total > 0.0)
-      row /= total;
-    else
-      row.setConstant(1.0 / static_cast<double>(T_));  // zero-total row (ε = 0): uniform (SPEC.md §10.16)
-  }
+  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);  // SPEC.md §10.16
 
   const ConstVectorMap positions = acc.position_count();
   if (mass > 0.0)

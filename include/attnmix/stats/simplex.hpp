@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file simplex.hpp
+/// Smoothed row normalisation of counts, the emission M-step shared by the attention families:
+///   B[s, t] = (count[s, t] + ε) / Σ_t′ (count[s, t′] + ε)      (accurate sum per row)
+/// A row whose total is 0 (possible only with ε = 0) becomes uniform, 1/T. Cost O(S·T).
+#pragma once
+
+#include "attnmix/core/types.hpp"
+
+namespace attnmix {
+
+[[nodiscard]] Matrix smoothed_row_normalise(const ConstMatrixMap& counts, double eps);
+
+}  // namespace attnmix
