@@ -6,7 +6,7 @@
 // Model: K⁽ℓ⁾ entries U(0, 1), emission rows normalised U(0.05, 1) draws. The NumPy baselines
 // bench/numpy_chained_em.py draw the same distributions (other random streams).
 //
-//   BM_ChainedEmIteration/hops:L/threads:k   attnmix::em_step on all 20000 rows (one optimize() iteration)
+//   BM_ChainedEmIteration/hops:L/threads:k   EmStepper::step on all 20000 rows (one optimize() iteration)
 //   BM_ChainedEStepKernel/hops:L             ChainedAttention::accumulate on all rows (no chunking, no merge)
 //   BM_ChainedScaling/N:n/S:s                the E-step kernel, L = 2, on 2^22 / N² rows of uniform symbols
 //                                            (fixed N²·rows work); counter ns_per_pair = time / (rows · N²)
@@ -81,8 +81,9 @@ void BM_ChainedEmIteration(benchmark::State& state) {
   const Problem& p = problem(state.range(0));
   const ParallelOptions parallel{static_cast<int>(state.range(1)), 1024};
   std::vector<double> log_p(static_cast<size_t>(kRows));
+  EmStepper stepper(p.estimator, kRows);  // as optimize() runs its iterations
   for (auto _ : state) {
-    ChainedAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
+    ChainedAttention next = stepper.step(p.model, p.batch, log_p, parallel);
     benchmark::DoNotOptimize(next.params().emission.data());
     benchmark::DoNotOptimize(log_p.data());
   }

@@ -6,8 +6,8 @@
 // Model: K ~ N(0, 1), B rows = normalised U(0.05, 1) draws, π = normalised U(0.5, 1) draws, σ² = 1.
 // The NumPy baseline bench/numpy_ra_em.py draws the same distributions (other random streams).
 //
-//   BM_EmIteration/threads:{1,2}   attnmix::em_step on all 200000 rows (what one optimize() iteration costs)
-//   BM_EmIterationPreallocated     threads:1 with the weights and accumulator allocated once (page-fault cost)
+//   BM_EmIteration/threads:{1,2}   EmStepper::step on all 200000 rows (what one optimize() iteration costs)
+//   BM_EmStepFresh                 threads:1 through em_step, which allocates its weights and accumulator per call
 //   BM_EmIterationChunkRows/<c>    the same on one thread with chunk_rows = c (the default is 1024)
 //   BM_EStep/<rows>                parallel_accumulate on the first <rows> rows, one thread (size sweep)
 //   BM_EStepKernel/<rows>          ResponsibilityAttention::accumulate alone (no chunking, no merge)
@@ -94,8 +94,9 @@ void BM_EmIteration(benchmark::State& state) {
   const Problem& p = problem();
   const ParallelOptions parallel{static_cast<int>(state.range(0)), 1024};
   std::vector<double> log_p(static_cast<size_t>(kRows));
+  EmStepper stepper(p.estimator, kRows);  // as optimize() runs its iterations
   for (auto _ : state) {
-    ResponsibilityAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
+    ResponsibilityAttention next = stepper.step(p.model, p.batch, log_p, parallel);
     benchmark::DoNotOptimize(next.params().key_means.data());
     benchmark::DoNotOptimize(log_p.data());
   }
@@ -105,24 +106,19 @@ void BM_EmIteration(benchmark::State& state) {
 BENCHMARK(BM_EmIteration)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->MinTime(2.0);
 
-/// The iteration of BM_EmIteration/threads:1 with the unit weights and the accumulator allocated once, outside
-/// the loop: em_step allocates both (2.2 MB) on every call, and on this VM the page faults of memory the allocator
-/// returned to the system cost about a quarter of the iteration (docs/PERFORMANCE.md).
-void BM_EmIterationPreallocated(benchmark::State& state) {
+/// BM_EmIteration/threads:1 through the free em_step, which allocates the unit weights and the accumulator
+/// (2.2 MB) on every call: the difference is the cost of faulting that memory in again (docs/PERFORMANCE.md).
+void BM_EmStepFresh(benchmark::State& state) {
   const Problem& p = problem();
   const ParallelOptions parallel{1, 1024};
   std::vector<double> log_p(static_cast<size_t>(kRows));
-  const std::vector<double> ones(static_cast<size_t>(kRows), 1.0);
-  auto acc = p.estimator.make_accumulator();
   for (auto _ : state) {
-    acc.set_zero();
-    parallel_accumulate(p.model, p.batch, ones, acc, log_p, parallel);
-    ResponsibilityAttention next = p.estimator.estimate(std::nullopt, acc);
+    ResponsibilityAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
     benchmark::DoNotOptimize(next.params().key_means.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows);
 }
-BENCHMARK(BM_EmIterationPreallocated)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_EmStepFresh)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 /// The same iteration on one thread with other chunk sizes (the default is 1024, SPEC.md §1.8): shows what the
 /// per-chunk merge of the S·D + S·T + N + 1 statistics costs.
@@ -130,8 +126,9 @@ void BM_EmIterationChunkRows(benchmark::State& state) {
   const Problem& p = problem();
   const ParallelOptions parallel{1, state.range(0)};
   std::vector<double> log_p(static_cast<size_t>(kRows));
+  EmStepper stepper(p.estimator, kRows);
   for (auto _ : state) {
-    ResponsibilityAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
+    ResponsibilityAttention next = stepper.step(p.model, p.batch, log_p, parallel);
     benchmark::DoNotOptimize(next.params().key_means.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows);

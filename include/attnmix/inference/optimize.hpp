@@ -16,6 +16,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -100,18 +101,40 @@ template <class E>
   return initialize_model(batch, estimator, options, rng);
 }
 
-/// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out receives the
-/// per-row log densities of `model` (the fused loop's score).
+/// EM steps over one batch with reusable storage: the unit weights and the accumulator are allocated once and
+/// reused by every step(), so an iteration allocates only the new model. (Large buffers freed every iteration go
+/// back to the system and fault in again; on a VM that costs a quarter of a responsibility-attention iteration,
+/// docs/PERFORMANCE.md.) The statistics are zeroed before each E-step, so step() equals a fresh em_step bit for bit.
+template <class E>
+class EmStepper {
+ public:
+  using D = typename E::distribution_type;
+  EmStepper(const E& estimator, Index n_rows)
+      : estimator_(&estimator), ones_(static_cast<size_t>(n_rows), 1.0), acc_(estimator.make_accumulator()) {}
+
+  /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out (empty, or one
+  /// entry per row) receives the per-row log densities of `model` (the fused loop's score).
+  [[nodiscard]] D step(const D& model, const typename D::batch_type& batch, std::span<double> log_p_out,
+                       const ParallelOptions& parallel) {
+    acc_.set_zero();
+    parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel);
+    tie_keys(acc_);
+    return estimator_->estimate(std::nullopt, acc_);
+  }
+
+ private:
+  const E* estimator_;
+  std::vector<double> ones_;
+  typename E::accumulator_type acc_;
+};
+
+/// One EM step of model (EmStepper::step with fresh storage).
 template <class E>
 [[nodiscard]] typename E::distribution_type em_step(const typename E::distribution_type& model,
                                                     const typename E::distribution_type::batch_type& batch,
                                                     const E& estimator, std::span<double> log_p_out,
                                                     const ParallelOptions& parallel) {
-  auto acc = estimator.make_accumulator();
-  const std::vector<double> ones(static_cast<size_t>(batch.n_rows()), 1.0);
-  parallel_accumulate(model, batch, ones, acc, log_p_out, parallel);
-  tie_keys(acc);
-  return estimator.estimate(std::nullopt, acc);
+  return EmStepper<E>(estimator, batch.n_rows()).step(model, batch, log_p_out, parallel);
 }
 
 /// Fits estimator's family to batch by EM. @throws every validation / impossible-evidence error of the steps.
@@ -136,6 +159,7 @@ template <class E>
     options.on_iteration(r);
   };
   std::vector<double> log_p(static_cast<size_t>(batch.n_rows()));
+  EmStepper<E> stepper(estimator, batch.n_rows());
   bool converged = false;
 
   if (options.reuse_estep_ll) {
@@ -143,7 +167,7 @@ template <class E>
     std::optional<double> prev;
     for (int i = 1; i <= options.max_its; ++i) {
       const auto t0 = Clock::now();
-      D next = em_step(model, batch, estimator, log_p, parallel);
+      D next = stepper.step(model, batch, log_p, parallel);
       const double ll = pairwise_sum(log_p);
       if (!best_score || ll >= *best_score) {
         result.model = model;
@@ -171,7 +195,7 @@ template <class E>
     std::optional<double> best_valid;
     for (int i = 1; i <= options.max_its; ++i) {
       const auto t0 = Clock::now();
-      D next = em_step(model, batch, estimator, log_p, parallel);
+      D next = stepper.step(model, batch, log_p, parallel);
       const double ll = score(next, batch, parallel);
       const double dll = ll - old;
       const bool accept = std::isfinite(ll) && (dll >= 0.0 || !options.delta);

@@ -164,3 +164,39 @@ TEST(MixtureTest, KeyedComponentsFitFromScratch) {
 
 }  // namespace
 }  // namespace attnmix
+
+namespace attnmix {
+namespace {
+
+/// EmStepper reuses its weights and statistics across steps: three steps through one stepper equal three fresh
+/// em_step calls bit for bit, for a keyed (tied) mixture whose statistics key_replace overwrites every step.
+TEST(MixtureTest, ReusedEmStepperEqualsFreshEmSteps) {
+  const ResponsibilityAttention a = component(1.0, 0.5);
+  ResponsibilityAttentionEstimatorOptions options;
+  options.keys = "shared";
+  const AnyEstimator tied(ResponsibilityAttentionEstimator(3, 2, 2, 2, options));
+  const AnyEstimator free_component(ResponsibilityAttentionEstimator(3, 2, 2, 2));
+  const MixtureEstimator estimator({tied, tied, free_component});
+  const AnyBatch batch(a.sampler(3).sample(300));
+  OptimizeOptions opt;
+  Mixture fresh = initialize_model(batch, estimator, opt);
+  Mixture reused = fresh;
+  EmStepper stepper(estimator, batch.n_rows());
+  std::vector<double> log_p_fresh(300), log_p_reused(300);
+  for (int step = 0; step < 3; ++step) {
+    fresh = em_step(fresh, batch, estimator, log_p_fresh, ParallelOptions{2, 64});
+    reused = stepper.step(reused, batch, log_p_reused, ParallelOptions{2, 64});
+    EXPECT_EQ(log_p_fresh, log_p_reused) << "step " << step;
+    EXPECT_EQ(fresh.weights(), reused.weights()) << "step " << step;
+    for (size_t k = 0; k < 3; ++k) {
+      const auto* f = fresh.components()[k].get_if<ResponsibilityAttention>();
+      const auto* r = reused.components()[k].get_if<ResponsibilityAttention>();
+      ASSERT_TRUE(f && r);
+      EXPECT_EQ(f->params().key_means, r->params().key_means) << "step " << step << ", component " << k;
+      EXPECT_EQ(f->params().emission, r->params().emission) << "step " << step << ", component " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnmix
