@@ -101,8 +101,8 @@ template <class E>
   return initialize_model(batch, estimator, options, rng);
 }
 
-/// EM steps over one batch with reusable storage: the unit weights and the accumulator are allocated once and
-/// reused by every step(), so an iteration allocates only the new model. (Large buffers freed every iteration go
+/// EM steps over one batch with reusable storage: the unit weights, the accumulator and the reducer's partials are
+/// allocated once and reused by every step(), so an iteration allocates only the new model. (Large buffers freed every iteration go
 /// back to the system and fault in again; on a VM that costs a quarter of a responsibility-attention iteration,
 /// docs/PERFORMANCE.md.) The statistics are zeroed before each E-step, so step() equals a fresh em_step bit for bit.
 template <class E>
@@ -117,7 +117,7 @@ class EmStepper {
   [[nodiscard]] D step(const D& model, const typename D::batch_type& batch, std::span<double> log_p_out,
                        const ParallelOptions& parallel) {
     acc_.set_zero();
-    parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel);
+    parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel, scratch_);
     tie_keys(acc_);
     return estimator_->estimate(std::nullopt, acc_);
   }
@@ -126,6 +126,7 @@ class EmStepper {
   const E* estimator_;
   std::vector<double> ones_;
   typename E::accumulator_type acc_;
+  ReduceScratch<typename E::accumulator_type> scratch_;
 };
 
 /// One EM step of model (EmStepper::step with fresh storage).

@@ -11,7 +11,7 @@
 /// pass over both buffers). Impossible rows of all chunks are collected before the total is added to the caller's
 /// accumulator, so the E-step stays atomic; of other errors, the first failing chunk's is rethrown.
 /// Cost: the family's per-row cost, plus one flat add-and-clear of the statistics per chunk (docs/PERFORMANCE.md);
-/// memory: 1 (one thread) or 2·threads + 2 partials.
+/// memory: 1 (one thread) or 2·threads + 2 partials, kept between calls in a ReduceScratch when the caller passes one.
 #pragma once
 
 #include <algorithm>
@@ -76,12 +76,34 @@ void merge_and_clear(A& total, A& partial) {
 }
 }  // namespace detail
 
+/// The total and the partials of parallel_accumulate, kept between calls (EmStepper holds one), so repeated E-steps
+/// allocate no statistics: a freed large buffer goes back to the system and faults in again on the next call, which
+/// on a VM costs more than the merge itself. Every buffer is zeroed before use, so results do not depend on reuse.
+template <class A>
+struct ReduceScratch {
+  std::unique_ptr<A> total;
+  std::vector<std::unique_ptr<A>> partials;
+};
+
+namespace detail {
+/// slot, zeroed: made with model.make_accumulator() the first time, set_zero() afterwards.
+template <class D>
+typename D::accumulator_type& zeroed(std::unique_ptr<typename D::accumulator_type>& slot, const D& model) {
+  if (slot)
+    slot->set_zero();
+  else
+    slot = std::make_unique<typename D::accumulator_type>(model.make_accumulator());
+  return *slot;
+}
+}  // namespace detail
+
 /// acc += statistics of (batch, w) under model, atomically; log_p_out (if non-empty) receives per-row log p.
+/// scratch holds the reducer's buffers between calls (results are the same with a fresh one).
 /// @throws ImpossibleEvidenceError (listing rows of the whole batch) and every error of the family's E-step.
 template <class D>
 void parallel_accumulate(const D& model, const typename D::batch_type& batch, std::span<const double> w,
                          typename D::accumulator_type& acc, std::span<double> log_p_out,
-                         const ParallelOptions& options) {
+                         const ParallelOptions& options, ReduceScratch<typename D::accumulator_type>& scratch) {
   options.validate();
   const Index n = batch.n_rows();
   if (static_cast<Index>(w.size()) != n)
@@ -93,7 +115,7 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
   const Index n_chunks = (n + chunk - 1) / chunk;
   const int n_threads = std::max(1, std::min<int>(resolve_threads(options.n_threads), static_cast<int>(n_chunks)));
 
-  auto total = model.make_accumulator();
+  auto& total = detail::zeroed(scratch.total, model);
   std::mutex error_mutex;
   std::exception_ptr error;
   Index error_chunk = n_chunks;  // the first failing chunk's error is the one rethrown
@@ -127,9 +149,9 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
     return false;
   };
 
+  if (scratch.partials.empty()) scratch.partials.emplace_back();
   if (n_threads == 1) {
-    auto partial = model.make_accumulator();
-    partial.set_zero();  // kept zero between chunks by merge_and_clear
+    auto& partial = detail::zeroed(scratch.partials.front(), model);  // kept zero between chunks by merge_and_clear
     for (Index c = 0; c < n_chunks; ++c) {
       if (run_chunk(c, partial))
         detail::merge_and_clear(total, partial);
@@ -142,11 +164,9 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
     // (and every completed chunk after it) under merge_mutex, so total = ((0 + P_0) + P_1) + … in chunk order, and a
     // thread can run up to n_slots − 1 chunks ahead of a descheduled one instead of waiting for it at every chunk.
     const Index n_slots = std::min<Index>(n_chunks, 2 * Index{n_threads} + 2);
-    std::vector<std::unique_ptr<typename D::accumulator_type>> slots;
-    for (Index s = 0; s < n_slots; ++s) {
-      slots.push_back(std::make_unique<typename D::accumulator_type>(model.make_accumulator()));
-      slots.back()->set_zero();
-    }
+    auto& slots = scratch.partials;
+    if (static_cast<Index>(slots.size()) < n_slots) slots.resize(static_cast<size_t>(n_slots));
+    for (Index s = 0; s < n_slots; ++s) detail::zeroed(slots[static_cast<size_t>(s)], model);
     enum class Slot : unsigned char { kFree, kDone, kFailed };
     std::vector<Slot> state(static_cast<size_t>(n_slots), Slot::kFree);  // under merge_mutex
     std::mutex merge_mutex;
@@ -187,6 +207,15 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
     throw ImpossibleEvidenceError(impossible_where, std::move(impossible));
   }
   acc.merge_trusted(total);
+}
+
+/// parallel_accumulate with fresh buffers.
+template <class D>
+void parallel_accumulate(const D& model, const typename D::batch_type& batch, std::span<const double> w,
+                         typename D::accumulator_type& acc, std::span<double> log_p_out,
+                         const ParallelOptions& options) {
+  ReduceScratch<typename D::accumulator_type> scratch;
+  parallel_accumulate(model, batch, w, acc, log_p_out, options, scratch);
 }
 
 /// out[n] = log p(x_n) computed chunk-parallel (no reduction, so trivially thread-count invariant).

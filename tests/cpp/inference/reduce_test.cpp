@@ -104,5 +104,26 @@ TEST(ParallelAccumulateTest, WorksThroughTypeErasedHandles) {
   EXPECT_THROW(parallel_accumulate(model, batch, std::vector<double>(499, 1.0), direct, {}, {2, 100}), ValueError);
 }
 
+/// A ReduceScratch reused across calls (other thread counts, a failed call in between) gives the statistics of
+/// fresh buffers bit for bit, and a failed call still changes nothing.
+TEST(ParallelAccumulateTest, ReusedScratchEqualsFreshBuffers) {
+  const ResponsibilityAttention model = sparse_model();
+  const auto good = rows_with_impossible(300, {});
+  const auto bad = rows_with_impossible(300, {7, 200});
+  const std::vector<double> w(300, 1.0);
+  ReduceScratch<ResponsibilityAttentionAccumulator> scratch;
+  for (int threads : {2, 1, 3, 2}) {
+    const ParallelOptions options{threads, 16};
+    auto fresh = model.make_accumulator();
+    parallel_accumulate(model, good, w, fresh, {}, options);
+    auto reused = model.make_accumulator();
+    parallel_accumulate(model, good, w, reused, {}, options, scratch);
+    EXPECT_TRUE(reused == fresh) << threads << " threads";
+    const auto before = reused.value();
+    EXPECT_THROW(parallel_accumulate(model, bad, w, reused, {}, options, scratch), ImpossibleEvidenceError);
+    EXPECT_TRUE(reused == before) << threads << " threads";
+  }
+}
+
 }  // namespace
 }  // namespace attnmix
