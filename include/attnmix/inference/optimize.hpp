@@ -110,7 +110,7 @@ class EmStepper {
  public:
   using D = typename E::distribution_type;
   EmStepper(const E& estimator, Index n_rows)
-      : estimator_(&estimator), ones_(static_cast<size_t>(n_rows), 1.0), acc_(estimator.make_accumulator()) {}
+      : estimator_(estimator), ones_(static_cast<size_t>(n_rows), 1.0), acc_(estimator.make_accumulator()) {}
 
   /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out (empty, or one
   /// entry per row) receives the per-row log densities of `model` (the fused loop's score).
@@ -119,11 +119,11 @@ class EmStepper {
     acc_.set_zero();
     parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel, scratch_);
     tie_keys(acc_);
-    return estimator_->estimate(std::nullopt, acc_);
+    return estimator_.estimate(std::nullopt, acc_);
   }
 
  private:
-  const E* estimator_;
+  E estimator_;  // a copy: estimators are small and const, and a stepper must not outlive a temporary
   std::vector<double> ones_;
   typename E::accumulator_type acc_;
   ReduceScratch<typename E::accumulator_type> scratch_;
