@@ -30,7 +30,7 @@ void LapSolver::reserve(Index m, Index M) {
   for (auto* buf : {&u_, &shift_seen_}) ensure_size(*buf, m);
   for (auto* buf : {&v_, &w_, &d_, &dist_seen_}) ensure_size(*buf, M);
   for (auto* buf : {&col4row_, &rows_seen_}) ensure_size(*buf, m);
-  for (auto* buf : {&row4col_, &cols_seen_, &path_, &todo_}) ensure_size(*buf, M);
+  for (auto* buf : {&row4col_, &cols_seen_, &path_, &unsettled_}) ensure_size(*buf, M);
 }
 
 bool LapSolver::augment(const double* c, Index M, int32_t r, Strategy strategy) {
@@ -96,16 +96,16 @@ bool LapSolver::augment_scan(const double* c, Index M, int32_t r) {
   int32_t* __restrict path = path_.data();
   int32_t* __restrict col4row = col4row_.data();
   int32_t* __restrict row4col = row4col_.data();
-  int32_t* __restrict todo = todo_.data();
+  int32_t* __restrict unsettled = unsettled_.data();
   int32_t* __restrict rows_seen = rows_seen_.data();
   int32_t* __restrict cols_seen = cols_seen_.data();
   const auto M32 = static_cast<int32_t>(M);
 
-  // Dijkstra from row r; todo[0, n_todo) are the columns whose distance d is not final yet, path[j]
+  // Dijkstra from row r; unsettled[0, n_unsettled) are the columns whose distance d is not final yet, path[j]
   // the row that offered d[j].
   std::fill(d, d + M, kInf);
-  std::iota(todo, todo + M, 0);
-  int32_t n_todo = M32;
+  std::iota(unsettled, unsettled + M, 0);
+  int32_t n_unsettled = M32;
   int32_t n_rows_seen = 0;
   int32_t n_cols_seen = 0;
   double min_dist = 0.0;  // distance of the row being scanned (0 for r itself)
@@ -117,8 +117,8 @@ bool LapSolver::augment_scan(const double* c, Index M, int32_t r) {
     const double shift = min_dist - u[i];  // via i: min_dist + c̄[i, j] = (c[i, j] + shift) − v[j]
     double lowest = kInf;
     int32_t at = -1;
-    for (int32_t t = 0; t < n_todo; ++t) {
-      const int32_t j = todo[t];
+    for (int32_t t = 0; t < n_unsettled; ++t) {
+      const int32_t j = unsettled[t];
       const double via = (ci[j] + shift) - v[j];
       double dj = d[j];
       if (via < dj) {
@@ -135,9 +135,9 @@ bool LapSolver::augment_scan(const double* c, Index M, int32_t r) {
     min_dist = lowest;
     // Every remaining column forbidden: no complete matching exists.
     if (!(min_dist < kInf)) return false;
-    const int32_t j = todo[at];
+    const int32_t j = unsettled[at];
     cols_seen[n_cols_seen++] = j;
-    todo[at] = todo[--n_todo];
+    unsettled[at] = unsettled[--n_unsettled];
     if (row4col[j] < 0) {
       sink = j;
     } else {

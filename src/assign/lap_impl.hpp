@@ -71,7 +71,7 @@ class LapSolver {
   bool augment_dense(const double* c, Index M, int32_t r);
 
   std::vector<double> u_, v_, w_, d_, shift_seen_, dist_seen_;
-  std::vector<int32_t> col4row_, row4col_, rows_seen_, cols_seen_, path_, todo_;
+  std::vector<int32_t> col4row_, row4col_, rows_seen_, cols_seen_, path_, unsettled_;
 };
 
 /// A thread's solver and scratch matrix, reused across calls on that thread.

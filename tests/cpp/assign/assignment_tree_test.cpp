@@ -48,19 +48,19 @@ Index reachable_nodes(const Mask& tree) {
   const Index nq = tree.rows();
   const Index nk = tree.cols();
   std::vector<bool> seen(static_cast<size_t>(nq + nk), false);
-  std::queue<Index> todo;
-  todo.push(0);
+  std::queue<Index> frontier;
+  frontier.push(0);
   seen[0] = true;
   Index n = 0;
-  while (!todo.empty()) {
-    const Index u = todo.front();
-    todo.pop();
+  while (!frontier.empty()) {
+    const Index u = frontier.front();
+    frontier.pop();
     ++n;
     for (Index w = 0; w < nq + nk; ++w) {
       const bool edge = u < nq ? (w >= nq && tree(u, w - nq)) : (w < nq && tree(w, u - nq));
       if (edge && !seen[static_cast<size_t>(w)]) {
         seen[static_cast<size_t>(w)] = true;
-        todo.push(w);
+        frontier.push(w);
       }
     }
   }
