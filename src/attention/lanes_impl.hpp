@@ -7,6 +7,9 @@
 // so results never depend on how a compiler would reassociate a horizontal sum.
 #pragma once
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "attnmix/core/types.hpp"
@@ -20,6 +23,7 @@ namespace attnmix::lanes {
 
 constexpr Index kLanes = 8;
 using Lanes = double __attribute__((vector_size(kLanes * sizeof(double))));
+using LaneBits = uint64_t __attribute__((vector_size(kLanes * sizeof(uint64_t))));
 
 inline Lanes load(const double* p) {
   Lanes v;
@@ -64,6 +68,61 @@ inline Lanes horizontal_sums(const double* v, Index count, double fill) {
   for (Index k = 0; k < count; ++k) a[k] = load(v + k * kLanes);
   constexpr Lanes lane = {0, 1, 2, 3, 4, 5, 6, 7};
   return lane < static_cast<double>(count) ? horizontal_sums(a) : broadcast(fill);
+}
+
+/// Below this argument exp goes through std::exp (exp(−708) is still a normal double): exp_lanes is written for
+/// arguments in [−708, 0], and the responsibilities of −∞ log weights must be exactly 0 (SPEC.md §2.1: a
+/// zero-probability position can never be revived; Eigen's packet exp returns 5.6e−309 for −∞, which would).
+constexpr double kExpLanesMin = -708.0;
+
+/// exp(x) lane-wise for x ∈ [−708, 0], within about 1 ulp of the correctly rounded value (docs/PERFORMANCE.md):
+/// x = k·ln 2 + r with k = round(x / ln 2) and |r| ≤ ln 2 / 2 (Cody–Waite: k·ln2_hi is exact), exp(r) by its Taylor
+/// polynomial of degree 13 (truncation below 4e−18 relative), times 2^k built in the exponent bits. No division and
+/// no table, about 20 operations per 8 lanes. Arguments outside the range are clamped to it.
+inline Lanes exp_lanes(Lanes x) {
+  constexpr double kLog2e = 1.4426950408889634074;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 32 significant bits (fdlibm)
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  constexpr double kShifter = 0x1.8p52;                   // adding it rounds to an integer in the low bits
+  x = x < kExpLanesMin ? broadcast(kExpLanesMin) : x;
+  x = x > 0.0 ? broadcast(0.0) : x;
+  const Lanes shifted = x * kLog2e + kShifter;
+  const Lanes k = shifted - kShifter;  // round(x / ln 2) ∈ [−1022, 0]
+  const Lanes r = (x - k * kLn2Hi) - k * kLn2Lo;
+  Lanes p = broadcast(1.0 / 6227020800.0);  // 1/13!
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // 2^k: the low bits of `shifted` hold k (two's complement offset by the shifter's mantissa), so adding the bias
+  // and shifting into the exponent field gives the bits of 2^k (a normal double for k ≥ −1022).
+  const LaneBits two_k = (std::bit_cast<LaneBits>(shifted) + 1023) << 52;
+  return p * std::bit_cast<Lanes>(two_k);
+}
+
+/// e[k] = exp(x[k] − shift) for k < n (e must not alias x; every x[k] − shift ≤ 0). lowest = min_k x[k] selects
+/// the rare fix-up of arguments below kExpLanesMin (then std::exp, which gives 0 for −∞).
+inline void exp_shifted(const double* __restrict x, double shift, double lowest, double* __restrict e, Index n) {
+  Index k = 0;
+  for (; k + kLanes <= n; k += kLanes) store(e + k, exp_lanes(load(x + k) - shift));
+  if (k < n) {
+    double pad[kLanes] = {};
+    for (Index j = 0; j < n - k; ++j) pad[j] = x[k + j] - shift;
+    store(pad, exp_lanes(load(pad)));
+    for (Index j = 0; j < n - k; ++j) e[k + j] = pad[j];
+  }
+  if (lowest - shift < kExpLanesMin)
+    for (Index j = 0; j < n; ++j)
+      if (x[j] - shift < kExpLanesMin) e[j] = std::exp(x[j] - shift);
 }
 
 }  // namespace attnmix::lanes

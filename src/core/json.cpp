@@ -177,8 +177,6 @@ void ModelJsonField::rethrow_constructor_error(std::string_view family_where,
 // ----- the family registry
 // -----------------------------------------------------------------------------------------
 
-namespace {
-
 json matrix_to_json(const Matrix& m) {
   json rows = json::array();
   for (Index r = 0; r < m.rows(); ++r) {
@@ -194,6 +192,8 @@ json vector_to_json(const Vector& v) {
   for (Index i = 0; i < v.size(); ++i) out.push_back(v[i]);
   return out;
 }
+
+namespace {
 
 // responsibility_attention: key_means [S, D], emission [S, T], position_prior [N], sigma2.
 json ra_params_to_json(const AnyDistribution& model) {

@@ -10,6 +10,11 @@
 /// FlatAccumulator<Derived> supplies combine / from_value / pack / unpack / scale for a family that provides
 ///   void validate(std::string_view where) const;   // finiteness, counts ≥ 0 and the family's mass laws
 /// Statistics are validated before they are added or copied in, so a rejected value changes nothing.
+///
+/// A family whose statistics carry a non-additive attachment (the optimizer state of the variational families,
+/// SPEC.md §4.3) also provides
+///   void merge_attachment(const Derived& v, AttachmentMerge how);   // checks first, throws before any change
+/// which combine (kStrict), merge_trusted (kAdopt) and from_value (kReplace) call before touching the buffer.
 #pragma once
 
 #include <algorithm>
@@ -84,6 +89,13 @@ class FlatStats {
   std::vector<double> data_;
 };
 
+/// How combine-like operations treat a family's attachment (see the file comment).
+enum class AttachmentMerge {
+  kStrict,   // combine: both absent, or identical
+  kAdopt,    // merge_trusted: an absent attachment takes the other's; two present ones must be identical
+  kReplace,  // from_value: take the other's
+};
+
 /// CRTP base giving a family the validated value semantics of SPEC.md §1.1.
 template <class Derived>
 class FlatAccumulator : public FlatStats {
@@ -96,12 +108,14 @@ class FlatAccumulator : public FlatStats {
   void combine(const Derived& v) {
     check_same_layout(Derived::kWhere, v.layout());
     v.validate(Derived::kWhere);
+    merge_attachment_of(v, AttachmentMerge::kStrict);
     add_unchecked(v.flat());
   }
   /// Validates v, then overwrites the statistics (keys stay). @throws ValueError.
   void from_value(const Derived& v) {
     check_same_layout(Derived::kWhere, v.layout());
     v.validate(Derived::kWhere);
+    merge_attachment_of(v, AttachmentMerge::kReplace);
     assign_unchecked(v.flat());
   }
   /// Writes the flat buffer (size flat_size()) in layout order.
@@ -129,6 +143,7 @@ class FlatAccumulator : public FlatStats {
   /// Adds without validation: for partials produced by this library's own E-steps.
   void merge_trusted(const Derived& other) {
     check_same_layout(Derived::kWhere, other.layout());
+    merge_attachment_of(other, AttachmentMerge::kAdopt);
     add_unchecked(other.flat());
   }
 
@@ -137,6 +152,10 @@ class FlatAccumulator : public FlatStats {
 
  private:
   [[nodiscard]] const Derived& self() const { return static_cast<const Derived&>(*this); }
+  void merge_attachment_of(const Derived& v, AttachmentMerge how) {
+    if constexpr (requires(Derived& d) { d.merge_attachment(v, how); })
+      static_cast<Derived&>(*this).merge_attachment(v, how);
+  }
   std::optional<std::string> keys_;
 };
 

@@ -112,6 +112,10 @@ class ModelJsonField {
   std::string path_;
 };
 
+/// A matrix as a list of rows, a vector as a list (doubles in shortest round-trip form).
+[[nodiscard]] nlohmann::json matrix_to_json(const Matrix& m);
+[[nodiscard]] nlohmann::json vector_to_json(const Vector& v);
+
 /// One family's entry in the model-file registry.
 struct ModelCodec {
   /// The family name in files, equal to AnyDistribution::family() ("responsibility_attention",

@@ -76,8 +76,8 @@ void merge_and_clear(A& total, A& partial) {
 }
 }  // namespace detail
 
-/// The total and the partials of parallel_accumulate, kept between calls (EmStepper holds one), so repeated E-steps
-/// allocate no statistics: a freed large buffer goes back to the system and faults in again on the next call, which
+/// The total and the partials of parallel_accumulate, kept between calls (EmStepper holds one) with one accumulator
+/// configuration (the first caller's), so repeated E-steps allocate no statistics: a freed large buffer goes back to the system and faults in again on the next call, which
 /// on a VM costs more than the merge itself. Every buffer is zeroed before use, so results do not depend on reuse.
 template <class A>
 struct ReduceScratch {
@@ -86,13 +86,12 @@ struct ReduceScratch {
 };
 
 namespace detail {
-/// slot, zeroed: made with model.make_accumulator() the first time, set_zero() afterwards.
-template <class D>
-typename D::accumulator_type& zeroed(std::unique_ptr<typename D::accumulator_type>& slot, const D& model) {
-  if (slot)
-    slot->set_zero();
-  else
-    slot = std::make_unique<typename D::accumulator_type>(model.make_accumulator());
+/// slot, zeroed: a copy of the caller's accumulator the first time (so partials share its configuration, e.g. the
+/// Monte-Carlo sample count of the variational families), set_zero() afterwards.
+template <class A>
+A& zeroed(std::unique_ptr<A>& slot, const A& prototype) {
+  if (!slot) slot = std::make_unique<A>(prototype);
+  slot->set_zero();
   return *slot;
 }
 }  // namespace detail
@@ -115,7 +114,7 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
   const Index n_chunks = (n + chunk - 1) / chunk;
   const int n_threads = std::max(1, std::min<int>(resolve_threads(options.n_threads), static_cast<int>(n_chunks)));
 
-  auto& total = detail::zeroed(scratch.total, model);
+  auto& total = detail::zeroed(scratch.total, acc);
   std::mutex error_mutex;
   std::exception_ptr error;
   Index error_chunk = n_chunks;  // the first failing chunk's error is the one rethrown
@@ -151,7 +150,7 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
 
   if (scratch.partials.empty()) scratch.partials.emplace_back();
   if (n_threads == 1) {
-    auto& partial = detail::zeroed(scratch.partials.front(), model);  // kept zero between chunks by merge_and_clear
+    auto& partial = detail::zeroed(scratch.partials.front(), acc);  // kept zero between chunks by merge_and_clear
     for (Index c = 0; c < n_chunks; ++c) {
       if (run_chunk(c, partial))
         detail::merge_and_clear(total, partial);
@@ -166,7 +165,7 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
     const Index n_slots = std::min<Index>(n_chunks, 2 * Index{n_threads} + 2);
     auto& slots = scratch.partials;
     if (static_cast<Index>(slots.size()) < n_slots) slots.resize(static_cast<size_t>(n_slots));
-    for (Index s = 0; s < n_slots; ++s) detail::zeroed(slots[static_cast<size_t>(s)], model);
+    for (Index s = 0; s < n_slots; ++s) detail::zeroed(slots[static_cast<size_t>(s)], acc);
     enum class Slot : unsigned char { kFree, kDone, kFailed };
     std::vector<Slot> state(static_cast<size_t>(n_slots), Slot::kFree);  // under merge_mutex
     std::mutex merge_mutex;

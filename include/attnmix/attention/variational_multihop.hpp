@@ -1,0 +1,229 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file variational_multihop.hpp
+/// Variational multi-hop attention (SPEC.md §5): a 2-hop chain over tied latent embeddings (one e_s serves the
+/// query, key and value roles), fitted like variational embedding attention (§4) with an annealed KL weight.
+///
+/// Observations are those of chained attention (keys k ∈ [S]^N, values v ∈ [S]^N, query q, target t; free N) and use
+/// its batch and encoder. At an embedding table E:
+///   d1_i = E[q] − E[k_i];   a1_i = softmax_i(−‖d1_i‖²/(2σ²))
+///   d2_ij = E[v_i] − E[k_j];  a2_ij = softmax_j(−‖d2_ij‖²/(2σ²))
+///   b_j = B[v_j, t];  h_i = Σ_j a2_ij b_j;  p = Σ_i a1_i h_i   (log space, exact; −∞ allowed)
+///   ρ1_i = a1_i h_i/p;  ρ_ij = a1_i a2_ij b_j/p;  r_j = Σ_i ρ_ij;  gs1_i = ρ1_i − a1_i;  gs2_ij = ρ_ij − ρ1_i a2_ij
+///   G[q] −= w Σ_i gs1_i d1_i/σ²;  G[k_i] += w gs1_i d1_i/σ²;  G[v_i] −= w Σ_j gs2_ij d2_ij/σ²;
+///   G[k_j] += w Σ_i gs2_ij d2_ij/σ²;  emission_count[v_j, t] += w r_j / mc
+/// KL weight of Adam step τ: λ_τ = prior_strength · min(1, τ / max(1, anneal_iters)). Initial means N(0, 1).
+/// Cost: O(mc·N²·D) per row for the E-step, O(N²·D) for scoring.
+/// Example: examples/variational_embedding_attention.cpp (two-hop section)
+/// Reference: seed 002 (mixle); Sukhbaatar et al. (2015) memory networks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "attnmix/attention/chained.hpp"
+#include "attnmix/attention/optimizer_state.hpp"
+#include "attnmix/core/accumulator.hpp"
+#include "attnmix/core/rng.hpp"
+#include "attnmix/core/types.hpp"
+
+namespace attnmix {
+
+class VariationalMultiHopAttentionEstimator;
+class VariationalMultiHopAttentionSampler;
+
+/// Constructor arguments under their Python names (what model files store).
+struct VariationalMultiHopAttentionParams {
+  Matrix mean;      // [S, D]
+  Matrix log_var;   // [S, D]
+  Matrix emission;  // [S, T] row-simplex
+  double sigma2 = 0.3;
+  std::string name;
+  /// nullopt: AttentionOptimizerState::fresh(family, mean, log_var, seed 0); a supplied state must match.
+  std::optional<AttentionOptimizerState> optimizer_state;
+};
+
+/// Statistics, in value() order: grad_mean [S,D], grad_log_var [S,D], emission_count [S,T], ll, n (SPEC.md §5), plus
+/// the attached optimizer state. Mass law: Σ emission_count = n.
+class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<VariationalMultiHopAttentionAccumulator> {
+ public:
+  static constexpr const char* kWhere = "VariationalMultiHopAttentionAccumulator";
+  using batch_type = ChainedAttentionBatch;
+  VariationalMultiHopAttentionAccumulator(int64_t n_symbols, int64_t embed_dim, int64_t n_targets, int64_t mc = 5,
+                                          std::optional<std::string> keys = std::nullopt);
+
+  [[nodiscard]] int64_t n_symbols() const noexcept { return S_; }
+  [[nodiscard]] int64_t embed_dim() const noexcept { return D_; }
+  [[nodiscard]] int64_t n_targets() const noexcept { return T_; }
+  [[nodiscard]] int64_t mc() const noexcept { return mc_; }
+
+  [[nodiscard]] MatrixMap grad_mean() { return {field(0), S_, D_}; }
+  [[nodiscard]] MatrixMap grad_log_var() { return {field(1), S_, D_}; }
+  [[nodiscard]] MatrixMap emission_count() { return {field(2), S_, T_}; }
+  [[nodiscard]] double& ll() { return *field(3); }
+  [[nodiscard]] double& n() { return *field(4); }
+  [[nodiscard]] ConstMatrixMap grad_mean() const { return {field(0), S_, D_}; }
+  [[nodiscard]] ConstMatrixMap grad_log_var() const { return {field(1), S_, D_}; }
+  [[nodiscard]] ConstMatrixMap emission_count() const { return {field(2), S_, T_}; }
+  [[nodiscard]] double ll() const { return *field(3); }
+  [[nodiscard]] double n() const { return *field(4); }
+
+  [[nodiscard]] const std::shared_ptr<const AttentionOptimizerState>& optimizer_state() const noexcept {
+    return state_.get();
+  }
+  void set_optimizer_state(std::shared_ptr<const AttentionOptimizerState> state) { state_.set(std::move(state)); }
+
+  /// Finite entries, counts ≥ 0, Σ emission_count = n. @throws ValueError.
+  void validate(std::string_view where) const;
+  /// seq_initialize: r ~ Dirichlet(1_N) per row in row order over the final-hop positions, scaled by w_n and added to
+  /// emission_count[v_nj, t_n]; n += Σ w; gradients, ll and the state untouched.
+  void initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng);
+  [[nodiscard]] ChainedAttentionEncoder encoder() const;
+  /// Zeroes the statistics and detaches the state.
+  void set_zero();
+  void merge_attachment(const VariationalMultiHopAttentionAccumulator& v, AttachmentMerge how) {
+    state_.merge(v.state_, how, kWhere);
+  }
+
+ private:
+  int64_t S_, D_, T_, mc_;
+  AttachedOptimizerState state_;
+};
+
+/// Posterior quantities of one row at one embedding table (tests and diagnostics).
+struct VariationalMultiHopPosterior {
+  double log_p = 0.0;
+  Vector hop1;   // a1 [N] (gate)
+  Matrix hop2;   // a2 [N, N] (gate)
+  Matrix joint;  // ρ [N, N] (posterior over (i, j))
+};
+
+/// The immutable model. The constructor validates (SPEC.md §4.7, §5) and precomputes log B.
+class VariationalMultiHopAttention {
+ public:
+  using params_type = VariationalMultiHopAttentionParams;
+  using batch_type = ChainedAttentionBatch;
+  using accumulator_type = VariationalMultiHopAttentionAccumulator;
+  using estimator_type = VariationalMultiHopAttentionEstimator;
+  using encoder_type = ChainedAttentionEncoder;
+  static constexpr const char* kFamily = "variational_multihop_attention";
+  static constexpr const char* kWhere = "VariationalMultiHopAttentionDistribution";
+
+  /// @throws ValueError on invalid parameters or a mismatched optimizer state.
+  explicit VariationalMultiHopAttention(VariationalMultiHopAttentionParams params);
+
+  [[nodiscard]] const VariationalMultiHopAttentionParams& params() const noexcept { return params_; }
+  [[nodiscard]] const AttentionOptimizerState& optimizer_state() const noexcept { return *state_; }
+  [[nodiscard]] const Matrix& mean() const noexcept { return params_.mean; }
+  [[nodiscard]] const Matrix& log_var() const noexcept { return params_.log_var; }
+  [[nodiscard]] const Matrix& embeddings() const noexcept { return params_.mean; }
+  [[nodiscard]] const Matrix& emission() const noexcept { return params_.emission; }
+  [[nodiscard]] double sigma2() const noexcept { return params_.sigma2; }
+  [[nodiscard]] int64_t n_symbols() const noexcept { return params_.mean.rows(); }
+  [[nodiscard]] int64_t embed_dim() const noexcept { return params_.mean.cols(); }
+  [[nodiscard]] int64_t n_targets() const noexcept { return params_.emission.cols(); }
+
+  /// out[n] = log p(t_n | k_n, v_n, q_n, E = m) (exact; −∞ for impossible rows). @throws ValueError on invalid ids.
+  void log_density(const ChainedAttentionBatch& batch, std::span<double> out) const;
+  /// The Monte-Carlo E-step with acc.mc() noise tables, atomically; attaches this model's state. log_p_out receives
+  /// the plug-in log densities. @throws ImpossibleEvidenceError (nothing changed) for rows with w_n > 0 whose target
+  /// no value emits.
+  void accumulate(const ChainedAttentionBatch& batch, std::span<const double> w,
+                  VariationalMultiHopAttentionAccumulator& acc, std::span<double> log_p_out = {}) const;
+  /// Σ_{i,j} a1_i a2_ij B[v_j, ·] at E = m: [n, T].
+  [[nodiscard]] Matrix predict_proba(const IdMatrix& keys, const IdMatrix& values, const IdVector& queries) const;
+  [[nodiscard]] Matrix predict_proba(const ChainedAttentionBatch& batch) const;
+  /// Gates, posterior and log p of one row at an arbitrary embedding table [S, D].
+  [[nodiscard]] VariationalMultiHopPosterior posterior_at(const Matrix& table, const ChainedAttentionBatch& batch,
+                                                          Index row) const;
+
+  /// An accumulator with the estimator default mc = 5.
+  [[nodiscard]] VariationalMultiHopAttentionAccumulator make_accumulator() const;
+  /// Estimator with this model's dimensions, σ², seed = optimizer_state().seed and name; other options default.
+  [[nodiscard]] VariationalMultiHopAttentionEstimator estimator() const;
+  [[nodiscard]] ChainedAttentionEncoder encoder() const;
+  /// Plug-in sampler (uses m only).
+  [[nodiscard]] VariationalMultiHopAttentionSampler sampler(uint64_t seed, int64_t context_length = 6) const;
+  /// Draws a fresh embedding table from q for every event.
+  [[nodiscard]] VariationalMultiHopAttentionSampler posterior_predictive_sampler(uint64_t seed,
+                                                                                int64_t context_length = 6) const;
+
+ private:
+  void check_batch(const ChainedAttentionBatch& batch) const;
+
+  VariationalMultiHopAttentionParams params_;
+  std::shared_ptr<const AttentionOptimizerState> state_;
+  Matrix log_emission_;  // [S, T]
+  std::shared_ptr<MonteCarloCache> noise_;
+};
+
+/// Options of the M-step (SPEC.md §5); the single source of the defaults.
+struct VariationalMultiHopAttentionEstimatorOptions {
+  double sigma2 = 0.3;
+  double lr = 0.05;
+  int64_t mc = 5;
+  double prior_strength = 0.1;
+  int64_t anneal_iters = 100;
+  double emission_smoothing = 1e-4;
+  uint64_t seed = 0;
+  std::string name;
+  std::optional<std::string> keys;
+};
+
+/// The stateless M-step: initial embeddings m ~ N(0, 1), log v = log 0.3 (from Rng(derive_seed(seed, kInit, 0)))
+/// when the statistics carry no state, otherwise one Adam ascent step with KL weight λ_τ; B = (emission_count + ε)
+/// row-normalised.
+class VariationalMultiHopAttentionEstimator {
+ public:
+  using distribution_type = VariationalMultiHopAttention;
+  using accumulator_type = VariationalMultiHopAttentionAccumulator;
+  static constexpr const char* kWhere = "VariationalMultiHopAttentionEstimator";
+
+  /// @throws ValueError on non-positive dimensions or invalid options.
+  VariationalMultiHopAttentionEstimator(int64_t n_symbols, int64_t embed_dim, int64_t n_targets,
+                                        VariationalMultiHopAttentionEstimatorOptions options = {});
+
+  [[nodiscard]] const VariationalMultiHopAttentionEstimatorOptions& options() const noexcept { return options_; }
+  [[nodiscard]] int64_t n_symbols() const noexcept { return S_; }
+  [[nodiscard]] int64_t embed_dim() const noexcept { return D_; }
+  [[nodiscard]] int64_t n_targets() const noexcept { return T_; }
+  /// λ_τ for Adam step τ ≥ 1.
+  [[nodiscard]] double kl_weight(int64_t tau) const;
+
+  [[nodiscard]] VariationalMultiHopAttentionAccumulator make_accumulator() const;
+  [[nodiscard]] ChainedAttentionEncoder encoder() const;
+  /// @throws ValueError on invalid statistics, a state of another family or geometry, or nobs ≠ n.
+  [[nodiscard]] VariationalMultiHopAttention estimate(std::optional<double> nobs,
+                                                      const VariationalMultiHopAttentionAccumulator& acc) const;
+
+ private:
+  int64_t S_, D_, T_;
+  VariationalMultiHopAttentionEstimatorOptions options_;
+};
+
+/// Draws, per event in this order: (posterior-predictive only: the table m + s ⊙ ε); keys and values iid uniform
+/// over [S] (context_length each); q uniform; z1 ~ a1; z2 ~ a2[z1]; t ~ B[v_{z2}].
+class VariationalMultiHopAttentionSampler {
+ public:
+  /// @throws ValueError unless context_length ≥ 1.
+  VariationalMultiHopAttentionSampler(VariationalMultiHopAttention model, uint64_t seed, int64_t context_length = 6,
+                                      bool posterior_predictive = false);
+  [[nodiscard]] ChainedAttentionObservation sample();
+  /// m consecutive sample() draws as a batch.
+  [[nodiscard]] ChainedAttentionBatch sample(Index m);
+
+ private:
+  VariationalMultiHopAttention model_;
+  Rng rng_;
+  int64_t context_length_;
+  bool posterior_predictive_;
+  Matrix table_;
+};
+
+}  // namespace attnmix
+
+#include "attnmix/core/concepts.hpp"
+static_assert(attnmix::Distribution<attnmix::VariationalMultiHopAttention>);
+static_assert(attnmix::Estimator<attnmix::VariationalMultiHopAttentionEstimator>);
