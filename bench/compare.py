@@ -7,6 +7,7 @@ result (machine and revision recorded), or diff a saved result against another (
   /usr/bin/python3 bench/compare.py diff BASELINE.json CURRENT.json
   /usr/bin/python3 bench/compare.py chained [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
   /usr/bin/python3 bench/compare.py assign [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
+  /usr/bin/python3 bench/compare.py variational [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
 
 `run` alternates the two programs `--rounds` times (the machine is shared and noisy, so only ratios
 measured in the same run are compared) and reports, per program, the median over rounds of each
@@ -263,6 +264,75 @@ def cmd_assign(args):
             f.write(text + "\n")
 
 
+# ---- Variational embedding attention (bench_variational.cpp vs numpy_variational_em.py) ----------------------------
+
+# glibc's allocator told to keep freed memory (core/allocator.hpp, what the attnmix CLI sets at start-up); the
+# comparison is run both with the default allocator and with this setting for BOTH programs.
+RETAIN_FREED_MEMORY = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295"
+
+
+def allocator_env(retain):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("GLIBC_TUNABLES", None)
+    if retain:
+        env["GLIBC_TUNABLES"] = RETAIN_FREED_MEMORY
+    return env
+
+
+def run_cpp_variational(bench, repetitions, retain):
+    """{"t1": s, "t2": s}: median real time of BM_VariationalEmIteration/threads:k from one run."""
+    out = subprocess.run(
+        [bench, "--benchmark_filter=^BM_VariationalEmIteration/", "--benchmark_format=json",
+         f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
+        capture_output=True, text=True, check=True, env=allocator_env(retain)).stdout
+    result = {}
+    for b in json.loads(out)["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            threads = int(b["run_name"].split("threads:")[1].split("/")[0])
+            unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+            result[f"t{threads}"] = b["real_time"] * unit
+    return result
+
+
+def run_numpy_variational(reps, retain):
+    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_variational_em.py"), "--reps", str(reps)],
+                         capture_output=True, text=True, check=True, env=allocator_env(retain)).stdout
+    return json.loads(out)["median_s"]
+
+
+def cmd_variational(args):
+    check = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_variational_em.py"), "--check-cpp",
+                            args.bench], capture_output=True, text=True)
+    check_ok = check.returncode == 0
+    print(f"check against C++: {'pass' if check_ok else 'FAIL'}", file=sys.stderr)
+    rounds = []
+    for r in range(args.rounds):
+        rd = {}
+        for retain in (False, True):
+            tag = "retain" if retain else "default"
+            cpp = run_cpp_variational(args.bench, args.repetitions, retain)
+            rd[f"cpp_t1_{tag}"], rd[f"cpp_t2_{tag}"] = cpp["t1"], cpp["t2"]
+            rd[f"numpy_{tag}"] = run_numpy_variational(args.numpy_reps, retain)
+        rounds.append(rd)
+        print(f"round {r + 1}: {rd}", file=sys.stderr)
+    seconds = {k: statistics.median(rd[k] for rd in rounds) for k in rounds[0]}
+    ratios = {}
+    for tag in ("default", "retain"):
+        for t in ("t1", "t2"):
+            ratios[f"numpy_over_cpp_{t}_{tag}"] = statistics.median(rd[f"numpy_{tag}"] / rd[f"cpp_{t}_{tag}"]
+                                                                   for rd in rounds)
+        ratios[f"cpp_t1_over_t2_{tag}"] = statistics.median(rd[f"cpp_t1_{tag}"] / rd[f"cpp_t2_{tag}"] for rd in rounds)
+    result = {
+        "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "check_against_cpp": check_ok, "seconds": seconds, "ratios_median_of_rounds": ratios, "rounds": rounds,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -292,6 +362,13 @@ def main():
     assign.add_argument("--seed-script", default=SEED_004, help="seed-004 script (skipped when missing)")
     assign.add_argument("--out", help="save the result as JSON")
     assign.set_defaults(func=cmd_assign)
+    variational = sub.add_parser("variational", help="variational embedding attention: C++ vs NumPy, back to back")
+    variational.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
+    variational.add_argument("--rounds", type=int, default=3)
+    variational.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
+    variational.add_argument("--numpy-reps", type=int, default=3)
+    variational.add_argument("--out", help="save the result as JSON")
+    variational.set_defaults(func=cmd_variational)
     args = parser.parse_args()
     args.func(args)
 

@@ -8,11 +8,15 @@
 #include <new>
 #include <stdexcept>
 
+#include "attnmix/core/allocator.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 
 int main(int argc, char** argv) {
   using namespace attnmix::cli;
+  // Every EM iteration frees a model and allocates the next: keep freed memory for reuse instead of faulting it
+  // in again (core/allocator.hpp; docs/PERFORMANCE.md).
+  attnmix::retain_freed_memory();
   CLI::App app{
       "attnmix: attention as a mixture. Fit probabilistic attention models by EM, score and "
       "predict with them, "

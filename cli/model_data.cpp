@@ -8,6 +8,8 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/mixture.hpp"
 #include "cli_support.hpp"
@@ -32,6 +34,10 @@ std::vector<int64_t> dim_values(const DataDims& dims) {
                  },
                  [](const CaDims& d) {
                    return std::vector<int64_t>{1, d.n_symbols->value, d.n_targets->value};
+                 },
+                 [](const VeaDims& d) {
+                   return std::vector<int64_t>{2, d.n_symbols->value, d.context_length->value,
+                                               d.n_targets->value};
                  }},
       dims);
 }
@@ -57,6 +63,12 @@ DataDims data_dims_of(const AnyDistribution& model) {
   // A chained model reads contexts of any length N (only the file's own rows must agree).
   if (const auto* ca = model.get_if<ChainedAttention>())
     return CaDims{Dim{ca->n_symbols(), from}, std::nullopt, Dim{ca->n_targets(), from}};
+  if (const auto* vea = model.get_if<VariationalEmbeddingAttention>())
+    return VeaDims{Dim{vea->n_symbols(), from}, Dim{vea->context_length(), from},
+                   Dim{vea->n_targets(), from}};
+  // Variational multi-hop attention reads chained-attention rows of any length N.
+  if (const auto* vmha = model.get_if<VariationalMultiHopAttention>())
+    return CaDims{Dim{vmha->n_symbols(), from}, std::nullopt, Dim{vmha->n_targets(), from}};
   if (const auto* mixture = model.get_if<Mixture>()) {
     std::optional<DataDims> dims;
     for (const AnyDistribution& component : mixture->components()) {
@@ -75,19 +87,23 @@ DataDims data_dims_of(const AnyDistribution& model) {
 
 ModelData read_model_data(const AnyDistribution& model, const std::string& data_path,
                           TargetPolicy policy) {
-  return std::visit(
-      Overloaded{[&](const RaDims& dims) {
-                   RaRows rows = read_ra_rows(data_path, dims, policy);
-                   AnyBatch batch(encode_ra_rows(rows, dims));
-                   return model_data(std::move(rows), std::move(batch));
-                 },
-                 [&](const CaDims& declared) {
-                   CaRows rows = read_ca_rows(data_path, declared, policy);
-                   const CaDims dims = infer_ca_dims(declared, {&rows});
-                   AnyBatch batch(encode_ca_rows(rows, dims));
-                   return model_data(std::move(rows), std::move(batch));
-                 }},
-      data_dims_of(model));
+  return std::visit(Overloaded{[&](const RaDims& dims) {
+                                 RaRows rows = read_ra_rows(data_path, dims, policy);
+                                 AnyBatch batch(encode_ra_rows(rows, dims));
+                                 return model_data(std::move(rows), std::move(batch));
+                               },
+                               [&](const CaDims& declared) {
+                                 CaRows rows = read_ca_rows(data_path, declared, policy);
+                                 const CaDims dims = infer_ca_dims(declared, {&rows});
+                                 AnyBatch batch(encode_ca_rows(rows, dims));
+                                 return model_data(std::move(rows), std::move(batch));
+                               },
+                               [&](const VeaDims& dims) {
+                                 VeaRows rows = read_vea_rows(data_path, dims, policy);
+                                 AnyBatch batch(encode_vea_rows(rows, dims));
+                                 return model_data(std::move(rows), std::move(batch));
+                               }},
+                    data_dims_of(model));
 }
 
 AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed,
@@ -95,12 +111,22 @@ AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed,
   if (const auto* ca = model.get_if<ChainedAttention>())
     return AnyBatch(context_length ? ca->sampler(seed, *context_length).sample(m)
                                    : ca->sampler(seed).sample(m));
-  if (const auto* ra = model.get_if<ResponsibilityAttention>();
-      ra && context_length && *context_length != ra->context_length()) {
-    const std::string N = std::to_string(ra->context_length());
+  if (const auto* vmha = model.get_if<VariationalMultiHopAttention>())
+    return AnyBatch(context_length ? vmha->sampler(seed, *context_length).sample(m)
+                                   : vmha->sampler(seed).sample(m));
+  std::optional<int64_t> fixed_n;  // the context length of a family with a fixed N
+  std::string family;
+  if (const auto* ra = model.get_if<ResponsibilityAttention>()) {
+    fixed_n = ra->context_length();
+    family = "responsibility attention";
+  } else if (const auto* vea = model.get_if<VariationalEmbeddingAttention>()) {
+    fixed_n = vea->context_length();
+    family = "variational embedding attention";
+  }
+  if (fixed_n && context_length && *context_length != *fixed_n) {
+    const std::string N = std::to_string(*fixed_n);
     throw UsageError("--context-length " + std::to_string(*context_length) +
-                     " does not match the model: responsibility attention has a fixed context "
-                     "length, N = " +
+                     " does not match the model: " + family + " has a fixed context length, N = " +
                      N + " for this model (omit --context-length or pass " + N + ")");
   }
   return model.sample(m, seed);
@@ -110,26 +136,41 @@ void write_jsonl(std::ostream& out, const AnyDistribution& model, const AnyBatch
   const auto ids = [](const int64_t* first, Index count) {
     return std::vector<int64_t>(first, first + count);
   };
-  if (model.get_if<ChainedAttention>()) {
-    const auto& batch = any.get<ChainedAttentionBatch>("attnmix sample");
-    for (Index row = 0; row < batch.n_rows(); ++row) {
-      nlohmann::json object = nlohmann::json::object();
-      object["keys"] = ids(batch.keys(row), batch.context_length());
-      object["values"] = ids(batch.values(row), batch.context_length());
-      object["query"] = batch.query(row);
-      object["target"] = batch.target(row);
-      out << object.dump() << '\n';
-    }
-    return;
-  }
-  const auto& batch = any.get<ResponsibilityAttentionBatch>("attnmix sample");
-  for (Index row = 0; row < batch.n_rows(); ++row) {
-    nlohmann::json object = nlohmann::json::object();
-    object["context"] = ids(batch.context(row), batch.context_length());
-    object["query"] = std::vector<double>(batch.query(row), batch.query(row) + batch.query_dim());
-    object["target"] = batch.target(row);
-    out << object.dump() << '\n';
-  }
+  std::visit(Overloaded{[&](const CaDims&) {
+                          const auto& batch = any.get<ChainedAttentionBatch>("attnmix sample");
+                          for (Index row = 0; row < batch.n_rows(); ++row) {
+                            nlohmann::ordered_json object = nlohmann::ordered_json::object();
+                            object["keys"] = ids(batch.keys(row), batch.context_length());
+                            object["values"] = ids(batch.values(row), batch.context_length());
+                            object["query"] = batch.query(row);
+                            object["target"] = batch.target(row);
+                            out << object.dump() << '\n';
+                          }
+                        },
+                        [&](const VeaDims&) {
+                          const auto& batch =
+                              any.get<VariationalEmbeddingAttentionBatch>("attnmix sample");
+                          for (Index row = 0; row < batch.n_rows(); ++row) {
+                            nlohmann::ordered_json object = nlohmann::ordered_json::object();
+                            object["context"] = ids(batch.context(row), batch.context_length());
+                            object["query"] = batch.query(row);
+                            object["target"] = batch.target(row);
+                            out << object.dump() << '\n';
+                          }
+                        },
+                        [&](const RaDims&) {
+                          const auto& batch =
+                              any.get<ResponsibilityAttentionBatch>("attnmix sample");
+                          for (Index row = 0; row < batch.n_rows(); ++row) {
+                            nlohmann::ordered_json object = nlohmann::ordered_json::object();
+                            object["context"] = ids(batch.context(row), batch.context_length());
+                            object["query"] = std::vector<double>(
+                                batch.query(row), batch.query(row) + batch.query_dim());
+                            object["target"] = batch.target(row);
+                            out << object.dump() << '\n';
+                          }
+                        }},
+             data_dims_of(model));
 }
 
 }  // namespace attnmix::cli

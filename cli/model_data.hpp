@@ -2,9 +2,10 @@
 /// @file model_data.hpp
 /// The bridge between a loaded model and data files, and the one place the CLI dispatches on a
 /// model's family: which rows a model reads (checked against the model's own dimensions), how its
-/// samples are drawn, and how they are written. Leaf families are responsibility attention and
-/// chained attention, alone or as the components of a mixture; a new family adds one alternative
-/// to DataDims and one branch to each function here.
+/// samples are drawn, and how they are written. Leaf families are responsibility attention,
+/// chained attention, variational embedding attention and variational multi-hop attention (which
+/// reads chained-attention rows), alone or as the components of a mixture; a family with a new
+/// data schema adds one alternative to DataDims and one branch to each function here.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +17,13 @@
 #include "attnmix/core/any.hpp"
 #include "chained_data_io.hpp"
 #include "data_io.hpp"
+#include "variational_data_io.hpp"
 
 namespace attnmix::cli {
 
-/// The dimensions of the data a model reads; the alternative names the family.
-using DataDims = std::variant<RaDims, CaDims>;
+/// The dimensions of the data a model reads; the alternative names the data schema (CaDims: the
+/// keys/values rows of chained and variational multi-hop attention).
+using DataDims = std::variant<RaDims, CaDims, VeaDims>;
 
 /// The data dimensions of a model (a leaf, or a mixture whose components are all of one family
 /// with equal dimensions). @throws ValueError for other families.
@@ -39,10 +42,10 @@ struct ModelData {
 [[nodiscard]] ModelData read_model_data(const AnyDistribution& model, const std::string& data_path,
                                         TargetPolicy policy);
 
-/// m observations from the model's sampler. `context_length`: chained attention draws contexts of
-/// that length (default: its sampler's); responsibility attention has a fixed N, which it must
-/// equal. @throws UsageError on a context length the model cannot use; ValueError for a family
-/// without a sampler.
+/// m observations from the model's sampler. `context_length`: chained and variational multi-hop
+/// attention draw contexts of that length (default: their samplers', 6); responsibility and
+/// variational embedding attention have a fixed N, which it must equal. @throws UsageError on a
+/// context length the model cannot use; ValueError for a family without a sampler.
 [[nodiscard]] AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed,
                                     std::optional<int64_t> context_length);
 

@@ -17,9 +17,11 @@ struct DemoSection {
   void (*run)(std::ostream& out);
 };
 
-constexpr std::array<DemoSection, 3> kSections{{
+constexpr std::array<DemoSection, 4> kSections{{
     {"Responsibility attention: content-addressed recall", &demo_responsibility_attention},
     {"Chained attention: transitive lookup needs two hops", &demo_chained_attention},
+    {"Variational embedding attention: tied embeddings transfer to unseen synonyms",
+     &demo_variational_embedding_attention},
     {"Assignment-tree attention: matchings as a sparse support", &demo_assignment_tree},
 }};
 

@@ -16,6 +16,11 @@ void demo_responsibility_attention(std::ostream& out);
 /// (demo_chained.cpp).
 void demo_chained_attention(std::ostream& out);
 
+/// Variational embedding attention against untied responsibility attention on held-out synonyms
+/// (SPEC.md §9.4, VEA-2): tied embeddings transfer to query symbols never seen as queries
+/// (demo_variational.cpp).
+void demo_variational_embedding_attention(std::ostream& out);
+
 /// Assignment-tree attention on the 16 × 15 problem of SPEC.md §8.2: frequencies, the spanning
 /// tree, and dense against tree-sparse attention on a few retrieval trials (demo_assign_tree.cpp).
 void demo_assignment_tree(std::ostream& out);

@@ -14,6 +14,8 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/json.hpp"
 #include "attnmix/inference/optimize.hpp"
@@ -27,12 +29,15 @@ namespace attnmix::cli {
 
 namespace {
 
-/// A family --family can name: its names (the first is canonical), its preparation function (null
-/// when the family is not yet in this build) and the flags that apply only to it.
+/// A family --family can name: its names (the first is canonical), its preparation function, the
+/// family-specific flags that apply to it (a flag listed by some family is a usage error with every
+/// family that does not list it) and whether its objective is stochastic (then --delta defaults to
+/// none: a Monte-Carlo score does not rise monotonically, SPEC.md §1.7).
 struct FitFamily {
   std::vector<std::string> names;
-  FitProblem (*prepare)(const FitArgs&);
-  std::vector<CLI::Option* FitArgs::*> own_flags;
+  FitProblem (*prepare)(const FitArgs&, const FitInit*);
+  std::vector<CLI::Option* FitArgs::*> flags;
+  bool stochastic = false;
 };
 
 const std::vector<FitFamily>& fit_families() {
@@ -40,10 +45,18 @@ const std::vector<FitFamily>& fit_families() {
       {{"responsibility", "ra"},
        &prepare_responsibility_fit,
        {&FitArgs::text_opt, &FitArgs::tokens_opt, &FitArgs::query_dim_opt,
-        &FitArgs::estimate_sigma2_opt, &FitArgs::min_sigma2_opt}},
-      {{"chained", "ca"}, &prepare_chained_fit, {&FitArgs::hops_opt}},
-      {{"variational", "vea"}, nullptr, {}},
-      {{"variational-multihop", "vmha"}, nullptr, {}},
+        &FitArgs::estimate_sigma2_opt, &FitArgs::min_sigma2_opt},
+       false},
+      {{"chained", "ca"}, &prepare_chained_fit, {&FitArgs::hops_opt}, false},
+      {{"variational", "vea"},
+       &prepare_variational_fit,
+       {&FitArgs::embed_dim_opt, &FitArgs::lr_opt, &FitArgs::mc_opt, &FitArgs::prior_strength_opt},
+       true},
+      {{"variational-multihop", "vmha"},
+       &prepare_variational_multihop_fit,
+       {&FitArgs::embed_dim_opt, &FitArgs::lr_opt, &FitArgs::mc_opt, &FitArgs::prior_strength_opt,
+        &FitArgs::anneal_iters_opt},
+       true},
   };
   return families;
 }
@@ -55,27 +68,39 @@ std::vector<std::string> family_names() {
   return names;
 }
 
+bool lists_flag(const FitFamily& family, CLI::Option* FitArgs::*flag) {
+  return std::find(family.flags.begin(), family.flags.end(), flag) != family.flags.end();
+}
+
 /// The family named by --family, after checking that no flag of another family was given.
 const FitFamily& choose_family(const FitArgs& args) {
   const FitFamily* chosen = nullptr;
-  std::string available;
-  for (const FitFamily& family : fit_families()) {
+  for (const FitFamily& family : fit_families())
     if (std::find(family.names.begin(), family.names.end(), args.family) != family.names.end())
       chosen = &family;
-    if (family.prepare)
-      available += (available.empty() ? "" : ", ") + family.names[0] + " (" + family.names[1] + ")";
-  }
-  if (chosen == nullptr || chosen->prepare == nullptr)
-    throw UsageError("--family " + args.family +
-                     ": this mechanism is not yet available in this build (available: " +
-                     available + ")");
+  if (chosen == nullptr) throw UsageError("--family " + args.family + ": unknown family");
   for (const FitFamily& family : fit_families())
-    if (&family != chosen)
-      for (CLI::Option* FitArgs::*flag : family.own_flags)
-        if (given(args.*flag))
-          throw UsageError((args.*flag)->get_name() + " applies only to --family " +
-                           family.names[0] + ", not to --family " + chosen->names[0]);
+    for (CLI::Option* FitArgs::*flag : family.flags) {
+      if (!given(args.*flag) || lists_flag(*chosen, flag)) continue;
+      std::string owners;  // every family the flag applies to
+      for (const FitFamily& owner : fit_families())
+        if (lists_flag(owner, flag)) owners += (owners.empty() ? "" : " or ") + owner.names[0];
+      throw UsageError((args.*flag)->get_name() + " applies only to --family " + owners +
+                       ", not to --family " + chosen->names[0]);
+    }
   return *chosen;
+}
+
+/// "the model in a.json", with the Adam step a variational model continues from.
+std::string init_description(const FitInit& init) {
+  std::string text = "the model in " + init.path;
+  std::optional<int64_t> steps;
+  if (const auto* vea = init.model.get_if<VariationalEmbeddingAttention>())
+    steps = vea->optimizer_state().iteration;
+  if (const auto* vmha = init.model.get_if<VariationalMultiHopAttention>())
+    steps = vmha->optimizer_state().iteration;
+  if (steps) text += " (its Adam trajectory goes on after step " + std::to_string(*steps) + ")";
+  return text;
 }
 
 std::string delta_text(const std::optional<double>& delta) {
@@ -106,21 +131,30 @@ int run_fit(const FitArgs& args) {
   const FitFamily& family = choose_family(args);
   if (args.data.empty() == args.text.empty())
     throw UsageError("give exactly one of --data FILE or --text FILE");
+  if (!args.init.empty() && (given(args.seed_opt) || given(args.init_p_opt)))
+    throw UsageError(std::string(given(args.seed_opt) ? "--seed" : "--init-p") +
+                     " sets up the random initialisation, which --init replaces (a variational "
+                     "model's Monte-Carlo noise seed is part of its optimizer state)");
   OptimizeOptions options = args.optimize;
-  options.delta = parse_delta(args.delta);
+  options.delta =
+      family.stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
   options.reuse_estep_ll = !args.classic;
   options.on_iteration = print_progress;
   check_output_path(args.out);
 
-  const FitProblem input = family.prepare(args);
+  std::optional<FitInit> init;
+  if (!args.init.empty()) init = FitInit{args.init, load_model(args.init)};
+  const FitProblem input = family.prepare(args, init ? &*init : nullptr);
   const Index n_rows = input.train.n_rows();
   std::cout << "Fitting " << input.mechanism << " by EM to " << n_rows << " rows of "
-            << input.train_source << " (" << input.dims_brief << ")\n"
-            << std::flush;
+            << input.train_source << " (" << input.dims_brief << ")";
+  if (init) std::cout << ", starting from " << init_description(*init);
+  std::cout << "\n" << std::flush;
   const auto start = std::chrono::steady_clock::now();
   std::optional<OptimizeResult<AnyDistribution>> fit;
   try {
-    fit = optimize(input.train, input.estimator, options, std::nullopt,
+    fit = optimize(input.train, input.estimator, options,
+                   init ? std::optional<AnyDistribution>(init->model) : std::nullopt,
                    input.valid ? &*input.valid : nullptr);
   } catch (const ImpossibleEvidenceError& e) {
     rethrow_with_lines(e, input.train_origin);
@@ -135,6 +169,7 @@ int run_fit(const FitArgs& args) {
   std::cout << "  data            " << n_rows << " rows from " << input.train_source
             << input.data_note << "\n";
   std::cout << "  dimensions      " << input.dims_summary << "\n";
+  if (init) std::cout << "  started from    " << init_description(*init) << "\n";
   std::cout << "  iterations      " << fit->n_iterations << " run; ";
   if (converged) {
     const auto& s = fit->scores;
@@ -149,7 +184,7 @@ int run_fit(const FitArgs& args) {
   }
   std::cout << "  best model      ";
   if (fit->n_iterations == 0)
-    std::cout << "the initial model (--max-its 0)\n";
+    std::cout << (init ? "the --init model (--max-its 0)\n" : "the initial model (--max-its 0)\n");
   else
     std::cout << (fit->best_iteration > fit->n_iterations
                       ? "the model after the last iteration"
@@ -177,6 +212,16 @@ int run_fit(const FitArgs& args) {
 
 }  // namespace
 
+std::optional<Dim> settle_dim(const CLI::Option* option, int64_t value, const char* flag,
+                              const char* symbol, const FitInit* init, int64_t model_value) {
+  if (!init) return flag_dim(option, value, flag);
+  if (given(option) && value != model_value)
+    throw ValueError(std::string(flag) + " " + std::to_string(value) +
+                     " does not match the --init model " + init->path + " (" + symbol + " = " +
+                     std::to_string(model_value) + ")");
+  return Dim{model_value, "the --init model " + init->path};
+}
+
 void add_fit_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<FitArgs>();
   args->delta = delta_text(args->optimize.delta);
@@ -185,18 +230,27 @@ void add_fit_command(CLI::App& app, int& exit_code) {
   cmd->footer(
       "Data: --data takes JSON Lines or a NumPy .npz archive with the fields of the family: "
       "responsibility {\"context\":[ids],\"query\":[reals],\"target\":id} (arrays context (n,N) "
-      "int, query (n,D) float, target (n,) int); chained "
+      "int, query (n,D) float, target (n,) int); chained and variational-multihop "
       "{\"keys\":[ids],\"values\":[ids],\"query\":id,\"target\":id} (arrays keys (n,N), "
-      "values (n,N), query (n,), target (n,), all int). --text (responsibility only) takes a "
-      "plain-text corpus, split into UTF-8 characters (or words with --tokens words) and turned "
-      "into next-token triples with one-hot queries.\n"
+      "values (n,N), query (n,), target (n,), all int); variational "
+      "{\"context\":[ids],\"query\":id,\"target\":id} (arrays context (n,N), query (n,), "
+      "target (n,), all int). --text (responsibility only) takes a plain-text corpus, split into "
+      "UTF-8 characters (or words with --tokens words) and turned into next-token triples with "
+      "one-hot queries.\n"
+      "Variational families: the embeddings are fitted by one Adam step per EM iteration on a "
+      "Monte-Carlo objective, so --delta defaults to none (every --max-its iteration runs).\n"
+      "--init M.json starts from a saved model of the same family instead of the random "
+      "initialisation; dimensions and the stored hyperparameters (sigma2, --hops) default to the "
+      "model's, and a variational model continues its Adam trajectory (give --lr, --mc, "
+      "--prior-strength, --anneal-iters, --emission-smoothing again: they are not stored in the "
+      "model).\n"
       "Output: one progress line per iteration on stdout, then a summary. The model is written "
       "only after a successful fit, atomically; a failed fit leaves --out untouched.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is "
       "then not written).");
   cmd->add_option("--family", args->family,
-                  "Mechanism: responsibility (ra) or chained (ca); variational (vea) and "
-                  "variational-multihop (vmha) are not yet available in this build")
+                  "Mechanism: responsibility (ra), chained (ca), variational (vea) or "
+                  "variational-multihop (vmha)")
       ->check(CLI::IsMember(family_names()))
       ->capture_default_str();
   cmd->add_option("--data", args->data, "Training data: JSON Lines or .npz")->type_name("FILE");
@@ -224,6 +278,11 @@ void add_fit_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--symbols", args->symbols,
                       "S, number of symbols (default: largest context, key, value or query id + 1)")
           ->check(CLI::PositiveNumber);
+  args->embed_dim_opt =
+      cmd->add_option("--embed-dim", args->embed_dim,
+                      "D, embedding dimension (variational, variational-multihop; default: " +
+                          std::to_string(kDefaultEmbedDim) + ")")
+          ->check(CLI::PositiveNumber);
   args->query_dim_opt = cmd->add_option("--query-dim", args->query_dim,
                                         "D, query dimension (responsibility; default: from the data)")
                             ->check(CLI::PositiveNumber);
@@ -232,11 +291,16 @@ void add_fit_command(CLI::App& app, int& exit_code) {
                           ->check(CLI::PositiveNumber);
   const ResponsibilityAttentionEstimatorOptions ra;  // the defaults quoted in the help
   const ChainedAttentionEstimatorOptions ca;
+  const VariationalEmbeddingAttentionEstimatorOptions vea;
+  const VariationalMultiHopAttentionEstimatorOptions vmha;
   args->sigma2_opt =
       cmd->add_option("--sigma2", args->sigma2,
                       "Gate variance sigma^2, fixed unless --estimate-sigma2 (default: " +
                           format_short(ra.sigma2) + " responsibility, " + format_short(ca.sigma2) +
-                          " chained)")
+                          " chained, " + format_short(vea.sigma2) + " variational, " +
+                          format_short(vmha.sigma2) +
+                          " variational-multihop; with --init: the "
+                          "model's)")
           ->check(CLI::PositiveNumber);
   args->estimate_sigma2_opt = cmd->add_flag("--estimate-sigma2", args->estimate_sigma2,
                                             "Learn sigma^2 in the M-step (responsibility)");
@@ -248,20 +312,54 @@ void add_fit_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--emission-smoothing", args->emission_smoothing,
                       "Pseudo-count added to every emission count (default: " +
                           format_short(ra.emission_smoothing) + " responsibility, " +
-                          format_short(ca.emission_smoothing) + " chained)")
+                          format_short(ca.emission_smoothing) + " chained, " +
+                          format_short(vea.emission_smoothing) + " variational, " +
+                          format_short(vmha.emission_smoothing) + " variational-multihop)")
           ->check(CLI::NonNegativeNumber);
+  args->lr_opt = cmd->add_option("--lr", args->lr,
+                                 "Adam step size of the embedding update (variational: default " +
+                                     format_short(vea.lr) +
+                                     "; variational-multihop: " + format_short(vmha.lr) + ")")
+                     ->check(CLI::PositiveNumber);
+  args->mc_opt = cmd->add_option("--mc", args->mc,
+                                 "Monte-Carlo samples of the embeddings per E-step (variational: "
+                                 "default " +
+                                     std::to_string(vea.mc) +
+                                     "; variational-multihop: " + std::to_string(vmha.mc) + ")")
+                     ->check(CLI::PositiveNumber);
+  args->prior_strength_opt =
+      cmd->add_option(
+             "--prior-strength", args->prior_strength,
+             "Weight of the KL term to the N(0, I) embedding prior (variational: default " +
+                 format_short(vea.prior_strength) +
+                 "; variational-multihop: " + format_short(vmha.prior_strength) + ")")
+          ->check(CLI::NonNegativeNumber);
+  args->anneal_iters_opt =
+      cmd->add_option("--anneal-iters", args->anneal_iters,
+                      "Adam steps over which the KL weight rises linearly to --prior-strength "
+                      "(variational-multihop; default " +
+                          std::to_string(vmha.anneal_iters) + ")")
+          ->check(CLI::PositiveNumber);
   cmd->add_option("--max-its", args->optimize.max_its, "Maximum EM iterations")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--delta", args->delta,
-                  "Stop when the log-likelihood improves by less than this (or decreases); 'none' "
-                  "runs every iteration")
-      ->capture_default_str();
-  cmd->add_option("--init-p", args->optimize.init_p,
-                  "Fraction of rows in the random initialisation (<= 0 means 0.1)")
-      ->capture_default_str();
-  cmd->add_option("--seed", args->optimize.seed, "Random seed of the initialisation")
-      ->capture_default_str();
+  args->delta_opt =
+      cmd->add_option("--delta", args->delta,
+                      "Stop when the log-likelihood improves by less than this (or decreases); "
+                      "'none' runs every iteration (the default of the variational families)")
+          ->capture_default_str();
+  cmd->add_option("--init", args->init,
+                  "Start EM from this saved model (same family and dimensions) instead of the "
+                  "random initialisation")
+      ->type_name("FILE");
+  args->init_p_opt = cmd->add_option("--init-p", args->optimize.init_p,
+                                     "Fraction of rows in the random initialisation (<= 0 means "
+                                     "0.1)")
+                         ->capture_default_str();
+  args->seed_opt = cmd->add_option("--seed", args->optimize.seed,
+                                   "Random seed of the initialisation (variational families: also "
+                                   "of the Monte-Carlo noise)")
+                       ->capture_default_str();
   cmd->add_option("--threads", args->optimize.n_threads, "Threads for the E-step (0 = all cores)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

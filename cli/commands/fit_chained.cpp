@@ -11,10 +11,19 @@
 
 namespace attnmix::cli {
 
-FitProblem prepare_chained_fit(const FitArgs& args) {
-  const CaDims declared{flag_dim(args.symbols_opt, args.symbols, "--symbols"),
+FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
+  const ChainedAttention* init_model =
+      init ? &init_model_as<ChainedAttention>(*init, args.family) : nullptr;
+  // A chained model fixes S, T and L, not the context length N.
+  const CaDims declared{settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
+                                   init_model ? init_model->n_symbols() : 0),
                         flag_dim(args.context_length_opt, args.context_length, "--context-length"),
-                        flag_dim(args.targets_opt, args.targets, "--targets")};
+                        settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                                   init_model ? init_model->n_targets() : 0)};
+  const int64_t L = settle_dim(args.hops_opt, args.hops, "--hops", "L", init,
+                               init_model ? init_model->n_hops() : 0)
+                        .value_or(Dim{args.hops, "--hops"})
+                        .value;
   FitProblem problem;
   CaRows train_rows = read_ca_rows(args.data, declared, TargetPolicy::kRequired);
   problem.train_source = args.data;
@@ -34,9 +43,11 @@ FitProblem prepare_chained_fit(const FitArgs& args) {
   problem.train_origin = std::move(train_rows);
 
   ChainedAttentionEstimatorOptions options;  // the library's M-step defaults
-  if (given(args.sigma2_opt)) options.sigma2 = args.sigma2;
+  if (given(args.sigma2_opt))
+    options.sigma2 = args.sigma2;
+  else if (init_model)
+    options.sigma2 = init_model->sigma2();
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
-  const int64_t L = args.hops;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
   problem.estimator = AnyEstimator(ChainedAttentionEstimator(L, S, T, options));

@@ -2,8 +2,13 @@
 /// @file fit_problem.hpp
 /// `attnmix fit` in two halves: the generic EM run (fit.cpp: flags, optimize(), progress lines,
 /// summary, atomic save) and one preparation function per family (fit_responsibility.cpp,
-/// fit_chained.cpp) that reads the data, settles the dimensions and builds the estimator. A new
-/// family adds one preparation function and one entry in fit.cpp's family table.
+/// fit_chained.cpp, fit_variational.cpp) that reads the data, settles the dimensions and builds the
+/// estimator. A new family adds one preparation function and one entry in fit.cpp's family table.
+///
+/// --init MODEL.json starts EM from a saved model (optimize's prev_estimate) instead of the random
+/// initialisation. The preparation function then checks that the model is of its family, takes
+/// every dimension and stored hyperparameter (σ², L) not given as a flag from the model, and
+/// checks that the flags given agree with it; the data are read against those dimensions.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -12,10 +17,16 @@
 #include <string>
 
 #include "attnmix/core/any.hpp"
+#include "attnmix/core/errors.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "data_fields.hpp"
 
 namespace attnmix::cli {
+
+/// The embedding dimension D of a variational fit when neither --embed-dim nor --init gives one
+/// (the library has no default: D is a constructor argument). 8 is the dimension of the synonym
+/// task of SPEC.md §9.4.
+inline constexpr int64_t kDefaultEmbedDim = 8;
 
 /// Every flag of `attnmix fit`, as parsed. Hyperparameters without a generic default are read
 /// only when given (`given(option)`); otherwise the family's estimator options supply the default.
@@ -24,8 +35,12 @@ struct FitArgs {
   std::string data, text, tokens = "chars", out, valid;
   int64_t context_length = 0, symbols = 0, query_dim = 0, targets = 0;
   int64_t hops = 2;  // L for --family chained: two hops solve transitive lookup (SPEC.md §3.1)
+  int64_t embed_dim = kDefaultEmbedDim;  // D for the variational families
   double sigma2 = 0.0, emission_smoothing = 0.0, min_sigma2 = 0.0;
+  double lr = 0.0, prior_strength = 0.0;
+  int64_t mc = 0, anneal_iters = 0;
   bool estimate_sigma2 = false;
+  std::string init;          // --init MODEL.json ("" when absent)
   OptimizeOptions optimize;  // the library's EM-loop defaults
   std::string delta;         // "none" or a number; initialised from optimize.delta
   bool classic = false;
@@ -41,6 +56,20 @@ struct FitArgs {
   CLI::Option* estimate_sigma2_opt = nullptr;
   CLI::Option* text_opt = nullptr;
   CLI::Option* tokens_opt = nullptr;
+  CLI::Option* embed_dim_opt = nullptr;
+  CLI::Option* lr_opt = nullptr;
+  CLI::Option* mc_opt = nullptr;
+  CLI::Option* prior_strength_opt = nullptr;
+  CLI::Option* anneal_iters_opt = nullptr;
+  CLI::Option* delta_opt = nullptr;
+  CLI::Option* seed_opt = nullptr;
+  CLI::Option* init_p_opt = nullptr;
+};
+
+/// The model named by --init, loaded (and validated) before the data are read.
+struct FitInit {
+  std::string path;
+  AnyDistribution model;
 };
 
 /// Whether a flag was given on the command line.
@@ -51,6 +80,22 @@ struct FitArgs {
                                                  const char* flag) {
   if (!given(option)) return std::nullopt;
   return Dim{value, flag};
+}
+
+/// A dimension of a fit: without --init, the flag's value when given (else nothing: the data
+/// decide); with --init, the model's value `model_value`, which a given flag must equal.
+/// @throws ValueError ("--symbols 10 does not match the --init model a.json (S = 12)").
+[[nodiscard]] std::optional<Dim> settle_dim(const CLI::Option* option, int64_t value,
+                                            const char* flag, const char* symbol,
+                                            const FitInit* init, int64_t model_value);
+
+/// The --init model as family M. @throws ValueError naming the file when it holds another family.
+template <class M>
+[[nodiscard]] const M& init_model_as(const FitInit& init, const std::string& family_flag) {
+  if (const M* model = init.model.get_if<M>()) return *model;
+  throw ValueError(init.path + ": --init holds a " + init.model.family() + " model, but --family " +
+                   family_flag + " fits " + M::kFamily +
+                   " models (start from a model of that family, or leave out --init)");
 }
 
 /// What the generic EM run needs from a family: the data, the estimator and how to describe both.
@@ -68,9 +113,15 @@ struct FitProblem {
 };
 
 /// Responsibility attention from --data files or a --text corpus (fit_responsibility.cpp).
-[[nodiscard]] FitProblem prepare_responsibility_fit(const FitArgs& args);
+[[nodiscard]] FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init);
 
 /// Chained attention from --data files (fit_chained.cpp).
-[[nodiscard]] FitProblem prepare_chained_fit(const FitArgs& args);
+[[nodiscard]] FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init);
+
+/// Variational embedding attention from --data files (fit_variational.cpp).
+[[nodiscard]] FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init);
+
+/// Variational multi-hop attention from chained-attention --data files (fit_variational.cpp).
+[[nodiscard]] FitProblem prepare_variational_multihop_fit(const FitArgs& args, const FitInit* init);
 
 }  // namespace attnmix::cli

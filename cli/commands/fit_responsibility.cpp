@@ -21,11 +21,23 @@ struct RaInput {
   RaDims dims;
 };
 
-RaInput read_data_files(const FitArgs& args) {
-  RaDims declared{flag_dim(args.symbols_opt, args.symbols, "--symbols"),
-                  flag_dim(args.context_length_opt, args.context_length, "--context-length"),
-                  flag_dim(args.query_dim_opt, args.query_dim, "--query-dim"),
-                  flag_dim(args.targets_opt, args.targets, "--targets")};
+/// The dimensions the flags and the --init model declare (init_model: the --init model, or null).
+RaDims declared_dims(const FitArgs& args, const FitInit* init,
+                     const ResponsibilityAttention* init_model) {
+  const auto model_dim = [&](int64_t (ResponsibilityAttention::*dim)() const) {
+    return init_model ? (init_model->*dim)() : 0;
+  };
+  return RaDims{settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
+                           model_dim(&ResponsibilityAttention::n_symbols)),
+                settle_dim(args.context_length_opt, args.context_length, "--context-length", "N",
+                           init, model_dim(&ResponsibilityAttention::context_length)),
+                settle_dim(args.query_dim_opt, args.query_dim, "--query-dim", "D", init,
+                           model_dim(&ResponsibilityAttention::query_dim)),
+                settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                           model_dim(&ResponsibilityAttention::n_targets))};
+}
+
+RaInput read_data_files(const FitArgs& args, const RaDims& declared) {
   RaInput input;
   RaRows train_rows = read_ra_rows(args.data, declared, TargetPolicy::kRequired);
   input.problem.train_source = args.data;
@@ -48,8 +60,8 @@ RaInput read_data_files(const FitArgs& args) {
   return input;
 }
 
-RaInput read_text_corpus(const FitArgs& args) {
-  if (!given(args.context_length_opt))
+RaInput read_text_corpus(const FitArgs& args, const RaDims& declared) {
+  if (!declared.context_length)
     throw UsageError(
         "--text needs --context-length N: how many tokens (the current one included) each "
         "prediction attends over");
@@ -60,7 +72,7 @@ RaInput read_text_corpus(const FitArgs& args) {
   std::optional<TokenizedText> valid;
   if (!args.valid.empty()) valid = tokenize_text(args.valid, mode, vocab, /*grow=*/false);
   const int64_t V = vocab.size();
-  const int64_t N = args.context_length;
+  const int64_t N = declared.context_length->value;
   const auto check_length = [&](const TokenizedText& t, const std::string& path) {
     if (static_cast<int64_t>(t.ids.size()) <= N)
       throw ValueError(path + ": has " + std::to_string(t.ids.size()) + " " + token_kind +
@@ -70,28 +82,27 @@ RaInput read_text_corpus(const FitArgs& args) {
   check_length(train, args.text);
   if (valid) check_length(*valid, args.valid);
   int64_t S = V;
-  if (given(args.symbols_opt)) {
-    if (args.symbols < V)
+  if (declared.n_symbols) {
+    if (declared.n_symbols->value < V)
       throw ValueError(args.text + ": has " + std::to_string(V) + " distinct " + token_kind +
-                       " but --symbols is " + std::to_string(args.symbols));
-    S = args.symbols;
+                       " but " + dim_text("S", *declared.n_symbols));
+    S = declared.n_symbols->value;
   }
-  if (given(args.query_dim_opt) && args.query_dim != S)
-    throw ValueError("--query-dim " + std::to_string(args.query_dim) +
+  if (declared.query_dim && declared.query_dim->value != S)
+    throw ValueError(dim_text("D", *declared.query_dim) +
                      " does not fit a text corpus: its queries are one-hot codes of the current "
                      "token, so D = S = " +
                      std::to_string(S));
   int64_t T = S;
-  if (given(args.targets_opt)) {
-    if (args.targets < V)
+  if (declared.n_targets) {
+    if (declared.n_targets->value < V)
       throw ValueError(args.text + ": has " + std::to_string(V) + " distinct " + token_kind +
-                       " (every one can be a target) but --targets is " +
-                       std::to_string(args.targets));
-    T = args.targets;
+                       " (every one can be a target) but " + dim_text("T", *declared.n_targets));
+    T = declared.n_targets->value;
   }
   const std::string from = "the text";
   RaInput input;
-  input.dims = RaDims{Dim{S, from}, Dim{N, "--context-length"}, Dim{S, from}, Dim{T, from}};
+  input.dims = RaDims{Dim{S, from}, *declared.context_length, Dim{S, from}, Dim{T, from}};
   input.problem.data_note =
       " (vocabulary: " + std::to_string(V) + " distinct " + token_kind + ")";
   input.problem.train = AnyBatch(sequence_to_triples(train.ids, N, S));
@@ -108,12 +119,19 @@ RaInput read_text_corpus(const FitArgs& args) {
 
 }  // namespace
 
-FitProblem prepare_responsibility_fit(const FitArgs& args) {
+FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) {
   if (given(args.tokens_opt) && args.text.empty())
     throw UsageError("--tokens applies only to --text corpora");
-  RaInput input = args.text.empty() ? read_data_files(args) : read_text_corpus(args);
+  const ResponsibilityAttention* init_model =
+      init ? &init_model_as<ResponsibilityAttention>(*init, args.family) : nullptr;
+  const RaDims declared = declared_dims(args, init, init_model);
+  RaInput input =
+      args.text.empty() ? read_data_files(args, declared) : read_text_corpus(args, declared);
   ResponsibilityAttentionEstimatorOptions options;  // the library's M-step defaults
-  if (given(args.sigma2_opt)) options.sigma2 = args.sigma2;
+  if (given(args.sigma2_opt))
+    options.sigma2 = args.sigma2;
+  else if (init_model)
+    options.sigma2 = init_model->sigma2();
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   if (given(args.min_sigma2_opt)) options.min_sigma2 = args.min_sigma2;
   options.estimate_sigma2 = args.estimate_sigma2;

@@ -50,8 +50,9 @@ void add_sample_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args->seed, "Random seed")->required();
   args->context_length_opt =
       cmd->add_option("--context-length", args->context_length,
-                      "Context length N (chained attention: default 6; responsibility attention: "
-                      "must equal the model's N)")
+                      "Context length N (chained and variational multi-hop attention: default "
+                      "6; responsibility and variational embedding attention: must equal the "
+                      "model's N)")
           ->check(CLI::PositiveNumber);
   cmd->callback([args, &exit_code] { exit_code = run_sample(*args); });
 }

@@ -2,7 +2,8 @@
 """attnmix: attention as a mixture (SPEC.md).
 
 Probabilistic attention mechanisms in which *which context position is attended* is a latent variable, fitted by
-exact EM. The classes keep the reference design's names and call signatures (mixle), so
+exact EM (the variational families by variational EM, with the Adam state carried by the model). The classes keep
+the reference design's names and call signatures (mixle), so
 
     from attnmix import ResponsibilityAttentionEstimator, optimize
 
@@ -16,6 +17,7 @@ from attnmix import _core
 from attnmix._core import (
     Accumulator,
     AccumulatorFactory,
+    AttentionOptimizerState,
     CategoricalAccumulator,
     CategoricalDataEncoder,
     CategoricalDistribution,
@@ -52,6 +54,18 @@ from attnmix._core import (
     ResponsibilityAttentionEstimator,
     ResponsibilityAttentionSampler,
     Rng,
+    VariationalEmbeddingAttentionAccumulator,
+    VariationalEmbeddingAttentionAccumulatorFactory,
+    VariationalEmbeddingAttentionDataEncoder,
+    VariationalEmbeddingAttentionDistribution,
+    VariationalEmbeddingAttentionEstimator,
+    VariationalEmbeddingAttentionSampler,
+    VariationalMultiHopAttentionAccumulator,
+    VariationalMultiHopAttentionAccumulatorFactory,
+    VariationalMultiHopAttentionDataEncoder,
+    VariationalMultiHopAttentionDistribution,
+    VariationalMultiHopAttentionEstimator,
+    VariationalMultiHopAttentionSampler,
     load_model,
     optimize,
     save_model,
@@ -64,6 +78,7 @@ __version__ = _core.__version__
 __all__ = [
     "Accumulator",
     "AccumulatorFactory",
+    "AttentionOptimizerState",
     "CategoricalAccumulator",
     "CategoricalDataEncoder",
     "CategoricalDistribution",
@@ -100,6 +115,18 @@ __all__ = [
     "ResponsibilityAttentionEstimator",
     "ResponsibilityAttentionSampler",
     "Rng",
+    "VariationalEmbeddingAttentionAccumulator",
+    "VariationalEmbeddingAttentionAccumulatorFactory",
+    "VariationalEmbeddingAttentionDataEncoder",
+    "VariationalEmbeddingAttentionDistribution",
+    "VariationalEmbeddingAttentionEstimator",
+    "VariationalEmbeddingAttentionSampler",
+    "VariationalMultiHopAttentionAccumulator",
+    "VariationalMultiHopAttentionAccumulatorFactory",
+    "VariationalMultiHopAttentionDataEncoder",
+    "VariationalMultiHopAttentionDistribution",
+    "VariationalMultiHopAttentionEstimator",
+    "VariationalMultiHopAttentionSampler",
     "assign",
     "inference",
     "load_model",

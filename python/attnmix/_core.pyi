@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Type stubs of attnmix._core, the compiled part of attnmix (SPEC.md §1.10, §2.4, §3.4)."""
+"""Type stubs of attnmix._core, the compiled part of attnmix (SPEC.md §1.10, §2.4, §3.4, §4.5, §4.6, §5)."""
 from collections.abc import Iterator, MutableMapping, Sequence
 from os import PathLike
 from typing import Any, TextIO, overload
@@ -219,6 +219,193 @@ class ChainedAttentionAccumulatorFactory(AccumulatorFactory):
     def make(self) -> ChainedAttentionAccumulator: ...
 
 class ChainedAttentionDataEncoder(DataEncoder):
+    def __init__(self, num_symbols: int | None = None, num_targets: int | None = None) -> None: ...
+    num_symbols: int | None
+    num_targets: int | None
+
+# ---- the optimizer state of the variational families (SPEC.md §4.5) ---------------------------------------------
+
+class AttentionOptimizerState:
+    """Immutable Adam state carried by a variational model; the arrays are read-only."""
+    def __init__(self, family: str, mean: ArrayLike, log_var: ArrayLike, mean_first_moment: ArrayLike,
+                 mean_second_moment: ArrayLike, log_var_first_moment: ArrayLike, log_var_second_moment: ArrayLike,
+                 iteration: int = 0, seed: int = 0, schema_version: int = 1, algorithm: str = "adam") -> None: ...
+    @staticmethod
+    def fresh(family: str, mean: ArrayLike, log_var: ArrayLike, seed: int = 0) -> AttentionOptimizerState: ...
+    family: str
+    mean: npt.NDArray[np.float64]
+    log_var: npt.NDArray[np.float64]
+    mean_first_moment: npt.NDArray[np.float64]
+    mean_second_moment: npt.NDArray[np.float64]
+    log_var_first_moment: npt.NDArray[np.float64]
+    log_var_second_moment: npt.NDArray[np.float64]
+    iteration: int
+    seed: int
+    schema_version: int
+    algorithm: str
+    def to_dict(self) -> dict[str, Any]: ...
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> AttentionOptimizerState: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __ne__(self, other: object) -> bool: ...
+
+# ---- variational embedding attention (SPEC.md §4.6) ---------------------------------------------------------------
+
+VeaObservation = tuple[npt.NDArray[np.int64], int, int]
+VeaValue = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64],
+                 float, float, AttentionOptimizerState | None]
+
+class VariationalEmbeddingAttentionDistribution(Distribution):
+    def __init__(self, mean: ArrayLike, log_var: ArrayLike, emission: ArrayLike, position_prior: ArrayLike,
+                 sigma2: float = 0.5, name: str | None = None,
+                 optimizer_state: AttentionOptimizerState | None = None) -> None: ...
+    mean: npt.NDArray[np.float64]
+    log_var: npt.NDArray[np.float64]
+    emission: npt.NDArray[np.float64]
+    position_prior: npt.NDArray[np.float64]
+    sigma2: float
+    name: str | None
+    optimizer_state: AttentionOptimizerState
+    num_symbols: int
+    context_length: int
+    embed_dim: int
+    num_targets: int
+    def embeddings(self) -> npt.NDArray[np.float64]: ...
+    def predict_proba(self, context: ArrayLike, query_symbols: ArrayLike) -> npt.NDArray[np.float64]: ...
+    def sampler(self, seed: RngLike = None) -> VariationalEmbeddingAttentionSampler: ...
+    def posterior_predictive_sampler(self, seed: RngLike = None) -> VariationalEmbeddingAttentionSampler: ...
+    def estimator(self, pseudo_count: float | None = None) -> VariationalEmbeddingAttentionEstimator: ...
+    def dist_to_encoder(self) -> VariationalEmbeddingAttentionDataEncoder: ...
+
+class VariationalEmbeddingAttentionSampler:
+    def __init__(self, dist: VariationalEmbeddingAttentionDistribution, seed: RngLike = None) -> None: ...
+    dist: VariationalEmbeddingAttentionDistribution
+    @overload
+    def sample(self, size: None = None, *, batched: bool = True) -> VeaObservation: ...
+    @overload
+    def sample(self, size: int, *, batched: bool = True) -> list[VeaObservation]: ...
+
+class VariationalEmbeddingAttentionEstimator(Estimator):
+    def __init__(self, num_symbols: int, context_length: int, embed_dim: int, num_targets: int, *,
+                 sigma2: float = 0.5, lr: float = 0.05, mc: int = 6, prior_strength: float = 1.0,
+                 emission_smoothing: float = 1e-4, seed: int = 0, pseudo_count: float | None = None,
+                 name: str | None = None, keys: str | None = None) -> None: ...
+    num_symbols: int
+    context_length: int
+    embed_dim: int
+    num_targets: int
+    sigma2: float
+    lr: float
+    mc: int
+    prior_strength: float
+    emission_smoothing: float
+    seed: int
+    name: str | None
+    keys: str | None
+    def accumulator_factory(self) -> VariationalEmbeddingAttentionAccumulatorFactory: ...
+    def estimate(self, nobs: float | None, value: Any) -> VariationalEmbeddingAttentionDistribution: ...
+
+class VariationalEmbeddingAttentionAccumulator(Accumulator):
+    def __init__(self, num_symbols: int, context_length: int, embed_dim: int, num_targets: int, mc: int = 6,
+                 keys: str | None = None, name: str | None = None) -> None: ...
+    num_symbols: int
+    context_length: int
+    embed_dim: int
+    num_targets: int
+    mc: int
+    def value(self) -> VeaValue: ...
+
+class VariationalEmbeddingAttentionAccumulatorFactory(AccumulatorFactory):
+    def __init__(self, num_symbols: int, context_length: int, embed_dim: int, num_targets: int, mc: int = 6,
+                 keys: str | None = None, name: str | None = None) -> None: ...
+    num_symbols: int
+    context_length: int
+    embed_dim: int
+    num_targets: int
+    mc: int
+    def make(self) -> VariationalEmbeddingAttentionAccumulator: ...
+
+class VariationalEmbeddingAttentionDataEncoder(DataEncoder):
+    def __init__(self, num_symbols: int | None = None, context_length: int | None = None,
+                 num_targets: int | None = None) -> None: ...
+    num_symbols: int | None
+    context_length: int | None
+    num_targets: int | None
+
+# ---- variational multi-hop attention (SPEC.md §5) -----------------------------------------------------------------
+
+VmhaValue = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], float, float,
+                  AttentionOptimizerState | None]
+
+class VariationalMultiHopAttentionDistribution(Distribution):
+    def __init__(self, mean: ArrayLike, log_var: ArrayLike, emission: ArrayLike, sigma2: float = 0.3,
+                 name: str | None = None, optimizer_state: AttentionOptimizerState | None = None) -> None: ...
+    mean: npt.NDArray[np.float64]
+    log_var: npt.NDArray[np.float64]
+    emission: npt.NDArray[np.float64]
+    sigma2: float
+    name: str | None
+    optimizer_state: AttentionOptimizerState
+    num_symbols: int
+    embed_dim: int
+    num_targets: int
+    def embeddings(self) -> npt.NDArray[np.float64]: ...
+    def predict_proba(self, context_keys: ArrayLike, context_values: ArrayLike, query_symbols: ArrayLike
+                      ) -> npt.NDArray[np.float64]: ...
+    def sampler(self, seed: RngLike = None, *, context_length: int = 6) -> VariationalMultiHopAttentionSampler: ...
+    def posterior_predictive_sampler(self, seed: RngLike = None, *, context_length: int = 6
+                                     ) -> VariationalMultiHopAttentionSampler: ...
+    def estimator(self, pseudo_count: float | None = None) -> VariationalMultiHopAttentionEstimator: ...
+    def dist_to_encoder(self) -> VariationalMultiHopAttentionDataEncoder: ...
+
+class VariationalMultiHopAttentionSampler:
+    def __init__(self, dist: VariationalMultiHopAttentionDistribution, seed: RngLike = None, *,
+                 context_length: int = 6) -> None: ...
+    dist: VariationalMultiHopAttentionDistribution
+    @overload
+    def sample(self, size: None = None, *, batched: bool = True) -> CaObservation: ...
+    @overload
+    def sample(self, size: int, *, batched: bool = True) -> list[CaObservation]: ...
+
+class VariationalMultiHopAttentionEstimator(Estimator):
+    def __init__(self, num_symbols: int, embed_dim: int, num_targets: int, *, sigma2: float = 0.3, lr: float = 0.05,
+                 mc: int = 5, prior_strength: float = 0.1, anneal_iters: int = 100, emission_smoothing: float = 1e-4,
+                 seed: int = 0, pseudo_count: float | None = None, name: str | None = None,
+                 keys: str | None = None) -> None: ...
+    num_symbols: int
+    embed_dim: int
+    num_targets: int
+    sigma2: float
+    lr: float
+    mc: int
+    prior_strength: float
+    anneal_iters: int
+    emission_smoothing: float
+    seed: int
+    name: str | None
+    keys: str | None
+    def accumulator_factory(self) -> VariationalMultiHopAttentionAccumulatorFactory: ...
+    def estimate(self, nobs: float | None, value: Any) -> VariationalMultiHopAttentionDistribution: ...
+
+class VariationalMultiHopAttentionAccumulator(Accumulator):
+    def __init__(self, num_symbols: int, embed_dim: int, num_targets: int, mc: int = 5, keys: str | None = None,
+                 name: str | None = None) -> None: ...
+    num_symbols: int
+    embed_dim: int
+    num_targets: int
+    mc: int
+    def value(self) -> VmhaValue: ...
+
+class VariationalMultiHopAttentionAccumulatorFactory(AccumulatorFactory):
+    def __init__(self, num_symbols: int, embed_dim: int, num_targets: int, mc: int = 5, keys: str | None = None,
+                 name: str | None = None) -> None: ...
+    num_symbols: int
+    embed_dim: int
+    num_targets: int
+    mc: int
+    def make(self) -> VariationalMultiHopAttentionAccumulator: ...
+
+class VariationalMultiHopAttentionDataEncoder(DataEncoder):
     def __init__(self, num_symbols: int | None = None, num_targets: int | None = None) -> None: ...
     num_symbols: int | None
     num_targets: int | None

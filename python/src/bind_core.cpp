@@ -371,7 +371,8 @@ void bind_model_files(py::module_& m) {
       },
       "dist"_a, "path"_a,
       "Writes the model as the CLI's JSON model file (SPEC.md §1.10), atomically. Families with a "
-      "model-file format: responsibility and chained attention, and mixtures of them.");
+      "model-file format: responsibility, chained, variational embedding and variational multi-hop "
+      "attention, and mixtures of them.");
   m.def(
       "load_model",
       [](py::object path) {

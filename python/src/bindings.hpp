@@ -6,6 +6,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
+#include <string_view>
+
+namespace attnmix {
+struct AttentionOptimizerState;
+}  // namespace attnmix
+
 namespace attnmix::python {
 
 /// Rng, EncodedBatch, the role base classes and their generic methods, model files.
@@ -14,11 +21,24 @@ void bind_core(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
 /// Chained attention: the six roles (SPEC.md §3.4).
 void bind_chained(pybind11::module_& m);
+/// AttentionOptimizerState and the variational families: the six roles of variational embedding
+/// attention (SPEC.md §4.6) and of variational multi-hop attention (§5).
+void bind_variational(pybind11::module_& m);
 /// Mixture, Composite, Categorical and DiagonalGaussian (SPEC.md §1.5).
 void bind_stats(pybind11::module_& m);
 /// optimize() and score() (SPEC.md §1.7).
 void bind_inference(pybind11::module_& m);
 /// The submodule assign: assignment-tree attention and its experiment (SPEC.md §8).
 void bind_assign(pybind11::module_& m);
+
+/// The statistics attachment of the variational families (SPEC.md §4.3) as the last entry of their
+/// value() tuples (families.cpp), implemented with the AttentionOptimizerState class
+/// (bind_variational.cpp): an immutable attnmix.AttentionOptimizerState sharing `state`, or None.
+[[nodiscard]] pybind11::object optimizer_state_to_python(
+    const std::shared_ptr<const AttentionOptimizerState>& state);
+/// The state behind None (nullptr) or an attnmix.AttentionOptimizerState.
+/// @throws TypeError for anything else, naming `where` and `name`.
+[[nodiscard]] std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(
+    pybind11::handle obj, std::string_view where, std::string_view name);
 
 }  // namespace attnmix::python

@@ -4,6 +4,8 @@
 // encoders validate.
 #include "encoders.hpp"
 
+#include <typeinfo>
+
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/composite.hpp"
 #include "convert.hpp"
@@ -16,6 +18,8 @@ constexpr const char* kTripleMessage =
     "attention observations must be context/query/target triples";
 constexpr const char* kChainedMessage =
     "chained attention observations must be keys/values/query/target tuples";
+constexpr const char* kVariationalEmbeddingMessage =
+    "variational embedding attention observations must be context/query/target triples";
 
 /// The fast path: `data` is a tuple of `arity` elements whose first is a numpy array of
 /// `first_ndim` dimensions.
@@ -200,14 +204,77 @@ py::tuple ChainedAttentionDataEncoderPy::parts(const AnyBatch& any, py::handle o
 }
 
 bool ChainedAttentionDataEncoderPy::equals(const DataEncoder& other) const {
-  const auto* o = dynamic_cast<const ChainedAttentionDataEncoderPy*>(&other);
-  return o && o->spec_ == spec_;
+  if (typeid(other) != typeid(*this)) return false;  // a multi-hop encoder is another family's
+  return static_cast<const ChainedAttentionDataEncoderPy&>(other).spec_ == spec_;
 }
 
 py::tuple ca_observation(const int64_t* keys, const int64_t* values, Index N, int64_t query,
                          int64_t target) {
   return py::make_tuple(copy_ids(keys, {N}), copy_ids(values, {N}), py::int_(query),
                         py::int_(target));
+}
+
+// ---- variational embedding attention ------------------------------------------------------------
+
+AnyBatch VariationalEmbeddingAttentionDataEncoderPy::encode(py::handle data) const {
+  const std::string where = class_name();
+  if (is_array_tuple(data, 3, 2)) {
+    const py::tuple arrays = py::reinterpret_borrow<py::tuple>(data);
+    IdMatrix contexts = ids_2d(arrays[0], where, "context");
+    IdVector queries = ids_1d(arrays[1], where, "query");
+    IdVector targets = ids_1d(arrays[2], where, "target");
+    return AnyBatch(spec_.encode(std::move(contexts), std::move(queries), std::move(targets)));
+  }
+  const std::vector<py::object> rows = observations_of(data, where);
+  const Index n = static_cast<Index>(rows.size());
+  Index N = spec_.context_length.value_or(0);
+  std::vector<int64_t> contexts;
+  IdVector queries(n);
+  IdVector targets(n);
+  for (Index row = 0; row < n; ++row) {
+    const std::vector<py::object> obs =
+        fields_of(rows[static_cast<size_t>(row)], 3, kVariationalEmbeddingMessage);
+    NdArray<int64_t> ctx = read_ids(obs[0], where, "context");
+    if (ctx.ndim() != 1)
+      throw TypeError(where + ": context of row " + std::to_string(row) +
+                      " must be a 1-D sequence of ids (got shape " + shape_text(ctx.shape) + ")");
+    if (row == 0) {
+      N = ctx.shape[0];
+      contexts.reserve(static_cast<size_t>(n * N));
+    }
+    if (ctx.shape[0] != N)  // a ragged nesting (a declared N is checked by the library's encoder)
+      throw TypeError(where + ": contexts must all have the same length (row 0 has " +
+                      std::to_string(N) + ", row " + std::to_string(row) + " has " +
+                      std::to_string(ctx.shape[0]) + ")");
+    contexts.insert(contexts.end(), ctx.values.begin(), ctx.values.end());
+    queries[row] = id_scalar(obs[1], where, "query");
+    targets[row] = id_scalar(obs[2], where, "target");
+  }
+  IdMatrix c(n, N);
+  std::copy(contexts.begin(), contexts.end(), c.data());
+  return AnyBatch(spec_.encode(std::move(c), std::move(queries), std::move(targets)));
+}
+
+py::tuple VariationalEmbeddingAttentionDataEncoderPy::parts(const AnyBatch& any,
+                                                            py::handle owner) const {
+  const auto& batch = batch_as_family<VariationalEmbeddingAttentionBatch>(any, class_name());
+  const Index n = batch.n_rows();
+  const auto readonly_copy = [n](const IdVector& ids) {
+    py::array out = copy_ids(ids.data(), {n});
+    out.attr("setflags")(py::arg("write") = false);
+    return out;
+  };
+  return py::make_tuple(readonly_view(batch.context(0), {n, batch.context_length()}, owner),
+                        readonly_copy(batch.queries()), readonly_copy(batch.targets()));
+}
+
+bool VariationalEmbeddingAttentionDataEncoderPy::equals(const DataEncoder& other) const {
+  const auto* o = dynamic_cast<const VariationalEmbeddingAttentionDataEncoderPy*>(&other);
+  return o && o->spec_ == spec_;
+}
+
+py::tuple vea_observation(const int64_t* context, Index N, int64_t query, int64_t target) {
+  return py::make_tuple(copy_ids(context, {N}), py::int_(query), py::int_(target));
 }
 
 // ---- categorical --------------------------------------------------------------------------------

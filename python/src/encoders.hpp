@@ -10,6 +10,10 @@
 ///   chained attention         a list of (keys, values, query, target) observations, or the fast
 ///                             path: a tuple of numpy arrays (keys (n, N), values (n, N), queries
 ///                             (n,), targets (n,), all ids)
+///   variational multi-hop     as chained attention (the same batch type, its own Python class)
+///   variational embedding     a list of (context, query, target) triples of ids, or the fast path:
+///                             a tuple of numpy arrays (contexts (n, N), queries (n,), targets
+///                             (n,))
 ///   categorical               a list of ids or an (n,) array (also as the 1-tuple (ids,))
 ///   diagonal Gaussian         a list of vectors or an (n, D) array (also as the 1-tuple (values,))
 ///   mixture                   whatever its component encoder accepts
@@ -24,6 +28,7 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/stats/categorical.hpp"
 #include "attnmix/stats/gaussian.hpp"
 #include "roles.hpp"
@@ -46,7 +51,9 @@ class ResponsibilityAttentionDataEncoderPy final : public DataEncoder {
   ResponsibilityAttentionEncoder spec_;
 };
 
-class ChainedAttentionDataEncoderPy final : public DataEncoder {
+/// Chained attention's encoder; variational multi-hop attention derives from it (same observations
+/// and batch, another Python class). Two encoders are equal only when of the same class.
+class ChainedAttentionDataEncoderPy : public DataEncoder {
  public:
   explicit ChainedAttentionDataEncoderPy(ChainedAttentionEncoder spec) : spec_(spec) {}
   [[nodiscard]] const ChainedAttentionEncoder& spec() const noexcept { return spec_; }
@@ -57,6 +64,30 @@ class ChainedAttentionDataEncoderPy final : public DataEncoder {
 
  private:
   ChainedAttentionEncoder spec_;
+};
+
+class VariationalMultiHopAttentionDataEncoderPy final : public ChainedAttentionDataEncoderPy {
+ public:
+  using ChainedAttentionDataEncoderPy::ChainedAttentionDataEncoderPy;
+  [[nodiscard]] std::string class_name() const override {
+    return "VariationalMultiHopAttentionDataEncoder";
+  }
+};
+
+class VariationalEmbeddingAttentionDataEncoderPy final : public DataEncoder {
+ public:
+  explicit VariationalEmbeddingAttentionDataEncoderPy(VariationalEmbeddingAttentionEncoder spec)
+      : spec_(spec) {}
+  [[nodiscard]] const VariationalEmbeddingAttentionEncoder& spec() const noexcept { return spec_; }
+  [[nodiscard]] AnyBatch encode(py::handle data) const override;
+  [[nodiscard]] py::tuple parts(const AnyBatch& batch, py::handle owner) const override;
+  [[nodiscard]] bool equals(const DataEncoder& other) const override;
+  [[nodiscard]] std::string class_name() const override {
+    return "VariationalEmbeddingAttentionDataEncoder";
+  }
+
+ private:
+  VariationalEmbeddingAttentionEncoder spec_;
 };
 
 class CategoricalDataEncoderPy final : public DataEncoder {
@@ -129,5 +160,9 @@ class CompositeDataEncoderPy final : public DataEncoder {
 /// One CA observation: (keys int64 (N,), values int64 (N,), int query, int target).
 [[nodiscard]] py::tuple ca_observation(const int64_t* keys, const int64_t* values, Index N,
                                        int64_t query, int64_t target);
+
+/// One VEA observation: (context int64 (N,), int query, int target).
+[[nodiscard]] py::tuple vea_observation(const int64_t* context, Index N, int64_t query,
+                                        int64_t target);
 
 }  // namespace attnmix::python

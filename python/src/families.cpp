@@ -2,15 +2,21 @@
 // The family table of the bindings (roles.hpp): which Python class, encoder and statistics tuple
 // belong to a type-erased model, estimator or accumulator. Adding a family to the Python module
 // means one branch per function here, plus its classes in a bind_*.cpp file.
+#include <memory>
 #include <span>
+#include <type_traits>
+#include <vector>
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/categorical.hpp"
 #include "attnmix/stats/composite.hpp"
 #include "attnmix/stats/gaussian.hpp"
 #include "attnmix/stats/mixture.hpp"
+#include "bindings.hpp"
 #include "convert.hpp"
 #include "encoders.hpp"
 #include "roles.hpp"
@@ -19,6 +25,8 @@ namespace attnmix::python {
 
 using RaAccumulator = ResponsibilityAttentionAccumulator;
 using CaAccumulator = ChainedAttentionAccumulator;
+using VeaAccumulator = VariationalEmbeddingAttentionAccumulator;
+using VmhaAccumulator = VariationalMultiHopAttentionAccumulator;
 
 namespace {
 
@@ -29,16 +37,27 @@ std::span<AnyAccumulator> children_of(AnyAccumulator& acc) {
   return {};
 }
 
-/// Calls f(leaf) with the concrete leaf accumulator (a FlatAccumulator family); false for
-/// combinators.
-template <class F>
-bool with_leaf(const AnyAccumulator& acc, F&& f) {
-  if (const auto* a = acc.get_if<RaAccumulator>()) return f(*a), true;
-  if (const auto* a = acc.get_if<CaAccumulator>()) return f(*a), true;
-  if (const auto* a = acc.get_if<CategoricalAccumulator>()) return f(*a), true;
-  if (const auto* a = acc.get_if<DiagonalGaussianAccumulator>()) return f(*a), true;
+/// Calls f(leaf) with the concrete leaf accumulator (a FlatAccumulator family), const when `acc`
+/// is; false for combinators.
+template <class Any, class F>
+bool with_leaf(Any& acc, F&& f) {
+  if (auto* a = acc.template get_if<RaAccumulator>()) return f(*a), true;
+  if (auto* a = acc.template get_if<CaAccumulator>()) return f(*a), true;
+  if (auto* a = acc.template get_if<VeaAccumulator>()) return f(*a), true;
+  if (auto* a = acc.template get_if<VmhaAccumulator>()) return f(*a), true;
+  if (auto* a = acc.template get_if<CategoricalAccumulator>()) return f(*a), true;
+  if (auto* a = acc.template get_if<DiagonalGaussianAccumulator>()) return f(*a), true;
   return false;
 }
+
+/// Leaves whose statistics carry an optimizer state (SPEC.md §4.3): their value() tuple ends with
+/// it (an AttentionOptimizerState or None), after the flat fields.
+template <class A>
+constexpr bool kCarriesState = requires(const A& a) {
+  a.optimizer_state();
+};
+
+using StateList = std::vector<std::shared_ptr<const AttentionOptimizerState>>;
 
 [[noreturn]] void unknown_family(std::string_view what) {
   throw TypeError(std::string("attnmix: ") + std::string(what) +
@@ -61,15 +80,21 @@ std::vector<py::object> statistic_items(py::handle value, size_t arity, std::str
   return out;
 }
 
-/// Appends the flat statistics of `value`, laid out like `like`, to out (SPEC.md §1.3 order).
+/// Appends the flat statistics of `value`, laid out like `like`, to out (SPEC.md §1.3 order), and
+/// the optimizer states of its stateful leaves, depth first, to states.
 void flatten_statistics(py::handle value, const AnyAccumulator& like, std::string_view where,
-                        std::vector<double>& out) {
+                        std::vector<double>& out, StateList& states) {
   const bool leaf = with_leaf(like, [&](const auto& acc) {
+    constexpr bool stateful = kCarriesState<std::remove_cvref_t<decltype(acc)>>;
     const auto& fields = acc.layout().fields();
     std::string layout = acc.layout().describe();
-    const std::vector<py::object> items = statistic_items(value, fields.size(), where, layout);
+    if (stateful) layout += ", optimizer_state or None";
+    const std::vector<py::object> items =
+        statistic_items(value, fields.size() + (stateful ? 1 : 0), where, layout);
     for (size_t i = 0; i < fields.size(); ++i)
       reals_of_shape(items[i], fields[i].shape, where, fields[i].name, out);
+    if constexpr (stateful)
+      states.push_back(optimizer_state_from_python(items.back(), where, "optimizer_state"));
   });
   if (leaf) return;
   if (const auto* mixture = like.get_if<MixtureAccumulator>()) {
@@ -80,7 +105,7 @@ void flatten_statistics(py::handle value, const AnyAccumulator& like, std::strin
     const std::vector<py::object> children =
         statistic_items(items[1], K, where, std::to_string(K) + " component statistics");
     for (size_t k = 0; k < K; ++k)
-      flatten_statistics(children[k], mixture->components()[k], where, out);
+      flatten_statistics(children[k], mixture->components()[k], where, out, states);
     return;
   }
   if (const auto* composite = like.get_if<CompositeAccumulator>()) {
@@ -88,10 +113,20 @@ void flatten_statistics(py::handle value, const AnyAccumulator& like, std::strin
     const std::vector<py::object> children =
         statistic_items(value, F, where, std::to_string(F) + " field statistics");
     for (size_t f = 0; f < F; ++f)
-      flatten_statistics(children[f], composite->components()[f], where, out);
+      flatten_statistics(children[f], composite->components()[f], where, out, states);
     return;
   }
   unknown_family("statistics");
+}
+
+/// Attaches states (from flatten_statistics) to the stateful leaves of acc, depth first.
+void attach_states(AnyAccumulator& acc, const StateList& states, size_t& next) {
+  const bool leaf = with_leaf(acc, [&](auto& a) {
+    if constexpr (kCarriesState<std::remove_cvref_t<decltype(a)>>)
+      a.set_optimizer_state(states.at(next++));
+  });
+  if (leaf) return;
+  for (AnyAccumulator& child : children_of(acc)) attach_states(child, states, next);
 }
 
 }  // namespace
@@ -126,6 +161,10 @@ py::object wrap_distribution(AnyDistribution m) {
   if (m.get_if<ResponsibilityAttention>())
     return py::cast(DistributionOf<ResponsibilityAttention>(std::move(m)));
   if (m.get_if<ChainedAttention>()) return py::cast(DistributionOf<ChainedAttention>(std::move(m)));
+  if (m.get_if<VariationalEmbeddingAttention>())
+    return py::cast(DistributionOf<VariationalEmbeddingAttention>(std::move(m)));
+  if (m.get_if<VariationalMultiHopAttention>())
+    return py::cast(DistributionOf<VariationalMultiHopAttention>(std::move(m)));
   if (m.get_if<Mixture>()) return py::cast(DistributionOf<Mixture>(std::move(m)));
   if (m.get_if<Composite>()) return py::cast(DistributionOf<Composite>(std::move(m)));
   if (m.get_if<Categorical>()) return py::cast(DistributionOf<Categorical>(std::move(m)));
@@ -139,6 +178,12 @@ py::object wrap_estimator(AnyEstimator e, py::object pseudo_count) {
         EstimatorOf<ResponsibilityAttentionEstimator>(std::move(e), std::move(pseudo_count)));
   if (e.get_if<ChainedAttentionEstimator>())
     return py::cast(EstimatorOf<ChainedAttentionEstimator>(std::move(e), std::move(pseudo_count)));
+  if (e.get_if<VariationalEmbeddingAttentionEstimator>())
+    return py::cast(
+        EstimatorOf<VariationalEmbeddingAttentionEstimator>(std::move(e), std::move(pseudo_count)));
+  if (e.get_if<VariationalMultiHopAttentionEstimator>())
+    return py::cast(
+        EstimatorOf<VariationalMultiHopAttentionEstimator>(std::move(e), std::move(pseudo_count)));
   if (e.get_if<MixtureEstimator>())
     return py::cast(EstimatorOf<MixtureEstimator>(std::move(e), std::move(pseudo_count)));
   if (e.get_if<CompositeEstimator>())
@@ -154,6 +199,8 @@ py::object wrap_accumulator(AccumulatorHandle site) {
   const AnyAccumulator& a = site.get();
   if (a.get_if<RaAccumulator>()) return py::cast(AccumulatorOf<RaAccumulator>(std::move(site)));
   if (a.get_if<CaAccumulator>()) return py::cast(AccumulatorOf<CaAccumulator>(std::move(site)));
+  if (a.get_if<VeaAccumulator>()) return py::cast(AccumulatorOf<VeaAccumulator>(std::move(site)));
+  if (a.get_if<VmhaAccumulator>()) return py::cast(AccumulatorOf<VmhaAccumulator>(std::move(site)));
   if (a.get_if<MixtureAccumulator>())
     return py::cast(AccumulatorOf<MixtureAccumulator>(std::move(site)));
   if (a.get_if<CompositeAccumulator>())
@@ -170,6 +217,10 @@ py::object wrap_factory(AnyAccumulator prototype, py::object name) {
     return py::cast(FactoryOf<RaAccumulator>(std::move(prototype), std::move(name)));
   if (prototype.get_if<CaAccumulator>())
     return py::cast(FactoryOf<CaAccumulator>(std::move(prototype), std::move(name)));
+  if (prototype.get_if<VeaAccumulator>())
+    return py::cast(FactoryOf<VeaAccumulator>(std::move(prototype), std::move(name)));
+  if (prototype.get_if<VmhaAccumulator>())
+    return py::cast(FactoryOf<VmhaAccumulator>(std::move(prototype), std::move(name)));
   return py::cast(FactoryHandle(std::move(prototype), std::move(name)));
 }
 
@@ -180,6 +231,10 @@ std::shared_ptr<DataEncoder> encoder_of(const AnyDistribution& m) {
     return std::make_shared<ResponsibilityAttentionDataEncoderPy>(ra->encoder());
   if (const auto* ca = m.get_if<ChainedAttention>())
     return std::make_shared<ChainedAttentionDataEncoderPy>(ca->encoder());
+  if (const auto* vea = m.get_if<VariationalEmbeddingAttention>())
+    return std::make_shared<VariationalEmbeddingAttentionDataEncoderPy>(vea->encoder());
+  if (const auto* vmha = m.get_if<VariationalMultiHopAttention>())
+    return std::make_shared<VariationalMultiHopAttentionDataEncoderPy>(vmha->encoder());
   if (const auto* mixture = m.get_if<Mixture>())
     return std::make_shared<MixtureDataEncoderPy>(encoder_of(mixture->components().front()));
   if (const auto* composite = m.get_if<Composite>()) {
@@ -199,6 +254,10 @@ std::shared_ptr<DataEncoder> encoder_of(const AnyAccumulator& acc) {
     return std::make_shared<ResponsibilityAttentionDataEncoderPy>(ra->encoder());
   if (const auto* ca = acc.get_if<CaAccumulator>())
     return std::make_shared<ChainedAttentionDataEncoderPy>(ca->encoder());
+  if (const auto* vea = acc.get_if<VeaAccumulator>())
+    return std::make_shared<VariationalEmbeddingAttentionDataEncoderPy>(vea->encoder());
+  if (const auto* vmha = acc.get_if<VmhaAccumulator>())
+    return std::make_shared<VariationalMultiHopAttentionDataEncoderPy>(vmha->encoder());
   if (const auto* mixture = acc.get_if<MixtureAccumulator>())
     return std::make_shared<MixtureDataEncoderPy>(encoder_of(mixture->components().front()));
   if (const auto* composite = acc.get_if<CompositeAccumulator>()) {
@@ -218,13 +277,15 @@ std::shared_ptr<DataEncoder> encoder_of(const AnyAccumulator& acc) {
 py::object statistics_to_python(const AnyAccumulator& acc) {
   py::object out;
   const bool leaf = with_leaf(acc, [&](const auto& a) {
+    constexpr bool stateful = kCarriesState<std::remove_cvref_t<decltype(a)>>;
     const auto& fields = a.layout().fields();
-    py::tuple values(fields.size());
+    py::tuple values(fields.size() + (stateful ? 1 : 0));
     for (size_t i = 0; i < fields.size(); ++i) {
       const double* p = a.flat().data() + fields[i].offset;
       values[i] = fields[i].shape.empty() ? py::object(py::float_(*p))
                                           : py::object(copy_reals(p, fields[i].shape));
     }
+    if constexpr (stateful) values[fields.size()] = optimizer_state_to_python(a.optimizer_state());
     out = std::move(values);
   });
   if (leaf) return out;
@@ -248,9 +309,12 @@ AnyAccumulator statistics_from_python(py::handle value, const AnyAccumulator& li
                                       std::string_view where) {
   std::vector<double> flat;
   flat.reserve(static_cast<size_t>(like.flat_size()));
-  flatten_statistics(value, like, where, flat);
+  StateList states;
+  flatten_statistics(value, like, where, flat, states);
   AnyAccumulator out = like;
   out.unpack(flat);  // validates finiteness, counts >= 0 and the mass laws; atomic
+  size_t next = 0;
+  attach_states(out, states, next);  // the value's own states (None included), not like's
   return out;
 }
 

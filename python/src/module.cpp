@@ -95,6 +95,7 @@ PYBIND11_MODULE(_core, m) {
   attnmix::python::bind_core(m);
   attnmix::python::bind_attention(m);
   attnmix::python::bind_chained(m);
+  attnmix::python::bind_variational(m);
   attnmix::python::bind_stats(m);
   attnmix::python::bind_inference(m);
   attnmix::python::bind_assign(m);

@@ -141,7 +141,14 @@ AttentionOptimizerState optimizer_state_from_json(const ModelJsonField& field) {
   try {
     s.validate(AttentionOptimizerState::kWhere);
   } catch (const ValueError& e) {
-    field.fail(e.what());
+    // "AttentionOptimizerState: optimizer_state.family must be …" → "<source>: <this field's path>.family must be …"
+    std::string message = e.what();
+    const std::string prefix = std::string(AttentionOptimizerState::kWhere) + ": optimizer_state";
+    if (message.starts_with(prefix) && !field.path().empty())
+      message = field.path() + message.substr(prefix.size());
+    else if (message.starts_with(prefix))
+      message = message.substr(prefix.size() - std::string("optimizer_state").size());
+    throw ValueError(field.source() + ": " + message);
   }
   return s;
 }

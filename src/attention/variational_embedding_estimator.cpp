@@ -242,6 +242,7 @@ VariationalEmbeddingAttentionObservation VariationalEmbeddingAttentionSampler::s
 }
 
 VariationalEmbeddingAttentionBatch VariationalEmbeddingAttentionSampler::sample(Index m) {
+  if (m < 0) throw ValueError("VariationalEmbeddingAttentionSampler: size must be >= 0 (got " + std::to_string(m) + ")");
   const int64_t N = model_.context_length();
   IdMatrix contexts(m, N);
   IdVector queries(m), targets(m);

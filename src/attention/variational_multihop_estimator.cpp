@@ -192,6 +192,7 @@ ChainedAttentionObservation VariationalMultiHopAttentionSampler::sample() {
 }
 
 ChainedAttentionBatch VariationalMultiHopAttentionSampler::sample(Index m) {
+  if (m < 0) throw ValueError("VariationalMultiHopAttentionSampler: size must be >= 0 (got " + std::to_string(m) + ")");
   const auto N = static_cast<Index>(context_length_);
   IdMatrix keys(m, N), values(m, N);
   IdVector queries(m), targets(m);

@@ -3,20 +3,23 @@
 // every error and the document layout. Files are written with write_file_atomically (core/atomic_file.hpp).
 #include "attnmix/core/json.hpp"
 
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include "attnmix/attention/chained.hpp"
+#include "attnmix/attention/optimizer_state.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/atomic_file.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/mixture.hpp"
@@ -206,7 +209,8 @@ json ra_params_to_json(const AnyDistribution& model) {
 std::string ra_name_of(const AnyDistribution& model) {
   return model.get_if<ResponsibilityAttention>()->params().name;
 }
-AnyDistribution ra_from_json(const ModelJsonField& params, const std::string& name) {
+AnyDistribution ra_from_json(const ModelJsonField& params, const std::string& name,
+                             const ModelJsonField* /*optimizer_state*/) {
   constexpr std::array<std::string_view, 4> kRequired{"key_means", "emission", "position_prior",
                                                       "sigma2"};
   params.expect_object(kRequired, {});
@@ -228,7 +232,8 @@ json ca_params_to_json(const AnyDistribution& model) {
   return json{{"keys", std::move(tables)}, {"emission", matrix_to_json(p.emission)}, {"sigma2", p.sigma2}};
 }
 std::string ca_name_of(const AnyDistribution& model) { return model.get_if<ChainedAttention>()->params().name; }
-AnyDistribution ca_from_json(const ModelJsonField& params, const std::string& name) {
+AnyDistribution ca_from_json(const ModelJsonField& params, const std::string& name,
+                             const ModelJsonField* /*optimizer_state*/) {
   constexpr std::array<std::string_view, 3> kRequired{"keys", "emission", "sigma2"};
   params.expect_object(kRequired, {});
   ChainedAttentionParams p;
@@ -251,7 +256,8 @@ json mixture_params_to_json(const AnyDistribution& model) {
 std::string mixture_name_of(const AnyDistribution& model) {
   return model.get_if<Mixture>()->name();
 }
-AnyDistribution mixture_from_json(const ModelJsonField& params, const std::string& name) {
+AnyDistribution mixture_from_json(const ModelJsonField& params, const std::string& name,
+                                  const ModelJsonField* /*optimizer_state*/) {
   constexpr std::array<std::string_view, 2> kRequired{"w", "components"};
   params.expect_object(kRequired, {});
   Vector w = params["w"].as_vector();
@@ -263,16 +269,119 @@ AnyDistribution mixture_from_json(const ModelJsonField& params, const std::strin
   });
 }
 
-// Adding a family: write its params_to_json / name_of / from_json and add one row here.
-constexpr std::array<ModelCodec, 3> kCodecs{{
-    {ResponsibilityAttention::kFamily, &ra_params_to_json, &ra_name_of, &ra_from_json},
-    {ChainedAttention::kFamily, &ca_params_to_json, &ca_name_of, &ca_from_json},
-    {Mixture::kFamily, &mixture_params_to_json, &mixture_name_of, &mixture_from_json},
-}};
+// The variational families (SPEC.md §4, §5) keep their Adam state beside params, as
+// "optimizer_state" (optimizer_state_to_json). A file without it loads with a fresh state (the
+// constructor's default); a state that does not belong to the params (another family or geometry,
+// mean/log_var not bit-identical) is rejected by the constructor, and the message names the field.
 
-// Family names of SPEC.md §1.10 that this build does not implement yet (for a clearer message).
-constexpr std::array<std::string_view, 2> kPlannedFamilies{"variational_embedding_attention",
-                                                          "variational_multihop_attention"};
+/// Runs a variational constructor: errors about the optimizer state name the "optimizer_state"
+/// field ("model.json: optimizer_state.mean and …"), the others the params member as construct()
+/// does.
+template <class F>
+AnyDistribution construct_variational(const ModelJsonField& params, const ModelJsonField* state,
+                                      std::string_view family_where, F&& make) {
+  try {
+    return make();
+  } catch (const std::invalid_argument& e) {
+    const std::string_view message = e.what();
+    const std::string prefix = std::string(family_where) + ": ";
+    if (state && message.substr(0, prefix.size()) == prefix &&
+        message.substr(prefix.size()).rfind("optimizer_state", 0) == 0) {
+      // state->path() ends in "optimizer_state"; the message goes on from that word.
+      const std::string& path = state->path();
+      const std::string parent =
+          path.substr(0, path.size() - std::string("optimizer_state").size());
+      throw ValueError(state->source() + ": " + parent +
+                       std::string(message.substr(prefix.size())));
+    }
+    // Every other error: construct() names the params member (rethrowing the error being handled).
+    return params.construct(family_where, [&]() -> AnyDistribution { throw; });
+  }
+}
+
+std::optional<AttentionOptimizerState> state_from_json(const ModelJsonField* state) {
+  if (!state) return std::nullopt;
+  return optimizer_state_from_json(*state);
+}
+
+// variational_embedding_attention: mean [S, D], log_var [S, D], emission [S, T], position_prior
+// [N], sigma2; optimizer_state beside params.
+json vea_params_to_json(const AnyDistribution& model) {
+  const VariationalEmbeddingAttentionParams& p =
+      model.get_if<VariationalEmbeddingAttention>()->params();
+  return json{{"mean", matrix_to_json(p.mean)},
+              {"log_var", matrix_to_json(p.log_var)},
+              {"emission", matrix_to_json(p.emission)},
+              {"position_prior", vector_to_json(p.position_prior)},
+              {"sigma2", p.sigma2}};
+}
+std::string vea_name_of(const AnyDistribution& model) {
+  return model.get_if<VariationalEmbeddingAttention>()->params().name;
+}
+json vea_state_to_json(const AnyDistribution& model) {
+  return optimizer_state_to_json(model.get_if<VariationalEmbeddingAttention>()->optimizer_state());
+}
+AnyDistribution vea_from_json(const ModelJsonField& params, const std::string& name,
+                              const ModelJsonField* state) {
+  constexpr std::array<std::string_view, 5> kRequired{"mean", "log_var", "emission",
+                                                      "position_prior", "sigma2"};
+  params.expect_object(kRequired, {});
+  VariationalEmbeddingAttentionParams p;
+  p.mean = params["mean"].as_matrix();
+  p.log_var = params["log_var"].as_matrix();
+  p.emission = params["emission"].as_matrix();
+  p.position_prior = params["position_prior"].as_vector();
+  p.sigma2 = params["sigma2"].as_double();
+  p.name = name;
+  p.optimizer_state = state_from_json(state);
+  return construct_variational(params, state, VariationalEmbeddingAttention::kWhere, [&] {
+    return AnyDistribution(VariationalEmbeddingAttention(std::move(p)));
+  });
+}
+
+// variational_multihop_attention: mean [S, D], log_var [S, D], emission [S, T], sigma2;
+// optimizer_state beside params.
+json vmha_params_to_json(const AnyDistribution& model) {
+  const VariationalMultiHopAttentionParams& p =
+      model.get_if<VariationalMultiHopAttention>()->params();
+  return json{{"mean", matrix_to_json(p.mean)},
+              {"log_var", matrix_to_json(p.log_var)},
+              {"emission", matrix_to_json(p.emission)},
+              {"sigma2", p.sigma2}};
+}
+std::string vmha_name_of(const AnyDistribution& model) {
+  return model.get_if<VariationalMultiHopAttention>()->params().name;
+}
+json vmha_state_to_json(const AnyDistribution& model) {
+  return optimizer_state_to_json(model.get_if<VariationalMultiHopAttention>()->optimizer_state());
+}
+AnyDistribution vmha_from_json(const ModelJsonField& params, const std::string& name,
+                               const ModelJsonField* state) {
+  constexpr std::array<std::string_view, 4> kRequired{"mean", "log_var", "emission", "sigma2"};
+  params.expect_object(kRequired, {});
+  VariationalMultiHopAttentionParams p;
+  p.mean = params["mean"].as_matrix();
+  p.log_var = params["log_var"].as_matrix();
+  p.emission = params["emission"].as_matrix();
+  p.sigma2 = params["sigma2"].as_double();
+  p.name = name;
+  p.optimizer_state = state_from_json(state);
+  return construct_variational(params, state, VariationalMultiHopAttention::kWhere, [&] {
+    return AnyDistribution(VariationalMultiHopAttention(std::move(p)));
+  });
+}
+
+// Adding a family: write its params_to_json / name_of / from_json (and state_to_json when it has
+// state beside its parameters) and add one row here.
+constexpr std::array<ModelCodec, 5> kCodecs{{
+    {ResponsibilityAttention::kFamily, &ra_params_to_json, &ra_name_of, &ra_from_json, nullptr},
+    {ChainedAttention::kFamily, &ca_params_to_json, &ca_name_of, &ca_from_json, nullptr},
+    {VariationalEmbeddingAttention::kFamily, &vea_params_to_json, &vea_name_of, &vea_from_json,
+     &vea_state_to_json},
+    {VariationalMultiHopAttention::kFamily, &vmha_params_to_json, &vmha_name_of, &vmha_from_json,
+     &vmha_state_to_json},
+    {Mixture::kFamily, &mixture_params_to_json, &mixture_name_of, &mixture_from_json, nullptr},
+}};
 
 const ModelCodec* find_codec(std::string_view family) {
   for (const ModelCodec& c : kCodecs)
@@ -306,6 +415,7 @@ json model_object_to_json(const AnyDistribution& model) {
   out["params"] = codec->params_to_json(model);
   const std::string name = codec->name_of(model);
   if (!name.empty()) out["name"] = name;
+  if (codec->state_to_json) out["optimizer_state"] = codec->state_to_json(model);
   return out;
 }
 
@@ -320,9 +430,10 @@ json model_to_json(const AnyDistribution& model) {
 AnyDistribution model_object_from_json(const ModelJsonField& object, bool top_level) {
   constexpr std::array<std::string_view, 4> kTopRequired{"format", "schema_version", "family",
                                                          "params"};
-  constexpr std::array<std::string_view, 1> kTopOptional{"name"};
+  constexpr std::array<std::string_view, 2> kTopOptional{"name", "optimizer_state"};
   constexpr std::array<std::string_view, 2> kRequired{"family", "params"};
-  constexpr std::array<std::string_view, 3> kOptional{"format", "schema_version", "name"};
+  constexpr std::array<std::string_view, 4> kOptional{"format", "schema_version", "name",
+                                                      "optimizer_state"};
   if (top_level && object.value().is_object() && !object.has("format"))
     object.fail(
         "missing field 'format' (an attnmix model file starts with {\"format\": \"attnmix-model\", "
@@ -346,14 +457,16 @@ AnyDistribution model_object_from_json(const ModelJsonField& object, bool top_le
   const ModelJsonField family_field = object["family"];
   const std::string family = family_field.as_string();
   const ModelCodec* codec = find_codec(family);
-  if (!codec) {
-    for (std::string_view planned : kPlannedFamilies)
-      if (family == planned)
-        family_field.fail("family '" + family + "' is not available in this build");
+  if (!codec)
     family_field.fail("unknown family '" + family + "' (known: " + known_families() + ")");
+  std::optional<ModelJsonField> state;
+  if (object.has("optimizer_state")) {
+    if (!codec->state_to_json)
+      object.fail("unknown field 'optimizer_state' (family " + family + " has no optimizer state)");
+    state = object["optimizer_state"];
   }
   const std::string name = object.has("name") ? object["name"].as_string() : std::string();
-  return codec->from_json(object["params"], name);
+  return codec->from_json(object["params"], name, state ? &*state : nullptr);
 }
 
 AnyDistribution model_from_json(const json& doc, std::string_view source) {

@@ -152,7 +152,7 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
   AttachedOptimizerState state_;
 };
 
-/// The immutable model. The constructor validates (SPEC.md §4.7) and precomputes log B and log π.
+/// The immutable model. The constructor validates (SPEC.md §4.7) and precomputes log π.
 class VariationalEmbeddingAttention {
  public:
   using params_type = VariationalEmbeddingAttentionParams;
@@ -209,7 +209,6 @@ class VariationalEmbeddingAttention {
 
   VariationalEmbeddingAttentionParams params_;
   std::shared_ptr<const AttentionOptimizerState> state_;  // the same object as *params_.optimizer_state
-  Matrix log_emission_;                                    // [S, T]
   Vector log_prior_;                                       // [N]
   std::shared_ptr<MonteCarloCache> noise_;
 };

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file json.hpp
 /// Model files (SPEC.md §1.10): a model is saved as one JSON document
-///   {"format": "attnmix-model", "schema_version": 1, "family": "<family>", "params": {…}, "name":
-///   "…" (optional)}
-/// whose params are the validating constructor's arguments under their Python names. Loading always
-/// goes through that constructor, so a loaded model is a validated model. Doubles are written in
-/// the shortest decimal form that reads back to the same bits (at most 17 significant digits), so
-/// load(save(m)) is bit-identical.
+///   {"format": "attnmix-model", "schema_version": 1, "family": "<family>", "name": "…" (optional),
+///    "params": {…}, "optimizer_state": {…} (variational families)}
+/// whose params are the validating constructor's arguments under their Python names; the
+/// variational families (SPEC.md §4, §5) store their Adam state beside params
+/// (optimizer_state_to_json). Loading always goes through that constructor, so a loaded model is a
+/// validated model. Doubles are written in the shortest decimal form that reads back to the same
+/// bits (at most 17 significant digits), so load(save(m)) is bit-identical.
 ///
 /// Families register in one table (json.cpp, `kCodecs`): a family joins the model-file format by
 /// adding one ModelCodec, i.e. one to_json/from_json pair written with ModelJsonField. Mixtures
@@ -70,6 +71,8 @@ class ModelJsonField {
 
   [[nodiscard]] const nlohmann::json& value() const noexcept { return *value_; }
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /// The file (or other source) the value was read from.
+  [[nodiscard]] const std::string& source() const noexcept { return source_; }
   /// "source: path: message" (or "source: message" at the root).
   [[nodiscard]] std::string where(std::string_view message) const;
   [[noreturn]] void fail(std::string_view message) const;
@@ -126,8 +129,13 @@ struct ModelCodec {
   nlohmann::json (*params_to_json)(const AnyDistribution& model);
   /// The model's name ("" when unnamed; then no "name" field is written).
   std::string (*name_of)(const AnyDistribution& model);
-  /// Builds the model through its validating constructor from `params` and the optional name.
-  AnyDistribution (*from_json)(const ModelJsonField& params, const std::string& name);
+  /// Builds the model through its validating constructor from `params`, the optional name and the
+  /// optional "optimizer_state" sibling of params (null when the object has none).
+  AnyDistribution (*from_json)(const ModelJsonField& params, const std::string& name,
+                               const ModelJsonField* optimizer_state);
+  /// The "optimizer_state" written beside params, or null for families without one (a file of such
+  /// a family that carries the field is rejected).
+  nlohmann::json (*state_to_json)(const AnyDistribution& model) = nullptr;
 };
 
 /// The registered families, in registration order.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,7 +20,11 @@
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/attention/transitive_task.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/json.hpp"
+#include "attnmix/core/rng.hpp"
+#include "attnmix/inference/optimize.hpp"
 
 namespace attnmix {
 namespace {
@@ -104,6 +109,26 @@ class CliTest : public ::testing::Test {
       out << row.dump() << '\n';
     }
   }
+  /// Writes n rows of a synonym task as variational JSON Lines: 6 concepts, symbols 2c and 2c + 1
+  /// name concept c; each context holds 4 distinct concepts written with random synonyms; the query
+  /// names one of them with synonym `query_synonym`; the target is a fixed permutation of it.
+  void write_synonyms(const std::string& name, int n, uint64_t seed, int64_t query_synonym) const {
+    Rng rng(seed);
+    const std::vector<int64_t> target_of{3, 1, 4, 0, 5, 2};
+    std::ofstream out(dir_ / name);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<int64_t> concepts = rng.sample_without_replacement(6, 4);
+      std::vector<int64_t> context;
+      for (int64_t c : concepts)
+        context.push_back(2 * c + static_cast<int64_t>(rng.uniform_int(2)));
+      const int64_t c = concepts[rng.uniform_int(4)];
+      nlohmann::json row;
+      row["context"] = context;
+      row["query"] = 2 * c + query_synonym;
+      row["target"] = target_of[static_cast<size_t>(c)];
+      out << row.dump() << '\n';
+    }
+  }
   [[nodiscard]] std::vector<std::string> listing() const {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(dir_))
@@ -135,17 +160,42 @@ TEST_F(CliTest, UsageErrorsExitOne) {
   EXPECT_EQ(run("fit --out m.json").code, 1);    // neither --data nor --text
   EXPECT_EQ(run("fit --data x --delta fast --out m.json").code, 1);
   EXPECT_EQ(run("sample --model m.json --seed 1").code, 1);  // -n missing
-  for (const char* family : {"variational", "vea", "variational-multihop", "vmha"}) {
-    const RunResult r = run(std::string("fit --family ") + family + " --data x.jsonl --out m.json");
-    EXPECT_EQ(r.code, 1) << family;
-    EXPECT_TRUE(contains(r.err, "not yet available in this build")) << r.err;
-  }
-  // Flags of one family are usage errors with the other.
-  for (const char* args : {"--family ra --hops 2", "--family ca --query-dim 3",
-                           "--family chained --estimate-sigma2", "--family ca --min-sigma2 0.1"}) {
+  // Flags of one family are usage errors with the others.
+  for (const char* args :
+       {"--family ra --hops 2", "--family ca --query-dim 3", "--family chained --estimate-sigma2",
+        "--family ca --min-sigma2 0.1", "--family ra --lr 0.1", "--family ca --embed-dim 4",
+        "--family ra --mc 3", "--family ca --prior-strength 0.5", "--family vea --hops 2",
+        "--family vea --query-dim 3", "--family vea --estimate-sigma2",
+        "--family vea --anneal-iters 5", "--family vmha --query-dim 3",
+        "--family vmha --min-sigma2 0.1", "--family vmha --hops 2",
+        "--family variational --text x.txt", "--family ra --anneal-iters 5"}) {
     const RunResult r = run(std::string("fit ") + args + " --data x.jsonl --out m.json");
     EXPECT_EQ(r.code, 1) << args;
     EXPECT_TRUE(contains(r.err, "applies only to --family")) << args << ": " << r.err;
+  }
+  const RunResult shared = run("fit --family ca --lr 0.1 --data x.jsonl --out m.json");
+  EXPECT_TRUE(contains(shared.err,
+                       "--lr applies only to --family variational or "
+                       "variational-multihop, not to --family chained"))
+      << shared.err;
+  const RunResult anneal = run("fit --family vea --anneal-iters 5 --data x.jsonl --out m.json");
+  EXPECT_TRUE(contains(anneal.err,
+                       "--anneal-iters applies only to --family variational-multihop, "
+                       "not to --family variational"))
+      << anneal.err;
+  // Invalid values of the variational flags.
+  for (const char* args : {"--mc 0", "--mc 1.5", "--lr 0", "--lr -1", "--embed-dim 0",
+                           "--prior-strength -1", "--anneal-iters 0"}) {
+    const RunResult r =
+        run(std::string("fit --family vmha ") + args + " --data x.jsonl --out m.json");
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+  }
+  // --init replaces the random initialisation, so its flags cannot come with it.
+  for (const char* flag : {"--seed 3", "--init-p 0.5"}) {
+    const RunResult r =
+        run(std::string("fit --family vea --init a.json ") + flag + " --data x.jsonl --out m.json");
+    EXPECT_EQ(r.code, 1) << flag;
+    EXPECT_TRUE(contains(r.err, "which --init replaces")) << r.err;
   }
   const RunResult text = run("fit --family ca --text x.txt --out m.json");
   EXPECT_EQ(text.code, 1);
@@ -707,6 +757,575 @@ TEST_F(CliTest, ChainedImpossibleEvidenceAndFailedFits) {
                                                  "model.json", "row.jsonl", "train.jsonl"}));
 }
 
+// ----- variational embedding attention
+// ------------------------------------------------------------------------------
+
+/// Parses "rows=N total=X mean=Y".
+void parse_score(const std::string& text, int& n, double& total) {
+  double mean = 0.0;
+  ASSERT_EQ(std::sscanf(text.c_str(), "rows=%d total=%lf mean=%lf", &n, &total, &mean), 3) << text;
+}
+
+/// Every --proba line has `count` probabilities summing to 1.
+void expect_proba_rows(const std::string& text, int count) {
+  for (const std::string& line : lines_of(text)) {
+    std::istringstream in(line);
+    double p = 0.0, row_sum = 0.0;
+    int seen = 0;
+    while (in >> p) {
+      row_sum += p;
+      ++seen;
+    }
+    EXPECT_EQ(seen, count) << line;
+    EXPECT_NEAR(row_sum, 1.0, 1e-9) << line;
+  }
+}
+
+/// sample → fit → score → predict → sample → fit again with variational embedding attention; the
+/// model file reads back bit-identically (loading and saving it again gives the same text).
+TEST_F(CliTest, VariationalFitScorePredictSampleRoundTrip) {
+  const std::string fixture = "--model '" + data("vea_model.json") + "'";
+  const RunResult train = run("sample " + fixture + " -n 400 --seed 1");
+  ASSERT_EQ(train.code, 0) << train.err;
+  write("train.jsonl", train.out);
+  const std::vector<std::string> rows = lines_of(train.out);
+  ASSERT_EQ(rows.size(), 400U);
+  const nlohmann::json first = nlohmann::json::parse(rows[0]);
+  EXPECT_EQ(first["context"].size(), 3U);  // the fixture's N
+  EXPECT_TRUE(first["query"].is_number_integer());
+  EXPECT_TRUE(first["target"].is_number_integer());
+  EXPECT_EQ(train.out, run("sample " + fixture + " -n 400 --seed 1").out);
+  EXPECT_NE(train.out, run("sample " + fixture + " -n 400 --seed 2").out);
+
+  const RunResult fit =
+      run("fit --family variational --data train.jsonl --out model.json --max-its 15 --threads 2");
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  int progress = 0;
+  for (const std::string& line : lines_of(fit.out))
+    if (line.rfind("Iteration ", 0) == 0) {
+      ++progress;
+      EXPECT_TRUE(contains(line, "ln[p_mat(Data|Model)]=")) << line;
+      EXPECT_EQ(line.substr(line.size() - 3), " s)") << line;
+    }
+  EXPECT_EQ(progress, 15);  // --delta defaults to none: every iteration runs
+  for (const char* f : {"Fitting variational embedding attention by EM to 400 rows of train.jsonl",
+                        "(S=6, N=3, D=8, T=3)",
+                        "S=6 symbols, N=3 context positions, D=8 embedding dims, T=3 targets",
+                        "--delta none", "model written   model.json"})
+    EXPECT_TRUE(contains(fit.out, f)) << f << "\n" << fit.out;
+  const AnyDistribution model = load_model(path("model.json"));
+  const auto* vea = model.get_if<VariationalEmbeddingAttention>();
+  ASSERT_NE(vea, nullptr);
+  EXPECT_EQ(vea->embed_dim(), 8);  // the CLI's default D
+  EXPECT_EQ(vea->sigma2(), VariationalEmbeddingAttentionEstimatorOptions{}.sigma2);
+  EXPECT_GE(vea->optimizer_state().iteration, 0);
+  EXPECT_LE(vea->optimizer_state().iteration, 15);
+  save_model(model, path("again.json"));
+  EXPECT_EQ(read_text(path("again.json")), read_text(path("model.json")));
+
+  const RunResult test = run("sample " + fixture + " -n 100 --seed 9");
+  write("test.jsonl", test.out);
+  const RunResult score = run("score --model model.json --data test.jsonl");
+  ASSERT_EQ(score.code, 0) << score.err;
+  int n = 0;
+  double total = 0.0;
+  parse_score(score.out, n, total);
+  EXPECT_EQ(n, 100);
+  EXPECT_TRUE(std::isfinite(total));
+  const RunResult per_row = run("score --model model.json --data test.jsonl --per-row");
+  ASSERT_EQ(per_row.code, 0) << per_row.err;
+  double sum = 0.0;
+  for (const std::string& v : lines_of(per_row.out)) sum += std::stod(v);
+  EXPECT_EQ(lines_of(per_row.out).size(), 100U);
+  EXPECT_NEAR(sum, total, 1e-9 * std::fabs(total));
+  EXPECT_EQ(per_row.err, score.out);
+
+  const RunResult predict = run("predict --model model.json --data test.jsonl");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  ASSERT_EQ(lines_of(predict.out).size(), 100U);
+  for (const std::string& line : lines_of(predict.out)) {
+    int t = -1;
+    double p = -1.0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%d\t%lf", &t, &p), 2) << line;
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 3);
+    EXPECT_GE(p, 1.0 / 3.0);
+  }
+  double accuracy = -1.0;
+  ASSERT_EQ(std::sscanf(predict.err.c_str(), "accuracy=%lf", &accuracy), 1) << predict.err;
+  EXPECT_GE(accuracy, 0.0);
+  const RunResult proba = run("predict --model model.json --data test.jsonl --proba");
+  ASSERT_EQ(proba.code, 0) << proba.err;
+  EXPECT_EQ(lines_of(proba.out).size(), 100U);
+  expect_proba_rows(proba.out, 3);
+
+  // sample: N is the model's (a different --context-length is a usage error).
+  const RunResult sample = run("sample --model model.json -n 30 --seed 3");
+  ASSERT_EQ(sample.code, 0) << sample.err;
+  EXPECT_EQ(lines_of(sample.out).size(), 30U);
+  EXPECT_EQ(sample.out, run("sample --model model.json -n 30 --seed 3 --context-length 3").out);
+  const RunResult wrong_n = run("sample --model model.json -n 30 --seed 3 --context-length 4");
+  EXPECT_EQ(wrong_n.code, 1);
+  EXPECT_TRUE(contains(wrong_n.err, "N = 3")) << wrong_n.err;
+  write("sampled.jsonl", sample.out);
+  const RunResult refit =
+      run("fit --family vea --data sampled.jsonl --valid test.jsonl --out "
+          "refit.json --max-its 3 --symbols 6 --targets 3 --embed-dim 2 "
+          "--lr 0.1 --mc 2 --prior-strength 0.5 --sigma2 0.25 "
+          "--emission-smoothing 0.01 --seed 4");
+  ASSERT_EQ(refit.code, 0) << refit.err;
+  EXPECT_TRUE(contains(refit.out, "ln[p_mat(Valid Data|Model)]=")) << refit.out;
+  EXPECT_TRUE(contains(refit.out, "on 100 rows of test.jsonl")) << refit.out;
+  const AnyDistribution refitted = load_model(path("refit.json"));
+  EXPECT_EQ(refitted.get_if<VariationalEmbeddingAttention>()->embed_dim(), 2);
+  EXPECT_EQ(refitted.get_if<VariationalEmbeddingAttention>()->sigma2(), 0.25);
+  EXPECT_EQ(refitted.get_if<VariationalEmbeddingAttention>()->optimizer_state().seed, 4U);
+}
+
+/// The same variational rows as JSONL, as a deflated int64 .npz and as a stored int32/float64 .npz
+/// score identically; invalid archives exit 2 naming the array (element).
+TEST_F(CliTest, VariationalNpzArchivesMatchJsonLines) {
+  const std::string model = "--model '" + data("vea_model.json") + "'";
+  const RunResult jsonl = run("score " + model + " --data '" + data("vea_small.jsonl") + "'");
+  ASSERT_EQ(jsonl.code, 0) << jsonl.err;
+  EXPECT_TRUE(contains(jsonl.out, "rows=6 ")) << jsonl.out;
+  for (const char* archive : {"vea_small.npz", "vea_small_stored.npz"}) {
+    const RunResult r = run("score " + model + " --data '" + data(archive) + "'");
+    EXPECT_EQ(r.code, 0) << archive << r.err;
+    EXPECT_EQ(r.out, jsonl.out) << archive;
+  }
+  const RunResult predict = run("predict " + model + " --data '" + data("vea_small.jsonl") + "'");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  EXPECT_TRUE(contains(predict.err, "accuracy=1 (6/6 rows)")) << predict.err;
+  const RunResult no_target =
+      run("predict " + model + " --data '" + data("vea_small_no_target.npz") + "'");
+  EXPECT_EQ(no_target.code, 0) << no_target.err;
+  EXPECT_EQ(lines_of(no_target.out), lines_of(predict.out));
+  EXPECT_FALSE(contains(no_target.err, "accuracy"));
+  EXPECT_EQ(run("score " + model + " --data '" + data("vea_small_no_target.npz") + "'").code, 2);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> archives{
+      {"vea_bool_ids.npz", {"vea_bool_ids.npz: context", "bool"}},
+      {"vea_fractional_ids.npz", {"vea_fractional_ids.npz: query[3]", "1.5"}},
+      {"vea_vector_query.npz", {"vea_vector_query.npz: query", "1-D", "(6, 6)"}},
+  };
+  for (const auto& [archive, fragments] : archives) {
+    const RunResult r =
+        run("fit --family vea --data '" + data(archive) + "' --out model.json --max-its 1");
+    EXPECT_EQ(r.code, 2) << archive;
+    for (const std::string& f : fragments) EXPECT_TRUE(contains(r.err, f)) << r.err;
+    EXPECT_EQ(run("score " + model + " --data '" + data(archive) + "'").code, 2) << archive;
+  }
+  const RunResult fit =
+      run("fit --family vea --data '" + data("vea_small.npz") + "' --out model.json --max-its 2");
+  EXPECT_EQ(fit.code, 0) << fit.err;
+  EXPECT_TRUE(contains(fit.out, "S=6, N=3, D=8, T=3")) << fit.out;
+  // Rows of another family's schema are refused with the reason.
+  const RunResult ra_rows = run("score " + model + " --data '" + data("ra_small.jsonl") + "'");
+  EXPECT_EQ(ra_rows.code, 2);
+  EXPECT_TRUE(contains(ra_rows.err, "line 1: query: must be an integer id (got an array)"))
+      << ra_rows.err;
+}
+
+/// Every bad variational data file exits 2 naming the file, the line and the field, and leaves no
+/// model file; score and predict check ids against the model's S and T.
+TEST_F(CliTest, VariationalBadDataFilesExitTwoNamingFileLineAndField) {
+  const std::string good = R"({"context":[0,1,2],"query":3,"target":1})"
+                           "\n";
+  struct Case {
+    const char* name;
+    std::string second_line;
+    std::vector<std::string> fragments;
+    std::string flags;
+  };
+  const std::vector<Case> cases{
+      {"bad_id", R"({"context":[0,"x",2],"query":3,"target":1})", {"context[1]", "integer id"}, ""},
+      {"fractional", R"({"context":[0,1,2],"query":3.5,"target":1})", {"query", "3.5"}, ""},
+      {"negative",
+       R"({"context":[0,-1,2],"query":3,"target":1})",
+       {"context[1]", "out-of-range ID -1"},
+       ""},
+      {"bool_id", R"({"context":[0,1,2],"query":3,"target":false})", {"target", "bool"}, ""},
+      {"missing_query", R"({"context":[0,1,2],"target":1})", {"missing field 'query'"}, ""},
+      {"missing_target", R"({"context":[0,1,2],"query":3})", {"missing field 'target'"}, ""},
+      {"ragged",
+       R"({"context":[0,1],"query":3,"target":1})",
+       {"context has 2 entries", "expected N = 3 (from line 1)"},
+       ""},
+      {"empty_context",
+       R"({"context":[],"query":3,"target":1})",
+       {"context must be non-empty"},
+       ""},
+      {"vector_query",
+       R"({"context":[0,1,2],"query":[0,0,0,1],"target":1})",
+       {"query", "must be an integer id (got an array)"},
+       ""},
+      {"unknown_field",
+       R"({"context":[0,1,2],"query":3,"target":1,"keys":[0]})",
+       {"unknown field 'keys'", "expected context, query, target"},
+       ""},
+      {"symbol_range",
+       R"({"context":[0,1,2],"query":7,"target":1})",
+       {"query", "out-of-range ID 7", "S = 6 (from --symbols)"},
+       " --symbols 6"},
+      {"target_range",
+       R"({"context":[0,1,2],"query":3,"target":4})",
+       {"target", "out-of-range ID 4", "T = 3 (from --targets)"},
+       " --targets 3"},
+      {"context_length",
+       R"({"context":[0,1,2],"query":3,"target":1})",
+       {"context has 3 entries", "expected N = 4 (from --context-length)"},
+       " --context-length 4"},
+  };
+  for (const Case& c : cases) {
+    const std::string file = std::string(c.name) + ".jsonl";
+    write(file, good + c.second_line + "\n");
+    const RunResult r =
+        run("fit --family vea --data " + file + " --out model.json --max-its 1" + c.flags);
+    EXPECT_EQ(r.code, 2) << c.name << ": " << r.err;
+    // The first line is already wrong for --context-length 4.
+    const std::string line = c.flags == " --context-length 4" ? ": line 1: " : ": line 2: ";
+    EXPECT_TRUE(contains(r.err, file + line)) << c.name << ": " << r.err;
+    for (const std::string& f : c.fragments)
+      EXPECT_TRUE(contains(r.err, f)) << c.name << ": " << r.err;
+    EXPECT_FALSE(fs::exists(path("model.json"))) << c.name;
+  }
+  // Validation files, and score/predict against the model's dimensions.
+  write("train.jsonl", good);
+  write("valid.jsonl", good + R"({"context":[0,1,2,3],"query":3,"target":1})"
+                              "\n");
+  const RunResult valid =
+      run("fit --family vea --data train.jsonl --valid valid.jsonl --out model.json");
+  EXPECT_EQ(valid.code, 2);
+  EXPECT_TRUE(contains(valid.err, "valid.jsonl: line 2: context has 4 entries")) << valid.err;
+  const std::string model = "--model '" + data("vea_model.json") + "'";
+  write("big.jsonl", good + R"({"context":[0,1,6],"query":3,"target":1})"
+                            "\n");
+  const RunResult big = run("score " + model + " --data big.jsonl");
+  EXPECT_EQ(big.code, 2);
+  for (const char* f :
+       {"big.jsonl: line 2: context[2]", "out-of-range ID 6", "S = 6 (from the model)"})
+    EXPECT_TRUE(contains(big.err, f)) << big.err;
+  write("big_target.jsonl", R"({"context":[0,1,2],"query":3,"target":3})"
+                            "\n");
+  const RunResult t = run("predict " + model + " --data big_target.jsonl");
+  EXPECT_EQ(t.code, 2);
+  EXPECT_TRUE(contains(t.err, "big_target.jsonl: line 1: target: out-of-range ID 3")) << t.err;
+  write("long.jsonl", R"({"context":[0,1,2,3],"query":3,"target":1})"
+                      "\n");
+  const RunResult wide = run("score " + model + " --data long.jsonl");
+  EXPECT_EQ(wide.code, 2);
+  EXPECT_TRUE(contains(wide.err, "expected N = 3 (from the model)")) << wide.err;
+  EXPECT_FALSE(fs::exists(path("model.json")));
+}
+
+/// Impossible evidence under a variational model: scoring gives -inf, a fit from it exits 2 naming
+/// the line, and an existing output stays untouched.
+TEST_F(CliTest, VariationalImpossibleEvidence) {
+  // Target 1 is impossible for every symbol: B[:, 1] = 0.
+  const std::string state =
+      R"("optimizer_state":{"schema_version":1,"algorithm":"adam","family":"variational_embedding_attention",)"
+      R"("mean":[[0.5],[-0.5]],"log_var":[[-1.0],[-1.0]],"mean_first_moment":[[0.0],[0.0]],)"
+      R"("mean_second_moment":[[0.0],[0.0]],"log_var_first_moment":[[0.0],[0.0]],)"
+      R"("log_var_second_moment":[[0.0],[0.0]],"iteration":2,"seed":1})";
+  write(
+      "impossible.json",
+      R"({"format":"attnmix-model","schema_version":1,"family":"variational_embedding_attention",)"
+      R"("params":{"mean":[[0.5],[-0.5]],"log_var":[[-1.0],[-1.0]],"emission":[[1.0,0.0],[1.0,0.0]],)"
+      R"("position_prior":[0.5,0.5],"sigma2":0.5},)" +
+          state + "}");
+  write("rows.jsonl", R"({"context":[0,1],"query":0,"target":0})"
+                      "\n"
+                      R"({"context":[0,1],"query":1,"target":1})"
+                      "\n");
+  const RunResult score = run("score --model impossible.json --data rows.jsonl --per-row");
+  EXPECT_EQ(score.code, 0) << score.err;
+  EXPECT_EQ(lines_of(score.out).back(), "-inf");
+  write("model.json", "keep me");
+  const RunResult fit =
+      run("fit --family vea --init impossible.json --data rows.jsonl "
+          "--out model.json --max-its 2 --emission-smoothing 0");
+  EXPECT_EQ(fit.code, 2) << fit.out;
+  EXPECT_TRUE(contains(fit.err, "rows.jsonl: line 2: impossible evidence")) << fit.err;
+  EXPECT_EQ(read_text(path("model.json")), "keep me");
+}
+
+/// --delta defaults to none for the variational families (a Monte-Carlo objective), but a given
+/// --delta is honoured.
+TEST_F(CliTest, VariationalDeltaDefaultsToNone) {
+  write_synonyms("train.jsonl", 200, 3, 0);
+  const RunResult all = run("fit --family vea --data train.jsonl --out a.json --max-its 6");
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_TRUE(contains(all.out, "Iteration 6: ")) << all.out;
+  EXPECT_TRUE(contains(all.out, "--delta none: no convergence test")) << all.out;
+  const RunResult stop =
+      run("fit --family vea --data train.jsonl --out b.json --max-its 6 --delta 1e9");
+  ASSERT_EQ(stop.code, 0) << stop.err;
+  EXPECT_TRUE(contains(stop.out, "Iteration 2: ")) << stop.out;
+  EXPECT_FALSE(contains(stop.out, "Iteration 3: ")) << stop.out;
+  EXPECT_TRUE(contains(stop.out, "converged")) << stop.out;
+}
+
+/// --init continues a variational model's Adam trajectory: 30 iterations, then 30 more from the
+/// saved model, equal one run of 60 iterations bit for bit, and equal 30 library EM steps from the
+/// saved model. The fit returns its best-scoring iterate, so the comparison is exact only when each
+/// run's best iterate is its last: the data and step size are chosen so that the score keeps
+/// rising, and the test checks that precondition first.
+TEST_F(CliTest, InitContinuesTheAdamTrajectoryExactly) {
+  write_synonyms("train.jsonl", 400, 5, 0);
+  const std::string common = " --data train.jsonl --lr 0.02 --mc 4 --threads 2";
+  const RunResult a = run("fit --family vea --max-its 30 --seed 8 --out a.json" + common);
+  ASSERT_EQ(a.code, 0) << a.err;
+  const RunResult c = run("fit --family vea --max-its 60 --seed 8 --out c.json" + common);
+  ASSERT_EQ(c.code, 0) << c.err;
+  const RunResult b = run("fit --family vea --init a.json --max-its 30 --out b.json" + common);
+  ASSERT_EQ(b.code, 0) << b.err;
+  // The precondition: each run returned its last iterate.
+  for (const RunResult* r : {&a, &b, &c})
+    ASSERT_TRUE(contains(r->out, "best model      the model after the last iteration")) << r->out;
+  EXPECT_TRUE(contains(b.out,
+                       "starting from the model in a.json (its Adam trajectory goes on after "
+                       "step 30)"))
+      << b.out;
+  const AnyDistribution model_a = load_model(path("a.json"));
+  const AnyDistribution model_b = load_model(path("b.json"));
+  EXPECT_EQ(model_a.get_if<VariationalEmbeddingAttention>()->optimizer_state().iteration, 30);
+  EXPECT_EQ(model_b.get_if<VariationalEmbeddingAttention>()->optimizer_state().iteration, 60);
+  EXPECT_EQ(model_b.get_if<VariationalEmbeddingAttention>()->optimizer_state().seed, 8U);
+  // Same parameters, moments, iteration and seed: the files are identical.
+  EXPECT_EQ(read_text(path("b.json")), read_text(path("c.json")));
+
+  // The library: 30 EM steps from a.json with the same estimator.
+  std::vector<int64_t> contexts, queries, targets;
+  for (const std::string& line : lines_of(read_text(path("train.jsonl")))) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    for (const auto& id : row["context"]) contexts.push_back(id.get<int64_t>());
+    queries.push_back(row["query"].get<int64_t>());
+    targets.push_back(row["target"].get<int64_t>());
+  }
+  const auto n = static_cast<Index>(queries.size());
+  const VariationalEmbeddingAttentionEncoder encoder{12, 4, 6};
+  const auto batch = encoder.encode(Eigen::Map<const IdMatrix>(contexts.data(), n, 4),
+                                    Eigen::Map<const IdVector>(queries.data(), n),
+                                    Eigen::Map<const IdVector>(targets.data(), n));
+  VariationalEmbeddingAttentionEstimatorOptions options;
+  options.lr = 0.02;
+  options.mc = 4;
+  options.seed = 8;
+  const VariationalEmbeddingAttentionEstimator estimator(12, 4, 8, 6, options);
+  VariationalEmbeddingAttention model = *model_a.get_if<VariationalEmbeddingAttention>();
+  for (int i = 0; i < 30; ++i) model = em_step(model, batch, estimator, {}, ParallelOptions{});
+  const auto& expected = *model_b.get_if<VariationalEmbeddingAttention>();
+  EXPECT_TRUE(model.optimizer_state() == expected.optimizer_state());
+  EXPECT_EQ(std::memcmp(model.emission().data(), expected.emission().data(),
+                        sizeof(double) * static_cast<size_t>(model.emission().size())),
+            0);
+}
+
+/// --init starts from the given model for every family: with --max-its 0 the model comes back
+/// unchanged, and the stored hyperparameters (σ², L) are the model's unless given.
+TEST_F(CliTest, InitStartsFromTheModelForEveryFamily) {
+  struct Case {
+    const char* family;
+    const char* model;
+    const char* rows;
+  };
+  for (const Case& c : {Case{"ra", "ra_model.json", "ra_small.jsonl"},
+                        Case{"ca", "ca_model.json", "ca_small.jsonl"},
+                        Case{"vea", "vea_model.json", "vea_small.jsonl"},
+                        Case{"vmha", "vmha_model.json", "ca_small.npz"}}) {
+    const RunResult r = run(std::string("fit --family ") + c.family + " --init '" + data(c.model) +
+                            "' --data '" + data(c.rows) + "' --max-its 0 --out same.json");
+    ASSERT_EQ(r.code, 0) << c.family << ": " << r.err;
+    EXPECT_TRUE(contains(r.out, "started from    the model in")) << r.out;
+    EXPECT_TRUE(contains(r.out, "best model      the --init model (--max-its 0)")) << r.out;
+    EXPECT_EQ(read_text(path("same.json")),
+              format_model_json(model_to_json(load_model(data(c.model)))))
+        << c.family;
+  }
+  // The chained fixture has σ² = 0.25 and L = 2 (the defaults are 0.1 and 2): continuing keeps σ².
+  const RunResult ca = run("fit --family ca --init '" + data("ca_model.json") + "' --data '" +
+                           data("ca_small.jsonl") + "' --max-its 3 --out ca.json");
+  ASSERT_EQ(ca.code, 0) << ca.err;
+  EXPECT_EQ(load_model(path("ca.json")).get_if<ChainedAttention>()->sigma2(), 0.25);
+  const RunResult ca_sigma =
+      run("fit --family ca --init '" + data("ca_model.json") + "' --data '" +
+          data("ca_small.jsonl") + "' --max-its 3 --sigma2 0.5 --out ca2.json");
+  ASSERT_EQ(ca_sigma.code, 0) << ca_sigma.err;
+  EXPECT_EQ(load_model(path("ca2.json")).get_if<ChainedAttention>()->sigma2(), 0.5);
+  // Continuing a fixture's trajectory: the iteration counter goes on from the file's.
+  const RunResult vea = run("fit --family vea --init '" + data("vea_model.json") + "' --data '" +
+                            data("vea_small.jsonl") + "' --max-its 4 --out vea.json");
+  ASSERT_EQ(vea.code, 0) << vea.err;
+  const auto* fitted = load_model(path("vea.json")).get_if<VariationalEmbeddingAttention>();
+  ASSERT_NE(fitted, nullptr);
+  EXPECT_GE(fitted->optimizer_state().iteration, 3);  // the fixture's state is at step 3
+  EXPECT_EQ(fitted->optimizer_state().seed, 11U);
+  EXPECT_EQ(fitted->embed_dim(), 2);
+  const RunResult text = run("fit --init '" + data("ra_model.json") + "' --text '" +
+                             data("ra_small.jsonl") + "' --max-its 1 --out text.json");
+  EXPECT_EQ(text.code, 2);  // the corpus has more distinct characters than the model's S = 4
+  EXPECT_TRUE(contains(text.err, "S = 4 (from the --init model")) << text.err;
+}
+
+/// A wrong --init model (family, dimensions, unreadable or tampered file) exits 2 naming the file,
+/// and writes nothing.
+TEST_F(CliTest, InitMismatchesExitTwoAndWriteNothing) {
+  const std::string vea = data("vea_model.json");
+  write("rows.jsonl", read_text(data("vea_small.jsonl")));
+  struct Case {
+    std::string args;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases{
+      {"--family vmha --init '" + vea + "' --data '" + data("ca_small.jsonl") + "'",
+       {"vea_model.json: --init holds a variational_embedding_attention model",
+        "fits variational_multihop_attention models"}},
+      {"--family ra --init '" + vea + "' --data '" + data("ra_small.jsonl") + "'",
+       {"vea_model.json: --init holds a variational_embedding_attention model"}},
+      {"--family vea --init '" + data("ca_model.json") + "' --data rows.jsonl",
+       {"ca_model.json: --init holds a chained_attention model"}},
+      {"--family vea --init '" + vea + "' --data rows.jsonl --symbols 8",
+       {"--symbols 8 does not match the --init model", "(S = 6)"}},
+      {"--family vea --init '" + vea + "' --data rows.jsonl --embed-dim 8",
+       {"--embed-dim 8 does not match the --init model", "(D = 2)"}},
+      {"--family vea --init '" + vea + "' --data '" + data("ra_small.jsonl") + "'",
+       {"ra_small.jsonl: line 1: query: must be an integer id"}},
+      {"--family ca --init '" + data("ca_model.json") + "' --hops 1 --data '" +
+           data("ca_small.jsonl") + "'",
+       {"--hops 1 does not match the --init model", "(L = 2)"}},
+      {"--family vea --init no_such_model.json --data rows.jsonl", {"no_such_model.json"}},
+      {"--family vea --init rows.jsonl --data rows.jsonl", {"rows.jsonl: not a valid JSON"}},
+  };
+  for (const Case& c : cases) {
+    const RunResult r = run("fit " + c.args + " --out model.json --max-its 2");
+    EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
+    for (const std::string& f : c.fragments)
+      EXPECT_TRUE(contains(r.err, f)) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(path("model.json"))) << c.args;
+  }
+  // Rows beyond the --init model's S: the message says where S came from.
+  write("wide.jsonl", R"({"context":[0,1,7],"query":3,"target":1})"
+                      "\n");
+  const RunResult wide =
+      run("fit --family vea --init '" + vea + "' --data wide.jsonl --out model.json");
+  EXPECT_EQ(wide.code, 2);
+  for (const char* f :
+       {"wide.jsonl: line 1: context[2]", "out-of-range ID 7", "S = 6 (from the --init model"})
+    EXPECT_TRUE(contains(wide.err, f)) << wide.err;
+  // A tampered state in the --init model names the field.
+  nlohmann::json doc = nlohmann::json::parse(read_text(data("vea_model.json")));
+  doc["optimizer_state"]["mean"][1][0] = 1.25;
+  write("tampered.json", doc.dump());
+  const RunResult tampered =
+      run("fit --family vea --init tampered.json --data rows.jsonl --out model.json");
+  EXPECT_EQ(tampered.code, 2);
+  EXPECT_TRUE(contains(tampered.err, "tampered.json: optimizer_state.mean")) << tampered.err;
+  EXPECT_FALSE(fs::exists(path("model.json")));
+}
+
+// ----- variational multi-hop attention
+// ------------------------------------------------------------------------------
+
+/// fit → score → predict → sample → fit again with variational multi-hop attention on chained
+/// rows; the model file reads back bit-identically.
+TEST_F(CliTest, VariationalMultiHopFitScorePredictSampleRoundTrip) {
+  write_transitive("train.jsonl", 300, 21);
+  write_transitive("test.jsonl", 100, 22);
+  const RunResult fit =
+      run("fit --family variational-multihop --data train.jsonl --out "
+          "model.json --max-its 6 --mc 2 --anneal-iters 10 --threads 2");
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  int progress = 0;
+  for (const std::string& line : lines_of(fit.out))
+    if (line.rfind("Iteration ", 0) == 0) ++progress;
+  EXPECT_EQ(progress, 6);
+  for (const char* f : {"Fitting variational multi-hop attention (2 hops) by EM to 300 rows",
+                        "(S=30, N=10, D=8, T=30)", "--delta none", "model written   model.json"})
+    EXPECT_TRUE(contains(fit.out, f)) << f << "\n" << fit.out;
+  const AnyDistribution model = load_model(path("model.json"));
+  const auto* vmha = model.get_if<VariationalMultiHopAttention>();
+  ASSERT_NE(vmha, nullptr);
+  EXPECT_EQ(vmha->n_symbols(), 30);
+  EXPECT_EQ(vmha->sigma2(), VariationalMultiHopAttentionEstimatorOptions{}.sigma2);
+  save_model(model, path("again.json"));
+  EXPECT_EQ(read_text(path("again.json")), read_text(path("model.json")));
+
+  const RunResult score = run("score --model model.json --data test.jsonl");
+  ASSERT_EQ(score.code, 0) << score.err;
+  int n = 0;
+  double total = 0.0;
+  parse_score(score.out, n, total);
+  EXPECT_EQ(n, 100);
+  EXPECT_TRUE(std::isfinite(total));
+  const RunResult predict = run("predict --model model.json --data test.jsonl");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  EXPECT_EQ(lines_of(predict.out).size(), 100U);
+  EXPECT_TRUE(contains(predict.err, "accuracy=")) << predict.err;
+  const RunResult proba = run("predict --model model.json --data test.jsonl --proba");
+  ASSERT_EQ(proba.code, 0) << proba.err;
+  expect_proba_rows(proba.out, 30);
+
+  // sample: --context-length sets N (default 6), the rows are chained-attention rows.
+  const RunResult sample = run("sample --model model.json -n 25 --seed 5 --context-length 4");
+  ASSERT_EQ(sample.code, 0) << sample.err;
+  const std::vector<std::string> rows = lines_of(sample.out);
+  ASSERT_EQ(rows.size(), 25U);
+  const nlohmann::json first = nlohmann::json::parse(rows[0]);
+  EXPECT_EQ(first["keys"].size(), 4U);
+  EXPECT_EQ(first["values"].size(), 4U);
+  EXPECT_TRUE(first["query"].is_number_integer());
+  EXPECT_EQ(sample.out, run("sample --model model.json -n 25 --seed 5 --context-length 4").out);
+  const RunResult default_n = run("sample --model model.json -n 2 --seed 5");
+  EXPECT_EQ(nlohmann::json::parse(lines_of(default_n.out)[0])["keys"].size(), 6U);
+  write("sampled.jsonl", sample.out);
+  const RunResult refit =
+      run("fit --family vmha --data sampled.jsonl --out refit.json "
+          "--max-its 2 --symbols 30 --targets 30 --embed-dim 3 --lr 0.1 "
+          "--prior-strength 0.2 --valid sampled.jsonl");
+  ASSERT_EQ(refit.code, 0) << refit.err;
+  EXPECT_TRUE(contains(refit.out, "ln[p_mat(Valid Data|Model)]=")) << refit.out;
+  EXPECT_EQ(load_model(path("refit.json")).get_if<VariationalMultiHopAttention>()->embed_dim(), 3);
+  // The fixture model scores the chained fixtures identically in every encoding.
+  const std::string fixture = "--model '" + data("vmha_model.json") + "'";
+  const RunResult jsonl = run("score " + fixture + " --data '" + data("ca_small.jsonl") + "'");
+  ASSERT_EQ(jsonl.code, 0) << jsonl.err;
+  for (const char* archive : {"ca_small.npz", "ca_small_stored.npz"})
+    EXPECT_EQ(run("score " + fixture + " --data '" + data(archive) + "'").out, jsonl.out)
+        << archive;
+}
+
+/// Bad chained rows fail a multi-hop fit the same way (file, line, field; no model file), and
+/// score checks ids against the model.
+TEST_F(CliTest, VariationalMultiHopBadDataFilesExitTwo) {
+  const std::string good = R"({"keys":[0,1,2],"values":[3,4,5],"query":0,"target":1})"
+                           "\n";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {R"({"keys":[0,1],"values":[3,4],"query":0,"target":1})",
+       {"keys has 2 entries", "expected N = 3 (from line 1)"}},
+      {R"({"keys":[0,1,2],"query":0,"target":1})", {"missing field 'values'"}},
+      {R"({"keys":[0,1,2],"values":[3,4,5.5],"query":0,"target":1})", {"values[2]", "5.5"}},
+      {R"({"keys":[0,1,2],"values":[3,4,5],"query":true,"target":1})", {"query", "bool"}},
+      {R"({"context":[0,1,2],"query":0,"target":1})", {"unknown field 'context'"}},
+  };
+  int k = 0;
+  for (const auto& [second, fragments] : cases) {
+    const std::string file = "bad" + std::to_string(k++) + ".jsonl";
+    write(file, good + second + "\n");
+    const RunResult r = run("fit --family vmha --data " + file + " --out model.json --max-its 1");
+    EXPECT_EQ(r.code, 2) << file << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, file + ": line 2: ")) << r.err;
+    for (const std::string& f : fragments) EXPECT_TRUE(contains(r.err, f)) << r.err;
+    EXPECT_FALSE(fs::exists(path("model.json")));
+  }
+  write("big.jsonl", good + R"({"keys":[0,1,2],"values":[3,4,6],"query":0,"target":1})"
+                            "\n");
+  const RunResult big = run("score --model '" + data("vmha_model.json") + "' --data big.jsonl");
+  EXPECT_EQ(big.code, 2);
+  for (const char* f :
+       {"big.jsonl: line 2: values[2]", "out-of-range ID 6", "S = 6 (from the model)"})
+    EXPECT_TRUE(contains(big.err, f)) << big.err;
+}
+
 TEST_F(CliTest, DemoFitsEachMechanismAndBeatsItsBaseline) {
   const RunResult r = run("demo");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -733,6 +1352,30 @@ TEST_F(CliTest, DemoFitsEachMechanismAndBeatsItsBaseline) {
   EXPECT_GT(two_hops, 0.8);
   EXPECT_LT(one_hop, 0.2);
   EXPECT_TRUE(contains(r.out, "Why one hop fails")) << r.out;
+  // Variational embedding attention: tied embeddings transfer to held-out synonyms, untied
+  // one-hot responsibility attention cannot (SPEC.md §9.4, VEA-2).
+  double tied_train = -1.0, tied_test = -1.0, untied_train = -1.0, untied_test = -1.0;
+  const size_t tied = r.out.find("tied embeddings  (VEA)");
+  const size_t untied = r.out.find("untied one-hot   (RA)");
+  ASSERT_NE(tied, std::string::npos) << r.out;
+  ASSERT_NE(untied, std::string::npos) << r.out;
+  ASSERT_EQ(
+      std::sscanf(r.out.c_str() + tied, "tied embeddings  (VEA) %lf %lf", &tied_train, &tied_test),
+      2);
+  ASSERT_EQ(std::sscanf(r.out.c_str() + untied, "untied one-hot   (RA) %lf %lf", &untied_train,
+                        &untied_test),
+            2);
+  EXPECT_GT(tied_test, 0.85);
+  EXPECT_LT(untied_test, 0.5);
+  EXPECT_GT(tied_test - untied_test, 0.3);
+  EXPECT_GT(untied_train, 0.85);  // the untied model did learn the training queries
+  int agree = -1;
+  const size_t nn = r.out.find("Tied embeddings whose nearest neighbour is their synonym: ");
+  ASSERT_NE(nn, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + nn,
+                        "Tied embeddings whose nearest neighbour is their synonym: %d/12", &agree),
+            1);
+  EXPECT_GT(agree, 9);  // > 0.8 of the 12 symbols
   // Assignment-tree attention: frequencies, the spanning tree, dense against tree-sparse attention.
   EXPECT_TRUE(contains(r.out, "Assignment-tree attention")) << r.out;
   EXPECT_TRUE(contains(r.out, "key column sums            exactly 1")) << r.out;

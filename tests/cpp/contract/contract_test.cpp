@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "attnmix/attention/chained.hpp"
+#include "attnmix/attention/optimizer_state.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/stats/categorical.hpp"
@@ -196,6 +200,190 @@ struct ChainedAttentionTraits {
   }
 };
 
+// ----- variational embedding attention
+// ----------------------------------------------------------------------
+
+/// The variational families (SPEC.md §4, §5) run the whole contract. Their E-step is a Monte-Carlo estimate whose
+/// noise depends only on the model's optimizer state (seed, iteration), so every law below (merge = concatenation,
+/// snapshots, zero weights, scaling, atomic impossible evidence, thread-count invariance) holds exactly as for an
+/// exact family. Only the EM monotonicity check is skipped (kExactEm = false): each M-step is one stochastic Adam
+/// step on the ELBO, which need not increase the plug-in log-likelihood that optimize() scores.
+struct VariationalEmbeddingAttentionTraits {
+  using Distribution = VariationalEmbeddingAttention;
+  using Batch = VariationalEmbeddingAttentionBatch;
+  using Acc = VariationalEmbeddingAttentionAccumulator;
+  using Estimator = VariationalEmbeddingAttentionEstimator;
+  static constexpr uint64_t kSeed = 808;
+  static constexpr bool kExactEm = false;  // the objective is stochastic (one Adam step on a Monte-Carlo ELBO)
+  static constexpr int64_t S = 5, N = 4, D = 3, T = 4;
+
+  /// Means N(0, 1), log variances log 0.3 ± 0.3, Dirichlet emission and prior, and a carried optimizer state
+  /// (seed 17, iteration 2, non-zero moments) so the noise stream is not the default one.
+  static Distribution make_model(Rng& rng) {
+    VariationalEmbeddingAttentionParams p;
+    p.mean.resize(S, D);
+    p.log_var.resize(S, D);
+    for (Index k = 0; k < p.mean.size(); ++k) {
+      p.mean.data()[k] = rng.normal();
+      p.log_var.data()[k] = std::log(0.3) + 0.3 * rng.normal();
+    }
+    p.emission.resize(S, T);
+    for (Index s = 0; s < S; ++s) p.emission.row(s) = dirichlet(rng, T).transpose();
+    p.position_prior = dirichlet(rng, N);
+    p.sigma2 = 0.5;
+    AttentionOptimizerState state = AttentionOptimizerState::fresh(Distribution::kFamily, p.mean, p.log_var, 17);
+    state.iteration = 2;
+    state.mean_first_moment = Matrix::Constant(S, D, 0.01);
+    state.mean_second_moment = Matrix::Constant(S, D, 0.02);
+    p.optimizer_state = std::move(state);
+    return Distribution(std::move(p));
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64()).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    const Batch one = batch.slice(row, 1);
+    return VariationalEmbeddingAttentionEncoder{}.encode(one.contexts(), one.queries(), one.targets());
+  }
+  static Estimator make_estimator(const Distribution& model) {
+    VariationalEmbeddingAttentionEstimatorOptions options;
+    options.sigma2 = model.sigma2();
+    options.seed = model.optimizer_state().seed;
+    options.mc = 3;
+    return {S, N, D, T, options};
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return {S + 1, N, D, T}; }
+  static double total_mass(const Acc& acc) { return acc.n(); }
+  static bool tamper(Acc& acc) {
+    acc.position_count()[0] += 1.0;  // Σ position_count now exceeds n
+    return true;
+  }
+  /// Emission = identity (S = T = 3) and π = (½, ½): a target no context symbol emits is impossible.
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    VariationalEmbeddingAttentionParams p;
+    p.mean.resize(3, 2);
+    for (Index k = 0; k < p.mean.size(); ++k) p.mean.data()[k] = rng.normal();
+    p.log_var = Matrix::Constant(3, 2, std::log(0.3));
+    p.emission = Matrix::Identity(3, 3);
+    p.position_prior = Vector::Constant(2, 0.5);
+    IdMatrix contexts(6, 2);
+    contexts << 0, 1, 0, 1, 2, 2, 1, 0, 1, 2, 0, 0;
+    const IdVector queries = (IdVector(6) << 0, 1, 2, 0, 1, 2).finished();
+    const IdVector targets = (IdVector(6) << 0, 2, 2, 2, 1, 1).finished();
+    Batch batch = VariationalEmbeddingAttentionEncoder{3, 2, 3}.encode(contexts, queries, targets);
+    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), {1, 3, 5}};
+  }
+  /// T = 10⁵ random emission counts whose masses obey the laws: state-free statistics (the initialisation call) and
+  /// statistics carrying a state (one Adam step); default smoothing and none.
+  static std::vector<std::pair<Estimator, Acc>> large_support(Rng& rng) {
+    const int64_t s = 3, n = 2, d = 2, t = 100000;
+    Acc acc(s, n, d, t);
+    for (Index k = 0; k < acc.emission_count().size(); ++k) acc.emission_count().data()[k] = rough_count(rng);
+    acc.emission_count()(1, 7) = 0.0;
+    acc.emission_count().row(2).setZero();  // an all-zero row: uniform without smoothing
+    const ConstMatrixMap counts = std::as_const(acc).emission_count();
+    const double total = accurate_sum({counts.data(), static_cast<size_t>(counts.size())});
+    acc.n() = total;
+    acc.position_count() << 0.4 * total, 0.6 * total;
+    Acc with_state = acc;
+    for (Index k = 0; k < with_state.grad_mean().size(); ++k) with_state.grad_mean().data()[k] = rng.normal();
+    with_state.set_optimizer_state(std::make_shared<const AttentionOptimizerState>(AttentionOptimizerState::fresh(
+        Distribution::kFamily, Matrix::Zero(s, d), Matrix::Zero(s, d), 0)));
+    VariationalEmbeddingAttentionEstimatorOptions none;
+    none.emission_smoothing = 0.0;
+    return {{Estimator(s, n, d, t), acc},
+            {Estimator(s, n, d, t, none), acc},
+            {Estimator(s, n, d, t), with_state},
+            {Estimator(s, n, d, t, none), with_state}};
+  }
+};
+
+// ----- variational multi-hop attention
+// -----------------------------------------------------------------------
+
+/// As VariationalEmbeddingAttentionTraits (see there why kExactEm is false); the statistics have one internal mass
+/// law, Σ emission_count = n.
+struct VariationalMultiHopAttentionTraits {
+  using Distribution = VariationalMultiHopAttention;
+  using Batch = ChainedAttentionBatch;
+  using Acc = VariationalMultiHopAttentionAccumulator;
+  using Estimator = VariationalMultiHopAttentionEstimator;
+  static constexpr uint64_t kSeed = 909;
+  static constexpr bool kExactEm = false;  // the objective is stochastic (one Adam step on a Monte-Carlo ELBO)
+  static constexpr int64_t S = 5, D = 3, T = 4, N = 4;
+
+  static Distribution make_model(Rng& rng) {
+    VariationalMultiHopAttentionParams p;
+    p.mean.resize(S, D);
+    p.log_var.resize(S, D);
+    for (Index k = 0; k < p.mean.size(); ++k) {
+      p.mean.data()[k] = rng.normal();
+      p.log_var.data()[k] = std::log(0.3) + 0.3 * rng.normal();
+    }
+    p.emission.resize(S, T);
+    for (Index s = 0; s < S; ++s) p.emission.row(s) = dirichlet(rng, T).transpose();
+    p.sigma2 = 0.3;
+    AttentionOptimizerState state = AttentionOptimizerState::fresh(Distribution::kFamily, p.mean, p.log_var, 23);
+    state.iteration = 5;
+    p.optimizer_state = std::move(state);
+    return Distribution(std::move(p));
+  }
+  static Batch make_batch(const Distribution& model, Index n, Rng& rng) {
+    return model.sampler(rng.next_u64(), N).sample(n);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    const Batch one = batch.slice(row, 1);
+    return ChainedAttentionEncoder{}.encode(one.keys(), one.values(), one.queries(), one.targets());
+  }
+  static Estimator make_estimator(const Distribution& model) {
+    VariationalMultiHopAttentionEstimatorOptions options;
+    options.sigma2 = model.sigma2();
+    options.seed = model.optimizer_state().seed;
+    options.mc = 2;
+    return {S, D, T, options};
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return {S + 1, D, T}; }
+  static double total_mass(const Acc& acc) { return acc.n(); }
+  static bool tamper(Acc& acc) {
+    acc.emission_count()(0, 0) += 1.0;  // Σ emission_count now exceeds n
+    return true;
+  }
+  /// Emission = identity (S = T = 3): a row whose target is none of its values is impossible (SPEC.md §5).
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    VariationalMultiHopAttentionParams p;
+    p.mean.resize(3, 2);
+    for (Index k = 0; k < p.mean.size(); ++k) p.mean.data()[k] = rng.normal();
+    p.log_var = Matrix::Constant(3, 2, std::log(0.3));
+    p.emission = Matrix::Identity(3, 3);
+    IdMatrix keys(6, 2), values(6, 2);
+    keys << 0, 1, 2, 2, 1, 0, 0, 0, 2, 1, 1, 2;
+    values << 0, 1, 0, 1, 2, 2, 1, 1, 0, 2, 0, 0;
+    const IdVector queries = (IdVector(6) << 0, 1, 2, 0, 1, 2).finished();
+    const IdVector targets = (IdVector(6) << 1, 2, 2, 0, 2, 1).finished();  // rows 1, 3, 5: no value emits it
+    Batch batch = ChainedAttentionEncoder{3, 3}.encode(keys, values, queries, targets);
+    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), {1, 3, 5}};
+  }
+  /// T = 10⁵ random emission counts with n = Σ counts, with and without a carried state; default smoothing and none.
+  static std::vector<std::pair<Estimator, Acc>> large_support(Rng& rng) {
+    const int64_t s = 3, d = 2, t = 100000;
+    Acc acc(s, d, t);
+    for (Index k = 0; k < acc.emission_count().size(); ++k) acc.emission_count().data()[k] = rough_count(rng);
+    acc.emission_count()(1, 7) = 0.0;
+    acc.emission_count().row(2).setZero();
+    const ConstMatrixMap counts = std::as_const(acc).emission_count();
+    acc.n() = accurate_sum({counts.data(), static_cast<size_t>(counts.size())});
+    Acc with_state = acc;
+    with_state.set_optimizer_state(std::make_shared<const AttentionOptimizerState>(AttentionOptimizerState::fresh(
+        Distribution::kFamily, Matrix::Zero(s, d), Matrix::Zero(s, d), 0)));
+    VariationalMultiHopAttentionEstimatorOptions none;
+    none.emission_smoothing = 0.0;
+    return {{Estimator(s, d, t), acc},
+            {Estimator(s, d, t, none), acc},
+            {Estimator(s, d, t), with_state},
+            {Estimator(s, d, t, none), with_state}};
+  }
+};
+
 // ----- categorical
 // -------------------------------------------------------------------------------------------
 
@@ -369,15 +557,18 @@ struct CompositeTraits {
 
 using Families =
     ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
-                     DiagonalGaussianTraits, MixtureOfAttentionTraits, CompositeTraits>;
+                     DiagonalGaussianTraits, MixtureOfAttentionTraits, CompositeTraits,
+                     VariationalEmbeddingAttentionTraits, VariationalMultiHopAttentionTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, DistributionContractTest, Families);
 // The Gaussian's density is positive everywhere, so it has no impossible evidence.
 using FamiliesWithImpossibleEvidence =
     ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
-                     MixtureOfAttentionTraits, CompositeTraits>;
+                     MixtureOfAttentionTraits, CompositeTraits, VariationalEmbeddingAttentionTraits,
+                     VariationalMultiHopAttentionTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, ImpossibleEvidenceContractTest, FamiliesWithImpossibleEvidence);
 using FamiliesWithLargeSupport =
-    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits>;
+    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
+                     VariationalEmbeddingAttentionTraits, VariationalMultiHopAttentionTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, LargeSupportContractTest, FamiliesWithLargeSupport);
 
 // ----- F-5: keyed tying

@@ -16,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "attnmix/attention/optimizer_state.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stats/mixture.hpp"
@@ -180,9 +183,8 @@ TEST(ModelJsonTest, WrongFormatAndFamilyAreRejected) {
   expect_load_error(doc, {"model.json", "missing field 'format'"});
   doc = valid_ra_document();
   doc["family"] = "banana";
-  expect_load_error(doc, {"model.json: family", "unknown family 'banana'"});
-  doc["family"] = "variational_embedding_attention";
-  expect_load_error(doc, {"model.json: family", "not available in this build"});
+  expect_load_error(doc, {"model.json: family", "unknown family 'banana'",
+                          "variational_embedding_attention", "variational_multihop_attention"});
 }
 
 TEST(ModelJsonTest, MissingFieldIsNamed) {
@@ -253,6 +255,284 @@ TEST(ModelJsonTest, AtomicWriteLeavesNoTemporaryFiles) {
   EXPECT_THROW(save_model(model, dir.file("taken")), std::runtime_error);
   EXPECT_THROW(save_model(model, dir.file("no/such/dir/model.json")), std::runtime_error);
   EXPECT_EQ(dir.listing(), (std::vector<std::string>{"model.json", "taken"}));
+}
+
+// ----- variational families (SPEC.md §4.5, §5): the optimizer state beside params
+// ---------------------------
+
+/// A random matrix of awkward doubles (all 17 significant digits matter).
+Matrix awkward_matrix(Rng& rng, Index rows, Index cols, double scale) {
+  Matrix m(rows, cols);
+  for (Index k = 0; k < m.size(); ++k)
+    m.data()[k] = scale * rng.normal() * std::pow(10.0, rng.normal());
+  return m;
+}
+
+/// A state after `iteration` Adam steps: random mean, log_var (in the clip range), moments (second
+/// moments ≥ 0), a seed above 2^63 (it must survive as an unsigned integer).
+AttentionOptimizerState random_state(Rng& rng, const std::string& family, Index S, Index D,
+                                     int64_t iteration) {
+  AttentionOptimizerState st;
+  st.family = family;
+  st.mean = awkward_matrix(rng, S, D, 1.0);
+  st.log_var = Matrix(S, D);
+  for (Index k = 0; k < st.log_var.size(); ++k) st.log_var.data()[k] = -8.0 + 10.0 * rng.uniform();
+  st.mean_first_moment = awkward_matrix(rng, S, D, 0.1);
+  st.mean_second_moment = awkward_matrix(rng, S, D, 0.01).cwiseAbs();
+  st.log_var_first_moment = awkward_matrix(rng, S, D, 0.1);
+  st.log_var_second_moment = awkward_matrix(rng, S, D, 0.01).cwiseAbs();
+  st.mean_second_moment(0, 0) = std::numeric_limits<double>::denorm_min();
+  st.mean_first_moment(0, 0) = -0.0;
+  st.iteration = iteration;
+  st.seed = (uint64_t{1} << 63) + rng.uniform_int(1000);
+  return st;
+}
+
+Matrix random_emission(Rng& rng, Index S, Index T) {
+  Matrix B(S, T);
+  for (Index s = 0; s < S; ++s) {
+    for (Index t = 0; t < T; ++t) B(s, t) = rng.exponential();
+    B.row(s) /= B.row(s).sum();
+  }
+  return B;
+}
+
+VariationalEmbeddingAttention random_vea(Rng& rng, Index S, Index N, Index D, Index T,
+                                         std::string name = {}) {
+  VariationalEmbeddingAttentionParams p;
+  p.optimizer_state = random_state(rng, VariationalEmbeddingAttention::kFamily, S, D, 37);
+  p.mean = p.optimizer_state->mean;
+  p.log_var = p.optimizer_state->log_var;
+  p.emission = random_emission(rng, S, T);
+  p.position_prior = Vector(N);
+  for (Index i = 0; i < N; ++i) p.position_prior[i] = rng.exponential();
+  p.position_prior /= p.position_prior.sum();
+  p.sigma2 = 0.1 + rng.uniform();
+  p.name = std::move(name);
+  return VariationalEmbeddingAttention(std::move(p));
+}
+
+VariationalMultiHopAttention random_vmha(Rng& rng, Index S, Index D, Index T,
+                                         std::string name = {}) {
+  VariationalMultiHopAttentionParams p;
+  p.optimizer_state = random_state(rng, VariationalMultiHopAttention::kFamily, S, D, 5);
+  p.mean = p.optimizer_state->mean;
+  p.log_var = p.optimizer_state->log_var;
+  p.emission = random_emission(rng, S, T);
+  p.sigma2 = 0.1 + rng.uniform();
+  p.name = std::move(name);
+  return VariationalMultiHopAttention(std::move(p));
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+void expect_vea_identical(const VariationalEmbeddingAttention& a,
+                          const VariationalEmbeddingAttention& b) {
+  EXPECT_TRUE(bit_identical(a.mean(), b.mean()));
+  EXPECT_TRUE(bit_identical(a.log_var(), b.log_var()));
+  EXPECT_TRUE(bit_identical(a.emission(), b.emission()));
+  EXPECT_TRUE(bit_identical(a.position_prior(), b.position_prior()));
+  EXPECT_TRUE(same_bits(a.sigma2(), b.sigma2()));
+  EXPECT_EQ(a.params().name, b.params().name);
+  // Every array bit for bit, iteration, seed and family (AttentionOptimizerState::operator==).
+  EXPECT_TRUE(a.optimizer_state() == b.optimizer_state());
+  EXPECT_EQ(b.optimizer_state().iteration, a.optimizer_state().iteration);
+}
+
+void expect_vmha_identical(const VariationalMultiHopAttention& a,
+                           const VariationalMultiHopAttention& b) {
+  EXPECT_TRUE(bit_identical(a.mean(), b.mean()));
+  EXPECT_TRUE(bit_identical(a.log_var(), b.log_var()));
+  EXPECT_TRUE(bit_identical(a.emission(), b.emission()));
+  EXPECT_TRUE(same_bits(a.sigma2(), b.sigma2()));
+  EXPECT_EQ(a.params().name, b.params().name);
+  EXPECT_TRUE(a.optimizer_state() == b.optimizer_state());
+}
+
+json valid_vea_document() {
+  Rng rng(testing::test_seed(21));
+  return model_to_json(AnyDistribution(random_vea(rng, 5, 3, 2, 4)));
+}
+
+/// F-7, VEA-7: save → load of variational embedding attention is bit-identical, the Adam moments,
+/// iteration and seed included.
+TEST(ModelJsonTest, VariationalEmbeddingRoundTripIsBitIdentical) {
+  Rng rng(testing::test_seed(22));
+  const TempDir dir;
+  for (int trial = 0; trial < 4; ++trial) {
+    const VariationalEmbeddingAttention model =
+        random_vea(rng, 6, 4, 3, 5, trial % 2 ? "tied" : "");
+    save_model(AnyDistribution(model), dir.file("model.json"));
+    const AnyDistribution loaded = load_model(dir.file("model.json"));
+    ASSERT_EQ(loaded.family(), "variational_embedding_attention");
+    ASSERT_NE(loaded.get_if<VariationalEmbeddingAttention>(), nullptr);
+    expect_vea_identical(model, *loaded.get_if<VariationalEmbeddingAttention>());
+    // The loaded model writes the same text (nothing is lost or reordered on the way).
+    EXPECT_EQ(format_model_json(model_to_json(loaded)),
+              format_model_json(model_to_json(AnyDistribution(model))));
+  }
+}
+
+/// F-7 for variational multi-hop attention.
+TEST(ModelJsonTest, VariationalMultiHopRoundTripIsBitIdentical) {
+  Rng rng(testing::test_seed(23));
+  const TempDir dir;
+  for (int trial = 0; trial < 4; ++trial) {
+    const VariationalMultiHopAttention model =
+        random_vmha(rng, 7, 2, 3, trial % 2 ? "two hops" : "");
+    save_model(AnyDistribution(model), dir.file("model.json"));
+    const AnyDistribution loaded = load_model(dir.file("model.json"));
+    ASSERT_EQ(loaded.family(), "variational_multihop_attention");
+    ASSERT_NE(loaded.get_if<VariationalMultiHopAttention>(), nullptr);
+    expect_vmha_identical(model, *loaded.get_if<VariationalMultiHopAttention>());
+  }
+}
+
+/// Mixtures of variational components round-trip (each component keeps its own state).
+TEST(ModelJsonTest, MixturesOfVariationalFamiliesRoundTrip) {
+  Rng rng(testing::test_seed(24));
+  const VariationalEmbeddingAttention a = random_vea(rng, 4, 3, 2, 3, "a");
+  const VariationalEmbeddingAttention b = random_vea(rng, 4, 3, 2, 3);
+  const VariationalMultiHopAttention c = random_vmha(rng, 4, 2, 3);
+  const VariationalMultiHopAttention d = random_vmha(rng, 4, 2, 3, "d");
+  const TempDir dir;
+  save_model(AnyDistribution(Mixture({AnyDistribution(a), AnyDistribution(b)},
+                                     Vector::Constant(2, 0.5), "vea")),
+             dir.file("vea.json"));
+  const AnyDistribution vea = load_model(dir.file("vea.json"));
+  const Mixture* m = vea.get_if<Mixture>();
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->components().size(), 2U);
+  expect_vea_identical(a, *m->components()[0].get_if<VariationalEmbeddingAttention>());
+  expect_vea_identical(b, *m->components()[1].get_if<VariationalEmbeddingAttention>());
+  save_model(
+      AnyDistribution(Mixture({AnyDistribution(c), AnyDistribution(d)}, Vector::Constant(2, 0.5))),
+      dir.file("vmha.json"));
+  const AnyDistribution vmha = load_model(dir.file("vmha.json"));
+  ASSERT_NE(vmha.get_if<Mixture>(), nullptr);
+  expect_vmha_identical(
+      c, *vmha.get_if<Mixture>()->components()[0].get_if<VariationalMultiHopAttention>());
+  expect_vmha_identical(
+      d, *vmha.get_if<Mixture>()->components()[1].get_if<VariationalMultiHopAttention>());
+  const json doc = model_to_json(vmha);
+  EXPECT_TRUE(doc["params"]["components"][1].contains("optimizer_state"));
+  EXPECT_FALSE(doc["params"]["components"][1]["params"].contains("optimizer_state"));
+}
+
+/// SPEC.md §1.10: the optimizer state sits beside params, in the form optimizer_state_to_json
+/// writes; params hold the constructor's arguments.
+TEST(ModelJsonTest, VariationalDocumentsHaveDocumentedFields) {
+  Rng rng(testing::test_seed(25));
+  const VariationalEmbeddingAttention model = random_vea(rng, 5, 3, 2, 4);
+  const json doc = model_to_json(AnyDistribution(model));
+  EXPECT_EQ(doc["family"], "variational_embedding_attention");
+  std::vector<std::string> params;
+  for (const auto& item : doc["params"].items()) params.push_back(item.key());
+  std::sort(params.begin(), params.end());
+  EXPECT_EQ(params,
+            (std::vector<std::string>{"emission", "log_var", "mean", "position_prior", "sigma2"}));
+  ASSERT_TRUE(doc.contains("optimizer_state"));
+  EXPECT_EQ(doc["optimizer_state"], optimizer_state_to_json(model.optimizer_state()));
+  EXPECT_EQ(doc["optimizer_state"]["algorithm"], "adam");
+  EXPECT_EQ(doc["optimizer_state"]["schema_version"], 1);
+  EXPECT_EQ(doc["optimizer_state"]["iteration"], 37);
+  EXPECT_EQ(doc["optimizer_state"]["seed"].get<uint64_t>(), model.optimizer_state().seed);
+  EXPECT_EQ(doc["optimizer_state"]["mean_second_moment"].size(), 5U);
+  // The text layout puts the state after params.
+  const std::string text = format_model_json(doc);
+  EXPECT_LT(text.find("\"params\""), text.find("\"optimizer_state\""));
+
+  const json mh = model_to_json(AnyDistribution(random_vmha(rng, 4, 2, 3)));
+  params.clear();
+  for (const auto& item : mh["params"].items()) params.push_back(item.key());
+  std::sort(params.begin(), params.end());
+  EXPECT_EQ(params, (std::vector<std::string>{"emission", "log_var", "mean", "sigma2"}));
+  EXPECT_EQ(mh["optimizer_state"]["family"], "variational_multihop_attention");
+}
+
+/// A file without optimizer_state loads with the constructor's fresh state (iteration 0, seed 0,
+/// zero moments); a family without state rejects the field.
+TEST(ModelJsonTest, OptimizerStateIsOptionalForVariationalAndUnknownElsewhere) {
+  json doc = valid_vea_document();
+  doc.erase("optimizer_state");
+  const AnyDistribution loaded = model_from_json(doc, "model.json");
+  const auto& state = loaded.get_if<VariationalEmbeddingAttention>()->optimizer_state();
+  EXPECT_EQ(state.iteration, 0);
+  EXPECT_EQ(state.seed, 0U);
+  EXPECT_TRUE(state.mean_first_moment.isZero(0.0));
+  EXPECT_TRUE(bit_identical(state.mean, loaded.get_if<VariationalEmbeddingAttention>()->mean()));
+
+  json ra = valid_ra_document();
+  ra["optimizer_state"] = valid_vea_document()["optimizer_state"];
+  expect_load_error(ra,
+                    {"model.json", "unknown field 'optimizer_state'", "responsibility_attention"});
+}
+
+/// A tampered optimizer state is rejected, naming the file and the field (SPEC.md §4.5).
+TEST(ModelJsonTest, TamperedOptimizerStateIsRejected) {
+  json doc = valid_vea_document();
+  // One ulp off in the state's mean: no longer the params' mean bit for bit.
+  double& x = doc["optimizer_state"]["mean"][2][1].get_ref<double&>();
+  x = std::nextafter(x, 1e9);
+  expect_load_error(doc, {"model.json: optimizer_state.mean", "bit for bit"});
+  doc = valid_vea_document();
+  doc["params"]["log_var"][0][0] = doc["params"]["log_var"][0][0].get<double>() + 1e-3;
+  expect_load_error(doc, {"model.json: optimizer_state", "log_var", "bit for bit"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["family"] = "variational_multihop_attention";
+  expect_load_error(
+      doc, {"model.json: optimizer_state belongs to family 'variational_multihop_attention'"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["family"] = "banana";
+  expect_load_error(doc, {"model.json: optimizer_state", "family", "banana"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["algorithm"] = "sgd";
+  expect_load_error(doc, {"model.json: optimizer_state.algorithm", "sgd"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["schema_version"] = 2;
+  expect_load_error(doc, {"model.json: optimizer_state.schema_version", "schema_version"});
+  doc = valid_vea_document();
+  doc["optimizer_state"].erase("iteration");
+  expect_load_error(doc, {"model.json: optimizer_state", "missing field 'iteration'"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["iteration"] = -1;
+  expect_load_error(doc, {"model.json: optimizer_state", "iteration must be >= 0"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["seed"] = -3;
+  expect_load_error(doc, {"model.json: optimizer_state.seed", "non-negative"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["log_var_second_moment"][1].push_back(0.5);
+  expect_load_error(doc, {"model.json: optimizer_state.log_var_second_moment", "row 1"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["mean_second_moment"][0][0] = -1.0;
+  expect_load_error(doc, {"model.json: optimizer_state", "second moments must be >= 0"});
+  doc = valid_vea_document();
+  doc["optimizer_state"]["momentum"] = 0.9;
+  expect_load_error(doc, {"model.json: optimizer_state", "unknown field 'momentum'"});
+  // Parameter errors still name the params member.
+  doc = valid_vea_document();
+  doc["params"]["emission"][1][0] = 2.0;
+  expect_load_error(doc, {"model.json: params.emission", "row 1"});
+  doc = valid_vea_document();
+  doc["params"].erase("position_prior");
+  expect_load_error(doc, {"model.json: params", "missing field 'position_prior'"});
+}
+
+/// Errors inside a mixture component name the component's path.
+TEST(ModelJsonTest, VariationalComponentErrorsNameTheirPath) {
+  Rng rng(testing::test_seed(26));
+  const VariationalMultiHopAttention a = random_vmha(rng, 3, 2, 2);
+  const json good = model_to_json(
+      AnyDistribution(Mixture({AnyDistribution(a), AnyDistribution(a)}, Vector::Constant(2, 0.5))));
+  json doc = good;
+  doc["params"]["components"][1]["optimizer_state"]["family"] = "variational_embedding_attention";
+  expect_load_error(doc, {"model.json: params.components[1].optimizer_state belongs to family"});
+  doc = good;
+  doc["params"]["components"][0]["optimizer_state"]["algorithm"] = "rmsprop";
+  expect_load_error(doc, {"model.json: params.components[0].optimizer_state.algorithm", "rmsprop"});
+  doc = good;
+  doc["params"]["components"][0]["params"]["sigma2"] = 0.0;
+  expect_load_error(doc, {"model.json: params.components[0].params.sigma2"});
 }
 
 /// nlohmann's number output reads back to the same bits for every double (the 17-significant-digit

@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+// `attnmix fit --family variational` and `--family variational-multihop`: read the data files
+// (variational embedding attention: context/query/target rows; variational multi-hop attention: the
+// chained-attention rows), settle S, N, D, T and build the estimator from the library's options
+// with the flags that were given. With --init the dimensions and σ² default to the model's, and the
+// estimator's seed is the model's noise seed (SPEC.md §4.5: the fit continues the model's Adam
+// trajectory; the estimator's seed only seeds a fresh initialisation).
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
+#include "chained_data_io.hpp"
+#include "cli_support.hpp"
+#include "commands/fit_problem.hpp"
+#include "variational_data_io.hpp"
+
+namespace attnmix::cli {
+
+namespace {
+
+/// The options every variational estimator shares, from the flags (or the library's defaults), σ²
+/// from the --init model when --sigma2 is absent.
+template <class Options, class Model>
+void apply_common_flags(const FitArgs& args, const Model* init_model, Options& options) {
+  if (given(args.sigma2_opt))
+    options.sigma2 = args.sigma2;
+  else if (init_model)
+    options.sigma2 = init_model->sigma2();
+  if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
+  if (given(args.lr_opt)) options.lr = args.lr;
+  if (given(args.mc_opt)) options.mc = args.mc;
+  if (given(args.prior_strength_opt)) options.prior_strength = args.prior_strength;
+  options.seed = init_model ? init_model->optimizer_state().seed : args.optimize.seed;
+}
+
+/// D: --embed-dim, else the --init model's, else kDefaultEmbedDim.
+template <class Model>
+int64_t embed_dim(const FitArgs& args, const FitInit* init, const Model* init_model) {
+  return settle_dim(args.embed_dim_opt, args.embed_dim, "--embed-dim", "D", init,
+                    init_model ? init_model->embed_dim() : 0)
+      .value_or(Dim{kDefaultEmbedDim, "the default"})
+      .value;
+}
+
+std::string dims_brief(int64_t S, int64_t N, int64_t D, int64_t T) {
+  return "S=" + std::to_string(S) + ", N=" + std::to_string(N) + ", D=" + std::to_string(D) +
+         ", T=" + std::to_string(T);
+}
+
+std::string dims_summary(int64_t S, int64_t N, int64_t D, int64_t T) {
+  return "S=" + std::to_string(S) + " symbols, N=" + std::to_string(N) +
+         " context positions, D=" + std::to_string(D) + " embedding dims, T=" + std::to_string(T) +
+         " targets";
+}
+
+}  // namespace
+
+FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init) {
+  using Model = VariationalEmbeddingAttention;
+  const Model* init_model = init ? &init_model_as<Model>(*init, args.family) : nullptr;
+  const auto model_dim = [&](int64_t (Model::*dim)() const) {
+    return init_model ? (init_model->*dim)() : 0;
+  };
+  const VeaDims declared{
+      settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
+                 model_dim(&Model::n_symbols)),
+      settle_dim(args.context_length_opt, args.context_length, "--context-length", "N", init,
+                 model_dim(&Model::context_length)),
+      settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                 model_dim(&Model::n_targets))};
+  const int64_t D = embed_dim(args, init, init_model);
+
+  FitProblem problem;
+  VeaRows train_rows = read_vea_rows(args.data, declared, TargetPolicy::kRequired);
+  problem.train_source = args.data;
+  std::optional<VeaRows> valid_rows;
+  if (!args.valid.empty()) {
+    VeaDims valid_declared = declared;  // the validation rows must have the training rows' N
+    if (!valid_declared.context_length)
+      valid_declared.context_length =
+          Dim{train_rows.contexts.cols(), "the training data " + args.data};
+    valid_rows = read_vea_rows(args.valid, valid_declared, TargetPolicy::kRequired);
+    problem.valid_source = args.valid;
+  }
+  std::vector<const VeaRows*> sets{&train_rows};
+  if (valid_rows) sets.push_back(&*valid_rows);
+  const VeaDims dims = infer_vea_dims(declared, sets);
+  problem.train = AnyBatch(encode_vea_rows(train_rows, dims));
+  if (valid_rows) problem.valid = AnyBatch(encode_vea_rows(*valid_rows, dims));
+  problem.train_origin = std::move(train_rows);
+
+  VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
+  apply_common_flags(args, init_model, options);
+  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  problem.mechanism = "variational embedding attention";
+  problem.estimator =
+      AnyEstimator(VariationalEmbeddingAttentionEstimator(S, N, D, T, std::move(options)));
+  problem.dims_brief = dims_brief(S, N, D, T);
+  problem.dims_summary = dims_summary(S, N, D, T);
+  return problem;
+}
+
+FitProblem prepare_variational_multihop_fit(const FitArgs& args, const FitInit* init) {
+  using Model = VariationalMultiHopAttention;
+  const Model* init_model = init ? &init_model_as<Model>(*init, args.family) : nullptr;
+  // A multi-hop model fixes S and T, not the context length N (as chained attention).
+  const CaDims declared{settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
+                                   init_model ? init_model->n_symbols() : 0),
+                        flag_dim(args.context_length_opt, args.context_length, "--context-length"),
+                        settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                                   init_model ? init_model->n_targets() : 0)};
+  const int64_t D = embed_dim(args, init, init_model);
+
+  FitProblem problem;
+  CaRows train_rows = read_ca_rows(args.data, declared, TargetPolicy::kRequired);
+  problem.train_source = args.data;
+  std::optional<CaRows> valid_rows;
+  if (!args.valid.empty()) {
+    CaDims valid_declared = declared;  // the validation rows must have the training rows' N
+    if (!valid_declared.context_length)
+      valid_declared.context_length = Dim{train_rows.keys.cols(), "the training data " + args.data};
+    valid_rows = read_ca_rows(args.valid, valid_declared, TargetPolicy::kRequired);
+    problem.valid_source = args.valid;
+  }
+  std::vector<const CaRows*> sets{&train_rows};
+  if (valid_rows) sets.push_back(&*valid_rows);
+  const CaDims dims = infer_ca_dims(declared, sets);
+  problem.train = AnyBatch(encode_ca_rows(train_rows, dims));
+  if (valid_rows) problem.valid = AnyBatch(encode_ca_rows(*valid_rows, dims));
+  problem.train_origin = std::move(train_rows);
+
+  VariationalMultiHopAttentionEstimatorOptions options;  // the library's M-step defaults
+  apply_common_flags(args, init_model, options);
+  if (given(args.anneal_iters_opt)) options.anneal_iters = args.anneal_iters;
+  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  problem.mechanism = "variational multi-hop attention (2 hops)";
+  problem.estimator =
+      AnyEstimator(VariationalMultiHopAttentionEstimator(S, D, T, std::move(options)));
+  problem.dims_brief = dims_brief(S, N, D, T);
+  problem.dims_summary = dims_summary(S, N, D, T);
+  return problem;
+}
+
+}  // namespace attnmix::cli

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// Variational-embedding-attention data files: JSON Lines and .npz readers with strict, located
+// validation (SPEC.md §1.2), written with the shared field parsers of data_fields.hpp.
+#include "variational_data_io.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "attnmix/core/errors.hpp"
+#include "jsonl.hpp"
+#include "npz.hpp"
+
+namespace attnmix::cli {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr auto kFieldList = "context=..., query=..., target=...";
+
+/// Accumulates rows; N becomes set from the declared dims or the first row.
+struct VeaSink {
+  VeaDims dims;
+  std::vector<int64_t> contexts, queries, targets;
+  Index n_rows = 0;
+
+  VeaRows finish(VeaRows rows) {
+    if (n_rows == 0)
+      throw ValueError(rows.source + ": contains no observations (the file is empty)");
+    const Index N = dims.context_length->value;
+    rows.contexts = Eigen::Map<const IdMatrix>(contexts.data(), n_rows, N);
+    rows.queries = Eigen::Map<const IdVector>(queries.data(), n_rows);
+    rows.targets = rows.has_targets ? IdVector(Eigen::Map<const IdVector>(targets.data(), n_rows))
+                                    : IdVector(IdVector::Zero(n_rows));
+    return rows;
+  }
+};
+
+VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolicy policy) {
+  VeaRows rows;
+  rows.source = path;
+  VeaSink sink{declared, {}, {}, {}, 0};
+  TargetPresence targets_seen(policy);
+  for_each_json_line(path, [&](int64_t line, const json& object) {
+    const std::string where = path + ": line " + std::to_string(line);
+    check_json_fields(object, where, {"context", "query", "target"}, {"context", "query"});
+    const bool has_target = object.contains("target");
+    targets_seen.see(has_target, where);
+    const std::string first_row =
+        "line " + std::to_string(sink.n_rows == 0 ? line : rows.line_of_row.front());
+
+    const json& context = object["context"];
+    if (!context.is_array())
+      throw TypeError(where + ": context: must be an array of integer ids (got " +
+                      json_kind(context) + ")");
+    check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
+    for (size_t i = 0; i < context.size(); ++i)
+      sink.contexts.push_back(json_id(context[i], where, "context[" + std::to_string(i) + "]", "S",
+                                      sink.dims.n_symbols));
+    // The query is one symbol id (json_id rejects an array, as responsibility attention's vector
+    // query would be, with "must be an integer id (got an array)").
+    sink.queries.push_back(json_id(object["query"], where, "query", "S", sink.dims.n_symbols));
+    if (has_target)
+      sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
+    rows.line_of_row.push_back(line);
+    ++sink.n_rows;
+  });
+  rows.has_targets = targets_seen.has_targets();
+  return sink.finish(std::move(rows));
+}
+
+/// An npz id array must not be bool and must have `dims` dimensions with n rows.
+void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
+                    const std::string& path) {
+  if (a.kind == NpyArray::Kind::kBool)
+    throw TypeError(path + ": " + name + ": ids must be integers, not bools (dtype " + a.descr +
+                    ")");
+  const char* shape = dims == 2 ? "(n, N)" : "(n,)";
+  if (a.shape.size() != dims)
+    throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " + shape +
+                     " (got shape " + a.shape_text() + ")");
+  if (n >= 0 && a.shape[0] != n)
+    throw ValueError(path + ": " + name + ": has " + std::to_string(a.shape[0]) +
+                     " rows but context has " + std::to_string(n));
+}
+
+VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy) {
+  VeaRows rows;
+  rows.source = path;
+  rows.is_npz = true;
+  std::map<std::string, NpyArray> arrays = read_npz(path);
+  std::vector<std::string> names;
+  for (const auto& [name, array] : arrays) names.push_back(name);
+  check_npz_arrays(names, path, {"context", "query", "target"}, {"context", "query"});
+  rows.has_targets = arrays.count("target") > 0;
+  if (policy == TargetPolicy::kRequired && !rows.has_targets)
+    throw ValueError(path + ": missing array 'target'");
+
+  const NpyArray& context = arrays["context"];
+  const NpyArray& query = arrays["query"];
+  check_id_array(context, "context", 2, -1, path);
+  const int64_t n = context.shape[0];
+  check_id_array(query, "query", 1, n, path);
+  const NpyArray* target = rows.has_targets ? &arrays["target"] : nullptr;
+  if (target) check_id_array(*target, "target", 1, n, path);
+
+  VeaSink sink{declared, {}, {}, {}, 0};
+  if (n > 0)
+    check_width("context", "N", sink.dims.context_length, static_cast<size_t>(context.shape[1]),
+                path + ": context", "the context array");
+  const int64_t N = n > 0 ? context.shape[1] : 0;
+  const std::optional<Dim>& S = sink.dims.n_symbols;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < N; ++i)
+      sink.contexts.push_back(npz_id(context, static_cast<size_t>(r * N + i), path,
+                                     index_text("context", r, i), "S", S));
+    const auto k = static_cast<size_t>(r);
+    sink.queries.push_back(npz_id(query, k, path, index_text("query", r, -1), "S", S));
+    if (target)
+      sink.targets.push_back(
+          npz_id(*target, k, path, index_text("target", r, -1), "T", sink.dims.n_targets));
+    ++sink.n_rows;
+  }
+  return sink.finish(std::move(rows));
+}
+
+}  // namespace
+
+VeaRows read_vea_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy) {
+  return data_file_kind(path, kFieldList) == DataFileKind::kNpz
+             ? read_npz_rows(path, declared, policy)
+             : read_jsonl(path, declared, policy);
+}
+
+VeaDims infer_vea_dims(const VeaDims& declared, const std::vector<const VeaRows*>& row_sets) {
+  VeaDims dims = declared;
+  const VeaRows& first = *row_sets.front();
+  if (!dims.context_length) dims.context_length = Dim{first.contexts.cols(), first.source};
+  if (!dims.n_symbols) {
+    int64_t max_id = 0;
+    for (const VeaRows* rows : row_sets)
+      max_id = std::max({max_id, rows->contexts.maxCoeff(), rows->queries.maxCoeff()});
+    dims.n_symbols = Dim{max_id + 1, "the largest context or query id"};
+  }
+  if (!dims.n_targets) {
+    int64_t max_id = 0;
+    for (const VeaRows* rows : row_sets)
+      if (rows->has_targets) max_id = std::max(max_id, rows->targets.maxCoeff());
+    dims.n_targets = Dim{max_id + 1, "the largest target"};
+  }
+  return dims;
+}
+
+VariationalEmbeddingAttentionBatch encode_vea_rows(const VeaRows& rows, const VeaDims& dims) {
+  VariationalEmbeddingAttentionEncoder encoder;
+  encoder.n_symbols = dims.n_symbols->value;
+  encoder.context_length = dims.context_length->value;
+  encoder.n_targets = dims.n_targets->value;
+  return encoder.encode(rows.contexts, rows.queries, rows.targets);
+}
+
+}  // namespace attnmix::cli

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file variational_data_io.hpp
+/// Variational-embedding-attention data files (SPEC.md §1.10): JSON Lines
+/// {"context":[ids],"query":id,"target":id} or a NumPy .npz archive with context (n, N) int,
+/// query (n,) int, target (n,) int. The query is a symbol id (its embedding is the query), unlike
+/// responsibility attention's real query vector. The format is chosen by content, as for every
+/// family (data_fields.hpp). Variational multi-hop attention reads the chained-attention files
+/// (chained_data_io.hpp).
+///
+/// Validation follows SPEC.md §1.2 with messages naming the file, the line (JSONL) or array index
+/// (npz) and the field: a missing or unknown field, a ragged context (a width other than line 1's
+/// or the declared N), bool, fractional, negative or out-of-range ids (integral floats such as 2.0
+/// are accepted), and an empty file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/core/types.hpp"
+#include "data_fields.hpp"
+
+namespace attnmix::cli {
+
+/// Dimensions the rows must respect; unset ones are taken from the data.
+struct VeaDims {
+  std::optional<Dim> n_symbols;       // S: context ids and queries must be < S
+  std::optional<Dim> context_length;  // N
+  std::optional<Dim> n_targets;       // T: targets must be < T
+};
+
+/// Validated rows, not yet encoded; the RowOrigin part locates them in their file.
+struct VeaRows : RowOrigin {
+  IdMatrix contexts;  // [n, N]
+  IdVector queries;   // [n]
+  IdVector targets;   // [n]; zeros when !has_targets
+  bool has_targets = true;
+  [[nodiscard]] Index n_rows() const { return contexts.rows(); }
+};
+
+/// Reads and validates a data file. @throws ValueError / TypeError (content), std::runtime_error
+/// (I/O).
+[[nodiscard]] VeaRows read_vea_rows(const std::string& path, const VeaDims& declared,
+                                    TargetPolicy policy);
+
+/// Dimensions for a fit: declared values where given, otherwise N from the data, S = 1 + the
+/// largest context or query id and T = 1 + the largest target over all row sets.
+[[nodiscard]] VeaDims infer_vea_dims(const VeaDims& declared,
+                                     const std::vector<const VeaRows*>& row_sets);
+
+/// The encoded batch (rows already validated against dims).
+[[nodiscard]] VariationalEmbeddingAttentionBatch encode_vea_rows(const VeaRows& rows,
+                                                                 const VeaDims& dims);
+
+}  // namespace attnmix::cli

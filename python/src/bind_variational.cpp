@@ -1,0 +1,895 @@
+// SPDX-License-Identifier: Apache-2.0
+// The variational families in Python: AttentionOptimizerState (SPEC.md §4.5), variational embedding
+// attention VariationalEmbeddingAttention{Distribution, Estimator, Accumulator, AccumulatorFactory,
+// DataEncoder, Sampler} (§4.6) and variational multi-hop attention
+// VariationalMultiHopAttention{…} (§5). Constructors convert their arguments (convert.hpp) and call
+// the library's validating constructors; the generic role methods come from bind_core.cpp, and the
+// statistics tuples (whose last entry is the optimizer state) from families.cpp.
+#include <pybind11/stl.h>
+
+#include <initializer_list>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attnmix/attention/optimizer_state.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/attention/variational_multihop.hpp"
+#include "bindings.hpp"
+#include "convert.hpp"
+#include "encoders.hpp"
+#include "roles.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+using namespace pybind11::literals;
+
+using State = AttentionOptimizerState;
+using VeaDist = DistributionOf<VariationalEmbeddingAttention>;
+using VeaEst = EstimatorOf<VariationalEmbeddingAttentionEstimator>;
+using VeaAcc = AccumulatorOf<VariationalEmbeddingAttentionAccumulator>;
+using VeaFactory = FactoryOf<VariationalEmbeddingAttentionAccumulator>;
+using VeaEncoder = VariationalEmbeddingAttentionDataEncoderPy;
+using VmhaDist = DistributionOf<VariationalMultiHopAttention>;
+using VmhaEst = EstimatorOf<VariationalMultiHopAttentionEstimator>;
+using VmhaAcc = AccumulatorOf<VariationalMultiHopAttentionAccumulator>;
+using VmhaFactory = FactoryOf<VariationalMultiHopAttentionAccumulator>;
+using VmhaEncoder = VariationalMultiHopAttentionDataEncoderPy;
+
+constexpr const char* kState = "AttentionOptimizerState";
+constexpr const char* kVeaDist = "VariationalEmbeddingAttentionDistribution";
+constexpr const char* kVmhaDist = "VariationalMultiHopAttentionDistribution";
+/// The multi-hop sampler's default context length: the default argument of
+/// VariationalMultiHopAttention::sampler and of VariationalMultiHopAttentionSampler (SPEC.md §5).
+constexpr int64_t kDefaultContextLength = 6;
+
+// ---- shared conversions -------------------------------------------------------------------------
+
+py::object optional_int(const std::optional<int64_t>& v) {
+  return v ? py::object(py::int_(*v)) : py::none();
+}
+
+py::object optional_str_to_python(const std::optional<std::string>& s) {
+  return s ? py::object(py::str(*s)) : py::none();
+}
+
+py::array matrix_view(const Matrix& m, py::handle owner) {
+  return readonly_view(m.data(), {m.rows(), m.cols()}, owner);
+}
+
+py::array_t<double> matrix_copy(const Matrix& m) {
+  return copy_reals(m.data(), {m.rows(), m.cols()});
+}
+
+/// The ids of a predict_proba call: C context arrays (1-D for one example, 2-D for a batch, all of
+/// one shape) and the query ids (a scalar for one example, (n,) for a batch).
+struct PredictIds {
+  std::vector<IdMatrix> contexts;  // [n, N] each
+  IdVector queries;                // [n]
+  bool single = false;
+};
+
+PredictIds predict_ids(const std::string& where,
+                       std::initializer_list<std::pair<const char*, py::handle>> contexts,
+                       const char* query_name, py::handle query) {
+  std::vector<std::pair<const char*, NdArray<int64_t>>> arrays;
+  for (const auto& [name, obj] : contexts) arrays.emplace_back(name, read_ids(obj, where, name));
+  NdArray<int64_t> q = read_ids(query, where, query_name);
+  const auto& [first_name, first] = arrays.front();
+  if (first.ndim() != 1 && first.ndim() != 2)
+    throw TypeError(where + ": " + first_name +
+                    " must be 1-D (one example) or 2-D (a batch), got shape " +
+                    shape_text(first.shape));
+  PredictIds out;
+  out.single = first.ndim() == 1;
+  for (auto& [name, a] : arrays) {
+    if (a.ndim() != first.ndim())
+      throw TypeError(where + ": " + name + " must have the dimensions of " + first_name + " (" +
+                      std::to_string(first.ndim()) + "-D), got shape " + shape_text(a.shape));
+    if (a.shape != first.shape)
+      throw ValueError(where + ": " + name + " must have the shape of " + first_name + " (got " +
+                       shape_text(first.shape) + " and " + shape_text(a.shape) + ")");
+  }
+  if (q.ndim() != first.ndim() - 1)
+    throw TypeError(where + ": " + query_name + " must be " +
+                    (out.single ? std::string("one id for 1-D ") + first_name
+                                : std::string("a 1-D array of ids for 2-D ") + first_name) +
+                    ", got shape " + shape_text(q.shape));
+  if (out.single) q.shape.insert(q.shape.begin(), 1);
+  const Index n = out.single ? 1 : first.shape[0];
+  const Index N = first.shape.back();
+  if (q.shape[0] != n)
+    throw ValueError(where + ": " + query_name + " must have one id per row of " + first_name +
+                     " (" + std::to_string(n) + " rows, " + std::to_string(q.shape[0]) + " ids)");
+  for (auto& [name, a] : arrays) {
+    IdMatrix m(n, N);
+    std::copy(a.values.begin(), a.values.end(), m.data());
+    out.contexts.push_back(std::move(m));
+  }
+  out.queries.resize(n);
+  std::copy(q.values.begin(), q.values.end(), out.queries.data());
+  return out;
+}
+
+/// predict_proba's result: (T,) for one example, (n, T) for a batch.
+py::array proba_result(const Matrix& proba, bool single) {
+  if (single) return copy_reals(proba.data(), {proba.cols()});
+  return copy_reals(proba.data(), {proba.rows(), proba.cols()});
+}
+
+/// The optimizer_state argument of a distribution: None, or a copy of the given state.
+std::optional<State> state_arg(py::handle obj, const char* where) {
+  const std::shared_ptr<const State> state =
+      optimizer_state_from_python(obj, where, "optimizer_state");
+  if (!state) return std::nullopt;
+  return *state;
+}
+
+/// Samplers keep their distribution (the `dist` attribute).
+template <class Sampler>
+struct SamplerPy {
+  Sampler sampler;
+  py::object dist;
+};
+
+/// sample(size=None, *, batched=True): one observation, or a list of `size` consecutive draws.
+template <class Sampler, class ToPython>
+py::object sample_draws(SamplerPy<Sampler>& s, py::object size, py::object batched,
+                        const char* where, ToPython&& to_python) {
+  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  if (size.is_none()) return to_python(s.sampler.sample());
+  const int64_t m = nonnegative_int(size, where, "size");
+  py::list out;
+  for (int64_t k = 0; k < m; ++k) out.append(to_python(s.sampler.sample()));
+  return out;
+}
+
+/// The estimator options both variational families share (SPEC.md §4.7), read into `o`.
+template <class Options>
+void read_shared_options(Options& o, const char* where, py::handle sigma2, py::handle lr,
+                         py::handle mc, py::handle prior_strength, py::handle emission_smoothing,
+                         py::handle seed, py::handle name, py::handle keys) {
+  o.sigma2 = positive_real(sigma2, where, "sigma2");
+  o.lr = positive_real(lr, where, "lr");
+  o.mc = positive_int(mc, where, "mc");
+  o.prior_strength = nonnegative_real(prior_strength, where, "prior_strength");
+  o.emission_smoothing = nonnegative_real(emission_smoothing, where, "emission_smoothing");
+  o.seed = static_cast<uint64_t>(nonnegative_int(seed, where, "seed"));
+  o.name = name_arg(name, where);
+  o.keys = optional_str(keys, where, "keys");
+}
+
+/// The estimator attributes both variational families share.
+template <class Class>
+void def_shared_estimator_attributes(Class& cls) {
+  using E = typename Class::type;
+  cls.def_property_readonly("sigma2", [](const E& e) { return e.estimator().options().sigma2; })
+      .def_property_readonly("lr", [](const E& e) { return e.estimator().options().lr; })
+      .def_property_readonly("mc", [](const E& e) { return e.estimator().options().mc; })
+      .def_property_readonly("prior_strength",
+                             [](const E& e) { return e.estimator().options().prior_strength; })
+      .def_property_readonly("emission_smoothing",
+                             [](const E& e) { return e.estimator().options().emission_smoothing; })
+      .def_property_readonly("seed", [](const E& e) { return e.estimator().options().seed; })
+      .def_property_readonly(
+          "name", [](const E& e) { return name_to_python(e.estimator().options().name); })
+      .def_property_readonly(
+          "keys", [](const E& e) { return optional_str_to_python(e.estimator().options().keys); });
+}
+
+/// The distribution attributes both variational families share: the embedding posterior, its
+/// optimizer state, the emission, sigma2, name and dimensions.
+template <class Class>
+void def_shared_distribution_attributes(Class& cls) {
+  using D = typename Class::type;
+  cls.def_property_readonly(
+         "mean",
+         [](py::object self) { return matrix_view(self.cast<const D&>().model().mean(), self); },
+         "Posterior means m (S, D), read-only.")
+      .def_property_readonly(
+          "log_var",
+          [](py::object self) {
+            return matrix_view(self.cast<const D&>().model().log_var(), self);
+          },
+          "Posterior log variances log v (S, D), read-only.")
+      .def_property_readonly("emission",
+                             [](py::object self) {
+                               return matrix_view(self.cast<const D&>().model().emission(), self);
+                             })
+      .def_property_readonly("sigma2", [](const D& d) { return d.model().sigma2(); })
+      .def_property_readonly("name",
+                             [](const D& d) { return name_to_python(d.model().params().name); })
+      .def_property_readonly(
+          "optimizer_state",
+          [](const D& d) {
+            return optimizer_state_to_python(
+                std::make_shared<const State>(d.model().optimizer_state()));
+          },
+          "The Adam state carried by this model (SPEC.md §4.5).")
+      .def_property_readonly("num_symbols", [](const D& d) { return d.model().n_symbols(); })
+      .def_property_readonly("embed_dim", [](const D& d) { return d.model().embed_dim(); })
+      .def_property_readonly("num_targets", [](const D& d) { return d.model().n_targets(); })
+      .def(
+          "embeddings",
+          [](py::object self) {
+            return matrix_view(self.cast<const D&>().model().embeddings(), self);
+          },
+          "The learned (posterior-mean) tied embedding table m (S, D), read-only.");
+}
+
+// ---- AttentionOptimizerState --------------------------------------------------------------------
+
+/// The Python AttentionOptimizerState: an immutable, validated state shared with the library.
+struct OptimizerStatePy {
+  std::shared_ptr<const State> state;
+};
+
+OptimizerStatePy make_state(py::handle family, py::handle mean, py::handle log_var,
+                            py::handle mean_m1, py::handle mean_m2, py::handle log_var_m1,
+                            py::handle log_var_m2, py::handle iteration, py::handle seed,
+                            py::handle schema_version, py::handle algorithm) {
+  const std::optional<std::string> fam = optional_str(family, kState, "family");
+  if (!fam) throw TypeError(std::string(kState) + ": family must be a str (got None)");
+  if (positive_int(schema_version, kState, "schema_version") != State::kSchemaVersion)
+    throw ValueError(std::string(kState) + ": unsupported schema_version " +
+                     py::repr(schema_version).cast<std::string>() + " (this build reads 1)");
+  const std::optional<std::string> alg = optional_str(algorithm, kState, "algorithm");
+  if (alg != std::string(State::kAlgorithm))
+    throw ValueError(std::string(kState) + ": unsupported algorithm " +
+                     py::repr(algorithm).cast<std::string>() + " (this build reads 'adam')");
+  State s;
+  s.family = *fam;
+  s.mean = reals_2d(mean, kState, "mean");
+  s.log_var = reals_2d(log_var, kState, "log_var");
+  s.mean_first_moment = reals_2d(mean_m1, kState, "mean_first_moment");
+  s.mean_second_moment = reals_2d(mean_m2, kState, "mean_second_moment");
+  s.log_var_first_moment = reals_2d(log_var_m1, kState, "log_var_first_moment");
+  s.log_var_second_moment = reals_2d(log_var_m2, kState, "log_var_second_moment");
+  s.iteration = nonnegative_int(iteration, kState, "iteration");
+  s.seed = static_cast<uint64_t>(nonnegative_int(seed, kState, "seed"));
+  s.validate(kState);
+  return {std::make_shared<const State>(std::move(s))};
+}
+
+/// to_dict(): the library's JSON form (optimizer_state_to_json) as Python objects.
+py::object state_to_dict(const State& s) {
+  return py::module_::import("json").attr("loads")(optimizer_state_to_json(s).dump());
+}
+
+/// from_dict(d): d through JSON text into the library's validating reader. numpy arrays and scalars
+/// are accepted (as their tolist()); a non-finite number is a ValueError.
+OptimizerStatePy state_from_dict(py::handle d) {
+  constexpr const char* where = "AttentionOptimizerState.from_dict";
+  if (!PyDict_Check(d.ptr()))
+    throw TypeError(std::string(where) + ": d must be a dict (got " + type_name(d) + ")");
+  const py::cpp_function tolist([](py::handle o) -> py::object {
+    if (py::hasattr(o, "tolist")) return o.attr("tolist")();
+    throw TypeError(std::string(where) + ": a " + type_name(o) + " is not JSON serialisable");
+  });
+  const std::string text = py::module_::import("json")
+                               .attr("dumps")(d, "allow_nan"_a = false, "default"_a = tolist)
+                               .cast<std::string>();
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ValueError(std::string(where) + ": " + e.what());
+  }
+  return {std::make_shared<const State>(optimizer_state_from_json(doc, where))};
+}
+
+std::string describe_state(const State& s) {
+  const py::str format("AttentionOptimizerState(family=%r, S=%d, D=%d, iteration=%d, seed=%d)");
+  return py::str(format.attr("__mod__")(
+      py::make_tuple(s.family, s.mean.rows(), s.mean.cols(), s.iteration, s.seed)));
+}
+
+void bind_optimizer_state(py::module_& m) {
+  py::class_<OptimizerStatePy>(m, kState,
+                               "The Adam state of a variational model (SPEC.md §4.5): the "
+                               "embedding posterior (mean, log_var), "
+                               "the four Adam moments, the number of Adam steps applied "
+                               "(iteration) and the Monte-Carlo seed. "
+                               "Immutable; the arrays are read-only.")
+      .def(py::init(&make_state), "family"_a, "mean"_a, "log_var"_a, "mean_first_moment"_a,
+           "mean_second_moment"_a, "log_var_first_moment"_a, "log_var_second_moment"_a,
+           "iteration"_a = 0, "seed"_a = 0, "schema_version"_a = State::kSchemaVersion,
+           "algorithm"_a = State::kAlgorithm)
+      .def_static(
+          "fresh",
+          [](py::handle family, py::handle mean, py::handle log_var, py::handle seed) {
+            const std::optional<std::string> fam = optional_str(family, kState, "family");
+            if (!fam) throw TypeError(std::string(kState) + ": family must be a str (got None)");
+            State s = State::fresh(*fam, reals_2d(mean, kState, "mean"),
+                                   reals_2d(log_var, kState, "log_var"),
+                                   static_cast<uint64_t>(nonnegative_int(seed, kState, "seed")));
+            s.validate(kState);
+            return OptimizerStatePy{std::make_shared<const State>(std::move(s))};
+          },
+          "family"_a, "mean"_a, "log_var"_a, "seed"_a = 0,
+          "A state with zero Adam moments and iteration 0.")
+      .def_property_readonly("family", [](const OptimizerStatePy& s) { return s.state->family; })
+      .def_property_readonly("mean",
+                             [](py::object self) {
+                               return matrix_view(self.cast<const OptimizerStatePy&>().state->mean,
+                                                  self);
+                             })
+      .def_property_readonly("log_var",
+                             [](py::object self) {
+                               return matrix_view(
+                                   self.cast<const OptimizerStatePy&>().state->log_var, self);
+                             })
+      .def_property_readonly(
+          "mean_first_moment",
+          [](py::object self) {
+            return matrix_view(self.cast<const OptimizerStatePy&>().state->mean_first_moment, self);
+          })
+      .def_property_readonly("mean_second_moment",
+                             [](py::object self) {
+                               return matrix_view(
+                                   self.cast<const OptimizerStatePy&>().state->mean_second_moment,
+                                   self);
+                             })
+      .def_property_readonly("log_var_first_moment",
+                             [](py::object self) {
+                               return matrix_view(
+                                   self.cast<const OptimizerStatePy&>().state->log_var_first_moment,
+                                   self);
+                             })
+      .def_property_readonly(
+          "log_var_second_moment",
+          [](py::object self) {
+            return matrix_view(self.cast<const OptimizerStatePy&>().state->log_var_second_moment,
+                               self);
+          })
+      .def_property_readonly("iteration",
+                             [](const OptimizerStatePy& s) { return s.state->iteration; })
+      .def_property_readonly("seed", [](const OptimizerStatePy& s) { return s.state->seed; })
+      .def_property_readonly("schema_version",
+                             [](const OptimizerStatePy&) { return State::kSchemaVersion; })
+      .def_property_readonly("algorithm",
+                             [](const OptimizerStatePy&) { return std::string(State::kAlgorithm); })
+      .def(
+          "to_dict", [](const OptimizerStatePy& s) { return state_to_dict(*s.state); },
+          "A JSON-serialisable dict (arrays as nested lists; doubles round-trip exactly).")
+      .def_static(
+          "from_dict", &state_from_dict, "d"_a,
+          "The state of a to_dict() dict, validated (an unknown schema_version or algorithm "
+          "is a ValueError).")
+      .def("__eq__",
+           [](const OptimizerStatePy& a, py::handle b) {
+             return py::isinstance<OptimizerStatePy>(b) &&
+                    *a.state == *b.cast<const OptimizerStatePy&>().state;
+           })
+      .def("__ne__",
+           [](const OptimizerStatePy& a, py::handle b) {
+             return !(py::isinstance<OptimizerStatePy>(b) &&
+                      *a.state == *b.cast<const OptimizerStatePy&>().state);
+           })
+      .def("__repr__", [](const OptimizerStatePy& s) { return describe_state(*s.state); })
+      .def(py::pickle(
+          [](const OptimizerStatePy& p) {
+            const State& s = *p.state;
+            return py::make_tuple(s.family, matrix_copy(s.mean), matrix_copy(s.log_var),
+                                  matrix_copy(s.mean_first_moment),
+                                  matrix_copy(s.mean_second_moment),
+                                  matrix_copy(s.log_var_first_moment),
+                                  matrix_copy(s.log_var_second_moment), s.iteration, s.seed);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 9) throw ValueError(std::string(kState) + ": bad pickle state");
+            return make_state(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8],
+                              py::int_(State::kSchemaVersion), py::str(State::kAlgorithm));
+          }));
+}
+
+// ---- variational embedding attention (SPEC.md §4.6) ---------------------------------------------
+
+VeaDist make_vea(py::handle mean, py::handle log_var, py::handle emission,
+                 py::handle position_prior, py::handle sigma2, py::handle name,
+                 py::handle optimizer_state) {
+  VariationalEmbeddingAttentionParams p;
+  p.mean = reals_2d(mean, kVeaDist, "mean");
+  p.log_var = reals_2d(log_var, kVeaDist, "log_var");
+  p.emission = reals_2d(emission, kVeaDist, "emission");
+  p.position_prior = reals_1d(position_prior, kVeaDist, "position_prior");
+  p.sigma2 = real_number(sigma2, kVeaDist, "sigma2");
+  p.name = name_arg(name, kVeaDist);
+  p.optimizer_state = state_arg(optimizer_state, kVeaDist);
+  return VeaDist(AnyDistribution(VariationalEmbeddingAttention(std::move(p))));  // validates (§4.7)
+}
+
+/// mean, log_var, emission, position_prior, sigma2, name, optimizer_state (pickling).
+py::tuple vea_params(const VariationalEmbeddingAttention& m) {
+  const Vector& prior = m.position_prior();
+  return py::make_tuple(
+      matrix_copy(m.mean()), matrix_copy(m.log_var()), matrix_copy(m.emission()),
+      copy_reals(prior.data(), {prior.size()}), py::float_(m.sigma2()),
+      name_to_python(m.params().name),
+      optimizer_state_to_python(std::make_shared<const State>(m.optimizer_state())));
+}
+
+std::string describe_vea(const VariationalEmbeddingAttention& m) {
+  const py::str format(
+      "VariationalEmbeddingAttentionDistribution(S=%d, N=%d, D=%d, T=%d, sigma2=%r, name=%r)");
+  return py::str(format.attr("__mod__")(
+      py::make_tuple(m.n_symbols(), m.context_length(), m.embed_dim(), m.n_targets(),
+                     py::float_(m.sigma2()), name_to_python(m.params().name))));
+}
+
+py::array vea_predict_proba(const VariationalEmbeddingAttention& m, py::handle context,
+                            py::handle query) {
+  const PredictIds ids = predict_ids(std::string(kVeaDist) + ".predict_proba",
+                                     {{"context", context}}, "query_symbols", query);
+  Matrix proba;
+  {
+    const py::gil_scoped_release release;
+    proba = m.predict_proba(ids.contexts[0], ids.queries);  // validates the ids against S and N
+  }
+  return proba_result(proba, ids.single);
+}
+
+using VeaSampler = SamplerPy<VariationalEmbeddingAttentionSampler>;
+
+py::object vea_sample(VeaSampler& s, py::object size, py::object batched) {
+  return sample_draws(
+      s, std::move(size), std::move(batched), "VariationalEmbeddingAttentionSampler.sample",
+      [](const VariationalEmbeddingAttentionObservation& obs) {
+        return vea_observation(obs.context.data(), static_cast<Index>(obs.context.size()),
+                               obs.query, obs.target);
+      });
+}
+
+VariationalEmbeddingAttentionAccumulator make_vea_accumulator(py::handle S, py::handle N,
+                                                              py::handle D, py::handle T,
+                                                              py::handle mc, py::handle keys,
+                                                              const char* where) {
+  return {positive_int(S, where, "num_symbols"), positive_int(N, where, "context_length"),
+          positive_int(D, where, "embed_dim"),   positive_int(T, where, "num_targets"),
+          positive_int(mc, where, "mc"),         optional_str(keys, where, "keys")};
+}
+
+void bind_vea_distribution(py::module_& m) {
+  py::class_<VeaDist, DistributionHandle> cls(
+      m, kVeaDist,
+      "Responsibility attention over tied latent embeddings with a mean-field Gaussian posterior "
+      "q(e_s) = N(m_s, diag(exp(log_var_s))) (SPEC.md §4): a_i = softmax_i(log pi_i - ||E[q] - "
+      "E[c_i]||^2 / (2 sigma2)), t ~ sum_i a_i B[c_i]; scoring and prediction use E = m.");
+  cls.def(py::init(&make_vea), "mean"_a, "log_var"_a, "emission"_a, "position_prior"_a,
+          "sigma2"_a = VariationalEmbeddingAttentionParams{}.sigma2, "name"_a = py::none(),
+          "optimizer_state"_a = py::none());
+  def_shared_distribution_attributes(cls);
+  cls.def_property_readonly("position_prior",
+                            [](py::object self) {
+                              const Vector& p =
+                                  self.cast<const VeaDist&>().model().position_prior();
+                              return readonly_view(p.data(), {p.size()}, self);
+                            })
+      .def_property_readonly("context_length",
+                             [](const VeaDist& d) { return d.model().context_length(); })
+      .def(
+          "predict_proba",
+          [](const VeaDist& d, py::object context, py::object query_symbols) {
+            return vea_predict_proba(d.model(), context, query_symbols);
+          },
+          "context"_a, "query_symbols"_a,
+          "p(target | context, query) = sum_i a_i B[c_i] at E = m: (T,) for one example (1-D "
+          "context, one query id), (n, T) for a batch.")
+      .def(
+          "sampler",
+          [](py::object self, py::object seed) {
+            return VeaSampler{
+                self.cast<const VeaDist&>().model().sampler(sampler_seed(seed, kVeaDist)), self};
+          },
+          "seed"_a = py::none(), "The plug-in sampler (embeddings m; independent of log_var).")
+      .def(
+          "posterior_predictive_sampler",
+          [](py::object self, py::object seed) {
+            return VeaSampler{self.cast<const VeaDist&>().model().posterior_predictive_sampler(
+                                  sampler_seed(seed, kVeaDist)),
+                              self};
+          },
+          "seed"_a = py::none(), "Draws a fresh embedding table from q for every event.")
+      .def("__str__", [](const VeaDist& d) { return describe_vea(d.model()); })
+      .def("__repr__", [](const VeaDist& d) { return describe_vea(d.model()); })
+      .def(py::pickle([](const VeaDist& d) { return vea_params(d.model()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 7)
+                          throw ValueError(std::string(kVeaDist) + ": bad pickle state");
+                        return make_vea(t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+                      }));
+
+  py::class_<VeaSampler>(
+      m, "VariationalEmbeddingAttentionSampler",
+      "Draws (context, query, target) observations: a context of N symbols (without replacement "
+      "when N <= S), q uniform, z ~ a (the gate with pi), t ~ B[c_z].")
+      .def(py::init([](py::object dist, py::object seed) {
+             constexpr const char* where = "VariationalEmbeddingAttentionSampler";
+             if (!py::isinstance<VeaDist>(dist))
+               throw TypeError(std::string(where) + ": dist must be a " + kVeaDist);
+             return VeaSampler{
+                 dist.cast<const VeaDist&>().model().sampler(sampler_seed(seed, where)), dist};
+           }),
+           "dist"_a, "seed"_a = py::none())
+      .def_property_readonly("dist", [](const VeaSampler& s) { return s.dist; })
+      .def("sample", &vea_sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
+           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
+           "sample() calls.");
+}
+
+void bind_vea_estimator(py::module_& m) {
+  const VariationalEmbeddingAttentionEstimatorOptions defaults;
+  py::class_<VeaEst, EstimatorHandle> est(
+      m, "VariationalEmbeddingAttentionEstimator",
+      "The stateless variational M-step (SPEC.md §4.4): one Adam ascent step on the embedding "
+      "posterior carried by the statistics' optimizer state (or the initial embeddings when there "
+      "is none), then B and pi in closed form.");
+  est.def(py::init([](py::object S, py::object N, py::object D, py::object T, py::object sigma2,
+                      py::object lr, py::object mc, py::object prior_strength,
+                      py::object emission_smoothing, py::object seed, py::object pseudo_count,
+                      py::object name, py::object keys) {
+            constexpr const char* where = "VariationalEmbeddingAttentionEstimator";
+            const int64_t s = positive_int(S, where, "num_symbols");
+            const int64_t n = positive_int(N, where, "context_length");
+            const int64_t d = positive_int(D, where, "embed_dim");
+            const int64_t t = positive_int(T, where, "num_targets");
+            VariationalEmbeddingAttentionEstimatorOptions o;
+            read_shared_options(o, where, sigma2, lr, mc, prior_strength, emission_smoothing, seed,
+                                name, keys);
+            py::object pseudo = pseudo_count_arg(pseudo_count, where);
+            return VeaEst(
+                AnyEstimator(VariationalEmbeddingAttentionEstimator(s, n, d, t, std::move(o))),
+                std::move(pseudo));
+          }),
+          "num_symbols"_a, "context_length"_a, "embed_dim"_a, "num_targets"_a, py::kw_only(),
+          "sigma2"_a = defaults.sigma2, "lr"_a = defaults.lr, "mc"_a = defaults.mc,
+          "prior_strength"_a = defaults.prior_strength,
+          "emission_smoothing"_a = defaults.emission_smoothing, "seed"_a = defaults.seed,
+          "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none());
+  est.def_property_readonly("num_symbols",
+                            [](const VeaEst& e) { return e.estimator().n_symbols(); })
+      .def_property_readonly("context_length",
+                             [](const VeaEst& e) { return e.estimator().context_length(); })
+      .def_property_readonly("embed_dim", [](const VeaEst& e) { return e.estimator().embed_dim(); })
+      .def_property_readonly("num_targets",
+                             [](const VeaEst& e) { return e.estimator().n_targets(); });
+  def_shared_estimator_attributes(est);
+}
+
+/// The dimension attributes of the VEA accumulator and of its factory.
+template <class Class>
+void def_vea_dimensions(Class& cls) {
+  using H = typename Class::type;
+  cls.def_property_readonly("num_symbols", [](const H& h) { return h.acc().n_symbols(); })
+      .def_property_readonly("context_length", [](const H& h) { return h.acc().context_length(); })
+      .def_property_readonly("embed_dim", [](const H& h) { return h.acc().embed_dim(); })
+      .def_property_readonly("num_targets", [](const H& h) { return h.acc().n_targets(); })
+      .def_property_readonly("mc", [](const H& h) { return h.acc().mc(); });
+}
+
+void bind_vea_accumulator(py::module_& m) {
+  constexpr const char* kAcc = "VariationalEmbeddingAttentionAccumulator";
+  constexpr const char* kFactory = "VariationalEmbeddingAttentionAccumulatorFactory";
+  const int64_t default_mc = VariationalEmbeddingAttentionEstimatorOptions{}.mc;
+  py::class_<VeaAcc, AccumulatorHandle> acc(
+      m, kAcc,
+      "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), position_count "
+      "(N,), ll, n, optimizer_state or None); the E-step averages mc Monte-Carlo samples.");
+  acc.def(py::init([kAcc](py::object S, py::object N, py::object D, py::object T, py::object mc,
+                          py::object keys, py::object name) {
+            py::object nm = name_to_python(name_arg(name, kAcc));
+            return VeaAcc(AccumulatorHandle(
+                AnyAccumulator(make_vea_accumulator(S, N, D, T, mc, keys, kAcc)), std::move(nm)));
+          }),
+          "num_symbols"_a, "context_length"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc,
+          "keys"_a = py::none(), "name"_a = py::none());
+  def_vea_dimensions(acc);
+
+  py::class_<VeaFactory, FactoryHandle> factory(m, kFactory);
+  factory.def(
+      py::init([kFactory](py::object S, py::object N, py::object D, py::object T, py::object mc,
+                          py::object keys, py::object name) {
+        py::object nm = name_to_python(name_arg(name, kFactory));
+        return VeaFactory(AnyAccumulator(make_vea_accumulator(S, N, D, T, mc, keys, kFactory)),
+                          std::move(nm));
+      }),
+      "num_symbols"_a, "context_length"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc,
+      "keys"_a = py::none(), "name"_a = py::none());
+  def_vea_dimensions(factory);
+}
+
+void bind_vea_encoder(py::module_& m) {
+  py::class_<VeaEncoder, DataEncoder, std::shared_ptr<VeaEncoder>>(
+      m, "VariationalEmbeddingAttentionDataEncoder",
+      "Encodes (context, query, target) triples of ids, or a (contexts (n,N), queries (n,), "
+      "targets "
+      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked.")
+      .def(py::init([](py::object S, py::object N, py::object T) {
+             constexpr const char* where = "VariationalEmbeddingAttentionDataEncoder";
+             return std::make_shared<VeaEncoder>(VariationalEmbeddingAttentionEncoder{
+                 optional_positive_int(S, where, "num_symbols"),
+                 optional_positive_int(N, where, "context_length"),
+                 optional_positive_int(T, where, "num_targets")});
+           }),
+           "num_symbols"_a = py::none(), "context_length"_a = py::none(),
+           "num_targets"_a = py::none())
+      .def_property_readonly("num_symbols",
+                             [](const VeaEncoder& e) { return optional_int(e.spec().n_symbols); })
+      .def_property_readonly(
+          "context_length",
+          [](const VeaEncoder& e) { return optional_int(e.spec().context_length); })
+      .def_property_readonly("num_targets",
+                             [](const VeaEncoder& e) { return optional_int(e.spec().n_targets); });
+}
+
+// ---- variational multi-hop attention (SPEC.md §5) -----------------------------------------------
+
+VmhaDist make_vmha(py::handle mean, py::handle log_var, py::handle emission, py::handle sigma2,
+                   py::handle name, py::handle optimizer_state) {
+  VariationalMultiHopAttentionParams p;
+  p.mean = reals_2d(mean, kVmhaDist, "mean");
+  p.log_var = reals_2d(log_var, kVmhaDist, "log_var");
+  p.emission = reals_2d(emission, kVmhaDist, "emission");
+  p.sigma2 = real_number(sigma2, kVmhaDist, "sigma2");
+  p.name = name_arg(name, kVmhaDist);
+  p.optimizer_state = state_arg(optimizer_state, kVmhaDist);
+  return VmhaDist(AnyDistribution(VariationalMultiHopAttention(std::move(p))));  // validates
+}
+
+/// mean, log_var, emission, sigma2, name, optimizer_state (pickling).
+py::tuple vmha_params(const VariationalMultiHopAttention& m) {
+  return py::make_tuple(
+      matrix_copy(m.mean()), matrix_copy(m.log_var()), matrix_copy(m.emission()),
+      py::float_(m.sigma2()), name_to_python(m.params().name),
+      optimizer_state_to_python(std::make_shared<const State>(m.optimizer_state())));
+}
+
+std::string describe_vmha(const VariationalMultiHopAttention& m) {
+  const py::str format(
+      "VariationalMultiHopAttentionDistribution(S=%d, D=%d, T=%d, sigma2=%r, name=%r)");
+  return py::str(format.attr("__mod__")(py::make_tuple(m.n_symbols(), m.embed_dim(), m.n_targets(),
+                                                       py::float_(m.sigma2()),
+                                                       name_to_python(m.params().name))));
+}
+
+py::array vmha_predict_proba(const VariationalMultiHopAttention& m, py::handle keys,
+                             py::handle values, py::handle query) {
+  const PredictIds ids =
+      predict_ids(std::string(kVmhaDist) + ".predict_proba",
+                  {{"context_keys", keys}, {"context_values", values}}, "query_symbols", query);
+  Matrix proba;
+  {
+    const py::gil_scoped_release release;
+    proba = m.predict_proba(ids.contexts[0], ids.contexts[1],
+                            ids.queries);  // validates the ids against S
+  }
+  return proba_result(proba, ids.single);
+}
+
+using VmhaSampler = SamplerPy<VariationalMultiHopAttentionSampler>;
+
+VmhaSampler make_vmha_sampler(py::object dist, py::object seed, py::object context_length,
+                              bool posterior, const char* where) {
+  const int64_t n = positive_int(context_length, where, "context_length");
+  const VariationalMultiHopAttention& model = dist.cast<const VmhaDist&>().model();
+  const uint64_t s = sampler_seed(seed, where);
+  return VmhaSampler{posterior ? model.posterior_predictive_sampler(s, n) : model.sampler(s, n),
+                     std::move(dist)};
+}
+
+py::object vmha_sample(VmhaSampler& s, py::object size, py::object batched) {
+  return sample_draws(
+      s, std::move(size), std::move(batched), "VariationalMultiHopAttentionSampler.sample",
+      [](const ChainedAttentionObservation& obs) {
+        return ca_observation(obs.keys.data(), obs.values.data(),
+                              static_cast<Index>(obs.keys.size()), obs.query, obs.target);
+      });
+}
+
+VariationalMultiHopAttentionAccumulator make_vmha_accumulator(py::handle S, py::handle D,
+                                                              py::handle T, py::handle mc,
+                                                              py::handle keys, const char* where) {
+  return {positive_int(S, where, "num_symbols"), positive_int(D, where, "embed_dim"),
+          positive_int(T, where, "num_targets"), positive_int(mc, where, "mc"),
+          optional_str(keys, where, "keys")};
+}
+
+void bind_vmha_distribution(py::module_& m) {
+  py::class_<VmhaDist, DistributionHandle> cls(
+      m, kVmhaDist,
+      "A 2-hop attention chain over tied latent embeddings (SPEC.md §5): z1 ~ softmax(-||E[q] - "
+      "E[k_i]||^2 / (2 sigma2)), z2 | z1 = i ~ softmax(-||E[v_i] - E[k_j]||^2 / (2 sigma2)), t ~ "
+      "B[v_z2]; scoring and prediction use E = m.");
+  cls.def(py::init(&make_vmha), "mean"_a, "log_var"_a, "emission"_a,
+          "sigma2"_a = VariationalMultiHopAttentionParams{}.sigma2, "name"_a = py::none(),
+          "optimizer_state"_a = py::none());
+  def_shared_distribution_attributes(cls);
+  cls.def(
+         "predict_proba",
+         [](const VmhaDist& d, py::object keys, py::object values, py::object query_symbols) {
+           return vmha_predict_proba(d.model(), keys, values, query_symbols);
+         },
+         "context_keys"_a, "context_values"_a, "query_symbols"_a,
+         "p(target | keys, values, query) = sum_ij a1_i a2_ij B[v_j] at E = m: (T,) for one "
+         "example (1-D keys), (n, T) for a batch.")
+      .def(
+          "sampler",
+          [](py::object self, py::object seed, py::object context_length) {
+            return make_vmha_sampler(std::move(self), std::move(seed), std::move(context_length),
+                                     false, kVmhaDist);
+          },
+          "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength,
+          "The plug-in sampler (embeddings m).")
+      .def(
+          "posterior_predictive_sampler",
+          [](py::object self, py::object seed, py::object context_length) {
+            return make_vmha_sampler(std::move(self), std::move(seed), std::move(context_length),
+                                     true, kVmhaDist);
+          },
+          "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength,
+          "Draws a fresh embedding table from q for every event.")
+      .def("__str__", [](const VmhaDist& d) { return describe_vmha(d.model()); })
+      .def("__repr__", [](const VmhaDist& d) { return describe_vmha(d.model()); })
+      .def(py::pickle([](const VmhaDist& d) { return vmha_params(d.model()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 6)
+                          throw ValueError(std::string(kVmhaDist) + ": bad pickle state");
+                        return make_vmha(t[0], t[1], t[2], t[3], t[4], t[5]);
+                      }));
+
+  py::class_<VmhaSampler>(
+      m, "VariationalMultiHopAttentionSampler",
+      "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
+      "(context_length each), q uniform, z1 ~ a1, z2 ~ a2[z1], t ~ B[v_z2].")
+      .def(py::init([](py::object dist, py::object seed, py::object context_length) {
+             constexpr const char* where = "VariationalMultiHopAttentionSampler";
+             if (!py::isinstance<VmhaDist>(dist))
+               throw TypeError(std::string(where) + ": dist must be a " + kVmhaDist);
+             return make_vmha_sampler(std::move(dist), std::move(seed), std::move(context_length),
+                                      false, where);
+           }),
+           "dist"_a, "seed"_a = py::none(), py::kw_only(),
+           "context_length"_a = kDefaultContextLength)
+      .def_property_readonly("dist", [](const VmhaSampler& s) { return s.dist; })
+      .def("sample", &vmha_sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
+           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
+           "sample() calls.");
+}
+
+void bind_vmha_estimator(py::module_& m) {
+  const VariationalMultiHopAttentionEstimatorOptions defaults;
+  py::class_<VmhaEst, EstimatorHandle> est(
+      m, "VariationalMultiHopAttentionEstimator",
+      "The stateless variational M-step of multi-hop attention (SPEC.md §5): one Adam ascent step "
+      "with the annealed KL weight prior_strength * min(1, tau / anneal_iters), then B in closed "
+      "form.");
+  est.def(
+      py::init([](py::object S, py::object D, py::object T, py::object sigma2, py::object lr,
+                  py::object mc, py::object prior_strength, py::object anneal_iters,
+                  py::object emission_smoothing, py::object seed, py::object pseudo_count,
+                  py::object name, py::object keys) {
+        constexpr const char* where = "VariationalMultiHopAttentionEstimator";
+        const int64_t s = positive_int(S, where, "num_symbols");
+        const int64_t d = positive_int(D, where, "embed_dim");
+        const int64_t t = positive_int(T, where, "num_targets");
+        VariationalMultiHopAttentionEstimatorOptions o;
+        read_shared_options(o, where, sigma2, lr, mc, prior_strength, emission_smoothing, seed,
+                            name, keys);
+        o.anneal_iters = positive_int(anneal_iters, where, "anneal_iters");
+        py::object pseudo = pseudo_count_arg(pseudo_count, where);
+        return VmhaEst(AnyEstimator(VariationalMultiHopAttentionEstimator(s, d, t, std::move(o))),
+                       std::move(pseudo));
+      }),
+      "num_symbols"_a, "embed_dim"_a, "num_targets"_a, py::kw_only(), "sigma2"_a = defaults.sigma2,
+      "lr"_a = defaults.lr, "mc"_a = defaults.mc, "prior_strength"_a = defaults.prior_strength,
+      "anneal_iters"_a = defaults.anneal_iters,
+      "emission_smoothing"_a = defaults.emission_smoothing, "seed"_a = defaults.seed,
+      "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none());
+  est.def_property_readonly("num_symbols",
+                            [](const VmhaEst& e) { return e.estimator().n_symbols(); })
+      .def_property_readonly("embed_dim",
+                             [](const VmhaEst& e) { return e.estimator().embed_dim(); })
+      .def_property_readonly("num_targets",
+                             [](const VmhaEst& e) { return e.estimator().n_targets(); })
+      .def_property_readonly("anneal_iters",
+                             [](const VmhaEst& e) { return e.estimator().options().anneal_iters; });
+  def_shared_estimator_attributes(est);
+}
+
+/// The dimension attributes of the VMHA accumulator and of its factory.
+template <class Class>
+void def_vmha_dimensions(Class& cls) {
+  using H = typename Class::type;
+  cls.def_property_readonly("num_symbols", [](const H& h) { return h.acc().n_symbols(); })
+      .def_property_readonly("embed_dim", [](const H& h) { return h.acc().embed_dim(); })
+      .def_property_readonly("num_targets", [](const H& h) { return h.acc().n_targets(); })
+      .def_property_readonly("mc", [](const H& h) { return h.acc().mc(); });
+}
+
+void bind_vmha_accumulator(py::module_& m) {
+  constexpr const char* kAcc = "VariationalMultiHopAttentionAccumulator";
+  constexpr const char* kFactory = "VariationalMultiHopAttentionAccumulatorFactory";
+  const int64_t default_mc = VariationalMultiHopAttentionEstimatorOptions{}.mc;
+  py::class_<VmhaAcc, AccumulatorHandle> acc(
+      m, kAcc,
+      "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), ll, n, "
+      "optimizer_state or None); the E-step averages mc Monte-Carlo samples.");
+  acc.def(py::init([kAcc](py::object S, py::object D, py::object T, py::object mc, py::object keys,
+                          py::object name) {
+            py::object nm = name_to_python(name_arg(name, kAcc));
+            return VmhaAcc(AccumulatorHandle(
+                AnyAccumulator(make_vmha_accumulator(S, D, T, mc, keys, kAcc)), std::move(nm)));
+          }),
+          "num_symbols"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc,
+          "keys"_a = py::none(), "name"_a = py::none());
+  def_vmha_dimensions(acc);
+
+  py::class_<VmhaFactory, FactoryHandle> factory(m, kFactory);
+  factory.def(
+      py::init([kFactory](py::object S, py::object D, py::object T, py::object mc, py::object keys,
+                          py::object name) {
+        py::object nm = name_to_python(name_arg(name, kFactory));
+        return VmhaFactory(AnyAccumulator(make_vmha_accumulator(S, D, T, mc, keys, kFactory)),
+                           std::move(nm));
+      }),
+      "num_symbols"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc, "keys"_a = py::none(),
+      "name"_a = py::none());
+  def_vmha_dimensions(factory);
+}
+
+void bind_vmha_encoder(py::module_& m) {
+  py::class_<VmhaEncoder, DataEncoder, std::shared_ptr<VmhaEncoder>>(
+      m, "VariationalMultiHopAttentionDataEncoder",
+      "Encodes (keys, values, query, target) observations (as chained attention), or a (keys "
+      "(n,N), "
+      "values (n,N), queries (n,), targets (n,)) tuple of numpy arrays, into an EncodedBatch; "
+      "declared bounds are checked.")
+      .def(py::init([](py::object S, py::object T) {
+             constexpr const char* where = "VariationalMultiHopAttentionDataEncoder";
+             return std::make_shared<VmhaEncoder>(
+                 ChainedAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
+                                         optional_positive_int(T, where, "num_targets")});
+           }),
+           "num_symbols"_a = py::none(), "num_targets"_a = py::none())
+      .def_property_readonly("num_symbols",
+                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_symbols); })
+      .def_property_readonly("num_targets",
+                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_targets); });
+}
+
+}  // namespace
+
+// ---- the statistics attachment (bindings.hpp) ---------------------------------------------------
+
+py::object optimizer_state_to_python(const std::shared_ptr<const AttentionOptimizerState>& state) {
+  if (!state) return py::none();
+  return py::cast(OptimizerStatePy{state});
+}
+
+std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(py::handle obj,
+                                                                           std::string_view where,
+                                                                           std::string_view name) {
+  if (obj.is_none()) return nullptr;
+  if (!py::isinstance<OptimizerStatePy>(obj))
+    throw TypeError(std::string(where) + ": " + std::string(name) +
+                    " must be an AttentionOptimizerState or None (got " + type_name(obj) + ")");
+  return obj.cast<const OptimizerStatePy&>().state;
+}
+
+void bind_variational(py::module_& m) {
+  bind_optimizer_state(m);
+  bind_vea_distribution(m);
+  bind_vea_estimator(m);
+  bind_vea_accumulator(m);
+  bind_vea_encoder(m);
+  bind_vmha_distribution(m);
+  bind_vmha_estimator(m);
+  bind_vmha_accumulator(m);
+  bind_vmha_encoder(m);
+}
+
+}  // namespace attnmix::python
