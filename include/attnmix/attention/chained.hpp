@@ -54,6 +54,8 @@ class ChainedAttentionBatch {
   [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
   [[nodiscard]] ChainedAttentionBatch slice(Index begin, Index count) const;
+  /// before rows of zero ids, these rows, after rows of zero ids (distributed initialisation).
+  [[nodiscard]] ChainedAttentionBatch padded(Index before, Index after) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix keys() const;
   [[nodiscard]] IdMatrix values() const;

@@ -58,6 +58,8 @@ class ResponsibilityAttentionBatch {
   }
   /// Rows [begin, begin + count) sharing this batch's storage.
   [[nodiscard]] ResponsibilityAttentionBatch slice(Index begin, Index count) const;
+  /// before rows of zeros (ids 0, queries 0), these rows, after rows of zeros (distributed initialisation).
+  [[nodiscard]] ResponsibilityAttentionBatch padded(Index before, Index after) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const;
   [[nodiscard]] Matrix queries() const;

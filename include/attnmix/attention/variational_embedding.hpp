@@ -53,6 +53,8 @@ class VariationalEmbeddingAttentionBatch {
   [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
   [[nodiscard]] VariationalEmbeddingAttentionBatch slice(Index begin, Index count) const;
+  /// before rows of zero ids, these rows, after rows of zero ids (distributed initialisation).
+  [[nodiscard]] VariationalEmbeddingAttentionBatch padded(Index before, Index after) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const;
   [[nodiscard]] IdVector queries() const;

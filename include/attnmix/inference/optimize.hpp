@@ -9,7 +9,11 @@
 ///   EM_step(model) = estimate(None, E-step statistics of all rows under model)
 ///   fused: each iteration runs one E-step of `model`, which yields both the next model and score(model).
 /// The library never prints: each report goes to options.on_iteration.
-/// Cost per iteration: one E-step (the family's cost, parallel over chunks) plus one M-step.
+/// Distributed (options.communicator, communicator.hpp): every rank runs this same loop on its shard; after each
+/// E-step the flat statistics and the score are summed over ranks, so every rank computes the same model. A failure
+/// on any rank (a bad row, impossible evidence) is agreed on before the sum, and every rank throws.
+/// Cost per iteration: one E-step (the family's cost, parallel over chunks) plus one M-step, plus one sum of the
+/// statistics over ranks when distributed.
 #pragma once
 
 #include <chrono>
@@ -23,6 +27,7 @@
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/inference/communicator.hpp"
 #include "attnmix/inference/progress.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "attnmix/stats/log_math.hpp"
@@ -41,6 +46,8 @@ struct OptimizeOptions {
   bool reuse_estep_ll = true;          // fused loop; false: classic loop
   int n_threads = 0;                   // 0: all hardware threads
   Index chunk_rows = 1024;
+  /// The processes of a distributed fit (not owned; nullptr: this process alone). Every rank passes equal options.
+  const Communicator* communicator = nullptr;
   std::function<void(const IterationReport&)> on_iteration;
   /// @throws ValueError naming the field.
   void validate() const;
@@ -72,6 +79,70 @@ inline void tie_keys(AnyAccumulator& acc) {
   acc.key_replace(pool);
 }
 
+namespace detail {
+/// Runs f on every rank of comm (just f without one) and agrees on failure before anyone goes on: when any rank
+/// failed, the failing ranks rethrow their own error and the others throw RemoteRankError naming the first one.
+template <class F>
+void on_every_rank(const Communicator* comm, F&& f) {
+  if (!comm) {
+    f();
+    return;
+  }
+  std::exception_ptr own;
+  std::string message;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    own = std::current_exception();
+    message = e.what();
+    if (message.empty()) message = "error";
+  }
+  const std::string first = comm->first_failure(message);
+  if (own) std::rethrow_exception(own);
+  if (!first.empty()) throw RemoteRankError("another process of this fit failed: " + first);
+}
+
+/// acc ← Σ over ranks (in place, same bits on every rank).
+template <class A>
+void sum_over_ranks(A& acc, const Communicator& comm) {
+  if constexpr (std::is_base_of_v<FlatStats, A>) {
+    comm.sum(acc.flat());
+  } else {
+    std::vector<double> flat(static_cast<size_t>(acc.flat_size()));
+    acc.pack(flat);
+    comm.sum(flat);
+    acc.unpack(flat);
+  }
+}
+
+inline double sum_over_ranks(double x, const Communicator* comm) {
+  if (!comm) return x;
+  comm->sum({&x, 1});
+  return x;
+}
+}  // namespace detail
+
+/// score() of a sharded batch: Σ log p over every rank's rows (agreeing on failures).
+template <class D>
+[[nodiscard]] double global_score(const D& model, const typename D::batch_type& batch,
+                                  const ParallelOptions& parallel, const Communicator* comm) {
+  double local = 0.0;
+  detail::on_every_rank(comm, [&] { local = score(model, batch, parallel); });
+  return detail::sum_over_ranks(local, comm);
+}
+
+/// [before rows of zero ids; batch; after rows of zero ids]: what a rank stands in for the rows of other ranks while
+/// it replays the single-process initialisation draws. Families opt in with B::padded(before, after).
+template <class B>
+[[nodiscard]] B pad_with_zero_rows(const B& batch, Index before, Index after) {
+  if (before == 0 && after == 0) return batch;
+  if constexpr (requires { batch.padded(before, after); })
+    return batch.padded(before, after);
+  else
+    throw ValueError("a distributed fit of this family is not supported (its batches cannot stand in for other "
+                     "ranks' rows during initialisation)");
+}
+
 /// The initial model of SPEC.md §1.7 step 2 (single-threaded), drawing from the caller's rng (which advances):
 /// rng_w = Rng(rng.uniform_int(2³¹ − 1)), w_n ~ Bernoulli(init_p) from rng_w, responsibilities from rng.
 /// options.seed is not used; optimize(batch, estimator, options, initialize_model(…, rng)) equals optimize() with a
@@ -83,12 +154,33 @@ template <class E>
   double p = options.init_p > 0.0 ? options.init_p : 0.1;
   p = std::min(1.0, p);
   Rng rng_w(rng.uniform_int((uint64_t{1} << 31) - 1));
-  std::vector<double> w(static_cast<size_t>(batch.n_rows()));
-  for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
+  const Communicator* comm = options.communicator;
+  const Index rows = batch.n_rows();
   auto acc = estimator.make_accumulator();
-  acc.initialize(batch, w, rng);
   double nobs = 0.0;
-  for (double wn : w) nobs += wn;
+  std::vector<double> w(static_cast<size_t>(rows));
+  if (!comm) {
+    for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
+    acc.initialize(batch, w, rng);
+    for (double wn : w) nobs += wn;
+  } else {
+    // Replay the single-process draws over all global rows: the subset weights of rows before this shard are
+    // drawn and dropped, and the initialisation runs on [zero rows; this shard; zero rows] with zero weights on
+    // the stand-ins, so every family's draw order (row-major or hop-major) is the single-process one.
+    const RowShard shard = row_shard(*comm, rows);
+    std::vector<double> padded_w(static_cast<size_t>(shard.total), 0.0);
+    for (int64_t g = 0; g < shard.total; ++g) {
+      const double wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
+      if (g >= shard.offset && g < shard.offset + rows) padded_w[static_cast<size_t>(g)] = wn;
+    }
+    detail::on_every_rank(comm, [&] {
+      const auto padded = pad_with_zero_rows(batch, shard.offset, shard.total - shard.offset - rows);
+      acc.initialize(padded, padded_w, rng);
+    });
+    for (double wn : padded_w) nobs += wn;  // the stand-ins weigh 0, so this is the local Σ w
+    detail::sum_over_ranks(acc, *comm);
+    nobs = detail::sum_over_ranks(nobs, comm);
+  }
   tie_keys(acc);
   return estimator.estimate(nobs, acc);
 }
@@ -109,15 +201,20 @@ template <class E>
 class EmStepper {
  public:
   using D = typename E::distribution_type;
-  EmStepper(const E& estimator, Index n_rows)
-      : estimator_(estimator), ones_(static_cast<size_t>(n_rows), 1.0), acc_(estimator.make_accumulator()) {}
+  /// comm: the processes of a distributed fit (not owned; nullptr: this process alone).
+  EmStepper(const E& estimator, Index n_rows, const Communicator* comm = nullptr)
+      : estimator_(estimator),
+        ones_(static_cast<size_t>(n_rows), 1.0),
+        acc_(estimator.make_accumulator()),
+        comm_(comm) {}
 
   /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out (empty, or one
   /// entry per row) receives the per-row log densities of `model` (the fused loop's score).
   [[nodiscard]] D step(const D& model, const typename D::batch_type& batch, std::span<double> log_p_out,
                        const ParallelOptions& parallel) {
     acc_.set_zero();
-    parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel, scratch_);
+    detail::on_every_rank(comm_, [&] { parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel, scratch_); });
+    if (comm_) detail::sum_over_ranks(acc_, *comm_);
     tie_keys(acc_);
     return estimator_.estimate(std::nullopt, acc_);
   }
@@ -127,6 +224,7 @@ class EmStepper {
   std::vector<double> ones_;
   typename E::accumulator_type acc_;
   ReduceScratch<typename E::accumulator_type> scratch_;
+  const Communicator* comm_;
 };
 
 /// One EM step of model (EmStepper::step with fresh storage).
@@ -148,6 +246,7 @@ template <class E>
   using Clock = std::chrono::steady_clock;
   options.validate();
   const ParallelOptions parallel = options.parallel();
+  const Communicator* comm = options.communicator;
   D model = prev_estimate ? std::move(*prev_estimate) : initialize_model(batch, estimator, options);
   OptimizeResult<D> result{model};
   if (options.max_its == 0) return result;
@@ -156,11 +255,11 @@ template <class E>
     result.scores.push_back(ll);
     if (!options.on_iteration || !(i % options.print_iter == 0 || converged)) return;
     IterationReport r{i, ll, dll, std::nullopt, std::chrono::duration<double>(Clock::now() - t0).count()};
-    if (valid) r.valid_log_likelihood = score(reported, *valid, parallel);
+    if (valid) r.valid_log_likelihood = global_score(reported, *valid, parallel, comm);
     options.on_iteration(r);
   };
   std::vector<double> log_p(static_cast<size_t>(batch.n_rows()));
-  EmStepper<E> stepper(estimator, batch.n_rows());
+  EmStepper<E> stepper(estimator, batch.n_rows(), comm);
   bool converged = false;
 
   if (options.reuse_estep_ll) {
@@ -169,7 +268,7 @@ template <class E>
     for (int i = 1; i <= options.max_its; ++i) {
       const auto t0 = Clock::now();
       D next = stepper.step(model, batch, log_p, parallel);
-      const double ll = pairwise_sum(log_p);
+      const double ll = detail::sum_over_ranks(pairwise_sum(log_p), comm);
       if (!best_score || ll >= *best_score) {
         result.model = model;
         result.best_iteration = i;
@@ -184,7 +283,7 @@ template <class E>
       model = std::move(next);
     }
     if (!converged) {
-      const double s = score(model, batch, parallel);
+      const double s = global_score(model, batch, parallel, comm);
       if (s >= *best_score) {
         result.model = model;
         result.best_iteration = options.max_its + 1;
@@ -192,18 +291,18 @@ template <class E>
     }
   } else {
     // Classic loop: accept a step iff its score is finite and (it did not decrease or delta is None).
-    double old = score(model, batch, parallel);
+    double old = global_score(model, batch, parallel, comm);
     std::optional<double> best_valid;
     for (int i = 1; i <= options.max_its; ++i) {
       const auto t0 = Clock::now();
       D next = stepper.step(model, batch, log_p, parallel);
-      const double ll = score(next, batch, parallel);
+      const double ll = global_score(next, batch, parallel, comm);
       const double dll = ll - old;
       const bool accept = std::isfinite(ll) && (dll >= 0.0 || !options.delta);
       if (accept) {
         model = next;
         if (valid) {
-          const double v = score(model, *valid, parallel);
+          const double v = global_score(model, *valid, parallel, comm);
           if (!best_valid || v >= *best_valid) {
             best_valid = v;
             result.model = model;

@@ -111,7 +111,9 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
   if (!log_p_out.empty() && static_cast<Index>(log_p_out.size()) != n)
     throw ValueError("E-step: log-density output must have one entry per row");
   const Index chunk = options.chunk_rows;
-  const Index n_chunks = (n + chunk - 1) / chunk;
+  // An empty batch still runs one (empty) chunk: a family may attach something to its statistics in every E-step
+  // (the variational families attach the model's optimizer state), and a rank with an empty shard must too.
+  const Index n_chunks = std::max<Index>(1, (n + chunk - 1) / chunk);
   const int n_threads = std::max(1, std::min<int>(resolve_threads(options.n_threads), static_cast<int>(n_chunks)));
 
   auto& total = detail::zeroed(scratch.total, acc);

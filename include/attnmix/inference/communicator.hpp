@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file communicator.hpp
+/// The processes of one distributed fit, as the EM driver sees them: a rank, a size, an element-wise sum of a
+/// buffer, and agreement on failures (issue 6). optimize() uses one through OptimizeOptions::communicator; without
+/// one (the default) a fit is a single process. attnmix::mpi provides the MPI implementation (mpi/mpi.hpp); the core
+/// library never depends on MPI.
+///
+/// Sharding contract: the P processes hold disjoint, consecutive row ranges of one data set, in rank order
+/// (rank r holds rows [offset_r, offset_r + n_r), offset_r = Σ_{q<r} n_q; a shard may be empty). Every process
+/// builds the same estimator and passes the same options (seed included), so initialisation, the subset weights and
+/// every model are identical on every rank, and the fitted model equals the single-process fit of the concatenated
+/// rows up to the order of floating-point additions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace attnmix {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual int size() const noexcept = 0;
+  /// values ← the element-wise sum over ranks, in place, with the same bits on every rank. Collective.
+  virtual void sum(std::span<double> values) const = 0;
+  /// Every rank's count, in rank order. Collective.
+  [[nodiscard]] virtual std::vector<int64_t> all_counts(int64_t own) const = 0;
+  /// Failure agreement, collective: every rank passes its own error message ("" when it succeeded) and receives
+  /// "" when every rank succeeded, else "rank r: message" of the lowest failing rank r.
+  [[nodiscard]] virtual std::string first_failure(const std::string& own) const = 0;
+};
+
+/// The shard of this rank: its first global row and the global row count.
+struct RowShard {
+  int64_t offset = 0;
+  int64_t total = 0;
+};
+
+/// RowShard of a rank holding `rows` rows (collective over comm).
+[[nodiscard]] inline RowShard row_shard(const Communicator& comm, int64_t rows) {
+  const std::vector<int64_t> counts = comm.all_counts(rows);
+  RowShard shard;
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    if (r < comm.rank()) shard.offset += counts[static_cast<size_t>(r)];
+    shard.total += counts[static_cast<size_t>(r)];
+  }
+  return shard;
+}
+
+/// Thrown on the ranks that did not fail themselves when another rank failed (the message names that rank).
+class RemoteRankError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace attnmix

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file mpi.hpp
+/// attnmix::mpi (CMake option ATTNMIX_WITH_MPI): the EM driver's Communicator over MPI, and the MPI session of a
+/// program. A distributed fit runs the same program on every rank (mpirun -np P ...); each rank holds a shard of the
+/// rows and passes an MpiCommunicator in OptimizeOptions::communicator (inference/communicator.hpp).
+///   sum            one in-place MPI_Allreduce (MPI_SUM, MPI_DOUBLE) of the buffer, in pieces of at most 2³⁰ entries
+///   all_counts     MPI_Allgather of one int64 per rank
+///   first_failure  MPI_Allgather of the message lengths, then MPI_Bcast of the lowest failing rank's message
+/// Cost of one EM iteration's reduction: an allreduce of the family's flat statistics (8 bytes per entry) plus one of
+/// the score (docs/SCALING.md).
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "attnmix/inference/communicator.hpp"
+
+namespace attnmix {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  /// A communicator that must stay valid while this object is used (MPI_COMM_WORLD by default).
+  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
+  [[nodiscard]] int rank() const noexcept override { return rank_; }
+  [[nodiscard]] int size() const noexcept override { return size_; }
+  void sum(std::span<double> values) const override;
+  [[nodiscard]] std::vector<int64_t> all_counts(int64_t own) const override;
+  [[nodiscard]] std::string first_failure(const std::string& own) const override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+/// MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI; the E-step's threads never do) for the
+/// lifetime of the object, MPI_Finalize at the end. Errors return from MPI calls (MPI_ERRORS_RETURN on
+/// MPI_COMM_WORLD) and become std::runtime_error.
+class MpiSession {
+ public:
+  MpiSession(int& argc, char**& argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  /// True when this process was started by an MPI launcher (mpirun / mpiexec set OMPI_COMM_WORLD_SIZE or PMI_SIZE).
+  [[nodiscard]] static bool launched_by_mpirun() noexcept;
+};
+
+}  // namespace attnmix
