@@ -18,15 +18,27 @@ namespace {
 
 constexpr auto kFieldList = "keys=..., values=..., query=..., target=...";
 
+/// Gives rows without data width N.
+void empty_rows(CaRows& rows, Index N) {
+  rows.keys.resize(0, N);
+  rows.values.resize(0, N);
+  rows.queries.resize(0);
+  rows.targets.resize(0);
+}
+
 /// Accumulates rows; N becomes set from the declared dims or the first row.
 struct CaSink {
   CaDims dims;
   std::vector<int64_t> keys, values, queries, targets;
   Index n_rows = 0;
 
-  CaRows finish(CaRows rows) {
-    if (n_rows == 0)
-      throw ValueError(rows.source + ": contains no observations (the file is empty)");
+  CaRows finish(CaRows rows, const RowStripe& stripe) {
+    if (n_rows == 0) {
+      if (!stripe.shard)
+        throw ValueError(rows.source + ": contains no observations (the file is empty)");
+      empty_rows(rows, dims.context_length ? dims.context_length->value : 0);
+      return rows;
+    }
     const Index N = dims.context_length->value;
     rows.keys = Eigen::Map<const IdMatrix>(keys.data(), n_rows, N);
     rows.values = Eigen::Map<const IdMatrix>(values.data(), n_rows, N);
@@ -45,12 +57,13 @@ const json& id_array(const json& object, const char* field, const std::string& w
   return a;
 }
 
-CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy policy) {
+CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy policy,
+                  const RowStripe& stripe) {
   CaRows rows;
   rows.source = path;
   CaSink sink{declared, {}, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
-  for_each_json_line(path, [&](int64_t line, const json& object) {
+  for_each_json_line(path, stripe, [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
     check_json_fields(object, where, {"keys", "values", "query", "target"},
                       {"keys", "values", "query"});
@@ -79,7 +92,7 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
     ++sink.n_rows;
   });
   rows.has_targets = targets_seen.has_targets();
-  return sink.finish(std::move(rows));
+  return sink.finish(std::move(rows), stripe);
 }
 
 /// An npz id array must not be bool and must have `dims` dimensions with n rows.
@@ -97,7 +110,8 @@ void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
                      " rows but keys has " + std::to_string(n));
 }
 
-CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPolicy policy) {
+CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPolicy policy,
+                     const RowStripe& stripe) {
   CaRows rows;
   rows.source = path;
   rows.is_npz = true;
@@ -129,7 +143,11 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
                 path + ": keys", "the keys array");
   const int64_t N = n > 0 ? keys.shape[1] : 0;
   const std::optional<Dim>& S = sink.dims.n_symbols;
-  for (int64_t r = 0; r < n; ++r) {
+  // The whole arrays are decoded; only the stripe's rows are validated and kept (messages give
+  // their index in the file).
+  const auto [begin, end] = stripe.range(n);
+  rows.first_row = begin;
+  for (int64_t r = begin; r < end; ++r) {
     for (int64_t j = 0; j < N; ++j) {
       const auto k = static_cast<size_t>(r * N + j);
       sink.keys.push_back(npz_id(keys, k, path, index_text("keys", r, j), "S", S));
@@ -142,32 +160,36 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
           npz_id(*target, k, path, index_text("target", r, -1), "T", sink.dims.n_targets));
     ++sink.n_rows;
   }
-  return sink.finish(std::move(rows));
+  return sink.finish(std::move(rows), stripe);
 }
 
 }  // namespace
 
-CaRows read_ca_rows(const std::string& path, const CaDims& declared, TargetPolicy policy) {
+CaRows read_ca_rows(const std::string& path, const CaDims& declared, TargetPolicy policy,
+                    const RowStripe& stripe) {
   return data_file_kind(path, kFieldList) == DataFileKind::kNpz
-             ? read_npz_rows(path, declared, policy)
-             : read_jsonl(path, declared, policy);
+             ? read_npz_rows(path, declared, policy, stripe)
+             : read_jsonl(path, declared, policy, stripe);
 }
 
-CaDims infer_ca_dims(const CaDims& declared, const std::vector<const CaRows*>& row_sets) {
+CaDims infer_ca_dims(const CaDims& declared, const std::vector<const CaRows*>& row_sets,
+                     const Communicator* comm) {
   CaDims dims = declared;
   const CaRows& first = *row_sets.front();
   if (!dims.context_length) dims.context_length = Dim{first.keys.cols(), first.source};
   if (!dims.n_symbols) {
     int64_t max_id = 0;
     for (const CaRows* rows : row_sets)
-      max_id = std::max({max_id, rows->keys.maxCoeff(), rows->values.maxCoeff(),
-                         rows->queries.maxCoeff()});
+      max_id = std::max(
+          {max_id, largest_id(rows->keys), largest_id(rows->values), largest_id(rows->queries)});
+    max_id = max_over_ranks(comm, max_id);
     dims.n_symbols = Dim{max_id + 1, "the largest key, value or query id"};
   }
   if (!dims.n_targets) {
     int64_t max_id = 0;
     for (const CaRows* rows : row_sets)
-      if (rows->has_targets) max_id = std::max(max_id, rows->targets.maxCoeff());
+      if (rows->has_targets) max_id = std::max(max_id, largest_id(rows->targets));
+    max_id = max_over_ranks(comm, max_id);
     dims.n_targets = Dim{max_id + 1, "the largest target"};
   }
   return dims;

@@ -39,15 +39,18 @@ struct CaRows : RowOrigin {
   [[nodiscard]] Index n_rows() const { return keys.rows(); }
 };
 
-/// Reads and validates a data file. @throws ValueError / TypeError (content), std::runtime_error
-/// (I/O).
+/// Reads and validates a data file, or the stripe of its rows that `stripe` names. An empty shard
+/// (stripe.shard) has the declared width N, or width 0 when N is not declared.
+/// @throws ValueError / TypeError (content), std::runtime_error (I/O).
 [[nodiscard]] CaRows read_ca_rows(const std::string& path, const CaDims& declared,
-                                  TargetPolicy policy);
+                                  TargetPolicy policy, const RowStripe& stripe = {});
 
 /// Dimensions for a fit: declared values where given, otherwise N from the data, S = 1 + the
-/// largest key, value or query and T = 1 + the largest target over all row sets.
+/// largest key, value or query and T = 1 + the largest target over all row sets of every process of
+/// comm (collective; a distributed fit declares N).
 [[nodiscard]] CaDims infer_ca_dims(const CaDims& declared,
-                                   const std::vector<const CaRows*>& row_sets);
+                                   const std::vector<const CaRows*>& row_sets,
+                                   const Communicator* comm = nullptr);
 
 /// The encoded batch (rows already validated against dims).
 [[nodiscard]] ChainedAttentionBatch encode_ca_rows(const CaRows& rows, const CaDims& dims);

@@ -20,7 +20,7 @@ namespace attnmix::cli {
 using nlohmann::json;
 
 std::string RowOrigin::locate(Index row) const {
-  if (is_npz || line_of_row.empty()) return source + ": row " + std::to_string(row);
+  if (is_npz || line_of_row.empty()) return source + ": row " + std::to_string(first_row + row);
   return source + ": line " + std::to_string(line_of_row[static_cast<size_t>(row)]);
 }
 
@@ -31,8 +31,9 @@ void rethrow_with_lines(const ImpossibleEvidenceError& error, const RowOrigin& o
   const size_t shown = std::min<size_t>(bad.size(), 10);
   for (size_t k = 0; k < shown; ++k) {
     const int64_t row = bad[k];
-    where += (k ? ", " : "") +
-             std::to_string(by_row ? row : origin.line_of_row[static_cast<size_t>(row)]);
+    where +=
+        (k ? ", " : "") + std::to_string(by_row ? origin.first_row + row
+                                                : origin.line_of_row[static_cast<size_t>(row)]);
   }
   if (bad.size() > shown) where += " and " + std::to_string(bad.size() - shown) + " more";
   throw ValueError(where + ": impossible evidence: the model gives " +

@@ -8,16 +8,19 @@
 /// these, so every family reports the same problem in the same words.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/types.hpp"
+#include "attnmix/inference/communicator.hpp"
 #include "npz.hpp"
 
 namespace attnmix::cli {
@@ -37,8 +40,26 @@ struct RowOrigin {
   std::string source;  // the file name
   bool is_npz = false;
   std::vector<int64_t> line_of_row;  // JSONL: the 1-based line of each row
+  int64_t first_row = 0;  // npz: the array index of row 0 (a stripe's offset in its file)
   /// "data.jsonl: line 7" or "data.npz: row 6".
   [[nodiscard]] std::string locate(Index row) const;
+};
+
+/// The rows of a data file that one process of a distributed fit reads (`attnmix fit` under mpirun,
+/// SPEC.md §1.10): stripe `part` of `parts`. With L data rows (the non-blank lines of a JSON Lines
+/// file, the first axis of the arrays of an .npz archive) it holds rows [part·L/parts,
+/// (part+1)·L/parts) (integer division), so the stripes of parts 0, 1, … are consecutive and cover
+/// the file. `shard`: the rows are one process's share of a data set, so an empty result is not an
+/// error (the fit checks the count over every process). The default reads a whole file, which must
+/// hold rows.
+struct RowStripe {
+  int part = 0;
+  int parts = 1;
+  bool shard = false;
+  /// [begin, end) of the stripe among `rows` rows.
+  [[nodiscard]] std::pair<int64_t, int64_t> range(int64_t rows) const {
+    return {rows * part / parts, rows * (part + 1) / parts};
+  }
 };
 
 /// Rethrows an impossible-evidence error as a ValueError naming the rows' file lines:
@@ -97,6 +118,22 @@ void check_npz_arrays(const std::vector<std::string>& names, const std::string& 
 /// @throws ValueError (also for an empty array).
 void check_width(const char* what, const char* symbol, std::optional<Dim>& dim, size_t width,
                  const std::string& where, const std::string& first_row);
+
+/// The largest id of a row set's array, -1 when it has no entries (an empty shard).
+[[nodiscard]] inline int64_t largest_id(const IdMatrix& ids) {
+  return ids.size() ? ids.maxCoeff() : -1;
+}
+[[nodiscard]] inline int64_t largest_id(const IdVector& ids) {
+  return ids.size() ? ids.maxCoeff() : -1;
+}
+
+/// The largest `own` over the processes of a distributed fit (collective: every process calls it);
+/// `own` itself without comm.
+[[nodiscard]] inline int64_t max_over_ranks(const Communicator* comm, int64_t own) {
+  if (!comm) return own;
+  const std::vector<int64_t> all = comm->all_counts(own);
+  return *std::max_element(all.begin(), all.end());
+}
 
 /// Tracks whether the lines of a JSON Lines file carry a target: every line or none (predict may
 /// omit them; fit and score need them). @throws ValueError naming the line.

@@ -27,9 +27,16 @@ struct RowSink {
   Index n_rows = 0;
 };
 
-RaRows finish(RowSink& sink, RaRows rows) {
-  if (sink.n_rows == 0)
-    throw ValueError(rows.source + ": contains no observations (the file is empty)");
+RaRows finish(RowSink& sink, RaRows rows, const RowStripe& stripe) {
+  if (sink.n_rows == 0) {
+    if (!stripe.shard)
+      throw ValueError(rows.source + ": contains no observations (the file is empty)");
+    // An empty shard: no rows, with the widths known so far (the fit settles the rest).
+    rows.contexts.resize(0, sink.dims.context_length ? sink.dims.context_length->value : 0);
+    rows.queries.resize(0, sink.dims.query_dim ? sink.dims.query_dim->value : 0);
+    rows.targets.resize(0);
+    return rows;
+  }
   const Index N = sink.dims.context_length->value;
   const Index D = sink.dims.query_dim->value;
   rows.contexts = Eigen::Map<const IdMatrix>(sink.contexts.data(), sink.n_rows, N);
@@ -40,12 +47,13 @@ RaRows finish(RowSink& sink, RaRows rows) {
   return rows;
 }
 
-RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy policy) {
+RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy policy,
+                  const RowStripe& stripe) {
   RaRows rows;
   rows.source = path;
   RowSink sink{declared, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
-  for_each_json_line(path, [&](int64_t line, const json& object) {
+  for_each_json_line(path, stripe, [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
     check_json_fields(object, where, {"context", "query", "target"}, {"context", "query"});
     const bool has_target = object.contains("target");
@@ -80,10 +88,11 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
     ++sink.n_rows;
   });
   rows.has_targets = targets_seen.has_targets();
-  return finish(sink, std::move(rows));
+  return finish(sink, std::move(rows), stripe);
 }
 
-RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPolicy policy) {
+RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPolicy policy,
+                     const RowStripe& stripe) {
   RaRows rows;
   rows.source = path;
   rows.is_npz = true;
@@ -134,7 +143,11 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   };
   const int64_t N = n > 0 ? context.shape[1] : 0;
   const int64_t D = n > 0 ? query.shape[1] : 0;
-  for (int64_t r = 0; r < n; ++r) {
+  // The whole arrays are decoded; only the stripe's rows are validated and kept (messages give
+  // their index in the file).
+  const auto [begin, end] = stripe.range(n);
+  rows.first_row = begin;
+  for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
       sink.contexts.push_back(id_at(context, static_cast<size_t>(r * N + i), "context", r, i, "S",
                                     sink.dims.n_symbols));
@@ -152,31 +165,35 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
           id_at(*target, static_cast<size_t>(r), "target", r, -1, "T", sink.dims.n_targets));
     ++sink.n_rows;
   }
-  return finish(sink, std::move(rows));
+  return finish(sink, std::move(rows), stripe);
 }
 
 }  // namespace
 
-RaRows read_ra_rows(const std::string& path, const RaDims& declared, TargetPolicy policy) {
+RaRows read_ra_rows(const std::string& path, const RaDims& declared, TargetPolicy policy,
+                    const RowStripe& stripe) {
   return data_file_kind(path, kFieldList) == DataFileKind::kNpz
-             ? read_npz_rows(path, declared, policy)
-             : read_jsonl(path, declared, policy);
+             ? read_npz_rows(path, declared, policy, stripe)
+             : read_jsonl(path, declared, policy, stripe);
 }
 
-RaDims infer_ra_dims(const RaDims& declared, const std::vector<const RaRows*>& row_sets) {
+RaDims infer_ra_dims(const RaDims& declared, const std::vector<const RaRows*>& row_sets,
+                     const Communicator* comm) {
   RaDims dims = declared;
   const RaRows& first = *row_sets.front();
   if (!dims.context_length) dims.context_length = Dim{first.contexts.cols(), first.source};
   if (!dims.query_dim) dims.query_dim = Dim{first.queries.cols(), first.source};
   if (!dims.n_symbols) {
     int64_t max_id = 0;
-    for (const RaRows* rows : row_sets) max_id = std::max(max_id, rows->contexts.maxCoeff());
+    for (const RaRows* rows : row_sets) max_id = std::max(max_id, largest_id(rows->contexts));
+    max_id = max_over_ranks(comm, max_id);
     dims.n_symbols = Dim{max_id + 1, "the largest context id"};
   }
   if (!dims.n_targets) {
     int64_t max_id = 0;
     for (const RaRows* rows : row_sets)
-      if (rows->has_targets) max_id = std::max(max_id, rows->targets.maxCoeff());
+      if (rows->has_targets) max_id = std::max(max_id, largest_id(rows->targets));
+    max_id = max_over_ranks(comm, max_id);
     dims.n_targets = Dim{max_id + 1, "the largest target"};
   }
   return dims;

@@ -41,15 +41,18 @@ struct RaRows : RowOrigin {
   [[nodiscard]] Index n_rows() const { return contexts.rows(); }
 };
 
-/// Reads and validates a data file. @throws ValueError / TypeError (content), std::runtime_error
-/// (I/O).
+/// Reads and validates a data file, or the stripe of its rows that `stripe` names. An empty shard
+/// (stripe.shard) has the declared widths, or none (width 0) when they are not declared.
+/// @throws ValueError / TypeError (content), std::runtime_error (I/O).
 [[nodiscard]] RaRows read_ra_rows(const std::string& path, const RaDims& declared,
-                                  TargetPolicy policy);
+                                  TargetPolicy policy, const RowStripe& stripe = {});
 
 /// Dimensions for a fit: declared values where given, otherwise N and D from the data and S, T from
-/// the largest ids of all row sets (training and validation).
+/// the largest ids of all row sets (training and validation) of every process of comm (collective;
+/// a distributed fit declares N and D: the first row set of a process may be empty).
 [[nodiscard]] RaDims infer_ra_dims(const RaDims& declared,
-                                   const std::vector<const RaRows*>& row_sets);
+                                   const std::vector<const RaRows*>& row_sets,
+                                   const Communicator* comm = nullptr);
 
 /// The encoded batch (rows already validated against dims).
 [[nodiscard]] ResponsibilityAttentionBatch encode_ra_rows(const RaRows& rows, const RaDims& dims);

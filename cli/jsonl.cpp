@@ -72,50 +72,106 @@ std::string describe_parse_error(const json::exception& e) {
   return bracket == std::string::npos ? text : text.substr(bracket + 2);
 }
 
-}  // namespace
+/// Reads the next line of a JSON Lines file (number: its 1-based line), without a trailing CR or a
+/// leading UTF-8 byte-order mark on line 1. Returns false at the end of the file.
+bool next_line(std::istream& in, std::string& line, int64_t& number) {
+  if (!std::getline(in, line)) return false;
+  ++number;
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0)
+    line.erase(0, 3);  // a UTF-8 byte-order mark
+  return true;
+}
 
-void for_each_json_line(const std::string& path,
-                        const std::function<void(int64_t, const json&)>& visit) {
+bool is_blank(const std::string& line) {
+  return line.find_first_not_of(" \t") == std::string::npos;
+}
+
+std::ifstream open_data_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
+  return in;
+}
+
+/// The data-line indices [begin, end) of the stripe (counting the file's data lines first when it
+/// has more than one part; begin = 0, end = INT64_MAX for a whole file).
+std::pair<int64_t, int64_t> stripe_lines(const std::string& path, const RowStripe& stripe) {
+  if (stripe.parts <= 1) return {0, INT64_MAX};
+  std::ifstream in = open_data_file(path);
+  std::string line;
+  int64_t number = 0, data_lines = 0;
+  while (next_line(in, line, number))
+    if (!is_blank(line)) ++data_lines;
+  if (in.bad())
+    throw std::runtime_error(path + ": cannot read the data file: " + std::strerror(errno));
+  return stripe.range(data_lines);
+}
+
+/// Parses one data line into an object. @throws ValueError naming the line and the field.
+json parse_object(const std::string& path, int64_t number, const std::string& line) {
+  const std::string where = path + ": line " + std::to_string(number);
+  FieldTracker tracker;
+  json value;
+  try {
+    value = json::parse(line, [&](int depth, json::parse_event_t event, json& parsed) {
+      return tracker.on_event(depth, event, parsed);
+    });
+  } catch (const json::out_of_range& e) {  // id 406: a number that overflows a double, e.g. 1e999
+    const std::string field = tracker.field();
+    const std::string what = e.what();
+    const size_t quote = what.find('\'');
+    const size_t end = quote == std::string::npos ? quote : what.find('\'', quote + 1);
+    const std::string number_text = end == std::string::npos
+                                        ? "a number"
+                                        : "the number " + what.substr(quote + 1, end - quote - 1);
+    throw ValueError(where + (field.empty() ? "" : ": " + field) + ": " + number_text +
+                     " overflows a double (values must be finite)");
+  } catch (const json::exception& e) {
+    throw ValueError(where + ": malformed JSON at " + describe_parse_error(e));
+  }
+  if (!value.is_object())
+    throw ValueError(where +
+                     ": each line must be a JSON object like {\"context\": [...], ...} (got " +
+                     json_kind(value) + ")");
+  if (!tracker.duplicate.empty())
+    throw ValueError(where + ": field '" + tracker.duplicate + "' appears more than once");
+  return value;
+}
+
+}  // namespace
+
+void for_each_json_line(const std::string& path, const RowStripe& stripe,
+                        const std::function<void(int64_t, const json&)>& visit) {
+  const auto [begin, end] = stripe_lines(path, stripe);
+  std::ifstream in = open_data_file(path);
   std::string line;
   int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0)
-      line.erase(0, 3);  // a UTF-8 byte-order mark
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    const std::string where = path + ": line " + std::to_string(number);
-    FieldTracker tracker;
-    json value;
-    try {
-      value = json::parse(line, [&](int depth, json::parse_event_t event, json& parsed) {
-        return tracker.on_event(depth, event, parsed);
-      });
-    } catch (const json::out_of_range& e) {  // id 406: a number that overflows a double, e.g. 1e999
-      const std::string field = tracker.field();
-      const std::string what = e.what();
-      const size_t quote = what.find('\'');
-      const size_t end = quote == std::string::npos ? quote : what.find('\'', quote + 1);
-      const std::string number_text = end == std::string::npos
-                                          ? "a number"
-                                          : "the number " + what.substr(quote + 1, end - quote - 1);
-      throw ValueError(where + (field.empty() ? "" : ": " + field) + ": " + number_text +
-                       " overflows a double (values must be finite)");
-    } catch (const json::exception& e) {
-      throw ValueError(where + ": malformed JSON at " + describe_parse_error(e));
-    }
-    if (!value.is_object())
-      throw ValueError(where +
-                       ": each line must be a JSON object like {\"context\": [...], ...} (got " +
-                       json_kind(value) + ")");
-    if (!tracker.duplicate.empty())
-      throw ValueError(where + ": field '" + tracker.duplicate + "' appears more than once");
-    visit(number, value);
+  int64_t data_line = 0;  // the index of the next data line among the file's data lines
+  while (data_line < end && next_line(in, line, number)) {
+    if (is_blank(line)) continue;
+    if (data_line++ < begin) continue;
+    visit(number, parse_object(path, number, line));
   }
   if (in.bad())
     throw std::runtime_error(path + ": cannot read the data file: " + std::strerror(errno));
+}
+
+std::optional<std::pair<int64_t, json>> first_json_object(const std::string& path,
+                                                          const RowStripe& stripe) noexcept {
+  try {
+    const auto [begin, end] = stripe_lines(path, stripe);
+    std::ifstream in = open_data_file(path);
+    std::string line;
+    int64_t number = 0;
+    int64_t data_line = 0;
+    while (data_line < end && next_line(in, line, number)) {
+      if (is_blank(line)) continue;
+      if (data_line++ < begin) continue;
+      return std::make_pair(number, parse_object(path, number, line));
+    }
+  } catch (...) {  // reading the stripe reports it
+  }
+  return std::nullopt;
 }
 
 }  // namespace attnmix::cli

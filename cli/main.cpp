@@ -2,21 +2,38 @@
 // attnmix: the command-line tool (SPEC.md §1.10). Parses the command line with CLI11, runs one
 // subcommand and maps errors to the documented exit codes: 0 success, 1 usage, 2
 // data/I/O/validation, 3 not converged (--strict).
+//
+// Under an MPI launcher (mpirun -np P attnmix fit ..., in a build with ATTNMIX_WITH_MPI) the
+// program holds an MPI session for its lifetime and, when P > 1, `fit` runs distributed over
+// MPI_COMM_WORLD (commands/fit.cpp, distributed.hpp); every other subcommand is then a usage error,
+// since only `fit` has a distributed form. Without a launcher, or with P = 1, nothing changes and
+// MPI is never initialised (P = 1 initialises it but does not use it). Errors that every process
+// has alike (command-line errors, and every failure a distributed fit agrees on) are printed once,
+// by rank 0; each process exits with the same code.
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
 #include <new>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "attnmix/core/allocator.hpp"
+#include "attnmix/inference/communicator.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
+#include "distributed.hpp"
+#ifdef ATTNMIX_HAVE_MPI
+#include "attnmix/mpi/mpi.hpp"
+#endif
 
-int main(int argc, char** argv) {
-  using namespace attnmix::cli;
-  // Every EM iteration frees a model and allocates the next: keep freed memory for reuse instead of faulting it
-  // in again (core/allocator.hpp; docs/PERFORMANCE.md).
-  attnmix::retain_freed_memory();
+namespace {
+
+using namespace attnmix::cli;
+
+/// Parses and runs one subcommand. comm: the processes of a distributed run (null: one process).
+int run(int argc, char** argv, const attnmix::Communicator* comm) {
   CLI::App app{
       "attnmix: attention as a mixture. Fit probabilistic attention models by EM, score and "
       "predict with them, "
@@ -24,30 +41,87 @@ int main(int argc, char** argv) {
       "attnmix"};
   app.require_subcommand(1);
   int exit_code = kExitOk;
-  add_fit_command(app, exit_code);
+  add_fit_command(app, exit_code, comm);
   add_score_command(app, exit_code);
   add_predict_command(app, exit_code);
   add_sample_command(app, exit_code);
   add_demo_command(app, exit_code);
   add_assign_tree_command(app, exit_code);
+  if (comm) {  // runs after parsing, before the subcommand's callback
+    app.parse_complete_callback([&app, comm] {
+      for (const CLI::App* command : app.get_subcommands())
+        if (command->get_name() != "fit")
+          throw UsageError("under mpirun (" + std::to_string(comm->size()) +
+                           " processes) only `attnmix fit` runs distributed; run `attnmix " +
+                           command->get_name() + "` as one process, without mpirun");
+    });
+  }
+  // Errors every process has alike are printed by rank 0 alone; an error of one process's own is
+  // printed by that process, naming its rank.
+  const bool root = !comm || comm->rank() == 0;
+  const std::string rank_note =
+      comm ? " (rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) + ")"
+           : "";
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {  // --help (exit 0) and every parse error (exit 1)
-    return app.exit(e) == 0 ? kExitOk : kExitUsage;
-  } catch (const UsageError& e) {
-    std::cout.flush();
-    std::cerr << "attnmix: usage error: " << e.what()
-              << "\nRun with --help for more information.\n";
+    std::ostringstream discard;
+    const int code = root ? app.exit(e) : app.exit(e, discard, discard);
+    return code == 0 ? kExitOk : kExitUsage;
+  } catch (const AgreedError& e) {  // a distributed fit's failure, agreed on by every process
+    if (root) {
+      std::cout.flush();
+      if (e.exit_code() == kExitUsage)
+        std::cerr << "attnmix: usage error: " << e.what()
+                  << "\nRun with --help for more information.\n";
+      else
+        std::cerr << "attnmix: error (rank " << e.rank() << " of " << e.n_ranks()
+                  << "): " << e.what() << "\n";
+    }
+    return e.exit_code();
+  } catch (const UsageError& e) {  // the same on every process: the command line is
+    if (root) {
+      std::cout.flush();
+      std::cerr << "attnmix: usage error: " << e.what()
+                << "\nRun with --help for more information.\n";
+    }
     return kExitUsage;
   } catch (const std::bad_alloc&) {
     std::cout.flush();
-    std::cerr << "attnmix: error: out of memory (are the dimensions what you meant?)\n";
+    std::cerr << "attnmix: error" << rank_note
+              << ": out of memory (are the dimensions what you meant?)\n";
     return kExitData;
   } catch (const std::exception&
                e) {  // ValueError, TypeError, ImpossibleEvidenceError, I/O runtime_error
     std::cout.flush();
-    std::cerr << "attnmix: error: " << e.what() << "\n";
+    std::cerr << "attnmix: error" << rank_note << ": " << e.what() << "\n";
     return kExitData;
   }
   return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every EM iteration frees a model and allocates the next: keep freed memory for reuse instead of
+  // faulting it in again (core/allocator.hpp; docs/PERFORMANCE.md).
+  attnmix::retain_freed_memory();
+#ifdef ATTNMIX_HAVE_MPI
+  // Declared before the run so that MPI_Finalize comes after everything that uses MPI.
+  std::optional<attnmix::MpiSession> session;
+  std::optional<attnmix::MpiCommunicator> world;
+  if (attnmix::MpiSession::launched_by_mpirun()) {
+    try {
+      session.emplace(argc, argv);
+      world.emplace(MPI_COMM_WORLD);
+    } catch (const std::exception& e) {
+      std::cerr << "attnmix: error: " << e.what() << "\n";
+      return attnmix::cli::kExitData;
+    }
+  }
+  const attnmix::Communicator* comm = world && world->size() > 1 ? &*world : nullptr;
+#else
+  const attnmix::Communicator* comm = nullptr;
+#endif
+  return run(argc, argv, comm);
 }

@@ -18,15 +18,26 @@ namespace {
 
 constexpr auto kFieldList = "context=..., query=..., target=...";
 
+/// Gives rows without data width N.
+void empty_rows(VeaRows& rows, Index N) {
+  rows.contexts.resize(0, N);
+  rows.queries.resize(0);
+  rows.targets.resize(0);
+}
+
 /// Accumulates rows; N becomes set from the declared dims or the first row.
 struct VeaSink {
   VeaDims dims;
   std::vector<int64_t> contexts, queries, targets;
   Index n_rows = 0;
 
-  VeaRows finish(VeaRows rows) {
-    if (n_rows == 0)
-      throw ValueError(rows.source + ": contains no observations (the file is empty)");
+  VeaRows finish(VeaRows rows, const RowStripe& stripe) {
+    if (n_rows == 0) {
+      if (!stripe.shard)
+        throw ValueError(rows.source + ": contains no observations (the file is empty)");
+      empty_rows(rows, dims.context_length ? dims.context_length->value : 0);
+      return rows;
+    }
     const Index N = dims.context_length->value;
     rows.contexts = Eigen::Map<const IdMatrix>(contexts.data(), n_rows, N);
     rows.queries = Eigen::Map<const IdVector>(queries.data(), n_rows);
@@ -36,12 +47,13 @@ struct VeaSink {
   }
 };
 
-VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolicy policy) {
+VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolicy policy,
+                   const RowStripe& stripe) {
   VeaRows rows;
   rows.source = path;
   VeaSink sink{declared, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
-  for_each_json_line(path, [&](int64_t line, const json& object) {
+  for_each_json_line(path, stripe, [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
     check_json_fields(object, where, {"context", "query", "target"}, {"context", "query"});
     const bool has_target = object.contains("target");
@@ -66,7 +78,7 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
     ++sink.n_rows;
   });
   rows.has_targets = targets_seen.has_targets();
-  return sink.finish(std::move(rows));
+  return sink.finish(std::move(rows), stripe);
 }
 
 /// An npz id array must not be bool and must have `dims` dimensions with n rows.
@@ -84,7 +96,8 @@ void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
                      " rows but context has " + std::to_string(n));
 }
 
-VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy) {
+VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy,
+                      const RowStripe& stripe) {
   VeaRows rows;
   rows.source = path;
   rows.is_npz = true;
@@ -110,7 +123,11 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
                 path + ": context", "the context array");
   const int64_t N = n > 0 ? context.shape[1] : 0;
   const std::optional<Dim>& S = sink.dims.n_symbols;
-  for (int64_t r = 0; r < n; ++r) {
+  // The whole arrays are decoded; only the stripe's rows are validated and kept (messages give
+  // their index in the file).
+  const auto [begin, end] = stripe.range(n);
+  rows.first_row = begin;
+  for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
       sink.contexts.push_back(npz_id(context, static_cast<size_t>(r * N + i), path,
                                      index_text("context", r, i), "S", S));
@@ -121,31 +138,35 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
           npz_id(*target, k, path, index_text("target", r, -1), "T", sink.dims.n_targets));
     ++sink.n_rows;
   }
-  return sink.finish(std::move(rows));
+  return sink.finish(std::move(rows), stripe);
 }
 
 }  // namespace
 
-VeaRows read_vea_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy) {
+VeaRows read_vea_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy,
+                      const RowStripe& stripe) {
   return data_file_kind(path, kFieldList) == DataFileKind::kNpz
-             ? read_npz_rows(path, declared, policy)
-             : read_jsonl(path, declared, policy);
+             ? read_npz_rows(path, declared, policy, stripe)
+             : read_jsonl(path, declared, policy, stripe);
 }
 
-VeaDims infer_vea_dims(const VeaDims& declared, const std::vector<const VeaRows*>& row_sets) {
+VeaDims infer_vea_dims(const VeaDims& declared, const std::vector<const VeaRows*>& row_sets,
+                       const Communicator* comm) {
   VeaDims dims = declared;
   const VeaRows& first = *row_sets.front();
   if (!dims.context_length) dims.context_length = Dim{first.contexts.cols(), first.source};
   if (!dims.n_symbols) {
     int64_t max_id = 0;
     for (const VeaRows* rows : row_sets)
-      max_id = std::max({max_id, rows->contexts.maxCoeff(), rows->queries.maxCoeff()});
+      max_id = std::max({max_id, largest_id(rows->contexts), largest_id(rows->queries)});
+    max_id = max_over_ranks(comm, max_id);
     dims.n_symbols = Dim{max_id + 1, "the largest context or query id"};
   }
   if (!dims.n_targets) {
     int64_t max_id = 0;
     for (const VeaRows* rows : row_sets)
-      if (rows->has_targets) max_id = std::max(max_id, rows->targets.maxCoeff());
+      if (rows->has_targets) max_id = std::max(max_id, largest_id(rows->targets));
+    max_id = max_over_ranks(comm, max_id);
     dims.n_targets = Dim{max_id + 1, "the largest target"};
   }
   return dims;

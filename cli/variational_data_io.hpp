@@ -40,15 +40,18 @@ struct VeaRows : RowOrigin {
   [[nodiscard]] Index n_rows() const { return contexts.rows(); }
 };
 
-/// Reads and validates a data file. @throws ValueError / TypeError (content), std::runtime_error
-/// (I/O).
+/// Reads and validates a data file, or the stripe of its rows that `stripe` names. An empty shard
+/// (stripe.shard) has the declared width N, or width 0 when N is not declared.
+/// @throws ValueError / TypeError (content), std::runtime_error (I/O).
 [[nodiscard]] VeaRows read_vea_rows(const std::string& path, const VeaDims& declared,
-                                    TargetPolicy policy);
+                                    TargetPolicy policy, const RowStripe& stripe = {});
 
 /// Dimensions for a fit: declared values where given, otherwise N from the data, S = 1 + the
-/// largest context or query id and T = 1 + the largest target over all row sets.
+/// largest context or query id and T = 1 + the largest target over all row sets of every process of
+/// comm (collective; a distributed fit declares N).
 [[nodiscard]] VeaDims infer_vea_dims(const VeaDims& declared,
-                                     const std::vector<const VeaRows*>& row_sets);
+                                     const std::vector<const VeaRows*>& row_sets,
+                                     const Communicator* comm = nullptr);
 
 /// The encoded batch (rows already validated against dims).
 [[nodiscard]] VariationalEmbeddingAttentionBatch encode_vea_rows(const VeaRows& rows,

@@ -8,9 +8,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attnmix/inference/communicator.hpp"
+
 namespace attnmix::cli {
 
-void add_fit_command(CLI::App& app, int& exit_code);
+/// comm: the processes of a distributed fit (mpirun with more than one process; not owned, it must
+/// outlive the parse), or null for one process.
+void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm = nullptr);
 void add_score_command(CLI::App& app, int& exit_code);
 void add_predict_command(CLI::App& app, int& exit_code);
 void add_sample_command(CLI::App& app, int& exit_code);

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "commands/fit_problem.hpp"
+#include "distributed.hpp"
 
 namespace attnmix::cli {
 
@@ -121,92 +124,167 @@ std::optional<double> parse_delta(const std::string& text) {
   return value;
 }
 
-void print_progress(const IterationReport& report) {
+void print_progress(std::ostream& out, const IterationReport& report) {
   std::string line = format_progress_line(report);
   if (!line.empty() && line.back() == '\n') line.pop_back();
-  std::cout << line << " (" << format_seconds(report.seconds) << " s)\n" << std::flush;
+  out << line << " (" << format_seconds(report.seconds) << " s)\n" << std::flush;
+}
+
+/// Where the progress lines and the summary go: stdout alone or on rank 0 of a distributed fit,
+/// nowhere on the other processes (a stream without a buffer discards what it is given).
+std::ostream& report_stream(bool root) {
+  static std::ostream discard(nullptr);
+  return root ? std::cout : discard;
+}
+
+/// Runs a step whose failures the library agrees on (optimize, global_score): when one process
+/// fails, every process throws, the failing one its own error and the others RemoteRankError. The
+/// processes then agree on the failing one's error with its impossible rows located in its file
+/// (`origin`: "data.jsonl: line 57"), so every process reports the same message; alone, the error
+/// is located and rethrown as before.
+template <class F>
+void run_located(const Communicator* comm, const RowOrigin* origin, F&& f) {
+  try {
+    f();
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    agree(comm, [&] {
+      try {
+        std::rethrow_exception(error);
+      } catch (const ImpossibleEvidenceError& e) {
+        if (!origin) throw;
+        rethrow_with_lines(e, *origin);
+      } catch (const RemoteRankError&) {  // another process failed: its own error is the report
+      }
+    });
+    std::rethrow_exception(error);  // no process reported an error of its own
+  }
+}
+
+/// "3 processes (rows per process: 100, 100, 100; each reads its stripe of data.jsonl)".
+std::string processes_text(const FitArgs& args, const std::vector<int64_t>& counts) {
+  std::string text = std::to_string(counts.size()) + " processes (rows per process: ";
+  for (size_t r = 0; r < counts.size(); ++r) text += (r ? ", " : "") + std::to_string(counts[r]);
+  text += has_rank_placeholder(args.data)
+              ? "; each reads its own file, " + args.data + " with {rank} = its rank)"
+              : "; each reads its stripe of " + args.data + ")";
+  return text;
 }
 
 int run_fit(const FitArgs& args) {
-  const FitFamily& family = choose_family(args);
-  if (args.data.empty() == args.text.empty())
-    throw UsageError("give exactly one of --data FILE or --text FILE");
-  if (!args.init.empty() && (given(args.seed_opt) || given(args.init_p_opt)))
-    throw UsageError(std::string(given(args.seed_opt) ? "--seed" : "--init-p") +
-                     " sets up the random initialisation, which --init replaces (a variational "
-                     "model's Monte-Carlo noise seed is part of its optimizer state)");
+  const Communicator* comm = args.communicator;
+  const bool root = !comm || comm->rank() == 0;
+  std::ostream& out = report_stream(root);
+  const FitFamily* family = nullptr;
   OptimizeOptions options = args.optimize;
-  options.delta =
-      family.stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
-  options.reuse_estep_ll = !args.classic;
-  options.on_iteration = print_progress;
-  check_output_path(args.out);
-
   std::optional<FitInit> init;
-  if (!args.init.empty()) init = FitInit{args.init, load_model(args.init)};
-  const FitProblem input = family.prepare(args, init ? &*init : nullptr);
-  const Index n_rows = input.train.n_rows();
-  std::cout << "Fitting " << input.mechanism << " by EM to " << n_rows << " rows of "
-            << input.train_source << " (" << input.dims_brief << ")";
-  if (init) std::cout << ", starting from " << init_description(*init);
-  std::cout << "\n" << std::flush;
+  // The command line (the same on every process), the output path (rank 0 writes the model) and the
+  // --init model, agreed on before any data are read.
+  agree(comm, [&] {
+    family = &choose_family(args);
+    if (args.data.empty() == args.text.empty())
+      throw UsageError("give exactly one of --data FILE or --text FILE");
+    if (comm && !args.text.empty())
+      throw UsageError("--text cannot be read by a distributed fit (" +
+                       std::to_string(comm->size()) +
+                       " processes under mpirun): give --data files (JSON Lines or .npz, one "
+                       "stripe of the rows per process, or one file per process with {rank}), or "
+                       "fit the text corpus as one process");
+    if (!args.init.empty() && (given(args.seed_opt) || given(args.init_p_opt)))
+      throw UsageError(std::string(given(args.seed_opt) ? "--seed" : "--init-p") +
+                       " sets up the random initialisation, which --init replaces (a variational "
+                       "model's Monte-Carlo noise seed is part of its optimizer state)");
+    options.delta =
+        family->stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
+    options.reuse_estep_ll = !args.classic;
+    if (root) check_output_path(args.out);
+    if (!args.init.empty()) init = FitInit{args.init, load_model(args.init)};
+  });
+  // Every process reports (to nowhere but on rank 0): optimize() scores --valid for each report,
+  // which is a collective.
+  options.on_iteration = [&out](const IterationReport& report) { print_progress(out, report); };
+  options.communicator = comm;
+
+  std::optional<FitProblem> prepared;
+  agree(comm, [&] { prepared.emplace(family->prepare(args, init ? &*init : nullptr)); });
+  const FitProblem& input = *prepared;
+  const auto n_rows =
+      std::accumulate(input.train_counts.begin(), input.train_counts.end(), int64_t{0});
+  out << "Fitting " << input.mechanism << " by EM to " << n_rows << " rows of "
+      << input.train_source;
+  if (comm) out << " on " << comm->size() << " processes";
+  out << " (" << input.dims_brief << ")";
+  if (init) out << ", starting from " << init_description(*init);
+  out << "\n" << std::flush;
   const auto start = std::chrono::steady_clock::now();
+  std::optional<AnyDistribution> initial;
+  if (init) initial = init->model;
+  // Distributed, the random initialisation runs on the family's own batch type (FitProblem::
+  // initialize_distributed); alone, optimize() initialises as always.
+  if (comm && !init)
+    run_located(comm, &input.train_origin,
+                [&] { initial = input.initialize_distributed(options); });
   std::optional<OptimizeResult<AnyDistribution>> fit;
-  try {
-    fit = optimize(input.train, input.estimator, options,
-                   init ? std::optional<AnyDistribution>(init->model) : std::nullopt,
+  run_located(comm, &input.train_origin, [&] {
+    fit = optimize(input.train, input.estimator, options, std::move(initial),
                    input.valid ? &*input.valid : nullptr);
-  } catch (const ImpossibleEvidenceError& e) {
-    rethrow_with_lines(e, input.train_origin);
-  }
+  });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double total = score(fit->model, input.train, options.parallel());
+  double total = 0.0;
+  run_located(comm, &input.train_origin,
+              [&] { total = global_score(fit->model, input.train, options.parallel(), comm); });
+  std::optional<double> valid_total;
+  if (input.valid)
+    run_located(comm, nullptr, [&] {
+      valid_total = global_score(fit->model, *input.valid, options.parallel(), comm);
+    });
   const bool converged = fit->status == OptimizeStatus::kConverged;
 
   // The closing summary.
-  std::cout << "\nSummary\n";
-  std::cout << "  data            " << n_rows << " rows from " << input.train_source
-            << input.data_note << "\n";
-  std::cout << "  dimensions      " << input.dims_summary << "\n";
-  if (init) std::cout << "  started from    " << init_description(*init) << "\n";
-  std::cout << "  iterations      " << fit->n_iterations << " run; ";
+  out << "\nSummary\n";
+  out << "  data            " << n_rows << " rows from " << input.train_source << input.data_note
+      << "\n";
+  if (comm) out << "  processes       " << processes_text(args, input.train_counts) << "\n";
+  out << "  dimensions      " << input.dims_summary << "\n";
+  if (init) out << "  started from    " << init_description(*init) << "\n";
+  out << "  iterations      " << fit->n_iterations << " run; ";
   if (converged) {
     const auto& s = fit->scores;
-    std::cout << "converged (the log-likelihood changed by "
-              << format_short(s[s.size() - 1] - s[s.size() - 2], 3) << " < --delta "
-              << delta_text(options.delta) << ")\n";
+    out << "converged (the log-likelihood changed by "
+        << format_short(s[s.size() - 1] - s[s.size() - 2], 3) << " < --delta "
+        << delta_text(options.delta) << ")\n";
   } else if (!options.delta) {
-    std::cout << "all --max-its iterations run (--delta none: no convergence test)\n";
+    out << "all --max-its iterations run (--delta none: no convergence test)\n";
   } else {
-    std::cout << "NOT converged within --max-its " << options.max_its
-              << " (raise --max-its to go on)\n";
+    out << "NOT converged within --max-its " << options.max_its << " (raise --max-its to go on)\n";
   }
-  std::cout << "  best model      ";
+  out << "  best model      ";
   if (fit->n_iterations == 0)
-    std::cout << (init ? "the --init model (--max-its 0)\n" : "the initial model (--max-its 0)\n");
+    out << (init ? "the --init model (--max-its 0)\n" : "the initial model (--max-its 0)\n");
   else
-    std::cout << (fit->best_iteration > fit->n_iterations
-                      ? "the model after the last iteration"
-                      : "iteration " + std::to_string(fit->best_iteration))
-              << " (the fit keeps the best-scoring model)\n";
-  std::cout << "  log-likelihood  " << format_short(total / static_cast<double>(n_rows))
-            << " per row (total " << format_short(total, 10) << ")\n";
-  if (input.valid) {
-    const double valid_total = score(fit->model, *input.valid, options.parallel());
-    std::cout << "  validation      "
-              << format_short(valid_total / static_cast<double>(input.valid->n_rows()))
-              << " per row on " << input.valid->n_rows() << " rows of " << input.valid_source
-              << "\n";
+    out << (fit->best_iteration > fit->n_iterations
+                ? "the model after the last iteration"
+                : "iteration " + std::to_string(fit->best_iteration))
+        << " (the fit keeps the best-scoring model)\n";
+  out << "  log-likelihood  " << format_short(total / static_cast<double>(n_rows))
+      << " per row (total " << format_short(total, 10) << ")\n";
+  if (valid_total) {
+    out << "  validation      "
+        << format_short(*valid_total / static_cast<double>(input.valid_total)) << " per row on "
+        << input.valid_total << " rows of " << input.valid_source << "\n";
   }
-  std::cout << "  time            " << format_seconds(seconds) << " s\n";
-  if (args.strict && !converged) {
-    std::cout << "  model           NOT written (--strict and the fit did not converge); "
-              << args.out << " is unchanged\n";
+  out << "  time            " << format_seconds(seconds) << " s\n";
+  if (args.strict && !converged) {  // the same on every process
+    out << "  model           NOT written (--strict and the fit did not converge); " << args.out
+        << " is unchanged\n";
     return kExitNotConverged;
   }
-  save_model(fit->model, args.out);
-  std::cout << "  model written   " << args.out << "\n";
+  // Rank 0 writes the model (atomically); every process learns whether it could.
+  agree(comm, [&] {
+    if (root) save_model(fit->model, args.out);
+  });
+  out << "  model written   " << args.out << "\n";
   return kExitOk;
 }
 
@@ -222,8 +300,9 @@ std::optional<Dim> settle_dim(const CLI::Option* option, int64_t value, const ch
   return Dim{model_value, "the --init model " + init->path};
 }
 
-void add_fit_command(CLI::App& app, int& exit_code) {
+void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
   auto args = std::make_shared<FitArgs>();
+  args->communicator = comm;
   args->delta = delta_text(args->optimize.delta);
   CLI::App* cmd =
       app.add_subcommand("fit", "Fit a model to data by EM and save it as a JSON model file");
@@ -247,7 +326,14 @@ void add_fit_command(CLI::App& app, int& exit_code) {
       "Output: one progress line per iteration on stdout, then a summary. The model is written "
       "only after a successful fit, atomically; a failed fit leaves --out untouched.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is "
-      "then not written).");
+      "then not written).\n"
+      "Distributed: mpirun -np P attnmix fit ... runs the same fit on P processes. Process r reads "
+      "its stripe of the rows of --data and --valid (with L rows, rows [r*L/P, (r+1)*L/P)), or, "
+      "when the path holds {rank} (--data part-{rank}.jsonl), its own file with {rank} replaced "
+      "by r. The model equals the single-process fit of all the rows (up to rounding). Rank 0 "
+      "prints the progress lines and the summary and writes the model; an error on any process "
+      "stops every process with the same exit code and is printed once, by rank 0. --text is not "
+      "distributed.");
   cmd->add_option("--family", args->family,
                   "Mechanism: responsibility (ra), chained (ca), variational (vea) or "
                   "variational-multihop (vmha)")

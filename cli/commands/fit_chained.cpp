@@ -5,11 +5,24 @@
 #include <vector>
 
 #include "attnmix/attention/chained.hpp"
-#include "cli_support.hpp"
 #include "chained_data_io.hpp"
+#include "cli_support.hpp"
+#include "commands/fit_data.hpp"
 #include "commands/fit_problem.hpp"
 
 namespace attnmix::cli {
+
+const RowFormat<CaRows, CaDims>& chained_row_format() {
+  static const RowFormat<CaRows, CaDims> format{
+      &read_ca_rows,
+      &infer_ca_dims,
+      {{"keys", "N", &CaDims::context_length, [](const CaRows& r) { return r.keys.cols(); },
+        [](CaRows& r, Index n) {
+          r.keys.resize(0, n);
+          r.values.resize(0, n);
+        }}}};
+  return format;
+}
 
 FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
   const ChainedAttention* init_model =
@@ -25,22 +38,16 @@ FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
                         .value_or(Dim{args.hops, "--hops"})
                         .value;
   FitProblem problem;
-  CaRows train_rows = read_ca_rows(args.data, declared, TargetPolicy::kRequired);
+  FitRows<CaRows, CaDims> rows = read_fit_rows(args, declared, chained_row_format());
   problem.train_source = args.data;
-  std::optional<CaRows> valid_rows;
-  if (!args.valid.empty()) {
-    CaDims valid_declared = declared;  // the validation rows must have the training rows' N
-    if (!valid_declared.context_length)
-      valid_declared.context_length = Dim{train_rows.keys.cols(), "the training data " + args.data};
-    valid_rows = read_ca_rows(args.valid, valid_declared, TargetPolicy::kRequired);
-    problem.valid_source = args.valid;
-  }
-  std::vector<const CaRows*> sets{&train_rows};
-  if (valid_rows) sets.push_back(&*valid_rows);
-  const CaDims dims = infer_ca_dims(declared, sets);
-  problem.train = AnyBatch(encode_ca_rows(train_rows, dims));
-  if (valid_rows) problem.valid = AnyBatch(encode_ca_rows(*valid_rows, dims));
-  problem.train_origin = std::move(train_rows);
+  if (rows.valid) problem.valid_source = args.valid;
+  const CaDims& dims = rows.dims;
+  ChainedAttentionBatch batch = encode_ca_rows(rows.train, dims);
+  problem.train = AnyBatch(batch);
+  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(*rows.valid, dims));
+  problem.train_counts = std::move(rows.train_counts);
+  problem.valid_total = rows.valid_total;
+  problem.train_origin = std::move(rows.train);
 
   ChainedAttentionEstimatorOptions options;  // the library's M-step defaults
   if (given(args.sigma2_opt))
@@ -50,7 +57,9 @@ FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
-  problem.estimator = AnyEstimator(ChainedAttentionEstimator(L, S, T, options));
+  ChainedAttentionEstimator estimator(L, S, T, options);
+  problem.estimator = AnyEstimator(estimator);
+  problem.initialize_distributed = concrete_initializer(std::move(batch), std::move(estimator));
   problem.dims_brief = "L=" + std::to_string(L) + ", S=" + std::to_string(S) +
                        ", N=" + std::to_string(N) + ", T=" + std::to_string(T);
   problem.dims_summary = "L=" + std::to_string(L) + (L == 1 ? " hop, S=" : " hops, S=") +

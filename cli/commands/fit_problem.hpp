@@ -13,11 +13,14 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/errors.hpp"
+#include "attnmix/inference/communicator.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "data_fields.hpp"
 
@@ -45,6 +48,9 @@ struct FitArgs {
   std::string delta;         // "none" or a number; initialised from optimize.delta
   bool classic = false;
   bool strict = false;
+  /// The processes of a distributed fit (main.cpp gives one under mpirun with more than one
+  /// process; null: this process alone). Each reads its shard of --data and --valid.
+  const Communicator* communicator = nullptr;
   CLI::Option* context_length_opt = nullptr;
   CLI::Option* symbols_opt = nullptr;
   CLI::Option* query_dim_opt = nullptr;
@@ -110,7 +116,23 @@ struct FitProblem {
   std::string dims_summary;  // "S=4 symbols, N=3 context positions, …" (the summary)
   std::string data_note;     // " (vocabulary: 7 distinct characters)" for text corpora
   RowOrigin train_origin;    // locates training rows for impossible-evidence messages
+  std::vector<int64_t> train_counts;  // training rows of each process (rank order; one entry alone)
+  int64_t valid_total = 0;            // validation rows over every process
+  /// The random initialisation of a distributed fit (SPEC.md §1.7 step 2 replayed over the rows of
+  /// every process, communicator.hpp), run on the family's own batch and estimator types: it pads
+  /// this process's rows with stand-ins for the other processes' rows, which the type-erased
+  /// AnyBatch cannot do. Empty for --text corpora (never distributed). Collective.
+  std::function<AnyDistribution(const OptimizeOptions&)> initialize_distributed;
 };
+
+/// initialize_distributed for a family: initialize_model() on its concrete batch and estimator.
+template <class E>
+[[nodiscard]] std::function<AnyDistribution(const OptimizeOptions&)> concrete_initializer(
+    typename E::distribution_type::batch_type batch, E estimator) {
+  return [batch = std::move(batch), estimator = std::move(estimator)](const OptimizeOptions& o) {
+    return AnyDistribution(initialize_model(batch, estimator, o));
+  };
+}
 
 /// Responsibility attention from --data files or a --text corpus (fit_responsibility.cpp).
 [[nodiscard]] FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init);

@@ -7,6 +7,7 @@
 
 #include "attnmix/attention/responsibility.hpp"
 #include "cli_support.hpp"
+#include "commands/fit_data.hpp"
 #include "commands/fit_problem.hpp"
 #include "data_io.hpp"
 #include "text_corpus.hpp"
@@ -19,6 +20,8 @@ namespace {
 struct RaInput {
   FitProblem problem;
   RaDims dims;
+  // The training rows of data files, for initialize_distributed.
+  ResponsibilityAttentionBatch batch;
 };
 
 /// The dimensions the flags and the --init model declare (init_model: the --init model, or null).
@@ -37,26 +40,30 @@ RaDims declared_dims(const FitArgs& args, const FitInit* init,
                            model_dim(&ResponsibilityAttention::n_targets))};
 }
 
+/// Responsibility-attention rows: context (N) and query (D) widths.
+const RowFormat<RaRows, RaDims>& ra_format() {
+  static const RowFormat<RaRows, RaDims> format{
+      &read_ra_rows,
+      &infer_ra_dims,
+      {{"context", "N", &RaDims::context_length, [](const RaRows& r) { return r.contexts.cols(); },
+        [](RaRows& r, Index n) { r.contexts.resize(0, n); }},
+       {"query", "D", &RaDims::query_dim, [](const RaRows& r) { return r.queries.cols(); },
+        [](RaRows& r, Index d) { r.queries.resize(0, d); }}}};
+  return format;
+}
+
 RaInput read_data_files(const FitArgs& args, const RaDims& declared) {
   RaInput input;
-  RaRows train_rows = read_ra_rows(args.data, declared, TargetPolicy::kRequired);
+  FitRows<RaRows, RaDims> rows = read_fit_rows(args, declared, ra_format());
   input.problem.train_source = args.data;
-  std::optional<RaRows> valid_rows;
-  if (!args.valid.empty()) {
-    RaDims valid_declared = declared;  // the validation rows must have the training rows' N and D
-    if (!valid_declared.context_length)
-      valid_declared.context_length = Dim{train_rows.contexts.cols(), "the training data " + args.data};
-    if (!valid_declared.query_dim)
-      valid_declared.query_dim = Dim{train_rows.queries.cols(), "the training data " + args.data};
-    valid_rows = read_ra_rows(args.valid, valid_declared, TargetPolicy::kRequired);
-    input.problem.valid_source = args.valid;
-  }
-  std::vector<const RaRows*> sets{&train_rows};
-  if (valid_rows) sets.push_back(&*valid_rows);
-  input.dims = infer_ra_dims(declared, sets);
-  input.problem.train = AnyBatch(encode_ra_rows(train_rows, input.dims));
-  if (valid_rows) input.problem.valid = AnyBatch(encode_ra_rows(*valid_rows, input.dims));
-  input.problem.train_origin = std::move(train_rows);
+  if (rows.valid) input.problem.valid_source = args.valid;
+  input.dims = rows.dims;
+  input.batch = encode_ra_rows(rows.train, input.dims);
+  input.problem.train = AnyBatch(input.batch);
+  if (rows.valid) input.problem.valid = AnyBatch(encode_ra_rows(*rows.valid, input.dims));
+  input.problem.train_counts = std::move(rows.train_counts);
+  input.problem.valid_total = rows.valid_total;
+  input.problem.train_origin = std::move(rows.train);
   return input;
 }
 
@@ -109,6 +116,8 @@ RaInput read_text_corpus(const FitArgs& args, const RaDims& declared) {
   if (valid) input.problem.valid = AnyBatch(sequence_to_triples(valid->ids, N, S));
   input.problem.train_source = args.text;
   input.problem.valid_source = args.valid;
+  input.problem.train_counts = {input.problem.train.n_rows()};
+  if (input.problem.valid) input.problem.valid_total = input.problem.valid->n_rows();
   // Triple r predicts token r + N: locate it by that token's line.
   input.problem.train_origin.source = args.text;
   for (size_t r = 0; r + static_cast<size_t>(N) < train.ids.size(); ++r)
@@ -140,7 +149,11 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
              T = d.n_targets->value;
   FitProblem& problem = input.problem;
   problem.mechanism = "responsibility attention";
-  problem.estimator = AnyEstimator(ResponsibilityAttentionEstimator(S, N, D, T, options));
+  ResponsibilityAttentionEstimator estimator(S, N, D, T, options);
+  problem.estimator = AnyEstimator(estimator);
+  if (args.text.empty())
+    problem.initialize_distributed =
+        concrete_initializer(std::move(input.batch), std::move(estimator));
   problem.dims_brief = "S=" + std::to_string(S) + ", N=" + std::to_string(N) +
                        ", D=" + std::to_string(D) + ", T=" + std::to_string(T);
   problem.dims_summary = "S=" + std::to_string(S) + " symbols, N=" + std::to_string(N) +

@@ -12,6 +12,7 @@
 #include "attnmix/attention/variational_multihop.hpp"
 #include "chained_data_io.hpp"
 #include "cli_support.hpp"
+#include "commands/fit_data.hpp"
 #include "commands/fit_problem.hpp"
 #include "variational_data_io.hpp"
 
@@ -43,6 +44,17 @@ int64_t embed_dim(const FitArgs& args, const FitInit* init, const Model* init_mo
       .value;
 }
 
+/// Variational-embedding-attention rows: the context width N.
+const RowFormat<VeaRows, VeaDims>& vea_row_format() {
+  static const RowFormat<VeaRows, VeaDims> format{
+      &read_vea_rows,
+      &infer_vea_dims,
+      {{"context", "N", &VeaDims::context_length,
+        [](const VeaRows& r) { return r.contexts.cols(); },
+        [](VeaRows& r, Index n) { r.contexts.resize(0, n); }}}};
+  return format;
+}
+
 std::string dims_brief(int64_t S, int64_t N, int64_t D, int64_t T) {
   return "S=" + std::to_string(S) + ", N=" + std::to_string(N) + ", D=" + std::to_string(D) +
          ", T=" + std::to_string(T);
@@ -72,30 +84,24 @@ FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init) {
   const int64_t D = embed_dim(args, init, init_model);
 
   FitProblem problem;
-  VeaRows train_rows = read_vea_rows(args.data, declared, TargetPolicy::kRequired);
+  FitRows<VeaRows, VeaDims> rows = read_fit_rows(args, declared, vea_row_format());
   problem.train_source = args.data;
-  std::optional<VeaRows> valid_rows;
-  if (!args.valid.empty()) {
-    VeaDims valid_declared = declared;  // the validation rows must have the training rows' N
-    if (!valid_declared.context_length)
-      valid_declared.context_length =
-          Dim{train_rows.contexts.cols(), "the training data " + args.data};
-    valid_rows = read_vea_rows(args.valid, valid_declared, TargetPolicy::kRequired);
-    problem.valid_source = args.valid;
-  }
-  std::vector<const VeaRows*> sets{&train_rows};
-  if (valid_rows) sets.push_back(&*valid_rows);
-  const VeaDims dims = infer_vea_dims(declared, sets);
-  problem.train = AnyBatch(encode_vea_rows(train_rows, dims));
-  if (valid_rows) problem.valid = AnyBatch(encode_vea_rows(*valid_rows, dims));
-  problem.train_origin = std::move(train_rows);
+  if (rows.valid) problem.valid_source = args.valid;
+  const VeaDims& dims = rows.dims;
+  VariationalEmbeddingAttentionBatch batch = encode_vea_rows(rows.train, dims);
+  problem.train = AnyBatch(batch);
+  if (rows.valid) problem.valid = AnyBatch(encode_vea_rows(*rows.valid, dims));
+  problem.train_counts = std::move(rows.train_counts);
+  problem.valid_total = rows.valid_total;
+  problem.train_origin = std::move(rows.train);
 
   VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init_model, options);
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "variational embedding attention";
-  problem.estimator =
-      AnyEstimator(VariationalEmbeddingAttentionEstimator(S, N, D, T, std::move(options)));
+  VariationalEmbeddingAttentionEstimator estimator(S, N, D, T, std::move(options));
+  problem.estimator = AnyEstimator(estimator);
+  problem.initialize_distributed = concrete_initializer(std::move(batch), std::move(estimator));
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;
@@ -113,30 +119,25 @@ FitProblem prepare_variational_multihop_fit(const FitArgs& args, const FitInit* 
   const int64_t D = embed_dim(args, init, init_model);
 
   FitProblem problem;
-  CaRows train_rows = read_ca_rows(args.data, declared, TargetPolicy::kRequired);
+  FitRows<CaRows, CaDims> rows = read_fit_rows(args, declared, chained_row_format());
   problem.train_source = args.data;
-  std::optional<CaRows> valid_rows;
-  if (!args.valid.empty()) {
-    CaDims valid_declared = declared;  // the validation rows must have the training rows' N
-    if (!valid_declared.context_length)
-      valid_declared.context_length = Dim{train_rows.keys.cols(), "the training data " + args.data};
-    valid_rows = read_ca_rows(args.valid, valid_declared, TargetPolicy::kRequired);
-    problem.valid_source = args.valid;
-  }
-  std::vector<const CaRows*> sets{&train_rows};
-  if (valid_rows) sets.push_back(&*valid_rows);
-  const CaDims dims = infer_ca_dims(declared, sets);
-  problem.train = AnyBatch(encode_ca_rows(train_rows, dims));
-  if (valid_rows) problem.valid = AnyBatch(encode_ca_rows(*valid_rows, dims));
-  problem.train_origin = std::move(train_rows);
+  if (rows.valid) problem.valid_source = args.valid;
+  const CaDims& dims = rows.dims;
+  ChainedAttentionBatch batch = encode_ca_rows(rows.train, dims);
+  problem.train = AnyBatch(batch);
+  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(*rows.valid, dims));
+  problem.train_counts = std::move(rows.train_counts);
+  problem.valid_total = rows.valid_total;
+  problem.train_origin = std::move(rows.train);
 
   VariationalMultiHopAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init_model, options);
   if (given(args.anneal_iters_opt)) options.anneal_iters = args.anneal_iters;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "variational multi-hop attention (2 hops)";
-  problem.estimator =
-      AnyEstimator(VariationalMultiHopAttentionEstimator(S, D, T, std::move(options)));
+  VariationalMultiHopAttentionEstimator estimator(S, D, T, std::move(options));
+  problem.estimator = AnyEstimator(estimator);
+  problem.initialize_distributed = concrete_initializer(std::move(batch), std::move(estimator));
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;

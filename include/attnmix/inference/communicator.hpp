@@ -9,7 +9,9 @@
 /// (rank r holds rows [offset_r, offset_r + n_r), offset_r = Σ_{q<r} n_q; a shard may be empty). Every process
 /// builds the same estimator and passes the same options (seed included), so initialisation, the subset weights and
 /// every model are identical on every rank, and the fitted model equals the single-process fit of the concatenated
-/// rows up to the order of floating-point additions.
+/// rows up to the order of floating-point additions. An empty shard's batch must still have the data set's width.
+/// Initialisation replays the single-process draws: each rank draws the subset weights of all rows and initialises on
+/// [zero rows; its shard; zero rows] (the stand-ins weigh 0), which costs O(total rows) time and memory once per fit.
 #pragma once
 
 #include <cstdint>
