@@ -25,6 +25,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/reduce.hpp"
+#include "ra_workload.hpp"
 
 namespace attnmix {
 namespace {
@@ -37,35 +38,11 @@ constexpr Index kT = 256;
 constexpr Index kSweepMax = Index{1} << 20;
 constexpr uint64_t kSeed = 20240611;
 
-ResponsibilityAttention make_model(Rng& rng) {
-  ResponsibilityAttentionParams p;
-  p.key_means.resize(kS, kD);
-  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
-  p.emission.resize(kS, kT);
-  for (Index s = 0; s < kS; ++s) {
-    for (Index t = 0; t < kT; ++t) p.emission(s, t) = 0.05 + 0.95 * rng.uniform();
-    p.emission.row(s) /= p.emission.row(s).sum();
-  }
-  p.position_prior.resize(kN);
-  for (Index i = 0; i < kN; ++i) p.position_prior[i] = 0.5 + 0.5 * rng.uniform();
-  p.position_prior /= p.position_prior.sum();
-  p.sigma2 = 1.0;
-  return ResponsibilityAttention(std::move(p));
-}
+// The workload's model and rows (bench/ra_workload.hpp, shared with bench_mpi.cpp).
+ResponsibilityAttention make_model(Rng& rng) { return bench::make_ra_model({kN, kD, kS, kT}, rng); }
 
 ResponsibilityAttentionBatch make_batch(const ResponsibilityAttention& model, Index rows, Rng& rng) {
-  IdMatrix contexts(rows, kN);
-  Matrix queries(rows, kD);
-  IdVector targets(rows);
-  const Matrix& K = model.params().key_means;
-  const double sigma = std::sqrt(model.sigma2());
-  for (Index n = 0; n < rows; ++n) {
-    for (Index i = 0; i < kN; ++i) contexts(n, i) = static_cast<int64_t>(rng.uniform_int(kS));
-    const int64_t s = contexts(n, static_cast<Index>(rng.uniform_int(kN)));
-    for (Index d = 0; d < kD; ++d) queries(n, d) = K(s, d) + sigma * rng.normal();
-    targets[n] = static_cast<int64_t>(rng.uniform_int(kT));
-  }
-  return model.encoder().encode(std::move(contexts), std::move(queries), std::move(targets));
+  return bench::make_ra_batch(model, rows, rng);
 }
 
 /// Model and the 200000-row batch, built once.

@@ -17,7 +17,10 @@ void check(int code, const char* what) {
   MPI_Error_string(code, text, &length);
   throw std::runtime_error(std::string("MPI: ") + what + " failed: " + std::string(text, static_cast<size_t>(length)));
 }
-constexpr size_t kMaxPiece = size_t{1} << 30;  // MPI counts are int
+// Pieces of 2^20 doubles (8 MiB): MPI counts are int, and Open MPI allocates a temporary of the message size on
+// every call, which on this VM costs a page fault per 4 KiB (205 MB in one call: 639 ms; in 8 MiB pieces: 38 ms,
+// docs/SCALING.md).
+constexpr size_t kMaxPiece = size_t{1} << 20;
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {

@@ -3,7 +3,7 @@
 /// attnmix::mpi (CMake option ATTNMIX_WITH_MPI): the EM driver's Communicator over MPI, and the MPI session of a
 /// program. A distributed fit runs the same program on every rank (mpirun -np P ...); each rank holds a shard of the
 /// rows and passes an MpiCommunicator in OptimizeOptions::communicator (inference/communicator.hpp).
-///   sum            one in-place MPI_Allreduce (MPI_SUM, MPI_DOUBLE) of the buffer, in pieces of at most 2³⁰ entries
+///   sum            in-place MPI_Allreduce (MPI_SUM, MPI_DOUBLE) of the buffer, in pieces of at most 2²⁰ entries
 ///   all_counts     MPI_Allgather of one int64 per rank
 ///   first_failure  MPI_Allgather of the message lengths, then MPI_Bcast of the lowest failing rank's message
 /// Cost of one EM iteration's reduction: an allreduce of the family's flat statistics (8 bytes per entry) plus one of
