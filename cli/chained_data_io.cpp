@@ -95,21 +95,6 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
   return sink.finish(std::move(rows), stripe);
 }
 
-/// An npz id array must not be bool and must have `dims` dimensions with n rows.
-void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
-                    const std::string& path) {
-  if (a.kind == NpyArray::Kind::kBool)
-    throw TypeError(path + ": " + name + ": ids must be integers, not bools (dtype " + a.descr +
-                    ")");
-  const char* shape = dims == 2 ? "(n, N)" : "(n,)";
-  if (a.shape.size() != dims)
-    throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " + shape +
-                     " (got shape " + a.shape_text() + ")");
-  if (n >= 0 && a.shape[0] != n)
-    throw ValueError(path + ": " + name + ": has " + std::to_string(a.shape[0]) +
-                     " rows but keys has " + std::to_string(n));
-}
-
 CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPolicy policy,
                      const RowStripe& stripe) {
   CaRows rows;
@@ -127,15 +112,15 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
   const NpyArray& keys = arrays["keys"];
   const NpyArray& values = arrays["values"];
   const NpyArray& query = arrays["query"];
-  check_id_array(keys, "keys", 2, -1, path);
+  check_id_array(keys, "keys", 2, -1, "keys", path);
   const int64_t n = keys.shape[0];
-  check_id_array(values, "values", 2, n, path);
+  check_id_array(values, "values", 2, n, "keys", path);
   if (values.shape[1] != keys.shape[1])
     throw ValueError(path + ": values: has shape " + values.shape_text() + " but keys has " +
                      keys.shape_text() + " (position j pairs keys[r, j] with values[r, j])");
-  check_id_array(query, "query", 1, n, path);
+  check_id_array(query, "query", 1, n, "keys", path);
   const NpyArray* target = rows.has_targets ? &arrays["target"] : nullptr;
-  if (target) check_id_array(*target, "target", 1, n, path);
+  if (target) check_id_array(*target, "target", 1, n, "keys", path);
 
   CaSink sink{declared, {}, {}, {}, {}, 0};
   if (n > 0)

@@ -152,6 +152,20 @@ void check_json_fields(const json& object, const std::string& where,
     if (!object.contains(field)) throw ValueError(where + ": missing field '" + field + "'");
 }
 
+void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n, const char* first,
+                    const std::string& path) {
+  if (a.kind == NpyArray::Kind::kBool)
+    throw TypeError(path + ": " + name + ": ids must be integers, not bools (dtype " + a.descr +
+                    ")");
+  const char* shape = dims == 2 ? "(n, N)" : "(n,)";
+  if (a.shape.size() != dims)
+    throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " + shape +
+                     " (got shape " + a.shape_text() + ")");
+  if (n >= 0 && a.shape[0] != n)
+    throw ValueError(path + ": " + name + ": has " + std::to_string(a.shape[0]) + " rows but " +
+                     first + " has " + std::to_string(n));
+}
+
 void check_npz_arrays(const std::vector<std::string>& names, const std::string& path,
                       std::initializer_list<const char*> known,
                       std::initializer_list<const char*> required) {

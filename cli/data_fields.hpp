@@ -113,6 +113,11 @@ void check_npz_arrays(const std::vector<std::string>& names, const std::string& 
                       std::initializer_list<const char*> known,
                       std::initializer_list<const char*> required);
 
+/// An .npz id array: not bool, `dims` dimensions ((n, N) or (n,)), and n rows when n ≥ 0 (n is the row count of
+/// the archive's first array, `first`). @throws TypeError / ValueError naming the file and the array.
+void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n, const char* first,
+                    const std::string& path);
+
 /// Fixes a width dimension from the first row (`first_row` names it) when it is not declared, then
 /// checks `width` against it: "where: keys has 4 entries; expected N = 5 (from line 1)".
 /// @throws ValueError (also for an empty array).

@@ -81,21 +81,6 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
   return sink.finish(std::move(rows), stripe);
 }
 
-/// An npz id array must not be bool and must have `dims` dimensions with n rows.
-void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
-                    const std::string& path) {
-  if (a.kind == NpyArray::Kind::kBool)
-    throw TypeError(path + ": " + name + ": ids must be integers, not bools (dtype " + a.descr +
-                    ")");
-  const char* shape = dims == 2 ? "(n, N)" : "(n,)";
-  if (a.shape.size() != dims)
-    throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " + shape +
-                     " (got shape " + a.shape_text() + ")");
-  if (n >= 0 && a.shape[0] != n)
-    throw ValueError(path + ": " + name + ": has " + std::to_string(a.shape[0]) +
-                     " rows but context has " + std::to_string(n));
-}
-
 VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPolicy policy,
                       const RowStripe& stripe) {
   VeaRows rows;
@@ -111,11 +96,11 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
 
   const NpyArray& context = arrays["context"];
   const NpyArray& query = arrays["query"];
-  check_id_array(context, "context", 2, -1, path);
+  check_id_array(context, "context", 2, -1, "context", path);
   const int64_t n = context.shape[0];
-  check_id_array(query, "query", 1, n, path);
+  check_id_array(query, "query", 1, n, "context", path);
   const NpyArray* target = rows.has_targets ? &arrays["target"] : nullptr;
-  if (target) check_id_array(*target, "target", 1, n, path);
+  if (target) check_id_array(*target, "target", 1, n, "context", path);
 
   VeaSink sink{declared, {}, {}, {}, 0};
   if (n > 0)
