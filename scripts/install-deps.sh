@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-dev python3-pybind11 pybind11-dev python3-pytest python3-scipy
   libopenmpi-dev openmpi-bin
+  libtorch-dev python3-torch
 )
 
 missing=()
