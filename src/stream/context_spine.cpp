@@ -150,20 +150,49 @@ SpineOutput SlidingWindowSpineImpl::advance(const SlidingWindowState& state, con
   return advance_checked(state, x);
 }
 
-SpineOutput SlidingWindowSpineImpl::advance_checked(const SlidingWindowState& state, const torch::Tensor& x) {
-  const char* where = "SlidingWindowSpine.step";
-  const int64_t b = x.size(0);
-  const int64_t t = x.size(1);
-  const int64_t n_layer = options_.n_layer;
-  const int64_t n_head = options_.n_head;
-  const int64_t hd = head_dim();
+NearFieldGeometry near_field_geometry(int64_t pos, int64_t t, int64_t cache_len, int64_t head_dim,
+                                      std::optional<int64_t> window, torch::ScalarType dtype, torch::Device device) {
+  const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(device);
+  const auto query_positions = torch::arange(pos, pos + t, long_options);
+  const auto key_positions = torch::arange(pos - cache_len, pos + t, long_options);
+  NearFieldGeometry g;
+  g.cache_len = cache_len;
+  g.rope_q = rope_tables(query_positions, head_dim, dtype);
+  g.rope_k = cache_len > 0 ? rope_tables(key_positions, head_dim, dtype) : g.rope_q;
+  g.mask = additive_mask(window_visibility(query_positions, key_positions, window), dtype);
+  g.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  return g;
+}
+
+NearField near_field(SpineLayerImpl& layer, const torch::Tensor& h, const torch::Tensor& cache_k,
+                     const torch::Tensor& cache_v, const NearFieldGeometry& g, int64_t n_head) {
+  const int64_t b = h.size(0);
+  const int64_t t = h.size(1);
+  const int64_t hd = h.size(2) / n_head;
+  const auto qkv = layer.qkv(layer.ln1(h)).view({b, t, 3, n_head, hd});
+  NearField f;
+  f.q = qkv.select(2, 0);
+  f.k_full = qkv.select(2, 1);
+  f.v_full = qkv.select(2, 2);
+  if (g.cache_len > 0) {
+    f.k_full = torch::cat({cache_k, f.k_full}, 1);
+    f.v_full = torch::cat({cache_v, f.v_full}, 1);
+  }
+  const auto q_rot = apply_rope(f.q, g.rope_q).transpose(1, 2);       // (b, H, t, hd)
+  const auto k_rot = apply_rope(f.k_full, g.rope_k).transpose(1, 2);  // (b, H, L, hd)
+  f.scores = torch::matmul(q_rot, k_rot.transpose(-2, -1)) * g.scale + g.mask;
+  return f;
+}
+
+int64_t checked_cache_length(const SlidingWindowState& state, int64_t b, int64_t n_layer, int64_t n_head,
+                             int64_t hd, const char* where) {
   if (b != state.batch_size) {
     throw ValueError(std::string(where) + ": the chunk's batch size " + str(b) +
                      " does not match the state's batch size " + str(state.batch_size));
   }
   if (static_cast<int64_t>(state.cache_k.size()) != n_layer ||
       static_cast<int64_t>(state.cache_v.size()) != n_layer || state.n_head != n_head || state.head_dim != hd) {
-    throw ValueError(std::string(where) + ": the state was not made by this spine (layers, heads or head_dim differ)");
+    throw ValueError(std::string(where) + ": the state was not made by this model (layers, heads or head_dim differ)");
   }
   const auto& first_cache = state.cache_k[0];
   const int64_t cache_len = first_cache.defined() ? first_cache.size(1) : 0;
@@ -177,39 +206,31 @@ SpineOutput SlidingWindowSpineImpl::advance_checked(const SlidingWindowState& st
       throw ValueError(std::string(where) + ": layer " + str(l) + " has an invalid key/value cache");
     }
   }
+  return cache_len;
+}
 
-  const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(x.device());
-  const auto query_positions = torch::arange(state.pos, state.pos + t, long_options);
-  const auto key_positions = torch::arange(state.pos - cache_len, state.pos + t, long_options);
-
+SpineOutput SlidingWindowSpineImpl::advance_checked(const SlidingWindowState& state, const torch::Tensor& x) {
+  const int64_t b = x.size(0);
+  const int64_t t = x.size(1);
+  const int64_t n_head = options_.n_head;
+  const int64_t cache_len = checked_cache_length(state, b, options_.n_layer, n_head, head_dim(),
+                                                 "SlidingWindowSpine.step");
   auto h = backbone_->tok(x);
-  const auto dtype = h.scalar_type();
-  const auto rope_q = rope_tables(query_positions, hd, dtype);
-  const auto rope_k = cache_len > 0 ? rope_tables(key_positions, hd, dtype) : rope_q;
-  const auto mask = additive_mask(window_visibility(query_positions, key_positions, options_.window), dtype);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const auto geometry =
+      near_field_geometry(state.pos, t, cache_len, head_dim(), options_.window, h.scalar_type(), x.device());
   const int64_t keep = options_.window ? std::min(*options_.window, cache_len + t) : cache_len + t;
 
   SlidingWindowState next = state;
-  for (int64_t l = 0; l < n_layer; ++l) {
-    auto& layer = backbone_->layers[static_cast<size_t>(l)];
-    const auto qkv = layer->qkv(layer->ln1(h)).view({b, t, 3, n_head, hd});
-    const auto q = qkv.select(2, 0);
-    auto k_full = qkv.select(2, 1);
-    auto v_full = qkv.select(2, 2);
-    if (cache_len > 0) {
-      k_full = torch::cat({state.cache_k[static_cast<size_t>(l)], k_full}, 1);
-      v_full = torch::cat({state.cache_v[static_cast<size_t>(l)], v_full}, 1);
-    }
-    const auto q_rot = apply_rope(q, rope_q).transpose(1, 2);       // (b, H, t, hd)
-    const auto k_rot = apply_rope(k_full, rope_k).transpose(1, 2);  // (b, H, L, hd)
-    const auto scores = torch::matmul(q_rot, k_rot.transpose(-2, -1)) * scale + mask;
-    const auto weights = torch::softmax(scores, -1);
-    const auto out = torch::matmul(weights, v_full.transpose(1, 2)).transpose(1, 2).reshape({b, t, options_.d_model});
-    h = layer->finish(h, out);
-    const int64_t length = k_full.size(1);
-    next.cache_k[static_cast<size_t>(l)] = k_full.narrow(1, length - keep, keep);
-    next.cache_v[static_cast<size_t>(l)] = v_full.narrow(1, length - keep, keep);
+  for (size_t l = 0; l < backbone_->layers.size(); ++l) {
+    auto& layer = *backbone_->layers[l];
+    const auto f = near_field(layer, h, state.cache_k[l], state.cache_v[l], geometry, n_head);
+    const auto weights = torch::softmax(f.scores, -1);
+    const auto out =
+        torch::matmul(weights, f.v_full.transpose(1, 2)).transpose(1, 2).reshape({b, t, options_.d_model});
+    h = layer.finish(h, out);
+    const int64_t length = f.k_full.size(1);
+    next.cache_k[l] = f.k_full.narrow(1, length - keep, keep);
+    next.cache_v[l] = f.v_full.narrow(1, length - keep, keep);
   }
   next.pos = state.pos + t;
   return {std::move(next), backbone_->logits(h)};

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/stream/rope.hpp"
 
 #include <torch/torch.h>
 
@@ -111,6 +112,37 @@ struct SpineBackboneImpl : torch::nn::Module {
   torch::Tensor logits(const torch::Tensor& h);
 };
 TORCH_MODULE(SpineBackbone);
+
+/// What every layer of one step shares: the cache length, the RoPE tables of the query positions pos … pos+t−1
+/// and key positions pos−c … pos+t−1, the additive window mask (t, c+t) and the score scale 1/√h_d.
+struct NearFieldGeometry {
+  int64_t cache_len = 0;
+  RopeTables rope_q;
+  RopeTables rope_k;
+  torch::Tensor mask;
+  double scale = 1.0;
+};
+
+NearFieldGeometry near_field_geometry(int64_t pos, int64_t t, int64_t cache_len, int64_t head_dim,
+                                      std::optional<int64_t> window, torch::ScalarType dtype, torch::Device device);
+
+/// One layer's exact near field: the raw query q (b, t, H, h_d), the raw keys and values with the cache prepended
+/// (b, c+t, H, h_d), and the masked scores RoPE(q)·RoPE(K)ᵀ/√h_d + M (b, H, t, c+t).
+struct NearField {
+  torch::Tensor q;
+  torch::Tensor k_full;
+  torch::Tensor v_full;
+  torch::Tensor scores;
+};
+
+/// @param cache_k, cache_v the layer's raw cache (undefined when empty).
+NearField near_field(SpineLayerImpl& layer, const torch::Tensor& h, const torch::Tensor& cache_k,
+                     const torch::Tensor& cache_v, const NearFieldGeometry& geometry, int64_t n_head);
+
+/// Checks a near state against a chunk of batch size b and the spine's sizes and returns the (common) cache length.
+/// @throws ValueError ("batch size" for a batch mismatch; "cache" for an inconsistent cache).
+int64_t checked_cache_length(const SlidingWindowState& state, int64_t b, int64_t n_layer, int64_t n_head,
+                             int64_t head_dim, const char* where);
 
 /// What advance() returns: the state after the chunk and the logits of every position, (b, t, vocab).
 struct SpineOutput {

@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file moment_closure.hpp
+/// Moment-closure attention (SPEC §7, seed 003): per layer, an exact sliding window (the near field of
+/// context_spine.hpp) plus a streaming Gaussian mixture — a cluster bank — over the (key, value) pairs evicted from
+/// the window (the far field). Each query attends to near tokens and far clusters through one joint softmax.
+///
+/// Cluster c of head h in stream b holds a soft count n_c, means μ_k, μ_v, diagonal key variances σ²_kk and the full
+/// cross-covariance Σ_vk = Cov(v, k) (row = value dim). For a query q (d = head_dim):
+///   logit_c(q) = q·μ_k/√d + (1/2d) Σ_j q_j² σ²_kk,j + log max(n_c, 1e-8)   ≈ log Σ_{tokens in c} e^{q·k/√d}
+///   out_c(q)   = μ_v + Σ_vk q/√d                                          (the MGF identity, SPEC §7.1)
+/// Evicted tokens join the bank by a differentiable Chan/Welford combination weighted by their responsibilities
+/// softmax_c logit_c(k), after a once-per-chunk birth/merge step; conservation receipts check that every token
+/// seen is represented exactly once (in the window or in the bank). Every stream of a batch has its own mixture.
+/// Cost per query O(window·d + C·d²), state O(layers·B·(window·d + C·H·d²)), both independent of stream length.
+#pragma once
+
+#include "attnmix/stream/context_spine.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace attnmix {
+
+/// One layer's far-field mixtures, one per stream (SPEC §7.3). B streams, H heads, C = max_clusters, d = head_dim.
+/// Slots at and beyond n_clusters[b] are inactive and all zero.
+struct ClusterBank {
+  torch::Tensor count;     ///< (B, H, C) soft token counts
+  torch::Tensor mu_k;      ///< (B, H, C, d)
+  torch::Tensor mu_v;      ///< (B, H, C, d)
+  torch::Tensor sigma_kk;  ///< (B, H, C, d) diagonal key variances
+  torch::Tensor sigma_vk;  ///< (B, H, C, d, d) Cov(v, k), row = value dim
+  std::vector<int64_t> n_clusters;  ///< (B) live prefix per stream, shared by its heads
+  int64_t max_clusters = 0;
+
+  int64_t batch_size() const { return static_cast<int64_t>(n_clusters.size()); }
+  /// Stop-gradient on every tensor.
+  ClusterBank detach() const;
+  /// Per stream and head, the live total count Σ_c n_c: (B, H).
+  torch::Tensor total_per_head() const;
+  /// Bytes held by the tensors.
+  int64_t bytes() const;
+};
+
+/// An all-zero bank. @throws ValueError unless every size is positive.
+ClusterBank empty_cluster_bank(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,
+                               torch::TensorOptions options = torch::kFloat32);
+
+/// Far-field attention against the bank (SPEC §7.4): q (B, t, H, d) →
+/// out (B, t, n, H, d) and logits (B, t, n, H) with n = max_b n_clusters[b]; slots beyond a stream's live prefix
+/// get logit −∞ and output 0; with n = 0 both are empty.
+struct ClusterAttention {
+  torch::Tensor out;
+  torch::Tensor logits;
+};
+ClusterAttention mgf_cluster_attention(const torch::Tensor& q, const ClusterBank& bank);
+
+/// softmax_c logit_c(k) over each stream's live clusters, zero beyond them and for streams without clusters:
+/// (B, t, H, C).
+torch::Tensor cluster_responsibilities(const torch::Tensor& k, const ClusterBank& bank);
+
+/// The differentiable Chan/Welford combination of the bank with a batch of tokens k, v (B, t, H, d) weighted by
+/// responsibilities r (B, t, H, C) (SPEC §7.5). Population moments; n₁ = 0 leaves a slot unchanged.
+ClusterBank update_cluster_bank(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& r);
+
+/// The tokens of one cluster with the largest misfit residuals.
+struct OutlierTokens {
+  torch::Tensor k;               ///< (n_out, H, d)
+  torch::Tensor v;               ///< (n_out, H, d)
+  std::vector<int64_t> indices;  ///< token indices within the stream, largest residual first
+  std::vector<int64_t> member_indices;  ///< every member token of the cluster, ascending
+};
+
+/// What ingestion did to one stream's bank (SPEC §7.6-7.8).
+struct StreamReceipt {
+  bool birthed = false;
+  bool birth_incorporated_batch = false;
+  std::vector<std::pair<int64_t, int64_t>> merged;  ///< (i, j): j was merged into i
+  std::vector<double> merge_distances;
+  std::map<int64_t, double> misfit;                 ///< per live cluster: mean residual norm of its members
+  std::map<int64_t, OutlierTokens> per_cluster_outlier_tokens;
+  double misfit_scalar = 0.0;
+  // ingest_cluster_batch
+  bool soft_update_applied = false;
+  std::vector<double> ingested_tokens_per_head;
+  int64_t expected_ingested_tokens_per_head = 0;
+  bool count_conserved = true;
+  // MomentClosureAttention accounting (SPEC §7.8 step 7)
+  struct Accounting {
+    int64_t positions_seen = 0;
+    int64_t near_tokens = 0;
+    int64_t evicted_tokens = 0;
+    std::vector<double> far_tokens_per_head;
+    int64_t expected_far_tokens_per_head = 0;
+    int64_t overlap_tokens = 0;
+    bool conserved = true;
+  };
+  std::optional<Accounting> accounting;
+};
+
+struct BirthMergeOptions {
+  double birth_threshold = -2.0;
+  std::optional<double> merge_threshold;  ///< default 2.65 + 6/√max(n_small, 1)
+  int64_t outlier_top_k = 4;
+};
+
+struct IngestResult {
+  ClusterBank bank;
+  std::vector<StreamReceipt> receipts;  ///< one per stream
+};
+
+/// Birth, merge and the misfit receipt, per stream, from the chunk's raw k, v (B, t, H, d) (SPEC §7.6).
+/// Decisions and birth statistics are detached; merges combine the bank's own (differentiable) statistics.
+/// @throws ValueError for shapes, device/dtype, non-finite values or a negative outlier_top_k;
+///   StateError for a non-finite cluster distance.
+IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                             const BirthMergeOptions& options = {});
+
+/// SPEC §7.7: birth/merge on detached k, v, then (for streams with clusters whose batch no birth absorbed) the
+/// soft update with r = cluster_responsibilities(k); checks that every head's total grew by exactly t.
+/// @throws as birth_and_merge; StateError "cluster ingestion did not count every observation exactly once …".
+IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                                  const BirthMergeOptions& options = {});
+
+/// Sizes and far-field settings of MomentClosureAttention (SPEC §7.8).
+struct MomentClosureOptions {
+  int64_t vocab = 256;
+  int64_t d_model = 32;
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  int64_t window = 16;
+  int64_t max_clusters = 4;
+  double birth_threshold = -2.0;
+  std::optional<double> merge_threshold;
+};
+
+struct MomentClosureState {
+  SlidingWindowState near;
+  std::vector<ClusterBank> banks;  ///< one per layer
+  int64_t batch_size = 0;
+  bool detach_horizon_clusters = true;  ///< detach() also stop-grads the banks
+
+  /// Bytes held by the caches and the banks.
+  int64_t bytes() const;
+};
+
+/// Per layer, what the last step did: one receipt per stream and the mean misfit over streams.
+struct LayerReceipt {
+  int64_t batch_size = 0;
+  std::vector<StreamReceipt> streams;
+  double misfit_scalar = 0.0;
+};
+
+struct MomentClosureOutput {
+  MomentClosureState state;
+  torch::Tensor logits;  ///< (b, t, vocab)
+};
+
+/// SPEC §7.8: a ContextMechanism over the spine's parameters (same construction order as SlidingWindowSpine, so a
+/// seed gives both the same initial weights).
+class MomentClosureAttentionImpl : public torch::nn::Module {
+ public:
+  using state_type = MomentClosureState;
+
+  /// @throws ValueError for invalid sizes or a non-finite threshold.
+  explicit MomentClosureAttentionImpl(const MomentClosureOptions& options);
+
+  MomentClosureState init_state(int64_t batch_size, torch::Device device = torch::kCPU) const;
+  /// @throws ValueError for a bad chunk or a state that does not fit ("batch size");
+  ///   StateError ("one-token/one-representation") when the conservation receipts fail.
+  MomentClosureOutput advance(const MomentClosureState& state, const torch::Tensor& x);
+  MechanismStep<MomentClosureState> step(const MomentClosureState& state, const torch::Tensor& x,
+                                         const torch::Tensor& y);
+  MomentClosureState detach(const MomentClosureState& state) const;
+
+  const MomentClosureOptions& options() const { return options_; }
+  int64_t head_dim() const { return options_.d_model / options_.n_head; }
+  SpineBackbone& backbone() { return backbone_; }
+  /// Receipts of the last step, one per layer, and their mean misfit.
+  const std::vector<LayerReceipt>& last_receipts() const { return last_receipts_; }
+  double last_misfit() const { return last_misfit_; }
+
+ private:
+  MomentClosureOutput advance_checked(const MomentClosureState& state, const torch::Tensor& x);
+
+  MomentClosureOptions options_;
+  SpineBackbone backbone_{nullptr};
+  std::vector<LayerReceipt> last_receipts_;
+  double last_misfit_ = 0.0;
+};
+TORCH_MODULE(MomentClosureAttention);
+
+static_assert(ContextMechanism<MomentClosureAttentionImpl>);
+
+}  // namespace attnmix

@@ -1,0 +1,831 @@
+// SPDX-License-Identifier: Apache-2.0
+// Moment-closure attention (SPEC §7); see include/attnmix/stream/moment_closure.hpp.
+//
+// Structure: the tensor path (MGF logits and outputs, responsibilities, the Chan/Welford update, the joint softmax)
+// runs on differentiable torch tensors over the whole batch. The discrete bookkeeping (birth and merge decisions,
+// misfit receipts, conservation checks) runs per stream in plain C++ on a detached double "mirror" of the bank,
+// and touches the torch tensors only when a stream actually births or merges.
+#include "attnmix/stream/moment_closure.hpp"
+
+#include "attnmix/core/errors.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+namespace attnmix {
+namespace {
+
+constexpr double kCountFloor = 1e-8;
+constexpr double kVarianceFloor = 1e-6;
+constexpr double kConservationAtol = 1e-4;
+constexpr double kConservationRtol = 1e-5;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+bool close(double actual, double expected) {
+  return std::abs(actual - expected) <= kConservationAtol + kConservationRtol * std::abs(expected);
+}
+
+// ---- the tensor path ------------------------------------------------------------------------------------------
+
+// live (B, n): slot c is live in stream b iff c < n_clusters[b].
+torch::Tensor live_slots(const ClusterBank& bank, int64_t n) {
+  const auto counts = torch::tensor(bank.n_clusters, torch::kLong).to(bank.count.device());
+  return torch::arange(n, counts.options()).unsqueeze(0) < counts.unsqueeze(1);
+}
+
+int64_t max_live(const ClusterBank& bank) {
+  return bank.n_clusters.empty() ? 0 : *std::max_element(bank.n_clusters.begin(), bank.n_clusters.end());
+}
+
+// logit_c(q) for the first n slots: (B, t, H, n), unmasked.
+torch::Tensor mgf_logits(const torch::Tensor& q, const ClusterBank& bank, int64_t n) {
+  const double d = static_cast<double>(q.size(-1));
+  const auto mu_k = bank.mu_k.narrow(2, 0, n);
+  const auto sigma_kk = bank.sigma_kk.narrow(2, 0, n);
+  const auto log_count = bank.count.narrow(2, 0, n).clamp_min(kCountFloor).log().unsqueeze(1);  // (B,1,H,n)
+  return torch::einsum("bthd,bhcd->bthc", {q, mu_k}) / std::sqrt(d) +
+         torch::einsum("bthd,bhcd->bthc", {q * q, sigma_kk}) * (0.5 / d) + log_count;
+}
+
+void check_against_bank(const torch::Tensor& x, const ClusterBank& bank, const char* where, const char* name) {
+  if (!x.defined() || x.dim() != 4 || x.size(0) != bank.batch_size() || x.size(2) != bank.mu_k.size(1) ||
+      x.size(3) != bank.mu_k.size(3)) {
+    throw ValueError(std::string(where) + ": " + name + " must be (batch " + str(bank.batch_size()) +
+                     ", time, heads " + str(bank.mu_k.size(1)) + ", head_dim " + str(bank.mu_k.size(3)) + ")");
+  }
+}
+
+// ---- the detached mirror of one stream's bank -----------------------------------------------------------------
+
+// One stream's statistics in double, [H][C][d] (sigma_vk [H][C][d][d]), with the live prefix n.
+struct Mirror {
+  int64_t H = 0, C = 0, d = 0, n = 0;
+  std::vector<double> count, mu_k, mu_v, sigma_kk, sigma_vk;
+
+  double& cnt(int64_t h, int64_t c) { return count[static_cast<size_t>(h * C + c)]; }
+  double* vec(std::vector<double>& f, int64_t h, int64_t c) { return f.data() + (h * C + c) * d; }
+  double* mat(int64_t h, int64_t c) { return sigma_vk.data() + (h * C + c) * d * d; }
+
+  double head_total(int64_t h) {
+    double s = 0.0;
+    for (int64_t c = 0; c < n; ++c) s += cnt(h, c);
+    return s;
+  }
+};
+
+std::vector<double> to_doubles(const torch::Tensor& t) {
+  const auto c = t.detach().to(torch::kCPU, torch::kDouble).contiguous();
+  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+}
+
+std::vector<Mirror> mirrors_of(const ClusterBank& bank) {
+  const int64_t B = bank.batch_size(), H = bank.mu_k.size(1), C = bank.max_clusters, d = bank.mu_k.size(3);
+  const auto count = to_doubles(bank.count), mu_k = to_doubles(bank.mu_k), mu_v = to_doubles(bank.mu_v),
+             sigma_kk = to_doubles(bank.sigma_kk), sigma_vk = to_doubles(bank.sigma_vk);
+  std::vector<Mirror> out(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    auto& m = out[static_cast<size_t>(b)];
+    m.H = H, m.C = C, m.d = d, m.n = bank.n_clusters[static_cast<size_t>(b)];
+    const auto slice = [&](const std::vector<double>& all, int64_t per_stream) {
+      return std::vector<double>(all.begin() + b * per_stream, all.begin() + (b + 1) * per_stream);
+    };
+    m.count = slice(count, H * C);
+    m.mu_k = slice(mu_k, H * C * d);
+    m.mu_v = slice(mu_v, H * C * d);
+    m.sigma_kk = slice(sigma_kk, H * C * d);
+    m.sigma_vk = slice(sigma_vk, H * C * d * d);
+  }
+  return out;
+}
+
+// logit_c(q) of head h against the mirror (SPEC §7.4).
+double mirror_logit(Mirror& m, int64_t h, int64_t c, const double* q) {
+  const double* mk = m.vec(m.mu_k, h, c);
+  const double* sk = m.vec(m.sigma_kk, h, c);
+  double lin = 0.0, quad = 0.0;
+  for (int64_t j = 0; j < m.d; ++j) {
+    lin += q[j] * mk[j];
+    quad += q[j] * q[j] * sk[j];
+  }
+  const double dd = static_cast<double>(m.d);
+  return lin / std::sqrt(dd) + quad * (0.5 / dd) + std::log(std::max(m.cnt(h, c), kCountFloor));
+}
+
+// Pooled (Chan) combination of slot j into slot i, in the mirror.
+void mirror_combine(Mirror& m, int64_t i, int64_t j) {
+  const int64_t d = m.d;
+  for (int64_t h = 0; h < m.H; ++h) {
+    const double na = m.cnt(h, i), nb = m.cnt(h, j);
+    const double nn = std::max(na + nb, kCountFloor);
+    const double frac = nb / nn, cross = na * nb / nn;
+    double *mka = m.vec(m.mu_k, h, i), *mkb = m.vec(m.mu_k, h, j);
+    double *mva = m.vec(m.mu_v, h, i), *mvb = m.vec(m.mu_v, h, j);
+    double *ska = m.vec(m.sigma_kk, h, i), *skb = m.vec(m.sigma_kk, h, j);
+    double *sva = m.mat(h, i), *svb = m.mat(h, j);
+    std::vector<double> dk(static_cast<size_t>(d)), dv(static_cast<size_t>(d));
+    for (int64_t a = 0; a < d; ++a) {
+      dk[a] = mkb[a] - mka[a];
+      dv[a] = mvb[a] - mva[a];
+    }
+    for (int64_t a = 0; a < d; ++a) {
+      for (int64_t c = 0; c < d; ++c) {
+        sva[a * d + c] = (sva[a * d + c] * na + svb[a * d + c] * nb + dv[a] * dk[c] * cross) / nn;
+      }
+      ska[a] = (ska[a] * na + skb[a] * nb + dk[a] * dk[a] * cross) / nn;
+      mka[a] += dk[a] * frac;
+      mva[a] += dv[a] * frac;
+    }
+    m.cnt(h, i) = na + nb;
+  }
+}
+
+void mirror_copy_slot(Mirror& m, int64_t from, int64_t to) {
+  for (int64_t h = 0; h < m.H; ++h) {
+    m.cnt(h, to) = m.cnt(h, from);
+    std::copy_n(m.vec(m.mu_k, h, from), m.d, m.vec(m.mu_k, h, to));
+    std::copy_n(m.vec(m.mu_v, h, from), m.d, m.vec(m.mu_v, h, to));
+    std::copy_n(m.vec(m.sigma_kk, h, from), m.d, m.vec(m.sigma_kk, h, to));
+    std::copy_n(m.mat(h, from), m.d * m.d, m.mat(h, to));
+  }
+}
+
+void mirror_zero_slot(Mirror& m, int64_t c) {
+  for (int64_t h = 0; h < m.H; ++h) {
+    m.cnt(h, c) = 0.0;
+    std::fill_n(m.vec(m.mu_k, h, c), m.d, 0.0);
+    std::fill_n(m.vec(m.mu_v, h, c), m.d, 0.0);
+    std::fill_n(m.vec(m.sigma_kk, h, c), m.d, 0.0);
+    std::fill_n(m.mat(h, c), m.d * m.d, 0.0);
+  }
+}
+
+// RMS over heads and dims of Δμ_k² / max(½(σ²_i + σ²_j), 1e-6), square-rooted (SPEC §7.6).
+double mirror_distance(Mirror& m, int64_t i, int64_t j) {
+  double sum = 0.0;
+  for (int64_t h = 0; h < m.H; ++h) {
+    const double *a = m.vec(m.mu_k, h, i), *b = m.vec(m.mu_k, h, j);
+    const double *sa = m.vec(m.sigma_kk, h, i), *sb = m.vec(m.sigma_kk, h, j);
+    for (int64_t x = 0; x < m.d; ++x) {
+      const double delta = a[x] - b[x];
+      sum += delta * delta / std::max(0.5 * (sa[x] + sb[x]), kVarianceFloor);
+    }
+  }
+  const double distance = std::sqrt(sum / static_cast<double>(m.H * m.d));
+  if (!std::isfinite(distance)) {
+    throw StateError("birth_and_merge: the distance between clusters " + str(i) + " and " + str(j) +
+                     " is not finite");
+  }
+  return distance;
+}
+
+// ---- slot tensors of one stream (only built when a stream births or merges) -----------------------------------
+
+struct Slot {
+  torch::Tensor count, mu_k, mu_v, sigma_kk, sigma_vk;  // (H), (H,d), (H,d), (H,d), (H,d,d)
+};
+
+Slot slot_of(const ClusterBank& bank, int64_t b, int64_t c) {
+  return {bank.count.select(0, b).select(1, c), bank.mu_k.select(0, b).select(1, c),
+          bank.mu_v.select(0, b).select(1, c), bank.sigma_kk.select(0, b).select(1, c),
+          bank.sigma_vk.select(0, b).select(1, c)};
+}
+
+Slot pooled_combine(const Slot& a, const Slot& b) {
+  const auto n = a.count + b.count;
+  const auto nn = n.clamp_min(kCountFloor);
+  const auto frac = (b.count / nn).unsqueeze(-1);
+  const auto cross = (a.count * b.count / nn).unsqueeze(-1);
+  const auto dk = b.mu_k - a.mu_k;
+  const auto dv = b.mu_v - a.mu_v;
+  const auto na = a.count.unsqueeze(-1), nb = b.count.unsqueeze(-1);
+  Slot out;
+  out.count = n;
+  out.mu_k = a.mu_k + dk * frac;
+  out.mu_v = a.mu_v + dv * frac;
+  out.sigma_kk = (a.sigma_kk * na + b.sigma_kk * nb + dk * dk * cross) / nn.unsqueeze(-1);
+  out.sigma_vk = (a.sigma_vk * na.unsqueeze(-1) + b.sigma_vk * nb.unsqueeze(-1) +
+                  dv.unsqueeze(-1) * dk.unsqueeze(-2) * cross.unsqueeze(-1)) /
+                 nn.unsqueeze(-1).unsqueeze(-1);
+  return out;
+}
+
+Slot zero_slot(const ClusterBank& bank) {
+  const auto H = bank.mu_k.size(1), d = bank.mu_k.size(3);
+  const auto o = bank.mu_k.options();
+  return {torch::zeros({H}, o), torch::zeros({H, d}, o), torch::zeros({H, d}, o), torch::zeros({H, d}, o),
+          torch::zeros({H, d, d}, o)};
+}
+
+// The birth statistics of stream b (detached): count t, means, floored variances, cross-covariance.
+Slot birth_slot(const torch::Tensor& k, const torch::Tensor& v, int64_t b) {
+  const auto kb = k.select(0, b).detach();  // (t, H, d)
+  const auto vb = v.select(0, b).detach();
+  const auto t = static_cast<double>(kb.size(0));
+  const auto k_bar = kb.mean(0);
+  const auto v_bar = vb.mean(0);
+  const auto dk = kb - k_bar;
+  const auto dv = vb - v_bar;
+  Slot s;
+  s.count = torch::full({kb.size(1)}, t, kb.options());
+  s.mu_k = k_bar;
+  s.mu_v = v_bar;
+  s.sigma_kk = (dk * dk).mean(0).clamp_min(kVarianceFloor);
+  s.sigma_vk = torch::einsum("thi,thj->hij", {dv, dk}) / t;
+  return s;
+}
+
+// Stacks per-stream slot lists back into a bank; streams without events keep their tensors.
+ClusterBank rebuild(const ClusterBank& bank, const std::vector<std::optional<std::vector<Slot>>>& streams,
+                    std::vector<int64_t> n_clusters) {
+  const int64_t B = bank.batch_size();
+  std::vector<torch::Tensor> count, mu_k, mu_v, sigma_kk, sigma_vk;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& slots = streams[static_cast<size_t>(b)];
+    if (!slots) {
+      count.push_back(bank.count.select(0, b));
+      mu_k.push_back(bank.mu_k.select(0, b));
+      mu_v.push_back(bank.mu_v.select(0, b));
+      sigma_kk.push_back(bank.sigma_kk.select(0, b));
+      sigma_vk.push_back(bank.sigma_vk.select(0, b));
+      continue;
+    }
+    std::vector<torch::Tensor> c, mk, mv, sk, sv;
+    for (const auto& s : *slots) {
+      c.push_back(s.count), mk.push_back(s.mu_k), mv.push_back(s.mu_v), sk.push_back(s.sigma_kk),
+          sv.push_back(s.sigma_vk);
+    }
+    count.push_back(torch::stack(c, 1));
+    mu_k.push_back(torch::stack(mk, 1));
+    mu_v.push_back(torch::stack(mv, 1));
+    sigma_kk.push_back(torch::stack(sk, 1));
+    sigma_vk.push_back(torch::stack(sv, 1));
+  }
+  ClusterBank out;
+  out.count = torch::stack(count, 0);
+  out.mu_k = torch::stack(mu_k, 0);
+  out.mu_v = torch::stack(mu_v, 0);
+  out.sigma_kk = torch::stack(sigma_kk, 0);
+  out.sigma_vk = torch::stack(sigma_vk, 0);
+  out.n_clusters = std::move(n_clusters);
+  out.max_clusters = bank.max_clusters;
+  return out;
+}
+
+// ---- the misfit receipt (SPEC §7.6), on the mirror after birth and merge --------------------------------------
+
+void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int64_t outlier_top_k,
+                    const torch::Tensor& k_stream, const torch::Tensor& v_stream, StreamReceipt& receipt) {
+  const int64_t n = m.n, H = m.H, d = m.d;
+  receipt.misfit.clear();
+  receipt.per_cluster_outlier_tokens.clear();
+  receipt.misfit_scalar = 0.0;
+  if (n == 0) {
+    return;
+  }
+  // Hard membership: argmax_c of the head-mean responsibility; residual per (token, cluster) averaged over heads.
+  std::vector<int64_t> member(static_cast<size_t>(t));
+  std::vector<double> resid(static_cast<size_t>(t * n), 0.0);
+  std::vector<double> logits(static_cast<size_t>(n)), mean_r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < t; ++i) {
+    std::fill(mean_r.begin(), mean_r.end(), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const double* kq = k + (i * H + h) * d;
+      const double* vq = v + (i * H + h) * d;
+      double top = -kInf;
+      for (int64_t c = 0; c < n; ++c) {
+        logits[c] = mirror_logit(m, h, c, kq);
+        top = std::max(top, logits[c]);
+      }
+      double z = 0.0;
+      for (int64_t c = 0; c < n; ++c) z += std::exp(logits[c] - top);
+      for (int64_t c = 0; c < n; ++c) mean_r[c] += std::exp(logits[c] - top) / z / static_cast<double>(H);
+      for (int64_t c = 0; c < n; ++c) {
+        const double* mk = m.vec(m.mu_k, h, c);
+        const double* mv = m.vec(m.mu_v, h, c);
+        const double* sk = m.vec(m.sigma_kk, h, c);
+        const double* sv = m.mat(h, c);
+        double norm2 = 0.0;
+        for (int64_t a = 0; a < d; ++a) {
+          double pred = mv[a];
+          for (int64_t b = 0; b < d; ++b) pred += sv[a * d + b] * (kq[b] - mk[b]) / std::max(sk[b], kVarianceFloor);
+          norm2 += (vq[a] - pred) * (vq[a] - pred);
+        }
+        resid[static_cast<size_t>(i * n + c)] += std::sqrt(norm2) / static_cast<double>(H);
+      }
+    }
+    member[static_cast<size_t>(i)] = std::max_element(mean_r.begin(), mean_r.end()) - mean_r.begin();
+  }
+  double weighted = 0.0, total = 0.0;
+  for (int64_t c = 0; c < n; ++c) {
+    std::vector<int64_t> members;
+    for (int64_t i = 0; i < t; ++i) {
+      if (member[static_cast<size_t>(i)] == c) members.push_back(i);
+    }
+    double misfit = 0.0;
+    if (!members.empty()) {
+      for (const int64_t i : members) misfit += resid[static_cast<size_t>(i * n + c)];
+      misfit /= static_cast<double>(members.size());
+      auto order = members;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return resid[static_cast<size_t>(a * n + c)] > resid[static_cast<size_t>(b * n + c)];
+      });
+      order.resize(static_cast<size_t>(std::min<int64_t>(outlier_top_k, static_cast<int64_t>(order.size()))));
+      OutlierTokens out;
+      const auto index = torch::tensor(order, torch::kLong).to(k_stream.device());
+      out.k = k_stream.index_select(0, index);
+      out.v = v_stream.index_select(0, index);
+      out.indices = std::move(order);
+      out.member_indices = std::move(members);
+      receipt.per_cluster_outlier_tokens.emplace(c, std::move(out));
+    }
+    receipt.misfit[c] = misfit;
+    double mean_count = 0.0;
+    for (int64_t h = 0; h < H; ++h) mean_count += m.cnt(h, c) / static_cast<double>(H);
+    mean_count = std::max(mean_count, kCountFloor);
+    weighted += std::max(misfit, 0.0) * mean_count;
+    total += mean_count;
+  }
+  receipt.misfit_scalar = weighted / total;
+}
+
+void validate_tokens_against_bank(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                                  const BirthMergeOptions& o, const char* where) {
+  const std::string w(where);
+  if (o.outlier_top_k < 0) {
+    throw ValueError(w + ": outlier_top_k must be a non-negative integer");
+  }
+  if (!k.defined() || !v.defined() || k.dim() != 4 || k.sizes() != v.sizes() || k.size(1) <= 0) {
+    throw ValueError(w + ": k and v must be non-empty tensors of equal (batch, time, head, dim) shape");
+  }
+  if (k.size(0) != bank.batch_size()) {
+    throw ValueError(w + ": k has batch size " + str(k.size(0)) + " but the bank's batch size is " +
+                     str(bank.batch_size()));
+  }
+  if (k.device() != bank.mu_k.device() || v.device() != bank.mu_k.device() ||
+      k.scalar_type() != bank.mu_k.scalar_type() || v.scalar_type() != bank.mu_k.scalar_type()) {
+    throw ValueError(w + ": k and v must match the cluster bank's device and dtype");
+  }
+  if (k.size(2) != bank.mu_k.size(1) || k.size(3) != bank.mu_k.size(3)) {
+    throw ValueError(w + ": k and v head dimensions must match the cluster bank");
+  }
+  if (!torch::isfinite(k).all().item<bool>() || !torch::isfinite(v).all().item<bool>()) {
+    throw ValueError(w + ": k and v must contain only finite values");
+  }
+}
+
+// birth_and_merge on already validated input; also returns the mirrors after the structural changes.
+IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                                     const BirthMergeOptions& o) {
+  const int64_t B = bank.batch_size(), t = k.size(1), H = k.size(2), d = k.size(3), C = bank.max_clusters;
+  auto mirrors = mirrors_of(bank);
+  const auto k_host = to_doubles(k);
+  const auto v_host = to_doubles(v);
+  std::vector<std::optional<std::vector<Slot>>> rebuilt(static_cast<size_t>(B));
+  std::vector<int64_t> n_clusters = bank.n_clusters;
+  IngestResult result;
+  result.receipts.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    auto& m = mirrors[static_cast<size_t>(b)];
+    auto& receipt = result.receipts[static_cast<size_t>(b)];
+    const double* kb = k_host.data() + b * t * H * d;
+    const double* vb = v_host.data() + b * t * H * d;
+    std::vector<Slot> slots;
+    const auto materialise = [&] {
+      if (slots.empty()) {
+        for (int64_t c = 0; c < C; ++c) slots.push_back(slot_of(bank, b, c));
+      }
+    };
+    // Birth: every head's best logit of the chunk mean below the threshold, and a free slot.
+    bool birth = m.n < C;
+    for (int64_t h = 0; h < H && birth; ++h) {
+      std::vector<double> k_bar(static_cast<size_t>(d), 0.0);
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t a = 0; a < d; ++a) k_bar[a] += kb[(i * H + h) * d + a] / static_cast<double>(t);
+      }
+      double best = -kInf;
+      for (int64_t c = 0; c < m.n; ++c) best = std::max(best, mirror_logit(m, h, c, k_bar.data()));
+      birth = best < o.birth_threshold;
+    }
+    if (birth) {
+      materialise();
+      const int64_t slot = m.n;
+      slots[static_cast<size_t>(slot)] = birth_slot(k, v, b);
+      const auto born = slots[static_cast<size_t>(slot)];
+      const auto count = to_doubles(born.count), mu_k = to_doubles(born.mu_k), mu_v = to_doubles(born.mu_v),
+                 sigma_kk = to_doubles(born.sigma_kk), sigma_vk = to_doubles(born.sigma_vk);
+      for (int64_t h = 0; h < H; ++h) {
+        m.cnt(h, slot) = count[h];
+        std::copy_n(mu_k.data() + h * d, d, m.vec(m.mu_k, h, slot));
+        std::copy_n(mu_v.data() + h * d, d, m.vec(m.mu_v, h, slot));
+        std::copy_n(sigma_kk.data() + h * d, d, m.vec(m.sigma_kk, h, slot));
+        std::copy_n(sigma_vk.data() + h * d * d, d * d, m.mat(h, slot));
+      }
+      ++m.n;
+      receipt.birthed = receipt.birth_incorporated_batch = true;
+    }
+    // Merge: scan pairs (i < j); on a merge, rescan from the same i.
+    int64_t i = 0;
+    while (i < m.n) {
+      bool merged_here = false;
+      for (int64_t j = i + 1; j < m.n; ++j) {
+        const double distance = mirror_distance(m, i, j);
+        double n_small = kInf;
+        for (int64_t h = 0; h < H; ++h) n_small = std::min({n_small, m.cnt(h, i), m.cnt(h, j)});
+        const double threshold =
+            o.merge_threshold ? *o.merge_threshold : 2.65 + 6.0 / std::sqrt(std::max(n_small, 1.0));
+        if (distance < threshold) {
+          materialise();
+          const int64_t last = m.n - 1;
+          slots[static_cast<size_t>(i)] = pooled_combine(slots[static_cast<size_t>(i)], slots[static_cast<size_t>(j)]);
+          mirror_combine(m, i, j);
+          if (j != last) {
+            slots[static_cast<size_t>(j)] = slots[static_cast<size_t>(last)];
+            mirror_copy_slot(m, last, j);
+          }
+          slots[static_cast<size_t>(last)] = zero_slot(bank);
+          mirror_zero_slot(m, last);
+          --m.n;
+          receipt.merged.emplace_back(i, j);
+          receipt.merge_distances.push_back(distance);
+          merged_here = true;
+          break;
+        }
+      }
+      if (!merged_here) ++i;
+    }
+    n_clusters[static_cast<size_t>(b)] = m.n;
+    if (!slots.empty()) rebuilt[static_cast<size_t>(b)] = std::move(slots);
+    misfit_receipt(m, kb, vb, t, o.outlier_top_k, k.select(0, b).detach(), v.select(0, b).detach(), receipt);
+  }
+  const bool any = std::any_of(rebuilt.begin(), rebuilt.end(), [](const auto& s) { return s.has_value(); });
+  if (any) {
+    result.bank = rebuild(bank, rebuilt, std::move(n_clusters));
+  } else {
+    result.bank = bank;
+  }
+  return result;
+}
+
+// A receipt for a layer that evicted nothing this step.
+StreamReceipt null_receipt(int64_t n_head) {
+  StreamReceipt r;
+  r.ingested_tokens_per_head.assign(static_cast<size_t>(n_head), 0.0);
+  return r;
+}
+
+[[noreturn]] void accounting_violation(const std::string& detail) {
+  throw StateError("moment-closure state violates one-token/one-representation accounting: " + detail);
+}
+
+std::vector<double> per_head(const torch::Tensor& totals, int64_t b) { return to_doubles(totals.select(0, b)); }
+
+}  // namespace
+
+// ---- ClusterBank ----------------------------------------------------------------------------------------------
+
+ClusterBank ClusterBank::detach() const {
+  ClusterBank out = *this;
+  out.count = count.detach();
+  out.mu_k = mu_k.detach();
+  out.mu_v = mu_v.detach();
+  out.sigma_kk = sigma_kk.detach();
+  out.sigma_vk = sigma_vk.detach();
+  return out;
+}
+
+torch::Tensor ClusterBank::total_per_head() const {
+  // Inactive slots hold zeros, so the sum over all slots is the live total.
+  return count.sum(2);
+}
+
+int64_t ClusterBank::bytes() const {
+  int64_t total = 0;
+  for (const auto* t : {&count, &mu_k, &mu_v, &sigma_kk, &sigma_vk}) {
+    total += t->numel() * static_cast<int64_t>(t->element_size());
+  }
+  return total;
+}
+
+ClusterBank empty_cluster_bank(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,
+                               torch::TensorOptions options) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch_size", batch_size},
+                                    {"n_head", n_head}, {"max_clusters", max_clusters}, {"head_dim", head_dim}}) {
+    if (value <= 0) {
+      throw ValueError(std::string("empty_cluster_bank: ") + name + " must be a positive integer (got " + str(value) +
+                       ")");
+    }
+  }
+  ClusterBank bank;
+  bank.count = torch::zeros({batch_size, n_head, max_clusters}, options);
+  bank.mu_k = torch::zeros({batch_size, n_head, max_clusters, head_dim}, options);
+  bank.mu_v = torch::zeros({batch_size, n_head, max_clusters, head_dim}, options);
+  bank.sigma_kk = torch::zeros({batch_size, n_head, max_clusters, head_dim}, options);
+  bank.sigma_vk = torch::zeros({batch_size, n_head, max_clusters, head_dim, head_dim}, options);
+  bank.n_clusters.assign(static_cast<size_t>(batch_size), 0);
+  bank.max_clusters = max_clusters;
+  return bank;
+}
+
+ClusterAttention mgf_cluster_attention(const torch::Tensor& q, const ClusterBank& bank) {
+  check_against_bank(q, bank, "mgf_cluster_attention", "q");
+  const int64_t B = q.size(0), t = q.size(1), H = q.size(2), d = q.size(3);
+  const int64_t n = max_live(bank);
+  if (n == 0) {
+    return {q.new_zeros({B, t, 0, H, d}), q.new_zeros({B, t, 0, H})};
+  }
+  const auto live = live_slots(bank, n);  // (B, n)
+  const auto logits = mgf_logits(q, bank, n).masked_fill(live.logical_not().view({B, 1, 1, n}), -kInf);
+  auto out = torch::einsum("bhcij,bthj->bthci", {bank.sigma_vk.narrow(2, 0, n), q}) / std::sqrt(static_cast<double>(d)) +
+             bank.mu_v.narrow(2, 0, n).unsqueeze(1);  // (B, t, H, n, d)
+  out = out.masked_fill(live.logical_not().view({B, 1, 1, n, 1}), 0.0);
+  return {out.transpose(2, 3), logits.transpose(2, 3)};
+}
+
+torch::Tensor cluster_responsibilities(const torch::Tensor& k, const ClusterBank& bank) {
+  check_against_bank(k, bank, "cluster_responsibilities", "k");
+  const int64_t B = k.size(0), t = k.size(1), H = k.size(2), C = bank.max_clusters;
+  const int64_t n = max_live(bank);
+  if (n == 0) {
+    return k.new_zeros({B, t, H, C});
+  }
+  const auto live = live_slots(bank, n);                       // (B, n)
+  const auto has_clusters = live.any(1, /*keepdim=*/true);     // (B, 1)
+  // −∞ only for dead slots of streams that have clusters; a stream without clusters gets zeros below.
+  const auto hide = live.logical_not().logical_and(has_clusters).view({B, 1, 1, n});
+  auto r = torch::softmax(mgf_logits(k, bank, n).masked_fill(hide, -kInf), -1) *
+           live.to(k.scalar_type()).view({B, 1, 1, n});
+  if (n < C) {
+    r = torch::constant_pad_nd(r, {0, C - n});
+  }
+  return r;
+}
+
+ClusterBank update_cluster_bank(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& r) {
+  check_against_bank(k, bank, "update_cluster_bank", "k");
+  check_against_bank(v, bank, "update_cluster_bank", "v");
+  if (!r.defined() || r.dim() != 4 || r.size(0) != k.size(0) || r.size(1) != k.size(1) || r.size(2) != k.size(2) ||
+      r.size(3) != bank.max_clusters) {
+    throw ValueError("update_cluster_bank: responsibilities must be (batch, time, heads, max_clusters)");
+  }
+  const auto n1 = r.sum(1);                                      // (B, H, C)
+  const auto n1_safe = n1.clamp_min(kCountFloor).unsqueeze(-1);  // (B, H, C, 1)
+  const auto mean_k1 = torch::einsum("bthc,bthd->bhcd", {r, k}) / n1_safe;
+  const auto mean_v1 = torch::einsum("bthc,bthd->bhcd", {r, v}) / n1_safe;
+  const auto dk = k.unsqueeze(3) - mean_k1.unsqueeze(1);  // (B, t, H, C, d)
+  const auto dv = v.unsqueeze(3) - mean_v1.unsqueeze(1);
+  const auto m2_k1 = torch::einsum("bthc,bthcd->bhcd", {r, dk * dk});
+  const auto c2_1 = torch::einsum("bthci,bthcj->bhcij", {dv * r.unsqueeze(-1), dk});
+
+  const auto& n0 = bank.count;
+  const auto n = n0 + n1;
+  const auto n_safe = n.clamp_min(kCountFloor);
+  const auto delta_k = mean_k1 - bank.mu_k;
+  const auto delta_v = mean_v1 - bank.mu_v;
+  const auto frac = (n1 / n_safe).unsqueeze(-1);
+  const auto cross = (n0 * n1 / n_safe).unsqueeze(-1);
+  ClusterBank out = bank;
+  out.count = n;
+  out.mu_k = bank.mu_k + delta_k * frac;
+  out.mu_v = bank.mu_v + delta_v * frac;
+  out.sigma_kk = (bank.sigma_kk * n0.unsqueeze(-1) + m2_k1 + delta_k * delta_k * cross) / n_safe.unsqueeze(-1);
+  out.sigma_vk = (bank.sigma_vk * n0.unsqueeze(-1).unsqueeze(-1) + c2_1 +
+                  delta_v.unsqueeze(-1) * delta_k.unsqueeze(-2) * cross.unsqueeze(-1)) /
+                 n_safe.unsqueeze(-1).unsqueeze(-1);
+  return out;
+}
+
+IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                             const BirthMergeOptions& options) {
+  validate_tokens_against_bank(bank, k, v, options, "birth_and_merge");
+  return birth_and_merge_checked(bank, k, v, options);
+}
+
+IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
+                                  const BirthMergeOptions& options) {
+  validate_tokens_against_bank(bank, k, v, options, "ingest_cluster_batch");
+  const int64_t B = bank.batch_size(), t = k.size(1), H = k.size(2);
+  const auto before = bank.total_per_head().detach();
+  auto result = birth_and_merge_checked(bank, k.detach(), v.detach(), options);
+  // The soft update for streams with clusters whose batch no birth absorbed.
+  std::vector<double> soft(static_cast<size_t>(B), 0.0);
+  bool any_soft = false;
+  for (int64_t b = 0; b < B; ++b) {
+    auto& receipt = result.receipts[static_cast<size_t>(b)];
+    receipt.soft_update_applied =
+        result.bank.n_clusters[static_cast<size_t>(b)] > 0 && !receipt.birth_incorporated_batch;
+    soft[static_cast<size_t>(b)] = receipt.soft_update_applied ? 1.0 : 0.0;
+    any_soft = any_soft || receipt.soft_update_applied;
+  }
+  if (any_soft) {
+    auto r = cluster_responsibilities(k, result.bank);
+    if (std::any_of(soft.begin(), soft.end(), [](double s) { return s == 0.0; })) {
+      r = r * torch::tensor(soft, r.options()).view({B, 1, 1, 1});
+    }
+    result.bank = update_cluster_bank(result.bank, k, v, r);
+  }
+  const auto grown = result.bank.total_per_head().detach() - before;  // (B, H)
+  for (int64_t b = 0; b < B; ++b) {
+    auto& receipt = result.receipts[static_cast<size_t>(b)];
+    receipt.ingested_tokens_per_head = per_head(grown, b);
+    receipt.expected_ingested_tokens_per_head = t;
+    receipt.count_conserved = std::all_of(receipt.ingested_tokens_per_head.begin(),
+                                          receipt.ingested_tokens_per_head.end(),
+                                          [&](double g) { return close(g, static_cast<double>(t)); });
+    if (!receipt.count_conserved) {
+      std::string seen;
+      for (const double g : receipt.ingested_tokens_per_head) seen += (seen.empty() ? "" : ", ") + std::to_string(g);
+      throw StateError("cluster ingestion did not count every observation exactly once: stream " + str(b) +
+                       " grew by [" + seen + "] per head, expected " + str(t) + " (heads " + str(H) + ")");
+    }
+  }
+  return result;
+}
+
+// ---- MomentClosureAttention ------------------------------------------------------------------------------------
+
+int64_t MomentClosureState::bytes() const {
+  int64_t total = near.bytes();
+  for (const auto& b : banks) total += b.bytes();
+  return total;
+}
+
+MomentClosureAttentionImpl::MomentClosureAttentionImpl(const MomentClosureOptions& options) : options_(options) {
+  SpineOptions spine;
+  spine.vocab = options_.vocab;
+  spine.d_model = options_.d_model;
+  spine.n_layer = options_.n_layer;
+  spine.n_head = options_.n_head;
+  spine.window = options_.window;
+  validate_spine_options(spine, "MomentClosureAttention");
+  if (options_.max_clusters <= 0) {
+    throw ValueError("MomentClosureAttention: max_clusters must be a positive integer (got " +
+                     str(options_.max_clusters) + ")");
+  }
+  if (!std::isfinite(options_.birth_threshold)) {
+    throw ValueError("MomentClosureAttention: birth_threshold must be finite");
+  }
+  if (options_.merge_threshold && !std::isfinite(*options_.merge_threshold)) {
+    throw ValueError("MomentClosureAttention: merge_threshold must be finite when given");
+  }
+  backbone_ = register_module("backbone", SpineBackbone(options_.vocab, options_.d_model, options_.n_layer));
+}
+
+MomentClosureState MomentClosureAttentionImpl::init_state(int64_t batch_size, torch::Device device) const {
+  if (batch_size <= 0) {
+    throw ValueError("MomentClosureAttention.init_state: batch_size must be a positive integer (got " +
+                     str(batch_size) + ")");
+  }
+  MomentClosureState state;
+  state.near.cache_k.resize(static_cast<size_t>(options_.n_layer));
+  state.near.cache_v.resize(static_cast<size_t>(options_.n_layer));
+  state.near.batch_size = batch_size;
+  state.near.n_head = options_.n_head;
+  state.near.head_dim = head_dim();
+  state.near.device = device;
+  const auto options = torch::TensorOptions().dtype(backbone_->tok->weight.scalar_type()).device(device);
+  for (int64_t l = 0; l < options_.n_layer; ++l) {
+    state.banks.push_back(empty_cluster_bank(batch_size, options_.n_head, options_.max_clusters, head_dim(), options));
+  }
+  state.batch_size = batch_size;
+  return state;
+}
+
+MomentClosureOutput MomentClosureAttentionImpl::advance(const MomentClosureState& state, const torch::Tensor& x) {
+  validate_tokens(x, options_.vocab, "MomentClosureAttention.advance");
+  return advance_checked(state, x);
+}
+
+MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClosureState& state,
+                                                                const torch::Tensor& x) {
+  const char* where = "MomentClosureAttention.step";
+  const int64_t b = x.size(0), t = x.size(1), n_head = options_.n_head, hd = head_dim();
+  if (b != state.batch_size) {
+    throw ValueError(std::string(where) + ": the chunk's batch size " + str(b) +
+                     " does not match the state's batch size " + str(state.batch_size));
+  }
+  if (static_cast<int64_t>(state.banks.size()) != options_.n_layer) {
+    throw ValueError(std::string(where) + ": the state must hold one cluster bank per layer");
+  }
+  for (const auto& bank : state.banks) {
+    if (bank.batch_size() != b || bank.max_clusters != options_.max_clusters || bank.mu_k.size(1) != n_head ||
+        bank.mu_k.size(3) != hd) {
+      throw ValueError(std::string(where) + ": a cluster bank's batch size or layout does not match the chunk");
+    }
+  }
+  const int64_t cache_len = checked_cache_length(state.near, b, options_.n_layer, n_head, hd, where);
+  const int64_t pos = state.near.pos;
+  // Representation receipt (pre): every evicted position is in the bank, exactly once.
+  for (size_t l = 0; l < state.banks.size(); ++l) {
+    const auto totals = to_doubles(state.banks[l].total_per_head());
+    for (int64_t s = 0; s < b; ++s) {
+      for (int64_t h = 0; h < n_head; ++h) {
+        if (!close(totals[static_cast<size_t>(s * n_head + h)], static_cast<double>(pos - cache_len))) {
+          accounting_violation("layer " + std::to_string(l) + ", stream " + str(s) + ", head " + str(h) + ": far=" +
+                               std::to_string(totals[static_cast<size_t>(s * n_head + h)]) + ", expected " +
+                               str(pos - cache_len));
+        }
+      }
+    }
+  }
+
+  auto h = backbone_->tok(x);
+  const auto geometry =
+      near_field_geometry(pos, t, cache_len, hd, options_.window, h.scalar_type(), x.device());
+  const int64_t length = cache_len + t;
+  const int64_t keep = std::min(options_.window, length);
+  const int64_t evicted = length - keep;
+  BirthMergeOptions ingest_options;
+  ingest_options.birth_threshold = options_.birth_threshold;
+  ingest_options.merge_threshold = options_.merge_threshold;
+
+  MomentClosureState next = state;
+  std::vector<LayerReceipt> receipts;
+  for (size_t l = 0; l < backbone_->layers.size(); ++l) {
+    auto& layer = *backbone_->layers[l];
+    const auto f = near_field(layer, h, state.near.cache_k[l], state.near.cache_v[l], geometry, n_head);
+    const auto& bank = state.banks[l];
+    const auto values = f.v_full.transpose(1, 2);  // (b, H, L, hd)
+    torch::Tensor out;
+    if (max_live(bank) > 0) {
+      const auto far = mgf_cluster_attention(f.q, bank);        // out (b,t,n,H,hd), logits (b,t,n,H)
+      const int64_t n = far.logits.size(2);
+      const auto weights = torch::softmax(torch::cat({f.scores, far.logits.permute({0, 3, 1, 2})}, -1), -1);
+      const auto near_out = torch::matmul(weights.narrow(-1, 0, length), values);  // (b, H, t, hd)
+      const auto far_out = torch::einsum("bhtc,bhtcd->bhtd", {weights.narrow(-1, length, n),
+                                                                far.out.permute({0, 3, 1, 2, 4})});
+      out = (near_out + far_out).transpose(1, 2).reshape({b, t, options_.d_model});
+    } else {
+      out = torch::matmul(torch::softmax(f.scores, -1), values).transpose(1, 2).reshape({b, t, options_.d_model});
+    }
+    h = layer.finish(h, out);
+    next.near.cache_k[l] = f.k_full.narrow(1, length - keep, keep);
+    next.near.cache_v[l] = f.v_full.narrow(1, length - keep, keep);
+
+    LayerReceipt layer_receipt;
+    layer_receipt.batch_size = b;
+    if (evicted > 0) {
+      auto ingested = ingest_cluster_batch(bank, f.k_full.narrow(1, 0, evicted), f.v_full.narrow(1, 0, evicted),
+                                           ingest_options);
+      next.banks[l] = std::move(ingested.bank);
+      layer_receipt.streams = std::move(ingested.receipts);
+    } else {
+      layer_receipt.streams.assign(static_cast<size_t>(b), null_receipt(n_head));
+    }
+    // Accounting (post): far tokens = positions seen − near tokens, per stream and head.
+    const auto totals = to_doubles(next.banks[l].total_per_head());
+    double misfit_sum = 0.0;
+    for (int64_t s = 0; s < b; ++s) {
+      auto& receipt = layer_receipt.streams[static_cast<size_t>(s)];
+      StreamReceipt::Accounting a;
+      a.positions_seen = pos + t;
+      a.near_tokens = keep;
+      a.evicted_tokens = evicted;
+      a.far_tokens_per_head.assign(totals.begin() + s * n_head, totals.begin() + (s + 1) * n_head);
+      a.expected_far_tokens_per_head = pos + t - keep;
+      a.conserved = std::all_of(a.far_tokens_per_head.begin(), a.far_tokens_per_head.end(), [&](double f_) {
+        return close(f_, static_cast<double>(a.expected_far_tokens_per_head));
+      });
+      if (!a.conserved) {
+        accounting_violation("layer " + std::to_string(l) + ", stream " + str(s) + ": far tokens do not equal " +
+                             str(a.expected_far_tokens_per_head));
+      }
+      receipt.accounting = std::move(a);
+      misfit_sum += receipt.misfit_scalar;
+    }
+    layer_receipt.misfit_scalar = misfit_sum / static_cast<double>(b);
+    receipts.push_back(std::move(layer_receipt));
+  }
+  next.near.pos = pos + t;
+  last_misfit_ = 0.0;
+  for (const auto& r : receipts) last_misfit_ += r.misfit_scalar / static_cast<double>(receipts.size());
+  last_receipts_ = std::move(receipts);
+  return {std::move(next), backbone_->logits(h)};
+}
+
+MechanismStep<MomentClosureState> MomentClosureAttentionImpl::step(const MomentClosureState& state,
+                                                                    const torch::Tensor& x, const torch::Tensor& y) {
+  validate_chunk(x, y, options_.vocab, "MomentClosureAttention.step");
+  auto out = advance_checked(state, x);
+  return {std::move(out.state), mean_cross_entropy(out.logits, y)};
+}
+
+MomentClosureState MomentClosureAttentionImpl::detach(const MomentClosureState& state) const {
+  MomentClosureState out = state;
+  for (auto* caches : {&out.near.cache_k, &out.near.cache_v}) {
+    for (auto& c : *caches) {
+      if (c.defined()) c = c.detach();
+    }
+  }
+  if (out.detach_horizon_clusters) {
+    for (auto& bank : out.banks) bank = bank.detach();
+  }
+  return out;
+}
+
+}  // namespace attnmix
