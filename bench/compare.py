@@ -9,6 +9,10 @@ result (machine and revision recorded), or diff a saved result against another (
   /usr/bin/python3 bench/compare.py assign [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
   /usr/bin/python3 bench/compare.py variational [--bench build-bench/bench/attnmix_bench] [--rounds 3] [--out FILE]
   /usr/bin/python3 bench/compare.py mpi [--bench-mpi build-bench/bench/attnmix_bench_mpi] [--rounds 5] [--out FILE]
+  /usr/bin/python3 bench/compare.py spine [--bench-spine build-bench/bench/attnmix_bench_spine] [--rounds 5]
+                                          [--rss-tokens 100000 1000000] [--rss-pytorch] [--out FILE]
+  /usr/bin/python3 bench/compare.py moment-closure [--bench-mca build-mca-bench/bench/attnmix_bench_moment_closure]
+                                                   [--rounds 5] [--pytorch-window] [--out FILE]
   /usr/bin/python3 bench/compare.py allreduce [--bench-mpi build-bench/bench/attnmix_bench_mpi] [--ranks 1 2]
                                               [--pieces] [--mca KEY=VALUE] [--out FILE]
 
@@ -21,6 +25,21 @@ its repetitions, the NumPy figure is numpy_ra_em.py's median over its repetition
 per rank, OMP_NUM_THREADS=1) and the single-process BM_EmIteration/threads:1 and /threads:2, and prints the
 1-rank/2-rank and 1-thread/2-thread ratios (medians of the per-round ratios), the CPU busy fraction before each
 round and the load average.
+
+`spine` (issue 8, docs/PERFORMANCE.md) first compares the first training losses of attnmix_bench_spine and
+pytorch_spine.py (same seed and data; they agree when the relative difference is at most 1e-4), then runs, in each
+round, BM_SpineTrainStep and pytorch_spine.py back to back at d_model 32, then at 256 (which program goes first
+alternates), and BM_SpineStream (E1-3), and prints the C++/PyTorch tokens-per-second ratios, by wall clock and by
+process CPU time, and the 80/40-chunk ratio (medians of per-round ratios); finally the peak RSS of a streaming
+evaluation over each --rss-tokens count, each in a fresh process.
+
+`moment-closure` (issue 9, docs/PERFORMANCE.md) first compares the first training losses, births/merges and bank
+fingerprints of attnmix_bench_moment_closure and pytorch_moment_closure.py (float32 and float64; SPEC defaults and a
+birth/merge-heavy setting), then runs, in each round, BM_MomentClosureTrainStep, BM_MomentClosureTrainStepBusy and
+BM_WindowTrainStep (chunks 64 and 16) and the PyTorch implementation at the same settings (order alternating), and
+prints the C++/PyTorch and MCA/window tokens-per-second ratios (medians of per-round ratios, wall and CPU time);
+finally one streaming evaluation to 1e6 tokens: per-token time after 1e4 and 1e6 tokens (both ends stepped
+alternately in the same process), state bytes and RSS at both ends.
 """
 import argparse
 import json
@@ -514,6 +533,373 @@ def cmd_allreduce(args):
             f.write(text + "\n")
 
 
+# ---- Streaming LM spine (bench_spine.cpp vs pytorch_spine.py, issue 8) --------------------------------------------
+
+SPINE_D_MODELS = (32, 256)
+
+
+SPINE_RETAIN = False  # set from --retain-freed-memory
+
+
+def torch_env(threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads))
+    env.pop("GLIBC_TUNABLES", None)
+    if SPINE_RETAIN:
+        env["GLIBC_TUNABLES"] = RETAIN_FREED_MEMORY
+    return env
+
+
+def run_cpp_spine(args, bench_filter, tag):
+    """{run_name: {"real_time": s, "cpu_time": s, "items_per_second": ...}}: the medians over --repetitions of one
+    attnmix_bench_spine run (the process's CPU time per iteration too: on a shared machine it moves less)."""
+    import tempfile
+    out = os.path.join(tempfile.gettempdir(), f"attnmix_spine_{os.getpid()}_{tag}.json")
+    subprocess.run([args.bench_spine, f"--benchmark_filter={bench_filter}", f"--spine_threads={args.threads}",
+                    f"--benchmark_repetitions={args.repetitions}", f"--benchmark_out={out}",
+                    "--benchmark_out_format=json"],
+                   capture_output=True, text=True, check=True, env=torch_env(args.threads))
+    try:
+        with open(out) as f:
+            data = json.load(f)
+    finally:
+        os.remove(out)
+    runs = {}
+    for b in data["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+        runs.setdefault(b["run_name"], []).append({"real_time": b["real_time"] * unit, "cpu_time": b["cpu_time"] * unit,
+                                                   "items_per_second": b.get("items_per_second", 0.0)})
+    return {name: {k: statistics.median(e[k] for e in entries) for k in entries[0]} for name, entries in runs.items()}
+
+
+def run_pytorch_spine(args, *extra):
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_spine.py"), "--threads", str(args.threads), *extra]
+    if args.foreach:
+        cmd.append("--foreach")
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                     env=torch_env(args.threads)).stdout)
+
+
+def spine_check(args, d_model):
+    """The first --check-steps training losses of both implementations; max relative difference."""
+    cpp = json.loads(subprocess.run([args.bench_spine, f"--spine_check_losses={args.check_steps}",
+                                     f"--spine_d_model={d_model}", f"--spine_threads={args.threads}"],
+                                    capture_output=True, text=True, check=True,
+                                    env=torch_env(args.threads)).stdout)
+    py = run_pytorch_spine(args, "--check", str(args.check_steps), "--d-model", str(d_model))
+    rel = max(abs(a - b) / abs(b) for a, b in zip(cpp["losses"], py["losses"]))
+    param_rel = abs(cpp["param_sum"] - py["param_sum"]) / max(1e-12, abs(py["param_sum"]))
+    return {"cpp_losses": cpp["losses"], "pytorch_losses": py["losses"], "max_rel_loss_difference": rel,
+            "param_sum_rel_difference": param_rel, "agree": rel <= 1e-4 and param_rel <= 1e-6}
+
+
+class SpineServer:
+    """One lock-step training server (attnmix_bench_spine --spine_serve=d or pytorch_spine.py --serve)."""
+
+    def __init__(self, cmd, env):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{' '.join(cmd)} did not start")
+
+    def run(self, steps):
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def spine_lockstep(args, d_model, steps):
+    """Both training steps alive at once and alternated `steps` steps at a time (which goes first alternates), so
+    that each pair of blocks sees the same load; per pair the C++/PyTorch ratio of tokens/s (wall and CPU)."""
+    env = torch_env(args.threads)
+    cpp = SpineServer([args.bench_spine, f"--spine_serve={d_model}", f"--spine_threads={args.threads}"], env)
+    py_cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_spine.py"), "--serve", "--d-model", str(d_model),
+              "--threads", str(args.threads)] + (["--foreach"] if args.foreach else [])
+    py = SpineServer(py_cmd, env)
+    pairs = []
+    try:
+        for i in range(args.pairs):
+            first, second = (cpp, py) if i % 2 == 0 else (py, cpp)
+            a, b = first.run(steps), second.run(steps)
+            c, p = (a, b) if first is cpp else (b, a)
+            pairs.append({"cpp_tokens_per_s": c["tokens_per_s"], "pytorch_tokens_per_s": p["tokens_per_s"],
+                          "ratio": p["wall_s"] / c["wall_s"], "ratio_cpu": p["cpu_s"] / c["cpu_s"],
+                          "loadavg": os.getloadavg()[0]})
+    finally:
+        cpp.close()
+        py.close()
+    ratios = [x["ratio"] for x in pairs]
+    return {"steps_per_block": steps, "pairs": pairs, "median_ratio": statistics.median(ratios),
+            "median_ratio_cpu": statistics.median(x["ratio_cpu"] for x in pairs),
+            "quartiles_ratio": statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios,
+            "cpp_tokens_per_s_median": statistics.median(x["cpp_tokens_per_s"] for x in pairs),
+            "pytorch_tokens_per_s_median": statistics.median(x["pytorch_tokens_per_s"] for x in pairs)}
+
+
+def spine_rss(args, implementation, tokens):
+    """Peak RSS (KiB) of a streaming evaluation over `tokens` tokens, in a fresh process."""
+    if implementation == "cpp":
+        return json.loads(subprocess.run([args.bench_spine, f"--spine_rss_tokens={tokens}",
+                                          f"--spine_threads={args.threads}"], capture_output=True, text=True,
+                                         check=True, env=torch_env(args.threads)).stdout)
+    return run_pytorch_spine(args, "--rss-tokens", str(tokens))
+
+
+def cmd_spine(args):
+    global SPINE_RETAIN
+    SPINE_RETAIN = args.retain_freed_memory
+    result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "threads": args.threads, "adamw_foreach_in_pytorch": args.foreach,
+              "retain_freed_memory": args.retain_freed_memory}
+    if args.check_steps > 0:
+        result["check"] = {f"d{d}": spine_check(args, d) for d in SPINE_D_MODELS}
+        for d in SPINE_D_MODELS:
+            c = result["check"][f"d{d}"]
+            print(f"loss check d_model {d}: max rel difference {c['max_rel_loss_difference']:.2e} over "
+                  f"{args.check_steps} steps ({'agree' if c['agree'] else 'DISAGREE'})", file=sys.stderr)
+    ratios = {}
+    if args.pairs > 0:
+        lockstep = {}
+        for d in SPINE_D_MODELS:
+            lockstep[f"d{d}"] = spine_lockstep(args, d, args.steps_d32 if d == 32 else args.steps_d256)
+            ls = lockstep[f"d{d}"]
+            ratios[f"lockstep_cpp_over_pytorch_d{d}"] = ls["median_ratio"]
+            ratios[f"lockstep_cpp_over_pytorch_cpu_time_d{d}"] = ls["median_ratio_cpu"]
+            print(f"lock-step d_model {d}: C++ {ls['cpp_tokens_per_s_median']:.0f} tokens/s, PyTorch "
+                  f"{ls['pytorch_tokens_per_s_median']:.0f} tokens/s; C++/PyTorch median {ls['median_ratio']:.2f} "
+                  f"(quartiles {', '.join(f'{q:.2f}' for q in ls['quartiles_ratio'])}; CPU time "
+                  f"{ls['median_ratio_cpu']:.2f}) over {args.pairs} pairs", file=sys.stderr)
+        result["lockstep"] = lockstep
+    rounds = []
+    for r in range(args.rounds):
+        rd = {"loadavg_before": os.getloadavg()}
+        order = ("cpp", "pytorch") if r % 2 == 0 else ("pytorch", "cpp")  # alternate the order of the programs
+        for d in SPINE_D_MODELS:  # the two programs back to back at each size, so that both see the same load
+            for side in order:
+                if side == "cpp":
+                    (m,) = run_cpp_spine(args, f"^BM_SpineTrainStep/d_model:{d}/", "train").values()
+                    rd[f"cpp_d{d}"] = m["items_per_second"]
+                    rd[f"cpp_cpu_d{d}"] = m["items_per_second"] * m["real_time"] / m["cpu_time"]
+                else:
+                    py = run_pytorch_spine(args, "--d-model", str(d), "--reps", str(args.pytorch_reps),
+                                           "--min-time", str(args.min_time))
+                    rd[f"pytorch_d{d}"] = py["tokens_per_s"]
+                    rd[f"pytorch_cpu_d{d}"] = py["tokens_per_cpu_s"]
+        if not args.no_stream:
+            for name, m in run_cpp_spine(args, "^BM_SpineStream/", "stream").items():
+                n = int(name.split('chunks:')[1].split('/')[0])
+                rd[f"stream_{n}_s"], rd[f"stream_{n}_cpu_s"] = m["real_time"], m["cpu_time"]
+        rd["loadavg_after"] = os.getloadavg()
+        rounds.append(rd)
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rd.items()}
+        print(f"round {r + 1}: {shown}", file=sys.stderr)
+
+    def med(key):
+        return statistics.median(rd[key] for rd in rounds)
+
+    if rounds:
+        ratios.update({f"cpp_over_pytorch_d{d}": statistics.median(rd[f"cpp_d{d}"] / rd[f"pytorch_d{d}"]
+                                                                   for rd in rounds) for d in SPINE_D_MODELS})
+        ratios.update({f"cpp_over_pytorch_cpu_time_d{d}": statistics.median(
+            rd[f"cpp_cpu_d{d}"] / rd[f"pytorch_cpu_d{d}"] for rd in rounds) for d in SPINE_D_MODELS})
+        if not args.no_stream:
+            ratios["stream_80_over_40"] = statistics.median(rd["stream_80_s"] / rd["stream_40_s"] for rd in rounds)
+            ratios["stream_80_over_40_cpu_time"] = statistics.median(rd["stream_80_cpu_s"] / rd["stream_40_cpu_s"]
+                                                                     for rd in rounds)
+            result["stream_seconds_median_of_rounds"] = {"40": med("stream_40_s"), "80": med("stream_80_s")}
+        result["tokens_per_s_median_of_rounds"] = {f"{side}_d{d}": med(f"{side}_d{d}")
+                                                   for side in ("cpp", "pytorch", "cpp_cpu", "pytorch_cpu")
+                                                   for d in SPINE_D_MODELS}
+    result["rounds"] = rounds
+    if args.rss_tokens:
+        rss = {}
+        for implementation in (("cpp", "pytorch") if args.rss_pytorch else ("cpp",)):
+            for tokens in args.rss_tokens:
+                rss[f"{implementation}_{tokens}"] = spine_rss(args, implementation, tokens)
+                print(f"rss {implementation} {tokens} tokens: {rss[f'{implementation}_{tokens}']['max_rss_kib']} KiB",
+                      file=sys.stderr)
+        result["rss"] = rss
+        lo, hi = min(args.rss_tokens), max(args.rss_tokens)
+        for implementation in (("cpp", "pytorch") if args.rss_pytorch else ("cpp",)):
+            ratios[f"rss_{implementation}_{hi}_over_{lo}"] = (rss[f"{implementation}_{hi}"]["max_rss_kib"] /
+                                                              rss[f"{implementation}_{lo}"]["max_rss_kib"])
+    result["ratios_median_of_rounds"] = ratios
+    result["targets"] = {"cpp_over_pytorch_d32": ">= 1.5", "cpp_over_pytorch_d256": ">= 1.0",
+                         "lockstep_cpp_over_pytorch_d32": ">= 1.5", "lockstep_cpp_over_pytorch_d256": ">= 1.0",
+                         "stream_80_over_40": "<= 2.3", "rss_cpp_1e6_over_1e5": "<= 1.10"}
+    text = json.dumps(result, indent=1)
+    print(text)
+    print("  ".join(f"{k} {v:.3f}" for k, v in ratios.items()), file=sys.stderr)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+# ---- Moment-closure attention (bench_moment_closure.cpp vs pytorch_moment_closure.py, issue 9) --------------------
+
+MCA_CHUNKS = (64, 16)
+MCA_VARIANTS = {"mca": ("BM_MomentClosureTrainStep", []),  # SPEC defaults: birth_threshold -2, default merge rule
+                "busy": ("BM_MomentClosureTrainStepBusy", ["--birth-threshold", "10", "--merge-threshold", "0.2"]),
+                "window": ("BM_WindowTrainStep", ["--mechanism", "window"])}
+MCA_CHECKS = {"default": ([], []),
+              "busy": (["--mca_birth_threshold=10", "--mca_merge_threshold=0.2"],
+                       ["--birth-threshold", "10", "--merge-threshold", "0.2"])}
+
+
+def mca_env(threads):
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                OPENBLAS_NUM_THREADS=str(threads))
+
+
+def run_cpp_mca(args, bench_filter, tag, repetitions):
+    """{run_name: {"real_time": s, "cpu_time": s, "items_per_second": ..., counters...}}: medians over the
+    repetitions of one attnmix_bench_moment_closure run."""
+    import tempfile
+    out = os.path.join(tempfile.gettempdir(), f"attnmix_mca_{os.getpid()}_{tag}.json")
+    subprocess.run([args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
+                    f"--benchmark_repetitions={repetitions}", "--benchmark_enable_random_interleaving=true",
+                    f"--benchmark_out={out}", "--benchmark_out_format=json"],
+                   capture_output=True, text=True, check=True, env=mca_env(args.threads))
+    try:
+        with open(out) as f:
+            data = json.load(f)
+    finally:
+        os.remove(out)
+    runs = {}
+    for b in data["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+        entry = {"real_time": b["real_time"] * unit, "cpu_time": b["cpu_time"] * unit,
+                 "items_per_second": b.get("items_per_second", 0.0)}
+        for key in ("state_bytes", "clusters", "births_per_step", "merges_per_step", "position"):
+            if key in b:
+                entry[key] = b[key]
+        runs.setdefault(b["run_name"].split("/min_time")[0], []).append(entry)
+    return {name: {k: statistics.median(e[k] for e in entries) for k in entries[0]} for name, entries in runs.items()}
+
+
+def run_pytorch_mca(args, *extra):
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_moment_closure.py"), "--threads", str(args.threads), *extra]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                     env=mca_env(args.threads)).stdout)
+
+
+def mca_check(args, dtype, variant):
+    """The first --check-steps training losses, events and bank fingerprints of both implementations."""
+    cpp_extra, py_extra = MCA_CHECKS[variant]
+    cpp = json.loads(subprocess.run([args.bench_mca, f"--mca_check_losses={args.check_steps}", f"--mca_dtype={dtype}",
+                                     f"--mca_threads={args.threads}", *cpp_extra],
+                                    capture_output=True, text=True, check=True, env=mca_env(args.threads)).stdout)
+    py = run_pytorch_mca(args, "--check", str(args.check_steps), "--dtype", dtype, *py_extra)
+    rel = max(abs(a - b) / abs(b) for a, b in zip(cpp["losses"], py["losses"]))
+    bank_rel = max(abs(a - b) / max(1.0, abs(b)) for la, lb in zip(cpp["bank_sums"], py["bank_sums"])
+                   for a, b in zip(la, lb))
+    same_events = (cpp["births"] == py["births"] and cpp["merges"] == py["merges"]
+                   and cpp["n_clusters"] == py["n_clusters"])
+    tol = 1e-4 if dtype == "float32" else 1e-9
+    return {"cpp_losses": cpp["losses"], "pytorch_losses": py["losses"], "max_rel_loss_difference": rel,
+            "max_bank_sum_difference": bank_rel, "births": py["births"], "merges": py["merges"],
+            "same_births_merges_clusters": same_events,
+            "param_sum_rel_difference": abs(cpp["param_sum"] - py["param_sum"]) / abs(py["param_sum"]),
+            "agree": rel <= tol and bank_rel <= 100 * tol and same_events}
+
+
+def cmd_moment_closure(args):
+    result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "threads": args.threads, "batch": 8, "window": 16, "chunks": list(MCA_CHUNKS)}
+    if args.check_steps > 0:
+        result["check"] = {}
+        for dtype in ("float32", "float64"):
+            for variant in MCA_CHECKS:
+                c = mca_check(args, dtype, variant)
+                result["check"][f"{variant}_{dtype}"] = c
+                print(f"loss check {variant} {dtype}: max rel loss difference {c['max_rel_loss_difference']:.2e}, "
+                      f"bank sums {c['max_bank_sum_difference']:.2e}, births {sum(c['births'])}, merges "
+                      f"{sum(c['merges'])} over {args.check_steps} steps "
+                      f"({'agree' if c['agree'] else 'DISAGREE'})", file=sys.stderr)
+    rounds = []
+    for r in range(args.rounds):
+        rd = {"busy_before": wait_until_idle(args.idle_below, args.max_wait) if args.idle_below < 1.0 else None,
+              "loadavg_before": os.getloadavg()}
+        # Per chunk length, the C++ benchmarks (MCA, busy MCA and window interleaved in one process) and the PyTorch
+        # figures back to back, the order alternating between rounds: a load change on this shared machine then
+        # moves both sides of a ratio.
+        for chunk in MCA_CHUNKS:
+            for side in (("cpp", "pytorch") if r % 2 == 0 else ("pytorch", "cpp")):
+                if side == "cpp":
+                    bench_filter = (f"^BM_(MomentClosureTrainStep|MomentClosureTrainStepBusy|WindowTrainStep)"
+                                    f"/chunk:{chunk}/")
+                    for name, m in run_cpp_mca(args, bench_filter, "train", args.repetitions).items():
+                        variant = next(v for v, (bm, _) in MCA_VARIANTS.items() if name.startswith(bm + "/"))
+                        rd[f"cpp_{variant}_t{chunk}"] = m["items_per_second"]
+                        rd[f"cpp_cpu_{variant}_t{chunk}"] = m["items_per_second"] * m["real_time"] / m["cpu_time"]
+                        if variant != "window":
+                            rd[f"cpp_births_{variant}_t{chunk}"] = m.get("births_per_step", 0.0)
+                            rd[f"cpp_merges_{variant}_t{chunk}"] = m.get("merges_per_step", 0.0)
+                else:
+                    for variant, (_, extra) in MCA_VARIANTS.items():
+                        if variant == "window" and not args.pytorch_window:
+                            continue
+                        py = run_pytorch_mca(args, "--chunk", str(chunk), "--reps", str(args.pytorch_reps),
+                                             "--min-time", str(args.min_time), *extra)
+                        rd[f"pytorch_{variant}_t{chunk}"] = py["tokens_per_s"]
+                        rd[f"pytorch_cpu_{variant}_t{chunk}"] = py["tokens_per_cpu_s"]
+        rd["loadavg_after"] = os.getloadavg()
+        rounds.append(rd)
+        shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in rd.items()}
+        print(f"round {r + 1}: {shown}", file=sys.stderr)
+
+    def ratio(num, den):
+        return statistics.median(rd[num] / rd[den] for rd in rounds)
+
+    ratios = {}
+    for chunk in MCA_CHUNKS:
+        for variant in ("mca", "busy"):
+            ratios[f"cpp_over_pytorch_{variant}_t{chunk}"] = ratio(f"cpp_{variant}_t{chunk}",
+                                                                   f"pytorch_{variant}_t{chunk}")
+            ratios[f"cpp_over_pytorch_cpu_time_{variant}_t{chunk}"] = ratio(f"cpp_cpu_{variant}_t{chunk}",
+                                                                           f"pytorch_cpu_{variant}_t{chunk}")
+            ratios[f"cpp_{variant}_over_cpp_window_t{chunk}"] = ratio(f"cpp_{variant}_t{chunk}", f"cpp_window_t{chunk}")
+            ratios[f"cpp_{variant}_over_cpp_window_cpu_time_t{chunk}"] = ratio(f"cpp_cpu_{variant}_t{chunk}",
+                                                                             f"cpp_cpu_window_t{chunk}")
+        if args.pytorch_window:
+            ratios[f"cpp_window_over_pytorch_window_t{chunk}"] = ratio(f"cpp_window_t{chunk}",
+                                                                       f"pytorch_window_t{chunk}")
+            ratios[f"pytorch_mca_over_pytorch_window_t{chunk}"] = ratio(f"pytorch_mca_t{chunk}",
+                                                                        f"pytorch_window_t{chunk}")
+    result["tokens_per_s_median_of_rounds"] = {
+        k: statistics.median(rd[k] for rd in rounds) for k in rounds[0] if k.startswith(("cpp", "pytorch"))}
+    result["rounds"] = rounds
+    if not args.no_stream:
+        # One process streams --stream-tokens tokens (batch 1, no grad), keeps the state after 1e4 tokens and then
+        # steps the next chunk from both states alternately: both ends are timed under the same load.
+        stream = json.loads(subprocess.run([args.bench_mca, f"--mca_stream_tokens={args.stream_tokens}",
+                                            "--mca_stream_early=10000", f"--mca_threads={args.threads}"],
+                                           capture_output=True, text=True, check=True,
+                                           env=mca_env(args.threads)).stdout)
+        result["stream"] = stream
+        print(f"stream: {stream}", file=sys.stderr)
+        ratios["stream_s_per_token_late_over_early"] = stream["late_over_early"]
+        ratios["stream_cpu_s_per_token_late_over_early"] = stream["late_over_early_cpu"]
+        ratios["stream_state_bytes_late_over_early"] = stream["state_bytes_late"] / stream["state_bytes_early"]
+        ratios["stream_rss_end_over_early"] = stream["rss_end_kib"] / stream["rss_early_kib"]
+    result["ratios_median_of_rounds"] = ratios
+    result["targets"] = {"cpp_over_pytorch_*": ">= 2.0", "cpp_mca_over_cpp_window_*": ">= 0.5",
+                         "stream_*_late_over_early": "within 1.10"}
+    text = json.dumps(result, indent=1)
+    print(text)
+    print("  ".join(f"{k} {v:.3f}" for k, v in ratios.items()), file=sys.stderr)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -576,6 +962,46 @@ def main():
     allreduce.add_argument("--pieces", action="store_true", help="also BM_MpiAllreducePieces")
     allreduce.add_argument("--out", help="save the result as JSON")
     allreduce.set_defaults(func=cmd_allreduce)
+    spine = sub.add_parser("spine", help="streaming LM spine: C++ vs PyTorch training tokens/s, E1-3, peak RSS")
+    spine.add_argument("--bench-spine",
+                       default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench_spine"))
+    spine.add_argument("--pairs", type=int, default=15, help="lock-step block pairs per d_model (0: none)")
+    spine.add_argument("--steps-d32", type=int, default=10, help="training steps per lock-step block at d_model 32")
+    spine.add_argument("--steps-d256", type=int, default=1, help="training steps per lock-step block at d_model 256")
+    spine.add_argument("--rounds", type=int, default=3, help="rounds of the Google Benchmark programs (0: none)")
+    spine.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
+    spine.add_argument("--pytorch-reps", type=int, default=3, help="pytorch_spine.py timed blocks per round")
+    spine.add_argument("--min-time", type=float, default=1.0, help="pytorch_spine.py seconds per timed block")
+    spine.add_argument("--threads", type=int, default=1, help="intra-op threads of both (default 1)")
+    spine.add_argument("--retain-freed-memory", action="store_true",
+                       help="run both programs with glibc told to keep freed memory (what the attnmix CLI sets)")
+    spine.add_argument("--foreach", action="store_true", help="PyTorch AdamW(foreach=True)")
+    spine.add_argument("--check-steps", type=int, default=8, help="training losses compared (0: no check)")
+    spine.add_argument("--no-stream", action="store_true", help="skip BM_SpineStream (E1-3)")
+    spine.add_argument("--rss-tokens", type=int, nargs="*", default=[100000, 1000000],
+                       help="token counts of the peak-RSS evaluation, one fresh process each (none: skip)")
+    spine.add_argument("--rss-pytorch", action="store_true", help="also measure pytorch_spine.py's peak RSS")
+    spine.add_argument("--out", help="save the result as JSON")
+    spine.set_defaults(func=cmd_spine)
+    mca = sub.add_parser("moment-closure",
+                         help="moment-closure attention: C++ vs PyTorch and vs the window-only spine, stream 1e4/1e6")
+    mca.add_argument("--bench-mca", default=os.path.join(ROOT, "build-mca-bench", "bench",
+                                                         "attnmix_bench_moment_closure"))
+    mca.add_argument("--rounds", type=int, default=5)
+    mca.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
+    mca.add_argument("--pytorch-reps", type=int, default=3, help="pytorch_moment_closure.py timed blocks per figure")
+    mca.add_argument("--min-time", type=float, default=1.0, help="pytorch_moment_closure.py seconds per timed block")
+    mca.add_argument("--threads", type=int, default=1, help="intra-op threads of both (default 1)")
+    mca.add_argument("--check-steps", type=int, default=10, help="training losses compared (0: no check)")
+    mca.add_argument("--pytorch-window", action="store_true", help="also time the PyTorch window-only spine")
+    mca.add_argument("--idle-below", type=float, default=1.0,
+                     help="before each round wait until the CPU busy fraction over 2 s is below this (0-1)")
+    mca.add_argument("--max-wait", type=float, default=120.0, help="longest wait for --idle-below, seconds")
+    mca.add_argument("--no-stream", action="store_true", help="skip the streaming evaluation (1e4 vs 1e6 tokens)")
+    mca.add_argument("--stream-tokens", type=int, default=1000000,
+                     help="tokens of the streaming evaluation (its early end is 1e4 tokens)")
+    mca.add_argument("--out", help="save the result as JSON")
+    mca.set_defaults(func=cmd_moment_closure)
     args = parser.parse_args()
     args.func(args)
 

@@ -37,7 +37,8 @@ int run(int argc, char** argv, const attnmix::Communicator* comm) {
   CLI::App app{
       "attnmix: attention as a mixture. Fit probabilistic attention models by EM, score and "
       "predict with them, "
-      "draw samples, or run the built-in demo.\nStart with:  attnmix demo",
+      "draw samples, train streaming byte-level language models (attnmix lm), or run the built-in "
+      "demo.\nStart with:  attnmix demo",
       "attnmix"};
   app.require_subcommand(1);
   int exit_code = kExitOk;
@@ -47,6 +48,7 @@ int run(int argc, char** argv, const attnmix::Communicator* comm) {
   add_sample_command(app, exit_code);
   add_demo_command(app, exit_code);
   add_assign_tree_command(app, exit_code);
+  add_lm_command(app, exit_code);
   if (comm) {  // runs after parsing, before the subcommand's callback
     app.parse_complete_callback([&app, comm] {
       for (const CLI::App* command : app.get_subcommands())

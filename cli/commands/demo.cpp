@@ -17,12 +17,14 @@ struct DemoSection {
   void (*run)(std::ostream& out);
 };
 
-constexpr std::array<DemoSection, 4> kSections{{
+constexpr std::array<DemoSection, 5> kSections{{
     {"Responsibility attention: content-addressed recall", &demo_responsibility_attention},
     {"Chained attention: transitive lookup needs two hops", &demo_chained_attention},
     {"Variational embedding attention: tied embeddings transfer to unseen synonyms",
      &demo_variational_embedding_attention},
     {"Assignment-tree attention: matchings as a sparse support", &demo_assignment_tree},
+    {"Streaming language model: a sliding-window Transformer learns to predict text",
+     &demo_streaming_language_model},
 }};
 
 int run_demo() {
@@ -32,9 +34,11 @@ int run_demo() {
          "each mechanism\n"
          "is a mixture over positions and can be fitted by EM. Each section below fits one "
          "mechanism on a\n"
-         "built-in task and shows what it learned against a baseline; the last one builds a "
+         "built-in task and shows what it learned against a baseline; the fourth builds a "
          "sparse attention\n"
-         "support from perturb-and-MAP matchings and compares it with dense attention.\n";
+         "support from perturb-and-MAP matchings and compares it with dense attention, and the "
+         "last trains a small\n"
+         "streaming Transformer language model on a text file with a bounded attention window.\n";
   int number = 1;
   for (const DemoSection& section : kSections) {
     out << "\n" << number++ << ". " << section.title << "\n\n";

@@ -25,4 +25,11 @@ void demo_variational_embedding_attention(std::ostream& out);
 /// tree, and dense against tree-sparse attention on a few retrieval trials (demo_assign_tree.cpp).
 void demo_assignment_tree(std::ostream& out);
 
+/// The streaming byte-level language model of SPEC.md §6 (`attnmix lm`): a short sliding-window
+/// training run on /usr/share/common-licenses/GPL-3 showing the loss falling, and the held-out bits
+/// per byte against byte frequencies alone. Defined in lm.cpp, which runs demo_lm.cpp's section in
+/// the language-model plugin (lm_plugin.hpp); says so and returns when built without libtorch, when
+/// the plugin cannot be loaded or when the text is missing.
+void demo_streaming_language_model(std::ostream& out);
+
 }  // namespace attnmix::cli

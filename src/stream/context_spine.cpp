@@ -4,6 +4,7 @@
 
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/rope.hpp"
+#include "eigen_matmul_impl.hpp"
 
 #include <cmath>
 #include <string>
@@ -109,8 +110,9 @@ SpineLayerImpl::SpineLayerImpl(int64_t d_model) {
 }
 
 torch::Tensor SpineLayerImpl::finish(const torch::Tensor& h, const torch::Tensor& attn_out) {
-  auto out = h + proj(attn_out);
-  return out + fc2(torch::gelu(fc1(ln2(out))));
+  auto out = h + detail::fast_linear(attn_out, proj->weight, proj->bias);
+  const auto hidden = torch::gelu(detail::fast_linear(ln2(out), fc1->weight, fc1->bias));
+  return out + detail::fast_linear(hidden, fc2->weight, fc2->bias);
 }
 
 SpineBackboneImpl::SpineBackboneImpl(int64_t vocab, int64_t d_model, int64_t n_layer) {
@@ -122,7 +124,7 @@ SpineBackboneImpl::SpineBackboneImpl(int64_t vocab, int64_t d_model, int64_t n_l
 }
 
 torch::Tensor SpineBackboneImpl::logits(const torch::Tensor& h) {
-  return torch::nn::functional::linear(ln_f(h), tok->weight);
+  return detail::fast_linear(ln_f(h), tok->weight, torch::Tensor());
 }
 
 SlidingWindowSpineImpl::SlidingWindowSpineImpl(const SpineOptions& options) : options_(options) {
@@ -169,7 +171,7 @@ NearField near_field(SpineLayerImpl& layer, const torch::Tensor& h, const torch:
   const int64_t b = h.size(0);
   const int64_t t = h.size(1);
   const int64_t hd = h.size(2) / n_head;
-  const auto qkv = layer.qkv(layer.ln1(h)).view({b, t, 3, n_head, hd});
+  const auto qkv = detail::fast_linear(layer.ln1(h), layer.qkv->weight, layer.qkv->bias).view({b, t, 3, n_head, hd});
   NearField f;
   f.q = qkv.select(2, 0);
   f.k_full = qkv.select(2, 1);
@@ -180,7 +182,7 @@ NearField near_field(SpineLayerImpl& layer, const torch::Tensor& h, const torch:
   }
   const auto q_rot = apply_rope(f.q, g.rope_q).transpose(1, 2);       // (b, H, t, hd)
   const auto k_rot = apply_rope(f.k_full, g.rope_k).transpose(1, 2);  // (b, H, L, hd)
-  f.scores = torch::matmul(q_rot, k_rot.transpose(-2, -1)) * g.scale + g.mask;
+  f.scores = detail::fast_bmm(q_rot, k_rot, /*transpose_b=*/true) * g.scale + g.mask;
   return f;
 }
 
@@ -226,7 +228,7 @@ SpineOutput SlidingWindowSpineImpl::advance_checked(const SlidingWindowState& st
     const auto f = near_field(layer, h, state.cache_k[l], state.cache_v[l], geometry, n_head);
     const auto weights = torch::softmax(f.scores, -1);
     const auto out =
-        torch::matmul(weights, f.v_full.transpose(1, 2)).transpose(1, 2).reshape({b, t, options_.d_model});
+        detail::fast_bmm(weights, f.v_full.transpose(1, 2), false).transpose(1, 2).reshape({b, t, options_.d_model});
     h = layer.finish(h, out);
     const int64_t length = f.k_full.size(1);
     next.cache_k[l] = f.k_full.narrow(1, length - keep, keep);

@@ -7,6 +7,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/moment_closure.hpp"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -16,8 +17,13 @@
 #include <cerrno>
 #include <cstring>
 #include <cmath>
+#include <filesystem>
+#include <limits>
 #include <fstream>
+#include <type_traits>
 #include <numbers>
+#include <numeric>
+#include <optional>
 #include <sstream>
 
 namespace attnmix::lm {
@@ -30,16 +36,6 @@ constexpr const char* kFormat = "attnmix-lm-checkpoint";
 constexpr int kSchemaVersion = 1;
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-// FNV-1a over the token values: identifies the corpus a checkpoint was trained on.
-uint64_t fingerprint(std::span<const int64_t> tokens) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const int64_t t : tokens) {
-    h ^= static_cast<uint64_t>(t);
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 void check_vocabulary(std::span<const int64_t> tokens, int64_t vocab, const char* where) {
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -60,10 +56,90 @@ SpineOptions spine_options(const ModelConfig& m) {
   return o;
 }
 
+MomentClosureOptions moment_options(const ModelConfig& m) {
+  MomentClosureOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  o.window = m.window;
+  o.max_clusters = m.max_clusters;
+  o.birth_threshold = m.birth_threshold;
+  o.merge_threshold = m.merge_threshold;
+  return o;
+}
+
+// ---- the two kinds of mechanism --------------------------------------------------------------------------------
+// Training, evaluation and sampling are templates over a kind: the module, its carried state, how it is built and
+// how its state is checkpointed. window and full share the spine; moment-closure adds a cluster bank per layer.
+
+struct SpineKind {
+  using Module = SlidingWindowSpine;
+  using Impl = SlidingWindowSpineImpl;
+  using State = SlidingWindowState;
+  static Module make(const ModelConfig& m) { return SlidingWindowSpine(spine_options(m)); }
+  static constexpr bool kHasFarField = false;
+};
+
+struct MomentKind {
+  using Module = MomentClosureAttention;
+  using Impl = MomentClosureAttentionImpl;
+  using State = MomentClosureState;
+  static Module make(const ModelConfig& m) { return MomentClosureAttention(moment_options(m)); }
+  static constexpr bool kHasFarField = true;
+};
+
+// Calls f(SpineKind{}) or f(MomentKind{}); both must return the same type.
+template <class F>
+decltype(auto) with_kind(Mechanism mechanism, F&& f) {
+  if (mechanism == Mechanism::kMomentClosure) return f(MomentKind{});
+  return f(SpineKind{});
+}
+
+// Per-layer far-field statistics accumulated from the receipts of every step (moment-closure only).
+class FarFieldTally {
+ public:
+  void add(const std::vector<LayerReceipt>& receipts) {
+    if (layers_.size() < receipts.size()) {
+      layers_.resize(receipts.size());
+      misfit_sums_.resize(receipts.size(), 0.0);
+    }
+    for (size_t l = 0; l < receipts.size(); ++l) {
+      for (const StreamReceipt& r : receipts[l].streams) {
+        if (r.expected_ingested_tokens_per_head == 0) continue;  // nothing was evicted this step
+        auto& layer = layers_[l];
+        layer.births += r.birthed ? 1 : 0;
+        layer.merges += static_cast<int64_t>(r.merged.size());
+        layer.ingestions += 1;
+        misfit_sums_[l] += r.misfit_scalar;
+      }
+    }
+  }
+
+  // The statistics, with the final cluster counts of `state` (mean over its streams).
+  std::vector<LayerClusterStats> finish(const MomentClosureState& state) {
+    layers_.resize(state.banks.size());
+    misfit_sums_.resize(state.banks.size(), 0.0);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& n = state.banks[l].n_clusters;
+      layers_[l].clusters =
+          n.empty() ? 0.0 : static_cast<double>(std::accumulate(n.begin(), n.end(), int64_t{0})) /
+                                static_cast<double>(n.size());
+      layers_[l].mean_misfit =
+          layers_[l].ingestions > 0 ? misfit_sums_[l] / static_cast<double>(layers_[l].ingestions) : 0.0;
+    }
+    return layers_;
+  }
+
+ private:
+  std::vector<LayerClusterStats> layers_;
+  std::vector<double> misfit_sums_;
+};
+
 // ---- checkpoint metadata (JSON inside the archive) ------------------------------------------------------------
 
 json to_json(const TrainOptions& o) {
-  return {{"mechanism", mechanism_name(o.model.mechanism)},
+  json j = {{"mechanism", mechanism_name(o.model.mechanism)},
           {"vocab", o.model.vocab},
           {"d_model", o.model.d_model},
           {"n_layer", o.model.n_layer},
@@ -79,43 +155,78 @@ json to_json(const TrainOptions& o) {
           {"weight_decay", o.weight_decay},
           {"clip", o.clip},
           {"seed", o.seed}};
+  if (o.model.mechanism == Mechanism::kMomentClosure) {  // the far field's settings, only where they matter
+    j["max_clusters"] = o.model.max_clusters;
+    j["birth_threshold"] = o.model.birth_threshold;
+    j["merge_threshold"] = o.model.merge_threshold ? json(*o.model.merge_threshold) : json(nullptr);
+  }
+  return j;
+}
+
+// One field of the stored options, with its name in the message when it is missing or of the wrong type.
+template <class T>
+T option_field(const json& options, const char* name) {
+  if (!options.contains(name)) throw ValueError(std::string("options.") + name + " is missing");
+  const json& v = options.at(name);
+  const bool non_negative = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+  const bool fits = std::is_same_v<T, std::string> ? v.is_string()
+                    : std::is_same_v<T, double>    ? v.is_number()
+                    : std::is_unsigned_v<T>        ? non_negative
+                                                   : v.is_number_integer();
+  if (!fits) {
+    const char* kind = std::is_same_v<T, std::string> ? "a string"
+                       : std::is_same_v<T, double>    ? "a number"
+                       : std::is_unsigned_v<T>        ? "a non-negative integer"
+                                                      : "an integer";
+    throw ValueError(std::string("options.") + name + " must be " + kind + " (got " + v.dump() + ")");
+  }
+  return v.get<T>();
 }
 
 TrainOptions options_from_json(const json& j) {
+  if (!j.is_object()) throw ValueError("options must be an object");
   TrainOptions o;
-  o.model.mechanism = parse_mechanism(j.at("mechanism").get<std::string>());
-  o.model.vocab = j.at("vocab").get<int64_t>();
-  o.model.d_model = j.at("d_model").get<int64_t>();
-  o.model.n_layer = j.at("n_layer").get<int64_t>();
-  o.model.n_head = j.at("n_head").get<int64_t>();
-  o.model.window = j.at("window").get<int64_t>();
-  o.batch = j.at("batch").get<int64_t>();
-  o.chunk = j.at("chunk").get<int64_t>();
-  o.steps = j.at("steps").get<int64_t>();
-  o.detach_horizon = j.at("detach_horizon").get<int64_t>();
-  o.lr = j.at("lr").get<double>();
-  o.min_lr_ratio = j.at("min_lr_ratio").get<double>();
-  o.schedule = parse_schedule(j.at("schedule").get<std::string>());
-  o.weight_decay = j.at("weight_decay").get<double>();
-  o.clip = j.at("clip").get<double>();
-  o.seed = j.at("seed").get<uint64_t>();
+  o.model.mechanism = parse_mechanism(option_field<std::string>(j, "mechanism"));
+  o.model.vocab = option_field<int64_t>(j, "vocab");
+  o.model.d_model = option_field<int64_t>(j, "d_model");
+  o.model.n_layer = option_field<int64_t>(j, "n_layer");
+  o.model.n_head = option_field<int64_t>(j, "n_head");
+  o.model.window = option_field<int64_t>(j, "window");
+  o.batch = option_field<int64_t>(j, "batch");
+  o.chunk = option_field<int64_t>(j, "chunk");
+  o.steps = option_field<int64_t>(j, "steps");
+  o.detach_horizon = option_field<int64_t>(j, "detach_horizon");
+  o.lr = option_field<double>(j, "lr");
+  o.min_lr_ratio = option_field<double>(j, "min_lr_ratio");
+  o.schedule = parse_schedule(option_field<std::string>(j, "schedule"));
+  o.weight_decay = option_field<double>(j, "weight_decay");
+  o.clip = option_field<double>(j, "clip");
+  o.seed = option_field<uint64_t>(j, "seed");
+  if (o.model.mechanism == Mechanism::kMomentClosure) {
+    o.model.max_clusters = option_field<int64_t>(j, "max_clusters");
+    o.model.birth_threshold = option_field<double>(j, "birth_threshold");
+    if (j.contains("merge_threshold") && !j.at("merge_threshold").is_null()) {
+      o.model.merge_threshold = option_field<double>(j, "merge_threshold");
+    }
+  }
   return o;
 }
 
 // ---- the training session: model, optimizer, carried state ---------------------------------------------------
 
+template <class Kind>
 struct Session {
   TrainOptions options;
-  SlidingWindowSpine spine{nullptr};
+  typename Kind::Module model{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
-  SlidingWindowState state;
+  typename Kind::State state;
   int64_t step = 0;
   uint64_t corpus_fingerprint = 0;
   int64_t corpus_tokens = 0;
 };
 
-std::unique_ptr<torch::optim::AdamW> make_optimizer(SlidingWindowSpine& spine, const TrainOptions& o) {
-  return std::make_unique<torch::optim::AdamW>(spine->parameters(),
+std::unique_ptr<torch::optim::AdamW> make_optimizer(torch::nn::Module& model, const TrainOptions& o) {
+  return std::make_unique<torch::optim::AdamW>(model.parameters(),
                                                torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
 }
 
@@ -138,7 +249,62 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   throw std::runtime_error(path + ": not a usable attnmix LM checkpoint: " + why);
 }
 
-void save_checkpoint(const std::string& path, const Session& s) {
+// The AdamW moments, one record "p<i>" per parameter in named_parameters() order (absent before its first update).
+// torch's own Optimizer::save keys them by tensor addresses, which change from run to run and make the file bytes
+// (not the values) differ between a resumed and an uninterrupted run; this layout is the same whenever the values are.
+std::string optimizer_key(const torch::Tensor& parameter) {
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+}
+
+template <class Kind>
+torch::serialize::OutputArchive save_optimizer_state(const Session<Kind>& s) {
+  torch::serialize::OutputArchive archive;
+  const auto parameters = s.model->parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto found = s.optimizer->state().find(optimizer_key(parameters[i]));
+    if (found == s.optimizer->state().end()) continue;
+    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+    torch::serialize::OutputArchive one;
+    one.write("step", c10::IValue(adam.step()));
+    one.write("exp_avg", adam.exp_avg());
+    one.write("exp_avg_sq", adam.exp_avg_sq());
+    archive.write("p" + std::to_string(i), one);
+  }
+  return archive;
+}
+
+// The carried state: pos, batch_size and the per-layer caches k<l>, v<l> (present once the layer has cached tokens);
+// moment-closure adds every bank tensor of layer l (count<l>, mu_k<l>, mu_v<l>, sigma_kk<l>, sigma_vk<l>) and its
+// live prefix n_clusters<l> (int64, one per stream).
+void write_near_state(torch::serialize::OutputArchive& state, const SlidingWindowState& near) {
+  state.write("pos", c10::IValue(near.pos));
+  state.write("batch_size", c10::IValue(near.batch_size));
+  for (size_t l = 0; l < near.cache_k.size(); ++l) {
+    if (near.cache_k[l].defined()) {
+      state.write("k" + std::to_string(l), near.cache_k[l]);
+      state.write("v" + std::to_string(l), near.cache_v[l]);
+    }
+  }
+}
+
+void write_state(torch::serialize::OutputArchive& state, const SlidingWindowState& s) { write_near_state(state, s); }
+
+void write_state(torch::serialize::OutputArchive& state, const MomentClosureState& s) {
+  write_near_state(state, s.near);
+  for (size_t l = 0; l < s.banks.size(); ++l) {
+    const ClusterBank& bank = s.banks[l];
+    const std::string n = std::to_string(l);
+    state.write("count" + n, bank.count);
+    state.write("mu_k" + n, bank.mu_k);
+    state.write("mu_v" + n, bank.mu_v);
+    state.write("sigma_kk" + n, bank.sigma_kk);
+    state.write("sigma_vk" + n, bank.sigma_vk);
+    state.write("n_clusters" + n, torch::tensor(bank.n_clusters, torch::kLong));
+  }
+}
+
+template <class Kind>
+void save_checkpoint(const std::string& path, const Session<Kind>& s) {
   torch::serialize::OutputArchive root;
   json meta = {{"format", kFormat},
                {"schema_version", kSchemaVersion},
@@ -147,20 +313,12 @@ void save_checkpoint(const std::string& path, const Session& s) {
                {"corpus", {{"tokens", s.corpus_tokens}, {"fnv1a", s.corpus_fingerprint}}}};
   root.write("meta", c10::IValue(meta.dump()));
   torch::serialize::OutputArchive model;
-  s.spine->save(model);
+  s.model->save(model);
   root.write("model", model);
-  torch::serialize::OutputArchive optimizer;
-  s.optimizer->save(optimizer);
+  auto optimizer = save_optimizer_state(s);
   root.write("optimizer", optimizer);
   torch::serialize::OutputArchive state;
-  state.write("pos", c10::IValue(s.state.pos));
-  state.write("batch_size", c10::IValue(s.state.batch_size));
-  for (size_t l = 0; l < s.state.cache_k.size(); ++l) {
-    if (s.state.cache_k[l].defined()) {
-      state.write("k" + std::to_string(l), s.state.cache_k[l]);
-      state.write("v" + std::to_string(l), s.state.cache_v[l]);
-    }
-  }
+  write_state(state, s.state);
   root.write("state", state);
   std::ostringstream bytes;
   root.save_to(bytes);
@@ -168,6 +326,10 @@ void save_checkpoint(const std::string& path, const Session& s) {
 }
 
 std::string read_whole_file(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw std::runtime_error(path + ": cannot open the checkpoint: it is a directory");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw std::runtime_error(path + ": cannot open the checkpoint: " + std::strerror(errno));
@@ -190,161 +352,264 @@ LoadedCheckpoint open_checkpoint(const std::string& path) {
     c10::IValue meta;
     c.root.read("meta", meta);
     c.meta = json::parse(meta.toStringRef());
-  } catch (const c10::Error& e) {
+  } catch (const c10::Error&) {
     bad_checkpoint(path, "the file is not a torch archive with a \"meta\" record");
   } catch (const json::exception& e) {
     bad_checkpoint(path, std::string("the meta record is not valid JSON (") + e.what() + ")");
   }
-  if (!c.meta.is_object() || c.meta.value("format", "") != kFormat) {
-    bad_checkpoint(path, std::string("\"format\" must be \"") + kFormat + "\"");
+  const auto field = [&](const char* name) -> const json* {
+    return c.meta.is_object() && c.meta.contains(name) ? &c.meta.at(name) : nullptr;
+  };
+  const json* format = field("format");
+  if (!format || !format->is_string() || format->get<std::string>() != kFormat) {
+    bad_checkpoint(path, std::string("field format must be \"") + kFormat + "\"");
   }
-  if (c.meta.value("schema_version", 0) != kSchemaVersion) {
-    bad_checkpoint(path, "unsupported schema_version (this build reads " + std::to_string(kSchemaVersion) + ")");
+  const json* version = field("schema_version");
+  if (!version || !version->is_number_integer() || version->get<int64_t>() != kSchemaVersion) {
+    bad_checkpoint(path, "field schema_version: unsupported (this build reads " + std::to_string(kSchemaVersion) + ")");
   }
   return c;
 }
 
 TrainOptions checkpoint_options(const std::string& path, const json& meta) {
+  if (!meta.contains("options")) bad_checkpoint(path, "field options is missing");
+  TrainOptions o;
   try {
-    auto o = options_from_json(meta.at("options"));
+    o = options_from_json(meta.at("options"));
+  } catch (const std::invalid_argument& e) {
+    bad_checkpoint(path, std::string("field ") + e.what());
+  }
+  try {
     validate(o);
-    return o;
-  } catch (const json::exception& e) {
-    bad_checkpoint(path, std::string("field options: ") + e.what());
   } catch (const std::invalid_argument& e) {
     bad_checkpoint(path, std::string("field options: ") + e.what());
   }
+  return o;
 }
 
-// Builds the model under the seed and restores parameters (and, with `with_training`, optimizer and state).
-Session load_session(const std::string& path, bool with_training) {
-  auto c = open_checkpoint(path);
-  Session s;
-  s.options = checkpoint_options(path, c.meta);
-  torch::manual_seed(s.options.seed);
-  s.spine = SlidingWindowSpine(spine_options(s.options.model));
+std::string shape_text(c10::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + str(sizes[i]);
+  return text + "]";
+}
+
+// The tensors a checkpoint restores must have the shapes of the model its options describe: InputArchive::read
+// replaces a parameter by the stored tensor whatever its shape, so a tampered archive would otherwise load and fail
+// later, deep inside a forward pass.
+void check_shape(const std::string& path, const std::string& what, const torch::Tensor& t,
+                 c10::IntArrayRef expected) {
+  if (!t.defined() || t.sizes() != expected) {
+    bad_checkpoint(path, what + " has shape " + (t.defined() ? shape_text(t.sizes()) : std::string("(none)")) +
+                             ", the model it describes needs " + shape_text(expected));
+  }
+  if (t.scalar_type() != torch::kFloat) bad_checkpoint(path, what + " must be float32");
+}
+
+template <class Kind>
+void restore_model(const std::string& path, torch::serialize::InputArchive& root, Session<Kind>& s) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const auto& p : s.model->named_parameters()) expected.emplace_back(p.key(), p.value().sizes().vec());
+  torch::serialize::InputArchive model;
+  if (!root.try_read("model", model)) bad_checkpoint(path, "the archive has no \"model\" record");
+  s.model->load(model);
+  const auto loaded = s.model->named_parameters();
+  for (const auto& [name, sizes] : expected) {
+    check_shape(path, "parameter " + name, loaded[name], sizes);
+  }
+}
+
+// pos, batch_size and the caches of the near field (the whole state of window and full).
+void read_near_state(const std::string& path, torch::serialize::InputArchive& state, const TrainOptions& o,
+                     SlidingWindowState& near) {
+  c10::IValue pos;
+  c10::IValue batch_size;
+  state.read("pos", pos);
+  state.read("batch_size", batch_size);
+  if (batch_size.toInt() != o.batch) {
+    bad_checkpoint(path, "state batch_size " + str(batch_size.toInt()) + " differs from options.batch " + str(o.batch));
+  }
+  if (pos.toInt() < 0) bad_checkpoint(path, "state pos must be >= 0 (got " + str(pos.toInt()) + ")");
+  near.pos = pos.toInt();
+  const int64_t head_dim = o.model.d_model / o.model.n_head;
+  for (size_t l = 0; l < near.cache_k.size(); ++l) {
+    torch::Tensor k;
+    torch::Tensor v;
+    if (state.try_read("k" + std::to_string(l), k)) {
+      state.read("v" + std::to_string(l), v);
+      const int64_t len = k.dim() == 4 ? k.size(1) : -1;
+      const bool fits = len >= 1 && len <= near.pos &&
+                        (o.model.mechanism == Mechanism::kFull || len <= o.model.window);
+      check_shape(path, "state cache k" + std::to_string(l), k, {o.batch, fits ? len : 0, o.model.n_head, head_dim});
+      check_shape(path, "state cache v" + std::to_string(l), v, k.sizes());
+      near.cache_k[l] = k;
+      near.cache_v[l] = v;
+    }
+  }
+}
+
+void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<SpineKind>& s) {
+  s.state = s.model->init_state(s.options.batch);
+  read_near_state(path, state, s.options, s.state);
+}
+
+// The near field, then every layer's bank: shapes, a live prefix in [0, max_clusters] per stream with empty slots
+// beyond it, and counts that represent every evicted position exactly once (SPEC §7.8 step 2), so that a damaged
+// bank is reported here, naming the record, rather than by the first step.
+void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<MomentKind>& s) {
+  const auto& o = s.options;
+  s.state = s.model->init_state(o.batch);
+  read_near_state(path, state, o, s.state.near);
+  const int64_t B = o.batch, H = o.model.n_head, C = o.model.max_clusters, d = o.model.d_model / o.model.n_head;
+  for (size_t l = 0; l < s.state.banks.size(); ++l) {
+    const std::string n = std::to_string(l);
+    ClusterBank& bank = s.state.banks[l];
+    const auto tensor = [&](const std::string& name, torch::Tensor& into, c10::IntArrayRef sizes) {
+      if (!state.try_read(name + n, into)) bad_checkpoint(path, "the state has no cluster-bank record " + name + n);
+      check_shape(path, "state " + name + n, into, sizes);
+    };
+    tensor("count", bank.count, {B, H, C});
+    tensor("mu_k", bank.mu_k, {B, H, C, d});
+    tensor("mu_v", bank.mu_v, {B, H, C, d});
+    tensor("sigma_kk", bank.sigma_kk, {B, H, C, d});
+    tensor("sigma_vk", bank.sigma_vk, {B, H, C, d, d});
+    torch::Tensor live;
+    if (!state.try_read("n_clusters" + n, live)) bad_checkpoint(path, "the state has no record n_clusters" + n);
+    if (live.scalar_type() != torch::kLong || live.sizes() != c10::IntArrayRef{B}) {
+      bad_checkpoint(path, "state n_clusters" + n + " must be " + str(B) + " int64 values (one per stream)");
+    }
+    const auto live_cpu = live.contiguous();
+    bank.n_clusters.assign(live_cpu.data_ptr<int64_t>(), live_cpu.data_ptr<int64_t>() + B);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t c = bank.n_clusters[static_cast<size_t>(b)];
+      if (c < 0 || c > C) {
+        bad_checkpoint(path, "state n_clusters" + n + " of stream " + str(b) + " is " + str(c) + ", outside [0, " +
+                                 str(C) + "]");
+      }
+      if (c < C && bank.count[b].narrow(1, c, C - c).ne(0).any().item<bool>()) {
+        bad_checkpoint(path, "state count" + n + " of stream " + str(b) + " has tokens beyond its " + str(c) +
+                                 " live clusters");
+      }
+    }
+    const auto& cache = s.state.near.cache_k[l];
+    const int64_t far = s.state.near.pos - (cache.defined() ? cache.size(1) : 0);
+    // The tolerance of the mechanism's own check (allclose atol 1e-4, rtol 1e-5, plus the float32 rounding of
+    // a total of that size), so that this check never rejects a state the first step would accept.
+    const double tolerance = 1e-4 + (1e-5 + 8.0 * std::numeric_limits<float>::epsilon()) * static_cast<double>(far);
+    const auto totals = bank.total_per_head().to(torch::kDouble);
+    if ((totals - static_cast<double>(far)).abs().max().item<double>() > tolerance) {
+      bad_checkpoint(path, "state count" + n + " does not hold the " + str(far) +
+                               " evicted tokens of every stream and head (pos minus the cached tokens)");
+    }
+  }
+}
+
+template <class Kind>
+void restore_training(const std::string& path, torch::serialize::InputArchive& root, Session<Kind>& s) {
+  const auto& o = s.options;
+  s.optimizer = make_optimizer(*s.model, o);
+  torch::serialize::InputArchive optimizer;
+  if (!root.try_read("optimizer", optimizer)) bad_checkpoint(path, "the archive has no \"optimizer\" record");
+  const auto parameters = s.model->named_parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto& p = parameters[i];
+    torch::serialize::InputArchive one;
+    if (!optimizer.try_read("p" + std::to_string(i), one)) continue;  // no update yet
+    c10::IValue step;
+    torch::Tensor exp_avg;
+    torch::Tensor exp_avg_sq;
+    one.read("step", step);
+    one.read("exp_avg", exp_avg);
+    one.read("exp_avg_sq", exp_avg_sq);
+    if (step.toInt() < 1) bad_checkpoint(path, "optimizer step of " + p.key() + " must be >= 1");
+    check_shape(path, "optimizer exp_avg of " + p.key(), exp_avg, p.value().sizes());
+    check_shape(path, "optimizer exp_avg_sq of " + p.key(), exp_avg_sq, p.value().sizes());
+    auto adam = std::make_unique<torch::optim::AdamWParamState>();
+    adam->step(step.toInt());
+    adam->exp_avg(exp_avg);
+    adam->exp_avg_sq(exp_avg_sq);
+    s.optimizer->state()[optimizer_key(p.value())] = std::move(adam);
+  }
+  torch::serialize::InputArchive state;
+  if (!root.try_read("state", state)) bad_checkpoint(path, "the archive has no \"state\" record");
+  read_state(path, state, s);
+}
+
+// Step and corpus of an opened checkpoint (options already read and validated).
+template <class Kind>
+void read_progress(const std::string& path, const json& meta, Session<Kind>& s) {
   try {
-    s.step = c.meta.at("step").get<int64_t>();
-    s.corpus_tokens = c.meta.at("corpus").at("tokens").get<int64_t>();
-    s.corpus_fingerprint = c.meta.at("corpus").at("fnv1a").get<uint64_t>();
+    s.step = meta.at("step").get<int64_t>();
+    s.corpus_tokens = meta.at("corpus").at("tokens").get<int64_t>();
+    s.corpus_fingerprint = meta.at("corpus").at("fnv1a").get<uint64_t>();
   } catch (const json::exception& e) {
     bad_checkpoint(path, std::string("meta: ") + e.what());
   }
+  if (s.step < 0 || s.step > s.options.steps) {
+    bad_checkpoint(path, "field step (" + str(s.step) + ") must lie in [0, options.steps = " + str(s.options.steps) +
+                             "]");
+  }
+}
+
+// Builds the model under the seed and restores parameters (and, with `with_training`, optimizer and state) from an
+// opened checkpoint whose options (of this kind's mechanism) are `options`.
+template <class Kind>
+Session<Kind> load_session(const std::string& path, LoadedCheckpoint& c, const TrainOptions& options,
+                           bool with_training) {
+  Session<Kind> s;
+  s.options = options;
+  read_progress(path, c.meta, s);
+  torch::manual_seed(s.options.seed);
+  s.model = Kind::make(s.options.model);
   try {
-    torch::serialize::InputArchive model;
-    c.root.read("model", model);
-    s.spine->load(model);
-    if (with_training) {
-      s.optimizer = make_optimizer(s.spine, s.options);
-      torch::serialize::InputArchive optimizer;
-      c.root.read("optimizer", optimizer);
-      s.optimizer->load(optimizer);
-      torch::serialize::InputArchive state;
-      c.root.read("state", state);
-      c10::IValue pos;
-      c10::IValue batch_size;
-      state.read("pos", pos);
-      state.read("batch_size", batch_size);
-      s.state = s.spine->init_state(batch_size.toInt());
-      s.state.pos = pos.toInt();
-      for (size_t l = 0; l < s.state.cache_k.size(); ++l) {
-        torch::Tensor k;
-        torch::Tensor v;
-        if (state.try_read("k" + std::to_string(l), k)) {
-          state.read("v" + std::to_string(l), v);
-          s.state.cache_k[l] = k;
-          s.state.cache_v[l] = v;
-        }
-      }
-    }
-  } catch (const c10::Error& e) {
+    restore_model(path, c.root, s);
+    if (with_training) restore_training(path, c.root, s);
+  } catch (const c10::Error&) {
     bad_checkpoint(path, "its tensors do not match the model it describes");
   }
   return s;
 }
 
-
-}  // namespace
-
-Mechanism parse_mechanism(std::string_view name) {
-  if (name == "window") return Mechanism::kWindow;
-  if (name == "full") return Mechanism::kFull;
-  throw ValueError("mechanism must be \"window\" or \"full\" (got \"" + std::string(name) + "\")");
-}
-
-std::string mechanism_name(Mechanism mechanism) { return mechanism == Mechanism::kFull ? "full" : "window"; }
-
-Schedule parse_schedule(std::string_view name) {
-  if (name == "constant") return Schedule::kConstant;
-  if (name == "cosine") return Schedule::kCosine;
-  throw ValueError("schedule must be \"constant\" or \"cosine\" (got \"" + std::string(name) + "\")");
-}
-
-std::string schedule_name(Schedule schedule) { return schedule == Schedule::kCosine ? "cosine" : "constant"; }
-
-void validate(const TrainOptions& o) {
-  validate_spine_options(spine_options(o.model), "lm");
-  const auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) throw ValueError(std::string("lm: ") + name + " must be a positive integer (got " + str(v) + ")");
-  };
-  positive("batch", o.batch);
-  positive("chunk", o.chunk);
-  positive("steps", o.steps);
-  positive("detach_horizon", o.detach_horizon);
-  positive("threads", o.threads);
-  if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
-  if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
-  if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");
-  if (!(o.weight_decay >= 0.0) || !std::isfinite(o.weight_decay)) throw ValueError("lm: weight_decay must be >= 0");
-  if (!(o.clip >= 0.0) || !std::isfinite(o.clip)) throw ValueError("lm: clip must be >= 0 (0 turns clipping off)");
-}
-
-std::vector<int64_t> byte_tokens(std::string_view text) {
-  std::vector<int64_t> out(text.size());
-  std::transform(text.begin(), text.end(), out.begin(), [](char c) { return static_cast<int64_t>(static_cast<unsigned char>(c)); });
-  return out;
-}
-
-std::pair<std::vector<int64_t>, std::vector<int64_t>> split_heldout(std::span<const int64_t> tokens, double fraction) {
-  if (!(fraction > 0.0 && fraction < 1.0)) {
-    throw ValueError("lm: the held-out fraction must lie in (0, 1)");
-  }
+// Streams tokens (one stream) through the model in chunks, without gradients: the mean next-token cross-entropy and,
+// for moment-closure, what the far field did.
+template <class Kind>
+Evaluation evaluate_model(typename Kind::Module& model, std::span<const int64_t> tokens, int64_t chunk) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
   const auto n = static_cast<int64_t>(tokens.size());
-  const auto held = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n)));
-  if (held < 2 || n - held < 2) {
-    throw ValueError("lm: the text is too short to split into training and held-out parts (" + str(n) + " tokens)");
+  const auto data = torch::from_blob(const_cast<int64_t*>(tokens.data()), {1, n}, torch::kLong);
+  auto state = model->init_state(1);
+  FarFieldTally tally;
+  double total = 0.0;
+  const auto start = Clock::now();
+  for (int64_t offset = 0; offset < n - 1; offset += chunk) {
+    const int64_t t = std::min(chunk, n - 1 - offset);
+    auto step = model->advance(state, data.narrow(1, offset, t));
+    state = std::move(step.state);
+    if constexpr (Kind::kHasFarField) tally.add(model->last_receipts());
+    const auto targets = data.narrow(1, offset + 1, t).reshape({-1});
+    total += torch::nn::functional::cross_entropy(
+                 step.logits.reshape({-1, step.logits.size(-1)}), targets,
+                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                 .template item<double>();
   }
-  return {{tokens.begin(), tokens.end() - held}, {tokens.end() - held, tokens.end()}};
+  model->train(was_training);
+  Evaluation e;
+  e.tokens = n - 1;
+  e.mean_cross_entropy = total / static_cast<double>(n - 1);
+  e.bits_per_token = e.mean_cross_entropy / std::numbers::ln2;
+  e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  e.state_bytes = state.bytes();
+  if constexpr (Kind::kHasFarField) e.far_field = tally.finish(state);
+  return e;
 }
 
-TrainSummary train(const TrainOptions& requested, std::span<const int64_t> tokens, const std::string& resume_from,
-                   const std::string& out, const std::function<void(const Progress&)>& on_progress) {
-  validate(requested);
-  at::set_num_threads(requested.threads);
-  Session s;
-  if (resume_from.empty()) {
-    s.options = requested;
-    torch::manual_seed(s.options.seed);
-    s.spine = SlidingWindowSpine(spine_options(s.options.model));
-    s.optimizer = make_optimizer(s.spine, s.options);
-    s.corpus_tokens = static_cast<int64_t>(tokens.size());
-    s.corpus_fingerprint = fingerprint(tokens);
-  } else {
-    s = load_session(resume_from, /*with_training=*/true);
-    if (s.corpus_tokens != static_cast<int64_t>(tokens.size()) || s.corpus_fingerprint != fingerprint(tokens)) {
-      throw std::runtime_error(resume_from + ": the checkpoint was trained on a different corpus (" +
-                               str(s.corpus_tokens) + " tokens, fingerprint " + std::to_string(s.corpus_fingerprint) +
-                               "); resume with the same text");
-    }
-    s.options.steps = requested.steps;
-    if (s.step > s.options.steps) {
-      throw ValueError("lm: the checkpoint is at step " + str(s.step) + ", beyond --steps " + str(requested.steps));
-    }
-  }
-  s.options.threads = requested.threads;
-  s.options.checkpoint_every = requested.checkpoint_every;
+template <class Kind>
+TrainSummary train_kind(Session<Kind>& s, std::span<const int64_t> tokens, const std::string& out,
+                        const std::function<void(const Progress&)>& on_progress, std::span<const int64_t> heldout) {
   const auto& o = s.options;
   check_vocabulary(tokens, o.model.vocab, "lm train");
+  check_vocabulary(heldout, o.model.vocab, "lm train (held-out tokens)");
   const int64_t stream_len = static_cast<int64_t>(tokens.size()) / o.batch;
   const int64_t chunks_per_pass = (stream_len - 1) / o.chunk;
   if (chunks_per_pass < 1) {
@@ -357,28 +622,34 @@ TrainSummary train(const TrainOptions& requested, std::span<const int64_t> token
   int64_t current_step = s.step;
   TbpttOptions tbptt;
   tbptt.detach_horizon = o.detach_horizon;
-  const auto parameters = s.spine->parameters();
+  const auto parameters = s.model->parameters();
   tbptt.before_update = [&](int64_t) {
     if (o.clip > 0.0) {
       torch::nn::utils::clip_grad_norm_(parameters, o.clip);
     }
     set_learning_rate(*s.optimizer, learning_rate(o, current_step));
   };
-  TbpttRunner<SlidingWindowSpineImpl> runner(*s.spine, *s.optimizer, tbptt);
+  TbpttRunner<typename Kind::Impl> runner(*s.model, *s.optimizer, tbptt);
 
   TrainSummary summary;
   summary.first_step = s.step;
   for (const auto& p : parameters) summary.parameters += p.numel();
+  FarFieldTally tally;
   const auto start = Clock::now();
   const int64_t tokens_per_step = o.batch * o.chunk;
   for (; s.step < o.steps; ++s.step) {
     current_step = s.step;
     const int64_t within_pass = s.step % chunks_per_pass;
     if (within_pass == 0) {
-      s.state = s.spine->init_state(o.batch);
+      s.state = s.model->init_state(o.batch);
     }
     const int64_t offset = within_pass * o.chunk;
     const double loss = runner.feed(s.state, data.narrow(1, offset, o.chunk), data.narrow(1, offset + 1, o.chunk));
+    if (!std::isfinite(loss)) {
+      throw std::runtime_error("lm train: the loss became " + std::to_string(loss) + " at step " + str(s.step + 1) +
+                               " (the run diverged; lower lr or keep clip > 0); no checkpoint was written for it");
+    }
+    if constexpr (Kind::kHasFarField) tally.add(s.model->last_receipts());
     summary.losses.push_back(loss);
     summary.tokens += tokens_per_step;
     if (o.checkpoint_every > 0 && !out.empty() && (s.step + 1) % o.checkpoint_every == 0 &&
@@ -404,59 +675,23 @@ TrainSummary train(const TrainOptions& requested, std::span<const int64_t> token
   summary.steps = s.step;
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   summary.state_bytes = s.state.bytes();
+  if constexpr (Kind::kHasFarField) summary.far_field = tally.finish(s.state);
   if (!out.empty()) {
     save_checkpoint(out, s);
+  }
+  if (!heldout.empty()) {
+    summary.heldout = evaluate_model<Kind>(s.model, heldout, o.chunk);
   }
   return summary;
 }
 
-Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads) {
-  if (chunk <= 0) throw ValueError("lm eval: chunk must be a positive integer");
-  if (threads <= 0) throw ValueError("lm eval: threads must be a positive integer");
-  if (tokens.size() < 2) throw ValueError("lm eval: the text needs at least 2 tokens");
-  at::set_num_threads(threads);
-  auto s = load_session(checkpoint, /*with_training=*/false);
-  check_vocabulary(tokens, s.options.model.vocab, "lm eval");
+template <class Kind>
+std::vector<int64_t> generate_kind(typename Kind::Module& model, std::span<const int64_t> prompt,
+                                   const GenerateOptions& g) {
   torch::NoGradGuard no_grad;
-  s.spine->eval();
-  const auto n = static_cast<int64_t>(tokens.size());
-  const auto data = torch::from_blob(const_cast<int64_t*>(tokens.data()), {1, n}, torch::kLong);
-  auto state = s.spine->init_state(1);
-  double total = 0.0;
-  const auto start = Clock::now();
-  for (int64_t offset = 0; offset < n - 1; offset += chunk) {
-    const int64_t t = std::min(chunk, n - 1 - offset);
-    auto step = s.spine->advance(state, data.narrow(1, offset, t));
-    state = std::move(step.state);
-    const auto targets = data.narrow(1, offset + 1, t).reshape({-1});
-    total += torch::nn::functional::cross_entropy(
-                 step.logits.reshape({-1, step.logits.size(-1)}), targets,
-                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                 .item<double>();
-  }
-  Evaluation e;
-  e.tokens = n - 1;
-  e.mean_cross_entropy = total / static_cast<double>(n - 1);
-  e.bits_per_token = e.mean_cross_entropy / std::numbers::ln2;
-  e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  e.state_bytes = state.bytes();
-  return e;
-}
-
-std::vector<int64_t> generate(const std::string& checkpoint, std::span<const int64_t> prompt,
-                              const GenerateOptions& g) {
-  if (prompt.empty()) throw ValueError("lm generate: the prompt must not be empty");
-  if (g.tokens < 0) throw ValueError("lm generate: the number of tokens must be >= 0");
-  if (!(g.temperature > 0.0) || !std::isfinite(g.temperature)) throw ValueError("lm generate: temperature must be > 0");
-  if (g.top_k < 0) throw ValueError("lm generate: top_k must be >= 0");
-  if (g.threads <= 0) throw ValueError("lm generate: threads must be a positive integer");
-  at::set_num_threads(g.threads);
-  auto s = load_session(checkpoint, /*with_training=*/false);
-  check_vocabulary(prompt, s.options.model.vocab, "lm generate");
-  torch::NoGradGuard no_grad;
-  s.spine->eval();
-  auto state = s.spine->init_state(1);
-  auto step = s.spine->advance(
+  model->eval();
+  auto state = model->init_state(1);
+  auto step = model->advance(
       state, torch::from_blob(const_cast<int64_t*>(prompt.data()), {1, static_cast<int64_t>(prompt.size())},
                               torch::kLong));
   Rng rng(g.seed);
@@ -469,7 +704,7 @@ std::vector<int64_t> generate(const std::string& checkpoint, std::span<const int
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
     }
     const auto probs = torch::softmax(logits, 0).contiguous();
-    const double* p = probs.data_ptr<double>();
+    const double* p = probs.template data_ptr<double>();
     double u = rng.uniform();
     int64_t token = probs.size(0) - 1;
     for (int64_t v = 0; v < probs.size(0); ++v) {
@@ -480,9 +715,140 @@ std::vector<int64_t> generate(const std::string& checkpoint, std::span<const int
       u -= p[v];
     }
     out.push_back(token);
-    step = s.spine->advance(step.state, torch::full({1, 1}, token, torch::kLong));
+    step = model->advance(step.state, torch::full({1, 1}, token, torch::kLong));
   }
   return out;
+}
+
+}  // namespace
+
+void validate(const TrainOptions& o) {
+  validate_spine_options(spine_options(o.model), "lm");
+  const auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw ValueError(std::string("lm: ") + name + " must be a positive integer (got " + str(v) + ")");
+  };
+  positive("batch", o.batch);
+  positive("chunk", o.chunk);
+  positive("steps", o.steps);
+  positive("detach_horizon", o.detach_horizon);
+  positive("threads", o.threads);
+  positive("max_clusters", o.model.max_clusters);
+  if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
+  if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
+  if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");
+  if (!(o.weight_decay >= 0.0) || !std::isfinite(o.weight_decay)) throw ValueError("lm: weight_decay must be >= 0");
+  if (!(o.clip >= 0.0) || !std::isfinite(o.clip)) throw ValueError("lm: clip must be >= 0 (0 turns clipping off)");
+  if (!std::isfinite(o.model.birth_threshold)) throw ValueError("lm: birth_threshold must be a finite number");
+  if (o.model.merge_threshold && !std::isfinite(*o.model.merge_threshold)) {
+    throw ValueError("lm: merge_threshold must be a finite number when given");
+  }
+}
+std::vector<int64_t> byte_tokens(std::string_view text) {
+  std::vector<int64_t> out(text.size());
+  std::transform(text.begin(), text.end(), out.begin(), [](char c) { return static_cast<int64_t>(static_cast<unsigned char>(c)); });
+  return out;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> split_heldout(std::span<const int64_t> tokens, double fraction) {
+  if (!(fraction > 0.0 && fraction < 1.0)) {
+    throw ValueError("lm: the held-out fraction must lie in (0, 1)");
+  }
+  const auto n = static_cast<int64_t>(tokens.size());
+  const auto held = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n)));
+  if (held < 2 || n - held < 2) {
+    throw ValueError("lm: the text is too short to split into training and held-out parts (" + str(n) + " tokens)");
+  }
+  return {{tokens.begin(), tokens.end() - held}, {tokens.end() - held, tokens.end()}};
+}
+
+uint64_t corpus_fingerprint(std::span<const int64_t> tokens) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const int64_t t : tokens) {
+    h ^= static_cast<uint64_t>(t);
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+TrainSummary train(const TrainOptions& requested, std::span<const int64_t> tokens, const std::string& resume_from,
+                   const std::string& out, const std::function<void(const Progress&)>& on_progress,
+                   std::span<const int64_t> heldout) {
+  validate(requested);
+  if (!heldout.empty() && heldout.size() < 2) {
+    throw ValueError("lm train: the held-out part needs at least 2 tokens (got " +
+                     str(static_cast<int64_t>(heldout.size())) + ")");
+  }
+  at::set_num_threads(requested.threads);
+  std::optional<LoadedCheckpoint> checkpoint;
+  TrainOptions options = requested;
+  if (!resume_from.empty()) {
+    checkpoint.emplace(open_checkpoint(resume_from));
+    options = checkpoint_options(resume_from, checkpoint->meta);
+  }
+  return with_kind(options.model.mechanism, [&](auto kind) {
+    using Kind = decltype(kind);
+    Session<Kind> s;
+    if (!checkpoint) {
+      s.options = requested;
+      torch::manual_seed(s.options.seed);
+      s.model = Kind::make(s.options.model);
+      s.optimizer = make_optimizer(*s.model, s.options);
+      s.corpus_tokens = static_cast<int64_t>(tokens.size());
+      s.corpus_fingerprint = corpus_fingerprint(tokens);
+    } else {
+      s = load_session<Kind>(resume_from, *checkpoint, options, /*with_training=*/true);
+      if (s.corpus_tokens != static_cast<int64_t>(tokens.size()) ||
+          s.corpus_fingerprint != corpus_fingerprint(tokens)) {
+        throw std::runtime_error(resume_from + ": the checkpoint was trained on a different corpus (" +
+                                 str(s.corpus_tokens) + " tokens, fingerprint " +
+                                 std::to_string(s.corpus_fingerprint) + "; these training tokens: " +
+                                 str(static_cast<int64_t>(tokens.size())) + ", fingerprint " +
+                                 std::to_string(corpus_fingerprint(tokens)) +
+                                 "); resume with the same training tokens");
+      }
+      s.options.steps = requested.steps;
+      if (s.step > s.options.steps) {
+        throw ValueError("lm train: the checkpoint " + resume_from + " is at step " + str(s.step) +
+                         ", beyond steps = " + str(requested.steps));
+      }
+    }
+    s.options.threads = requested.threads;
+    s.options.checkpoint_every = requested.checkpoint_every;
+    return train_kind(s, tokens, out, on_progress, heldout);
+  });
+}
+
+Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads) {
+  if (chunk <= 0) throw ValueError("lm eval: chunk must be a positive integer");
+  if (threads <= 0) throw ValueError("lm eval: threads must be a positive integer");
+  if (tokens.size() < 2) throw ValueError("lm eval: the text needs at least 2 tokens");
+  at::set_num_threads(threads);
+  auto c = open_checkpoint(checkpoint);
+  const TrainOptions options = checkpoint_options(checkpoint, c.meta);
+  return with_kind(options.model.mechanism, [&](auto kind) {
+    using Kind = decltype(kind);
+    auto s = load_session<Kind>(checkpoint, c, options, /*with_training=*/false);
+    check_vocabulary(tokens, s.options.model.vocab, "lm eval");
+    return evaluate_model<Kind>(s.model, tokens, chunk);
+  });
+}
+
+std::vector<int64_t> generate(const std::string& checkpoint, std::span<const int64_t> prompt,
+                              const GenerateOptions& g) {
+  if (prompt.empty()) throw ValueError("lm generate: the prompt must not be empty");
+  if (g.tokens < 0) throw ValueError("lm generate: the number of tokens must be >= 0");
+  if (!(g.temperature > 0.0) || !std::isfinite(g.temperature)) throw ValueError("lm generate: temperature must be > 0");
+  if (g.top_k < 0) throw ValueError("lm generate: top_k must be >= 0");
+  if (g.threads <= 0) throw ValueError("lm generate: threads must be a positive integer");
+  at::set_num_threads(g.threads);
+  auto c = open_checkpoint(checkpoint);
+  const TrainOptions options = checkpoint_options(checkpoint, c.meta);
+  return with_kind(options.model.mechanism, [&](auto kind) {
+    using Kind = decltype(kind);
+    auto s = load_session<Kind>(checkpoint, c, options, /*with_training=*/false);
+    check_vocabulary(prompt, s.options.model.vocab, "lm generate");
+    return generate_kind<Kind>(s.model, prompt, g);
+  });
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
@@ -490,7 +856,17 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
   CheckpointInfo info;
   info.options = checkpoint_options(checkpoint, c.meta);
   info.model = info.options.model;
-  info.step = c.meta.value("step", int64_t{0});
+  try {
+    info.step = c.meta.at("step").get<int64_t>();
+    info.corpus_tokens = c.meta.at("corpus").at("tokens").get<int64_t>();
+    info.corpus_fingerprint = c.meta.at("corpus").at("fnv1a").get<uint64_t>();
+  } catch (const json::exception& e) {
+    bad_checkpoint(checkpoint, std::string("meta: ") + e.what());
+  }
+  if (info.step < 0 || info.step > info.options.steps) {
+    bad_checkpoint(checkpoint, "field step (" + str(info.step) + ") must lie in [0, options.steps = " +
+                                   str(info.options.steps) + "]");
+  }
   return info;
 }
 

@@ -1,17 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file language_model.hpp
-/// Training, evaluating and sampling a streaming language model (SPEC §6) from token arrays and checkpoint files.
+/// Training, evaluating and sampling a streaming language model (SPEC §6-7) from token arrays and checkpoint files.
 /// This interface has no libtorch types, so the CLI and other callers compile without libtorch headers; the
-/// implementation (src/stream/language_model.cpp) drives the mechanisms of context_spine.hpp.
+/// implementation (src/stream/language_model.cpp, target attnmix::torch) drives the mechanisms of context_spine.hpp
+/// (window, full) and moment_closure.hpp (moment-closure: the window plus a far-field cluster bank per layer).
+/// The option structs and the name helpers are header-only: a caller that only parses options needs no libtorch.
 ///
 /// Training data layout: the token array is cut into `batch` contiguous streams of equal length L; step s feeds
 /// every stream the chunk at offset (s mod P)·chunk, where P = ⌊(L − 1)/chunk⌋ chunks make one pass; x is the
 /// chunk, y the same tokens shifted by one. At the start of every pass the carried state is reset. Updates follow
 /// truncated BPTT (SPEC §6.5) with AdamW, gradient-norm clipping and a constant or cosine learning rate.
-/// Checkpoints (model, optimizer, carried state, step, corpus fingerprint) are written atomically; resuming from a
-/// checkpoint saved after step s continues exactly as the uninterrupted run would (bitwise, same thread count), as
-/// long as s is a multiple of detach_horizon (a run's remainder is flushed before saving, SPEC §6.5).
+/// Checkpoints (model, optimizer, carried state — for moment-closure the near caches and every cluster-bank
+/// tensor —, step, corpus fingerprint) are written atomically; resuming from a checkpoint saved after step s
+/// continues exactly as the uninterrupted run would (bitwise, same thread count), as long as s is a multiple of
+/// detach_horizon (a run's remainder is flushed before saving, SPEC §6.5) and the total number of steps is
+/// unchanged (the cosine schedule depends on it). docs/lm.md describes the format.
 #pragma once
+
+#include "attnmix/core/errors.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -19,18 +25,36 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace attnmix::lm {
 
 enum class Mechanism {
-  kWindow,  ///< sliding-window attention over the last `window` tokens
-  kFull,    ///< unbounded causal attention (the quality reference)
+  kWindow,         ///< sliding-window attention over the last `window` tokens
+  kFull,           ///< unbounded causal attention (the quality reference)
+  kMomentClosure,  ///< the window plus a bounded far field: a Gaussian cluster bank per layer (SPEC §7)
 };
 
-/// "window" or "full". @throws ValueError for other names.
-Mechanism parse_mechanism(std::string_view name);
-std::string mechanism_name(Mechanism mechanism);
+/// "window", "full" or "moment-closure". @throws ValueError for other names.
+inline Mechanism parse_mechanism(std::string_view name) {
+  if (name == "window") return Mechanism::kWindow;
+  if (name == "full") return Mechanism::kFull;
+  if (name == "moment-closure") return Mechanism::kMomentClosure;
+  throw ValueError("mechanism must be \"window\", \"full\" or \"moment-closure\" (got \"" + std::string(name) +
+                   "\")");
+}
+inline std::string mechanism_name(Mechanism mechanism) {
+  switch (mechanism) {
+    case Mechanism::kFull:
+      return "full";
+    case Mechanism::kMomentClosure:
+      return "moment-closure";
+    case Mechanism::kWindow:
+      break;
+  }
+  return "window";
+}
 
 /// The architecture (SPEC §6.2).
 struct ModelConfig {
@@ -40,13 +64,22 @@ struct ModelConfig {
   int64_t n_layer = 2;
   int64_t n_head = 2;
   int64_t window = 64;  ///< ignored by kFull
+  // The far field of kMomentClosure (SPEC §7.6, §7.8); the other mechanisms ignore these (validate() still checks
+  // them) and their checkpoints do not store them.
+  int64_t max_clusters = 4;               ///< clusters per layer, stream and head (positive)
+  double birth_threshold = -2.0;          ///< a chunk whose best cluster logit is below this on every head births
+  std::optional<double> merge_threshold;  ///< cluster distance below which two merge; default 2.65 + 6/√n
 };
 
 enum class Schedule { kConstant, kCosine };
 
 /// "constant" or "cosine". @throws ValueError for other names.
-Schedule parse_schedule(std::string_view name);
-std::string schedule_name(Schedule schedule);
+inline Schedule parse_schedule(std::string_view name) {
+  if (name == "constant") return Schedule::kConstant;
+  if (name == "cosine") return Schedule::kCosine;
+  throw ValueError("schedule must be \"constant\" or \"cosine\" (got \"" + std::string(name) + "\")");
+}
+inline std::string schedule_name(Schedule schedule) { return schedule == Schedule::kCosine ? "cosine" : "constant"; }
 
 struct TrainOptions {
   ModelConfig model;
@@ -77,14 +110,13 @@ struct Progress {
   double eta_seconds = 0.0;
 };
 
-struct TrainSummary {
-  int64_t first_step = 0;        ///< 0 for a fresh run, the checkpoint's step when resumed
-  int64_t steps = 0;             ///< the step reached
-  std::vector<double> losses;    ///< one per step run here
-  int64_t tokens = 0;            ///< tokens trained on in this run
-  double seconds = 0.0;
-  int64_t parameters = 0;        ///< number of trainable scalars
-  int64_t state_bytes = 0;       ///< size of the carried state after the last step
+/// What the far field of one moment-closure layer did over a run (from the per-step receipts, SPEC §7.6-7.8).
+struct LayerClusterStats {
+  double clusters = 0.0;     ///< live clusters at the end, mean over the streams
+  int64_t births = 0;        ///< clusters born, summed over steps and streams
+  int64_t merges = 0;        ///< pairs merged, summed over steps and streams
+  int64_t ingestions = 0;    ///< (step, stream) pairs that evicted tokens into the bank
+  double mean_misfit = 0.0;  ///< mean of the stream misfit receipts (misfit_scalar) over those ingestions
 };
 
 /// Held-out evaluation: mean cross-entropy in nats and bits per token, streaming one chunk at a time.
@@ -94,6 +126,21 @@ struct Evaluation {
   double bits_per_token = 0.0;
   double seconds = 0.0;
   int64_t state_bytes = 0;  ///< size of the carried state at the end
+  std::vector<LayerClusterStats> far_field;  ///< moment-closure: one per layer (one stream); empty otherwise
+};
+
+struct TrainSummary {
+  int64_t first_step = 0;        ///< 0 for a fresh run, the checkpoint's step when resumed
+  int64_t steps = 0;             ///< the step reached
+  std::vector<double> losses;    ///< one per step run here
+  int64_t tokens = 0;            ///< tokens trained on in this run
+  double seconds = 0.0;
+  int64_t parameters = 0;        ///< number of trainable scalars
+  int64_t state_bytes = 0;       ///< size of the carried state after the last step
+  /// moment-closure: one per layer, over the steps run here and every stream (clusters: the final state);
+  /// empty otherwise.
+  std::vector<LayerClusterStats> far_field;
+  std::optional<Evaluation> heldout;  ///< the final model on the held-out tokens, when train() was given any
 };
 
 /// Bytes of a text as token ids 0…255.
@@ -104,13 +151,19 @@ std::vector<int64_t> byte_tokens(std::string_view text);
 std::pair<std::vector<int64_t>, std::vector<int64_t>> split_heldout(std::span<const int64_t> tokens, double fraction);
 
 /// Trains a fresh model (resume_from empty) or continues a checkpoint, writes the checkpoint to `out` (atomically;
-/// empty: no file) and returns what happened. on_progress, if set, is called after every step.
+/// empty: no file) and returns what happened. on_progress, if set, is called after every step (after the periodic
+/// checkpoint of that step, if one is due). With `heldout` tokens (at least 2), the final model is evaluated on them
+/// in chunks of `chunk` (TrainSummary::heldout) after the checkpoint is written.
 /// When resuming, `options` supplies only steps, threads and checkpoint_every; everything else comes from the
 /// checkpoint, and the corpus must be the one it was trained on.
-/// @throws ValueError for invalid options, ids outside the vocabulary, or a corpus too short for one chunk per
-///   stream; std::runtime_error for an unreadable, malformed or mismatched checkpoint (message names the file).
+/// Nothing is written before the first step succeeds; a loss that turns non-finite stops the run with an error
+/// before the next checkpoint is written (an earlier periodic checkpoint stays).
+/// @throws ValueError for invalid options, ids outside the vocabulary, a corpus too short for one chunk per stream,
+///   fewer than 2 held-out tokens, or a checkpoint beyond options.steps; std::runtime_error for an unreadable,
+///   malformed or mismatched checkpoint (message names the file), or a non-finite loss.
 TrainSummary train(const TrainOptions& options, std::span<const int64_t> tokens, const std::string& resume_from,
-                   const std::string& out, const std::function<void(const Progress&)>& on_progress = {});
+                   const std::string& out, const std::function<void(const Progress&)>& on_progress = {},
+                   std::span<const int64_t> heldout = {});
 
 /// Streams tokens through the checkpoint's model in chunks of `chunk` (one stream, no gradients).
 /// @throws std::runtime_error for a bad checkpoint; ValueError for ids outside the vocabulary or < 2 tokens.
@@ -129,12 +182,18 @@ struct GenerateOptions {
 std::vector<int64_t> generate(const std::string& checkpoint, std::span<const int64_t> prompt,
                               const GenerateOptions& options);
 
-/// What a checkpoint holds, for messages: its config and step.
+/// FNV-1a over the token values: identifies the corpus a checkpoint was trained on.
+uint64_t corpus_fingerprint(std::span<const int64_t> tokens);
+
+/// What a checkpoint holds, for messages and resume checks: its config, step and training corpus.
 struct CheckpointInfo {
   ModelConfig model;
-  TrainOptions options;
-  int64_t step = 0;
+  TrainOptions options;      ///< threads and checkpoint_every are not stored (their defaults)
+  int64_t step = 0;          ///< steps trained so far
+  int64_t corpus_tokens = 0;
+  uint64_t corpus_fingerprint = 0;
 };
+/// @throws std::runtime_error for a missing, unreadable or malformed checkpoint (the message names the file).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
 
 }  // namespace attnmix::lm

@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: Apache-2.0
+// `attnmix lm train|eval|generate|recall`: the streaming byte-level language model of SPEC.md §6-7
+// on a text file, and the far-field evaluation (associative recall beyond the window). This file
+// parses and checks the command line (every default comes from the library's options structs in
+// the torch-free headers stream/language_model.hpp and stream/far_field.hpp) and hands the request
+// to the language-model plugin attnmix-lm.so (lm_plugin.hpp, lm_run.cpp), which it loads only
+// then, so that no other command pays libtorch's start-up. In a build without libtorch, or when the
+// plugin cannot be loaded, `attnmix lm` exists and fails with exit code 2, saying why. docs/lm.md
+// describes the commands and the checkpoint format, docs/far-field.md the recall evaluation.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "cli_support.hpp"
+#include "commands/commands.hpp"
+#include "commands/demo_sections.hpp"
+#include "commands/lm_plugin.hpp"
+
+namespace attnmix::cli {
+
+namespace {
+
+#ifdef ATTNMIX_LM_PLUGIN
+/// The plugin: attnmix-lm.so beside the executable, else where this build put it. Loaded once;
+/// never unloaded (libtorch's static state lives until exit).
+const LmPlugin& lm_plugin() {
+  static const LmPlugin* plugin = [] {
+    std::vector<std::string> candidates;
+    std::error_code error;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+    if (!error) candidates.push_back((self.parent_path() / ATTNMIX_LM_PLUGIN).string());
+    candidates.emplace_back(ATTNMIX_LM_PLUGIN_BUILD_PATH);
+    std::string tried;
+    for (const std::string& path : candidates) {
+      if (!std::filesystem::exists(path, error)) {
+        tried += (tried.empty() ? "" : ", ") + path;
+        continue;
+      }
+      void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!handle)
+        throw std::runtime_error("cannot load the language-model plugin " + path + ": " +
+                                 ::dlerror());
+      using Entry = const LmPlugin* (*)();
+      const auto entry = reinterpret_cast<Entry>(::dlsym(handle, "attnmix_lm_plugin"));
+      const LmPlugin* p = entry ? entry() : nullptr;
+      if (!p || p->version != kLmPluginVersion || p->train_request_size != sizeof(LmTrainRequest) ||
+          p->eval_request_size != sizeof(LmEvalRequest) ||
+          p->generate_request_size != sizeof(LmGenerateRequest) ||
+          p->recall_request_size != sizeof(LmRecallRequest))
+        throw std::runtime_error("the language-model plugin " + path +
+                                 " does not match this attnmix executable; rebuild both");
+      return p;
+    }
+    throw std::runtime_error("the language-model plugin (" + std::string(ATTNMIX_LM_PLUGIN) +
+                             ") is missing: looked for " + tried + "; rebuild attnmix");
+  }();
+  return *plugin;
+}
+#else
+[[noreturn]] const LmPlugin& lm_plugin() {
+  throw std::runtime_error(
+      "attnmix lm needs libtorch, and this attnmix was built without it "
+      "(ATTNMIX_WITH_TORCH=OFF). Install libtorch-dev (scripts/install-deps.sh does) and "
+      "rebuild.");
+}
+#endif
+
+/// The long names of the options given on the command line ("--d-model", ...).
+std::vector<std::string> given_options(const CLI::App* cmd) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : cmd->get_options())
+    if (option->count() > 0) names.push_back(option->get_name());
+  return names;
+}
+
+struct TrainArgs {
+  LmTrainRequest request;
+  std::string mechanism = lm::mechanism_name(lm::TrainOptions{}.model.mechanism);
+  std::string schedule = lm::schedule_name(lm::TrainOptions{}.schedule);
+  double merge_threshold = 0.0;  ///< --merge-threshold, when given
+};
+
+bool has(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+/// The flags of the moment-closure far field: meaningless for window and full attention.
+constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
+                                          "--merge-threshold"};
+
+int run_train(TrainArgs& args, const CLI::App* cmd) {
+  LmTrainRequest& r = args.request;
+  r.options.model.mechanism = lm::parse_mechanism(args.mechanism);
+  r.options.schedule = lm::parse_schedule(args.schedule);
+  r.given = given_options(cmd);
+  if (has(r.given, "--merge-threshold")) r.options.model.merge_threshold = args.merge_threshold;
+  for (const char* flag : {"--birth-threshold", "--merge-threshold"}) {
+    const double value = std::string(flag) == "--birth-threshold"
+                             ? r.options.model.birth_threshold
+                             : r.options.model.merge_threshold.value_or(0.0);
+    if (has(r.given, flag) && !std::isfinite(value))
+      throw UsageError(std::string(flag) + " must be a finite number");
+  }
+  // With --resume and no --mechanism the checkpoint decides; the plugin checks the flags then.
+  const bool mechanism_known = has(r.given, "--mechanism") || r.resume.empty();
+  if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kMomentClosure)
+    for (const char* flag : kFarFieldFlags)
+      if (has(r.given, flag))
+        throw UsageError(std::string(flag) +
+                         " applies only to --mechanism moment-closure (the far field)");
+  if (r.options.checkpoint_every > 0 && r.out.empty())
+    throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
+  if (!(r.holdout >= 0.0 && r.holdout < 1.0))
+    throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r.holdout) + ")");
+  return lm_plugin().train(r);
+}
+
+void add_train(CLI::App* lm_cmd, int& exit_code) {
+  auto args = std::make_shared<TrainArgs>();
+  LmTrainRequest& r = args->request;
+  lm::TrainOptions& o = r.options;
+  CLI::App* cmd = lm_cmd->add_subcommand(
+      "train", "Train a byte-level streaming language model on a text file and save a checkpoint");
+  cmd->footer(
+      std::string("Data: the bytes of --text (default ") + kDefaultCorpus +
+      "); the last --holdout fraction is held out and scored at the end. The training bytes are "
+      "cut into --batch contiguous streams; step s feeds every stream its next chunk of --chunk "
+      "bytes (after one pass the streams start again, with a fresh state) and the model predicts "
+      "each byte from those before it.\n"
+      "Output: a progress bar on stderr (step, tokens/s, loss in nats per byte, ETA; on a "
+      "terminal it redraws one line, otherwise a line every 5% of the steps), then a summary on "
+      "stdout. The checkpoint (model, optimizer, carried state, step) is written atomically at "
+      "the end and every --checkpoint-every steps; a run that fails before that leaves --out "
+      "untouched.\n"
+      "--resume CKPT continues a checkpoint on the same --text and --holdout up to --steps "
+      "(default: the checkpoint's): the result equals the uninterrupted run bit for bit (same "
+      "--threads, unchanged --steps). The checkpoint fixes every other setting; a repeated flag "
+      "must agree with it.\n"
+      "Exit codes: 0 ok, 1 usage, 2 data/I/O/validation error. See docs/lm.md.");
+  cmd->add_option("--text", r.text,
+                  std::string("Training text (any bytes; default ") + kDefaultCorpus + ")")
+      ->type_name("FILE");
+  cmd->add_option("--holdout", r.holdout,
+                  "Fraction of the text, at its end, held out for the final evaluation (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--out", r.out, "Where to write the checkpoint (default: not written)")
+      ->type_name("CKPT");
+  cmd->add_option("--resume", r.resume, "Continue training this checkpoint")->type_name("CKPT");
+  cmd->add_option("--mechanism", args->mechanism,
+                  "Attention: window (the last --window tokens, bounded state), full (every "
+                  "token since the start of the pass) or moment-closure (the window plus a "
+                  "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7)")
+      ->check(CLI::IsMember({"window", "full", "moment-closure"}))
+      ->capture_default_str();
+  cmd->add_option("--window", o.model.window,
+                  "Tokens a query sees exactly (window and moment-closure)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-clusters", o.model.max_clusters,
+                  "moment-closure: far-field clusters per layer, stream and head")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--birth-threshold", o.model.birth_threshold,
+                  "moment-closure: a chunk of evicted tokens whose best cluster logit lies below "
+                  "this on every head founds a new cluster (while fewer than --max-clusters live)")
+      ->capture_default_str();
+  cmd->add_option("--merge-threshold", args->merge_threshold,
+                  "moment-closure: two clusters closer than this (RMS standardised distance of "
+                  "their key means) merge (default: 2.65 + 6/sqrt(n) for the smaller count n)")
+      ->type_name("FLOAT");
+  cmd->add_option("--d-model", o.model.d_model, "Width of the model")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--n-layer", o.model.n_layer, "Transformer layers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--n-head", o.model.n_head,
+                  "Attention heads (d_model / n_head must be an even integer)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Parallel streams")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--chunk", o.chunk, "Bytes per stream per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--steps", o.steps,
+                  "Total steps (with --resume: the step to reach; default the checkpoint's)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--detach-horizon", o.detach_horizon,
+                  "Chunks per optimizer update (truncated BPTT: gradients flow back over this "
+                  "many chunks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Peak learning rate (AdamW)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--min-lr-ratio", o.min_lr_ratio, "The cosine schedule ends at lr times this")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--schedule", args->schedule,
+                  "Learning rate: cosine (decays over --steps) or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}))
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--clip", o.clip, "Maximum global gradient norm (0: no clipping)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the initial parameters")->capture_default_str();
+  cmd->add_option("--threads", o.threads,
+                  "libtorch intra-op threads (results are reproducible for a fixed count)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-every", o.checkpoint_every,
+                  "Also write --out every this many steps (at whole updates; 0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->callback([args, cmd, &exit_code] { exit_code = run_train(*args, cmd); });
+}
+
+void add_eval(CLI::App* lm_cmd, int& exit_code) {
+  auto r = std::make_shared<LmEvalRequest>();
+  r->threads = lm::TrainOptions{}.threads;
+  CLI::App* cmd = lm_cmd->add_subcommand(
+      "eval", "Score a text under a checkpoint: mean cross-entropy and bits per byte");
+  cmd->footer(
+      "Streams the bytes of --text through the model (one stream, chunks of --chunk bytes; the "
+      "result does not depend on the chunk size beyond rounding) and reports the mean "
+      "cross-entropy of each byte given those before it, in nats and in bits.\n"
+      "With --holdout F only the last F of the text is scored: the part `lm train --holdout F` "
+      "held out.\nExit codes: 0 ok, 1 usage, 2 data/I/O error (a missing or malformed "
+      "checkpoint).");
+  cmd->add_option("--checkpoint", r->checkpoint, "A checkpoint written by lm train")
+      ->required()
+      ->type_name("CKPT");
+  cmd->add_option("--text", r->text, std::string("Text to score (default ") + kDefaultCorpus + ")")
+      ->type_name("FILE");
+  cmd->add_option("--holdout", r->holdout,
+                  "Score only this final fraction of the text (0: all of it)")
+      ->capture_default_str();
+  cmd->add_option("--chunk", r->chunk, "Bytes per step (default: the checkpoint's --chunk)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", r->threads, "libtorch intra-op threads")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([r, &exit_code] {
+    if (!(r->holdout >= 0.0 && r->holdout < 1.0))
+      throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r->holdout) + ")");
+    exit_code = lm_plugin().eval(*r);
+  });
+}
+
+void add_recall(CLI::App* lm_cmd, int& exit_code) {
+  auto r = std::make_shared<LmRecallRequest>();
+  lm::RecallRunOptions& o = r->options;
+  o.steps = kDefaultRecallSteps;
+  r->mechanisms = {"window", "moment-closure", "full"};
+  CLI::App* cmd = lm_cmd->add_subcommand(
+      "recall",
+      "What the far field is for: associative recall beyond the window, and held-out bits per "
+      "byte, for window, moment-closure and full attention");
+  cmd->footer(
+      "Recall task: each sequence stores --pairs key-value pairs, then --gap filler tokens, then "
+      "asks --queries of the keys again; the model must name each one's value. With --gap at "
+      "least --window - 1 every pair has left the window before the first query: window "
+      "attention can only guess (chance 1/--values), full attention can look back, "
+      "moment-closure must recall through its far-field clusters. Every mechanism starts from "
+      "the same parameters and sees the same sequences; the table gives the accuracy and "
+      "cross-entropy at the answers of --eval-sequences fresh sequences, the state carried at the "
+      "end of one sequence, and the training time.\n"
+      "Then (unless --text-steps 0) each mechanism trains as `lm train` would (8 streams, "
+      "--text-steps steps of --text-chunk bytes, --text-lr) with the same model flags, on "
+      "--text with its last --holdout held out, and the held-out bits per byte are compared.\n"
+      "Exit codes: 0 ok, 1 usage, 2 data/validation error. See "
+      "docs/far-field.md.");
+  cmd->add_option("--mechanisms", r->mechanisms, "Mechanisms to compare, in order")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"window", "moment-closure", "full"}))
+      ->capture_default_str();
+  cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--values", o.task.values, "Value tokens (chance accuracy is 1/values)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--filler", o.task.filler, "Filler tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--pairs", o.task.pairs, "Key-value pairs per sequence (at most --keys)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--queries", o.task.queries, "Keys asked per sequence (at most --pairs)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gap", o.task.gap, "Filler tokens between the last pair and the first query")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--window", o.window, "Tokens a query sees exactly (window, moment-closure)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--chunk", o.chunk, "Tokens per streamed chunk")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--d-model", o.d_model, "Width of the model")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--n-layer", o.n_layer, "Transformer layers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--n-head", o.n_head, "Attention heads (d_model / n_head an even integer)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-clusters", o.max_clusters, "moment-closure: clusters per layer and head")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--birth-threshold", o.birth_threshold,
+                  "moment-closure: the cluster-birth threshold")
+      ->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Sequences per training step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Training steps per mechanism")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Learning rate of the recall runs (AdamW, constant)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--eval-sequences", o.eval_sequences, "Held-out sequences scored")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the parameters and the sequences")
+      ->capture_default_str();
+  cmd->add_option("--threads", o.threads, "libtorch intra-op threads")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option(
+         "--text", r->text,
+         std::string("Text of the bits-per-byte comparison (default ") + kDefaultCorpus + ")")
+      ->type_name("FILE");
+  cmd->add_option("--holdout", r->holdout, "Final fraction of --text held out and scored")
+      ->capture_default_str();
+  cmd->add_option("--text-steps", r->text_steps,
+                  "Training steps of each text run (8 streams; 0: no text comparison)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--text-chunk", r->text_chunk,
+                  "Bytes per stream per step of the text runs (default: --chunk)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--text-lr", r->text_lr,
+                  "Peak learning rate of the text runs (AdamW, cosine decay to a tenth)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([r, &exit_code] {
+    if (!std::isfinite(r->options.birth_threshold))
+      throw UsageError("--birth-threshold must be a finite number");
+    if (r->text_steps > 0 && !(r->holdout > 0.0 && r->holdout < 1.0))
+      throw UsageError("--holdout must lie in (0, 1) (got " + format_short(r->holdout) + ")");
+    if (r->mechanisms.empty()) throw UsageError("--mechanisms needs at least one mechanism");
+    exit_code = lm_plugin().recall(*r);
+  });
+}
+
+void add_generate(CLI::App* lm_cmd, int& exit_code) {
+  auto r = std::make_shared<LmGenerateRequest>();
+  lm::GenerateOptions& g = r->options;
+  CLI::App* cmd = lm_cmd->add_subcommand(
+      "generate", "Continue a prompt by sampling bytes from a checkpoint's model");
+  cmd->footer(
+      "Prints the prompt followed by the sampled bytes, then a newline, on stdout. The same "
+      "--seed gives the same text (same --threads).\nExit codes: 0 ok, 1 usage, 2 data/I/O "
+      "error.");
+  cmd->add_option("--checkpoint", r->checkpoint, "A checkpoint written by lm train")
+      ->required()
+      ->type_name("CKPT");
+  cmd->add_option("--prompt", r->prompt, "Text to continue (its bytes are the first tokens)")
+      ->required();
+  cmd->add_option("--tokens", g.tokens, "Bytes to sample")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--temperature", g.temperature, "Divides the logits (lower: more conservative)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-k", g.top_k, "Sample among the k most likely bytes (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", g.seed, "Seed of the sampler")->capture_default_str();
+  cmd->add_option("--threads", g.threads, "libtorch intra-op threads")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([r, &exit_code] {
+    if (r->prompt.empty()) throw UsageError("--prompt must not be empty (the model continues it)");
+    exit_code = lm_plugin().generate(*r);
+  });
+}
+
+}  // namespace
+
+void add_lm_command(CLI::App& app, int& exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "lm",
+      "Streaming byte-level language models (SPEC §6-7): train, eval, generate; recall (the far "
+      "field against the window)");
+#ifdef ATTNMIX_LM_PLUGIN
+  cmd->require_subcommand(1);
+#else
+  // Without libtorch even a bare `attnmix lm` says what is missing (exit code 2).
+  cmd->require_subcommand(0, 1);
+  cmd->callback([cmd] {
+    if (cmd->get_subcommands().empty()) (void)lm_plugin();
+  });
+#endif
+  add_train(cmd, exit_code);
+  add_eval(cmd, exit_code);
+  add_generate(cmd, exit_code);
+  add_recall(cmd, exit_code);
+}
+
+void demo_streaming_language_model(std::ostream& out) {
+  const LmPlugin* plugin = nullptr;
+  try {
+    plugin = &lm_plugin();
+  } catch (const std::exception& e) {
+    out << "Skipped: " << e.what() << "\n";
+    return;
+  }
+  plugin->demo(out);
+}
+
+}  // namespace attnmix::cli

@@ -1,0 +1,664 @@
+// SPDX-License-Identifier: Apache-2.0
+// The language-model plugin (lm_plugin.hpp): what `attnmix lm train|eval|generate|recall` do once
+// the executable (lm.cpp) has parsed and checked the command line. `train` cuts the text into a
+// training part and a held-out tail, trains with truncated BPTT while a progress bar runs on
+// stderr, evaluates the held-out tail and prints a summary (with the far field's per-layer cluster
+// statistics for moment-closure); `eval` scores a text under a checkpoint; `generate` continues a
+// prompt; `recall` compares window, moment-closure and full attention on associative recall
+// beyond the window and on held-out text. Built into attnmix-lm.so with attnmix::torch
+// (docs/lm.md, docs/far-field.md).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+#include "attnmix/stream/far_field.hpp"
+#include "attnmix/stream/language_model.hpp"
+#include "cli_support.hpp"
+#include "commands/lm_plugin.hpp"
+#include "commands/lm_support.hpp"
+
+namespace attnmix::cli {
+
+LmCorpus read_lm_corpus(const std::string& path, double holdout) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0)
+    throw std::runtime_error(path + ": cannot read the text: " + std::strerror(errno));
+  if (S_ISDIR(info.st_mode))
+    throw std::runtime_error(path + ": cannot read the text: it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot read the text: " + std::strerror(errno));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw std::runtime_error(path + ": cannot read the text: read error");
+  const std::string text = buffer.str();
+  if (text.empty()) throw ValueError(path + ": the text is empty (0 bytes)");
+  LmCorpus corpus;
+  corpus.bytes = static_cast<int64_t>(text.size());
+  std::vector<int64_t> tokens = lm::byte_tokens(text);
+  if (holdout <= 0.0) {
+    corpus.train = std::move(tokens);
+    return corpus;
+  }
+  try {
+    auto [train, heldout] = lm::split_heldout(tokens, holdout);
+    corpus.train = std::move(train);
+    corpus.heldout = std::move(heldout);
+  } catch (const std::invalid_argument& e) {
+    throw ValueError(path + ": " + e.what() + "; use a longer text or another --holdout");
+  }
+  return corpus;
+}
+
+std::string format_rate(double per_second) {
+  if (per_second >= 1e6) return format_short(per_second / 1e6, 3) + "M";
+  if (per_second >= 1e3) return format_short(per_second / 1e3, 3) + "k";
+  return format_short(per_second, 3);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto total = static_cast<int64_t>(std::llround(seconds));
+  const int64_t h = total / 3600, m = total / 60 % 60, sec = total % 60;
+  char buf[32];
+  if (h > 0)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(h),
+                  static_cast<long long>(m), static_cast<long long>(sec));
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(m),
+                  static_cast<long long>(sec));
+  return buf;
+}
+
+std::string format_lm_progress(const lm::Progress& p) {
+  const int64_t percent = p.steps > 0 ? p.step * 100 / p.steps : 100;
+  char loss[32];
+  std::snprintf(loss, sizeof loss, "%.4f", p.loss);
+  return "step " + std::to_string(p.step) + "/" + std::to_string(p.steps) + "  " +
+         std::to_string(percent) + "%  " + format_rate(p.tokens_per_second) + " tokens/s  loss " +
+         loss + "  ETA " + format_duration(p.eta_seconds);
+}
+
+namespace {
+
+std::string num(double x) { return format_short(x, 6); }
+
+bool given(const LmTrainRequest& request, const std::string& flag) {
+  return std::find(request.given.begin(), request.given.end(), flag) != request.given.end();
+}
+
+/// A flag whose value a --resume checkpoint fixes: its field there, the flag's value and the
+/// stored one as text (equal text means equal values: both print the shortest round-trip form).
+struct FixedFlag {
+  const char* flag;
+  const char* field;
+  std::string (*value)(const lm::TrainOptions&);
+  bool far_field = false;  ///< a moment-closure setting (window and full checkpoints have none)
+};
+
+std::string text_of(double x) { return format_double(x); }
+std::string text_of(int64_t x) { return std::to_string(x); }
+std::string text_of(uint64_t x) { return std::to_string(x); }
+
+const std::vector<FixedFlag>& fixed_flags() {
+  using O = const lm::TrainOptions&;
+  static const std::vector<FixedFlag> flags{
+      {"--mechanism", "mechanism", [](O o) { return lm::mechanism_name(o.model.mechanism); }},
+      {"--window", "window", [](O o) { return text_of(o.model.window); }},
+      {"--d-model", "d_model", [](O o) { return text_of(o.model.d_model); }},
+      {"--n-layer", "n_layer", [](O o) { return text_of(o.model.n_layer); }},
+      {"--n-head", "n_head", [](O o) { return text_of(o.model.n_head); }},
+      {"--batch", "batch", [](O o) { return text_of(o.batch); }},
+      {"--chunk", "chunk", [](O o) { return text_of(o.chunk); }},
+      {"--detach-horizon", "detach_horizon", [](O o) { return text_of(o.detach_horizon); }},
+      {"--lr", "lr", [](O o) { return text_of(o.lr); }},
+      {"--min-lr-ratio", "min_lr_ratio", [](O o) { return text_of(o.min_lr_ratio); }},
+      {"--schedule", "schedule", [](O o) { return lm::schedule_name(o.schedule); }},
+      {"--weight-decay", "weight_decay", [](O o) { return text_of(o.weight_decay); }},
+      {"--clip", "clip", [](O o) { return text_of(o.clip); }},
+      {"--seed", "seed", [](O o) { return text_of(o.seed); }},
+      {"--max-clusters", "max_clusters", [](O o) { return text_of(o.model.max_clusters); }, true},
+      {"--birth-threshold", "birth_threshold", [](O o) { return text_of(o.model.birth_threshold); },
+       true},
+      {"--merge-threshold", "merge_threshold",
+       [](O o) {
+         return o.model.merge_threshold ? text_of(*o.model.merge_threshold)
+                                        : std::string("the default rule");
+       },
+       true},
+  };
+  return flags;
+}
+
+/// A --resume checkpoint fixes every option but --steps, --threads and --checkpoint-every: a
+/// repeated flag must agree with it (so the same command line plus --resume works).
+void check_resume_flags(const LmTrainRequest& args, const lm::CheckpointInfo& info) {
+  const bool far_field = info.options.model.mechanism == lm::Mechanism::kMomentClosure;
+  for (const FixedFlag& f : fixed_flags()) {
+    if (!given(args, f.flag)) continue;
+    if (f.far_field && !far_field)
+      throw ValueError(std::string(f.flag) + " applies only to --mechanism moment-closure; the " +
+                       "--resume checkpoint " + args.resume + " uses " +
+                       lm::mechanism_name(info.options.model.mechanism));
+    const std::string wanted = f.value(args.options), stored = f.value(info.options);
+    if (wanted == stored) continue;
+    throw ValueError(std::string(f.flag) + " " + wanted +
+                     " does not match the --resume checkpoint " + args.resume + " (" + f.field +
+                     " = " + stored +
+                     "); leave the flag out to continue with the checkpoint's settings");
+  }
+}
+
+/// "last 64 bytes" / "every byte since the start of the pass": what the mechanism attends to.
+std::string mechanism_text(const lm::ModelConfig& m) {
+  switch (m.mechanism) {
+    case lm::Mechanism::kFull:
+      return "full causal attention";
+    case lm::Mechanism::kMomentClosure:
+      return "moment-closure attention: the last " + std::to_string(m.window) +
+             " tokens exactly and a far field of up to " + std::to_string(m.max_clusters) +
+             (m.max_clusters == 1 ? " cluster" : " clusters") +
+             " per layer and head (birth threshold " + num(m.birth_threshold) +
+             ", merge threshold " +
+             (m.merge_threshold ? num(*m.merge_threshold) : std::string("2.65 + 6/sqrt(n)")) + ")";
+    case lm::Mechanism::kWindow:
+      break;
+  }
+  return "sliding-window attention over the last " + std::to_string(m.window) + " tokens";
+}
+
+/// The far field's per-layer statistics, one line per layer, indented by `indent`.
+void print_far_field(std::ostream& out, const std::vector<lm::LayerClusterStats>& layers,
+                     const std::string& indent, int64_t streams) {
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const lm::LayerClusterStats& s = layers[l];
+    std::string label = "layer " + std::to_string(l);
+    label.resize(std::max<size_t>(label.size() + 1, 10), ' ');
+    out << indent << label << format_short(s.clusters, 3)
+        << (s.clusters == 1.0 ? " cluster" : " clusters")
+        << (streams > 1 ? " (mean over streams)" : "") << ", " << s.births
+        << (s.births == 1 ? " birth, " : " births, ") << s.merges
+        << (s.merges == 1 ? " merge, " : " merges, ") << "mean misfit "
+        << format_short(s.mean_misfit, 4) << " over " << s.ingestions << " ingestions\n";
+  }
+}
+
+std::string model_text(const lm::ModelConfig& m) {
+  return mechanism_text(m) + "; d_model " + std::to_string(m.d_model) + ", " +
+         std::to_string(m.n_layer) + (m.n_layer == 1 ? " layer, " : " layers, ") +
+         std::to_string(m.n_head) + (m.n_head == 1 ? " head" : " heads");
+}
+
+std::string optimizer_text(const lm::TrainOptions& o) {
+  std::string text = "AdamW lr " + num(o.lr);
+  text += o.schedule == lm::Schedule::kCosine
+              ? " (cosine decay to " + num(o.lr * o.min_lr_ratio) + ")"
+              : " (constant)";
+  text += ", weight decay " + num(o.weight_decay) + ", ";
+  text += o.clip > 0 ? "gradient norm clipped at " + num(o.clip) : "no clipping";
+  text += ", an update every " + std::to_string(o.detach_horizon) +
+          (o.detach_horizon == 1 ? " chunk" : " chunks") + " (detach horizon)";
+  return text;
+}
+
+// ---- the progress bar ------------------------------------------------------------------------
+
+/// Redraws one line on a terminal (\r), or prints a line every 5 % of the steps otherwise; stderr.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::ostream& err) : err_(err), tty_(::isatty(STDERR_FILENO) == 1) {}
+
+  void update(const lm::Progress& p) {
+    if (tty_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (p.step != p.steps && drawn_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+      last_draw_ = now;
+      drawn_ = true;
+      const std::string line = bar(p) + format_lm_progress(p);
+      err_ << '\r' << line;
+      if (line.size() < width_) err_ << std::string(width_ - line.size(), ' ');
+      width_ = line.size();
+      err_ << std::flush;
+      return;
+    }
+    const bool first = !drawn_;
+    const bool crossed = p.step * 20 / p.steps != (p.step - 1) * 20 / p.steps;
+    if (first || crossed || p.step == p.steps) err_ << format_lm_progress(p) << '\n' << std::flush;
+    drawn_ = true;
+  }
+
+  /// Ends a terminal's redrawn line.
+  void finish() {
+    if (tty_ && drawn_) err_ << '\n' << std::flush;
+    drawn_ = false;
+  }
+
+ private:
+  static std::string bar(const lm::Progress& p) {
+    constexpr int64_t kWidth = 24;
+    const int64_t filled =
+        p.steps > 0 ? std::clamp<int64_t>(p.step * kWidth / p.steps, 0, kWidth) : kWidth;
+    std::string text(static_cast<size_t>(kWidth + 3), '.');  // "[###.....] "
+    text.front() = '[';
+    std::fill_n(text.begin() + 1, filled, '#');
+    text[static_cast<size_t>(kWidth + 1)] = ']';
+    text.back() = ' ';
+    return text;
+  }
+
+  std::ostream& err_;
+  bool tty_;
+  bool drawn_ = false;
+  size_t width_ = 0;
+  std::chrono::steady_clock::time_point last_draw_{};
+};
+
+// ---- lm train ----------------------------------------------------------------------------------
+
+double mean_of(const std::vector<double>& v, size_t from, size_t to) {
+  return std::accumulate(v.begin() + static_cast<std::ptrdiff_t>(from),
+                         v.begin() + static_cast<std::ptrdiff_t>(to), 0.0) /
+         static_cast<double>(to - from);
+}
+
+int run_train(const LmTrainRequest& args) {
+  std::ostream& out = std::cout;
+  lm::TrainOptions o = args.options;
+  // Fail before training, not after it: the output path, the checkpoint, the options, the text.
+  if (!args.out.empty()) check_output_path(args.out, "the checkpoint");
+  std::optional<lm::CheckpointInfo> info;
+  if (!args.resume.empty()) {
+    info = lm::read_checkpoint_info(args.resume);
+    check_resume_flags(args, *info);
+    const int64_t steps = given(args, "--steps") ? o.steps : info->options.steps;
+    const int threads = o.threads;
+    const int64_t every = o.checkpoint_every;
+    o = info->options;  // the checkpoint's settings, for the messages below
+    o.steps = steps;
+    o.threads = threads;
+    o.checkpoint_every = every;
+    if (info->step >= o.steps)
+      throw ValueError(args.resume + ": the checkpoint has already trained " +
+                       std::to_string(info->step) + " of " + std::to_string(o.steps) +
+                       " steps; give --steps N with N > " + std::to_string(info->step) +
+                       " to train further");
+  }
+  lm::validate(o);
+
+  const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
+  const LmCorpus corpus = read_lm_corpus(path, args.holdout);
+  const auto n_train = static_cast<int64_t>(corpus.train.size());
+  const int64_t needed = o.batch * (o.chunk + 1);
+  if (n_train < needed)
+    throw ValueError(path + ": " + std::to_string(n_train) + " training bytes are too few for " +
+                     std::to_string(o.batch) + " streams (--batch) of one chunk of " +
+                     std::to_string(o.chunk) + " bytes (--chunk) plus one: at least " +
+                     std::to_string(needed) +
+                     " are needed; use a longer text or a smaller --batch or --chunk");
+  if (info && (info->corpus_tokens != n_train ||
+               info->corpus_fingerprint != lm::corpus_fingerprint(corpus.train)))
+    throw ValueError("--resume " + args.resume + ": the checkpoint was trained on other text (" +
+                     std::to_string(info->corpus_tokens) + " training bytes) than " + path +
+                     " gives with --holdout " + num(args.holdout) + " (" + std::to_string(n_train) +
+                     " training bytes); resume with the same --text and --holdout");
+
+  const int64_t stream_len = n_train / o.batch;
+  const int64_t chunks_per_pass = (stream_len - 1) / o.chunk;
+  if (info)
+    out << "Resuming " << args.resume << " at step " << info->step << " of " << o.steps << ": ";
+  else
+    out << "Training ";
+  out << "a byte-level language model (" << model_text(o.model) << ")\n"
+      << "  on " << path << ": " << corpus.bytes << " bytes, " << n_train << " for training";
+  if (!corpus.heldout.empty())
+    out << " and the last " << corpus.heldout.size() << " held out (--holdout " << num(args.holdout)
+        << ")";
+  out << "\n  " << o.batch << " streams of " << stream_len << " bytes read in chunks of " << o.chunk
+      << " (" << chunks_per_pass << " steps make one pass), " << o.steps << " steps, " << o.threads
+      << (o.threads == 1 ? " thread" : " threads") << "\n  " << optimizer_text(o) << "\n"
+      << std::flush;
+
+  ProgressBar bar(std::cerr);
+  lm::TrainSummary summary;
+  try {
+    summary = lm::train(
+        o, corpus.train, args.resume, args.out, [&bar](const lm::Progress& p) { bar.update(p); },
+        corpus.heldout);
+  } catch (...) {
+    bar.finish();
+    throw;
+  }
+  bar.finish();
+
+  const auto& losses = summary.losses;
+  const size_t k = std::min<size_t>(10, losses.size());
+  const int64_t run_steps = summary.steps - summary.first_step;
+  out << "\nSummary\n";
+  out << "  text          " << path << ": " << n_train << " training bytes";
+  if (!corpus.heldout.empty()) out << ", " << corpus.heldout.size() << " held out";
+  out << "\n  model         " << model_text(o.model) << ": " << summary.parameters
+      << " parameters\n";
+  out << "  training      steps " << summary.first_step + 1 << "-" << summary.steps << " ("
+      << run_steps << " steps, "
+      << format_short(static_cast<double>(summary.steps) / static_cast<double>(chunks_per_pass), 3)
+      << " passes over the training bytes in all): " << summary.tokens << " tokens in "
+      << format_seconds(summary.seconds) << " s ("
+      << format_rate(summary.seconds > 0 ? static_cast<double>(summary.tokens) / summary.seconds
+                                         : 0.0)
+      << " tokens/s)\n";
+  if (k > 0)
+    out << "  loss          " << format_short(mean_of(losses, 0, k), 4) << " -> "
+        << format_short(mean_of(losses, losses.size() - k, losses.size()), 4)
+        << " nats per byte (mean of the first " << k << " and the last " << k
+        << " steps of this run)\n";
+  if (summary.heldout) {
+    const lm::Evaluation& e = *summary.heldout;
+    out << "  held out      " << format_short(e.mean_cross_entropy, 4)
+        << " nats = " << format_short(e.bits_per_token, 4) << " bits per byte on " << e.tokens
+        << " predicted bytes (a uniform guess over 256 byte values: 8 bits)\n";
+  } else {
+    out << "  held out      none (--holdout 0)\n";
+  }
+  out << "  state         " << summary.state_bytes << " bytes carried for " << o.batch
+      << " streams (";
+  switch (o.model.mechanism) {
+    case lm::Mechanism::kFull:
+      out << "full attention keeps every key and value since the start of the pass)";
+      break;
+    case lm::Mechanism::kMomentClosure:
+      out << "bounded: the keys and values of the last " << o.model.window << " tokens and "
+          << o.model.max_clusters << " cluster slots per layer)";
+      break;
+    case lm::Mechanism::kWindow:
+      out << "bounded: the keys and values of the last " << o.model.window << " tokens per layer)";
+      break;
+  }
+  out << "\n";
+  if (!summary.far_field.empty()) {
+    out << "  far field     per layer, over the steps of this run and " << o.batch
+        << " streams (at most " << o.model.max_clusters << " clusters; the count is the final "
+        << "state's):\n";
+    print_far_field(out, summary.far_field, "    ", o.batch);
+  }
+  if (args.out.empty())
+    out << "  checkpoint    not written (give --out FILE to keep the model for lm eval and lm "
+           "generate)\n";
+  else
+    out << "  checkpoint    " << args.out << " (step " << summary.steps
+        << "; train further with --resume " << args.out << " --steps N)\n";
+  return kExitOk;
+}
+
+// ---- lm eval -----------------------------------------------------------------------------------
+
+int run_eval(const LmEvalRequest& args) {
+  std::ostream& out = std::cout;
+  const lm::CheckpointInfo info = lm::read_checkpoint_info(args.checkpoint);
+  const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
+  const LmCorpus corpus = read_lm_corpus(path, args.holdout);
+  const std::vector<int64_t>& tokens = args.holdout > 0 ? corpus.heldout : corpus.train;
+  if (tokens.size() < 2)
+    throw ValueError(path + ": the text has " + std::to_string(tokens.size()) +
+                     " byte; evaluation needs at least 2 (one to read, one to predict)");
+  const int64_t chunk = args.chunk > 0 ? args.chunk : info.options.chunk;
+  const lm::Evaluation e = lm::evaluate(args.checkpoint, tokens, chunk, args.threads);
+  out << "Evaluating " << args.checkpoint << " (" << model_text(info.model) << "; trained "
+      << info.step << " steps)\n  on " << path;
+  if (args.holdout > 0)
+    out << ": its last " << tokens.size() << " of " << corpus.bytes << " bytes (--holdout "
+        << num(args.holdout) << ")";
+  else
+    out << " (" << tokens.size() << " bytes)";
+  out << ", streamed in chunks of " << chunk << "\n\nSummary\n";
+  out << "  predicted      " << e.tokens << " bytes (every byte after the first)\n";
+  out << "  cross-entropy  " << format_short(e.mean_cross_entropy, 6) << " nats per byte\n";
+  out << "  bits per byte  " << format_short(e.bits_per_token, 6)
+      << " (a uniform guess over 256 byte values: 8)\n";
+  out << "  state          " << e.state_bytes << " bytes carried at the end\n";
+  out << "  time           " << format_seconds(e.seconds) << " s\n";
+  if (!e.far_field.empty()) {
+    out << "  far field      per layer (at most " << info.model.max_clusters
+        << " clusters; the count at the end of the text):\n";
+    print_far_field(out, e.far_field, "    ", 1);
+  }
+  return kExitOk;
+}
+
+// ---- lm generate -------------------------------------------------------------------------------
+
+int run_generate(const LmGenerateRequest& args) {
+  const std::vector<int64_t> prompt = lm::byte_tokens(args.prompt);
+  const std::vector<int64_t> tokens = lm::generate(args.checkpoint, prompt, args.options);
+  std::string text = args.prompt;
+  for (const int64_t t : tokens) text.push_back(static_cast<char>(static_cast<unsigned char>(t)));
+  std::cout << text << '\n' << std::flush;
+  return kExitOk;
+}
+
+// ---- lm recall ---------------------------------------------------------------------------------
+
+/// `lm train`'s options for one mechanism of the text comparison: the recall model's sizes, window,
+/// far field, seed and threads, the --text-* settings; lm train's defaults otherwise.
+lm::TrainOptions text_options(const LmRecallRequest& r, lm::Mechanism mechanism) {
+  lm::TrainOptions o;
+  o.model.mechanism = mechanism;
+  o.model.d_model = r.options.d_model;
+  o.model.n_layer = r.options.n_layer;
+  o.model.n_head = r.options.n_head;
+  o.model.window = r.options.window;
+  o.model.max_clusters = r.options.max_clusters;
+  o.model.birth_threshold = r.options.birth_threshold;
+  o.chunk = r.text_chunk > 0 ? r.text_chunk : r.options.chunk;
+  o.steps = r.text_steps;
+  o.lr = r.text_lr;
+  o.seed = r.options.seed;
+  o.threads = r.options.threads;
+  return o;
+}
+
+/// Left-aligned in `width` columns.
+std::string pad(std::string text, size_t width) {
+  if (text.size() < width) text.resize(width, ' ');
+  return text;
+}
+
+/// Right-aligned in `width` columns.
+std::string right(const std::string& text, size_t width) {
+  return text.size() >= width ? text : std::string(width - text.size(), ' ') + text;
+}
+
+std::string fixed(double x, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, x);
+  return buf;
+}
+
+int run_recall(const LmRecallRequest& r) {
+  std::ostream& out = std::cout;
+  const lm::RecallRunOptions& o = r.options;
+  const lm::RecallTaskOptions& task = o.task;
+  // Fail before training anything: the text and the text runs' options.
+  std::optional<LmCorpus> corpus;
+  const std::string path = r.text.empty() ? std::string(kDefaultCorpus) : r.text;
+  if (r.text_steps > 0) {
+    for (const std::string& name : r.mechanisms)
+      lm::validate(text_options(r, lm::parse_mechanism(name)));
+    corpus = read_lm_corpus(path, r.holdout);
+    const lm::TrainOptions t = text_options(r, lm::Mechanism::kWindow);
+    const int64_t needed = t.batch * (t.chunk + 1);
+    if (static_cast<int64_t>(corpus->train.size()) < needed)
+      throw ValueError(path + ": " + std::to_string(corpus->train.size()) +
+                       " training bytes are too few for " + std::to_string(t.batch) +
+                       " streams of one chunk of " + std::to_string(t.chunk) + " bytes plus one (" +
+                       std::to_string(needed) + "); use a longer text or a smaller --text-chunk");
+  }
+
+  const int64_t length = lm::recall_sequence_length(task);
+  const int64_t distance = task.gap + 1;  // from the last value to the first query
+  out << "Associative recall beyond the window (docs/far-field.md)\n"
+      << "  task      " << task.pairs << " key-value pairs (keys from " << task.keys
+      << " tokens, values from " << task.values << "), " << task.gap << " filler tokens, then "
+      << task.queries << " of the keys again: " << length << " tokens per sequence\n"
+      << "            the last pair lies " << distance
+      << " tokens before the first query; the window is " << o.window
+      << (distance >= o.window ? " (every pair has left it)"
+                               : " (so some pairs are still inside it)")
+      << "\n";
+  // Tokens join the far field when they are evicted, at the end of a chunk (SPEC §7.8): the pairs
+  // are all there when the chunk holding the first query starts at least a window after them.
+  const int64_t first_query = 2 * task.pairs + task.gap;
+  if (first_query / o.chunk * o.chunk - o.window < 2 * task.pairs)
+    out << "            note: with chunks of " << o.chunk
+        << ", some pairs are not yet evicted into moment-closure's far field when the first "
+           "query comes\n";
+  out << "  model     d_model " << o.d_model << ", " << o.n_layer
+      << (o.n_layer == 1 ? " layer, " : " layers, ") << o.n_head
+      << (o.n_head == 1 ? " head" : " heads") << ", chunks of " << o.chunk
+      << " tokens; moment-closure: up to " << o.max_clusters
+      << " clusters per layer and head, birth threshold " << num(o.birth_threshold) << "\n"
+      << "  training  " << o.steps << " steps of " << o.batch << " sequences (AdamW lr "
+      << num(o.lr) << ", loss at the answers only), seed " << o.seed << ", " << o.threads
+      << (o.threads == 1 ? " thread" : " threads") << "\n"
+      << "  scoring   " << o.eval_sequences << " fresh sequences ("
+      << o.eval_sequences * task.queries << " answers)\n\n"
+      << std::flush;
+
+  std::vector<lm::RecallResult> results;
+  for (const std::string& mechanism : r.mechanisms) {
+    ProgressBar bar(std::cerr);
+    const auto start = std::chrono::steady_clock::now();
+    const double tokens_per_step = static_cast<double>(o.batch * (length - 1));
+    try {
+      results.push_back(lm::run_recall(mechanism, o, [&](int64_t step, double loss) {
+        lm::Progress p;
+        p.step = step;
+        p.steps = o.steps;
+        p.loss = loss;
+        p.elapsed_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        p.tokens_per_second = p.elapsed_seconds > 0
+                                  ? tokens_per_step * static_cast<double>(step) / p.elapsed_seconds
+                                  : 0.0;
+        p.eta_seconds =
+            p.elapsed_seconds / static_cast<double>(step) * static_cast<double>(o.steps - step);
+        bar.update(p);
+      }));
+    } catch (...) {
+      bar.finish();
+      throw;
+    }
+    bar.finish();
+  }
+  const double chance = 1.0 / static_cast<double>(task.values);
+  out << "Recall (held out; chance: accuracy 1/" << task.values << " = " << fixed(chance, 4)
+      << ", cross-entropy ln " << task.values << " = " << fixed(std::log(task.values), 3)
+      << " nats)\n"
+      << "  " << pad("mechanism", 16) << right("accuracy", 9) << right("answer CE", 11)
+      << right("chance", 8) << right("state bytes", 13) << right("train s", 9) << "\n";
+  for (const lm::RecallResult& x : results)
+    out << "  " << pad(x.mechanism, 16) << right(fixed(x.accuracy, 3), 9)
+        << right(fixed(x.cross_entropy, 3), 11) << right(fixed(chance, 4), 8)
+        << right(std::to_string(x.state_bytes), 13) << right(fixed(x.seconds, 1), 9) << "\n";
+  const int64_t answers = o.eval_sequences * task.queries;
+  const double noise = std::sqrt(chance * (1.0 - chance) / static_cast<double>(answers));
+  out << "  (" << answers << " answers: at chance the accuracy's standard error is "
+      << fixed(noise, 3) << ". State bytes: what one stream carries at the end of a " << length
+      << "-token sequence; window and moment-closure stay at that size however long the stream, "
+         "full attention grows with every token)\n";
+  const auto find = [&](const std::string& name) -> const lm::RecallResult* {
+    for (const auto& x : results)
+      if (x.mechanism == name) return &x;
+    return nullptr;
+  };
+  const lm::RecallResult* window = find("window");
+  const lm::RecallResult* mca = find("moment-closure");
+  const lm::RecallResult* full = find("full");
+  if (window && mca) {
+    out << "  The far field adds " << fixed(mca->accuracy - window->accuracy, 3)
+        << " accuracy to the window at the same window size";
+    if (full && full->accuracy - window->accuracy > 4.0 * noise)
+      out << "; full attention adds " << fixed(full->accuracy - window->accuracy, 3)
+          << " (moment-closure recovers "
+          << fixed(100.0 * (mca->accuracy - window->accuracy) / (full->accuracy - window->accuracy),
+                   0)
+          << "% of that)";
+    out << ".\n";
+  }
+  out << std::flush;
+
+  if (r.text_steps == 0) return kExitOk;
+  const lm::TrainOptions shown = text_options(r, lm::Mechanism::kWindow);
+  out << "\nHeld-out text: " << path << " (" << corpus->train.size()
+      << " bytes for training, the last " << corpus->heldout.size()
+      << " held out); each mechanism trains " << shown.steps << " steps of " << shown.batch
+      << " streams x " << shown.chunk << " bytes (lm train with the model flags "
+      << "above, AdamW lr " << num(shown.lr) << " with cosine decay), then scores the held-out "
+      << "bytes as one stream\n\n"
+      << std::flush;
+  struct TextResult {
+    std::string mechanism;
+    lm::TrainSummary summary;
+  };
+  std::vector<TextResult> text;
+  for (const std::string& name : r.mechanisms) {
+    ProgressBar bar(std::cerr);
+    TextResult t;
+    t.mechanism = name;
+    try {
+      t.summary = lm::train(
+          text_options(r, lm::parse_mechanism(name)), corpus->train, "", "",
+          [&bar](const lm::Progress& p) { bar.update(p); }, corpus->heldout);
+    } catch (...) {
+      bar.finish();
+      throw;
+    }
+    bar.finish();
+    text.push_back(std::move(t));
+  }
+  out << "Text (held out; lower is better; a uniform guess is 8 bits per byte)\n"
+      << "  " << pad("mechanism", 16) << right("bits/byte", 10) << right("state bytes", 13)
+      << right("train s", 9) << "\n";
+  for (const TextResult& t : text)
+    out << "  " << pad(t.mechanism, 16) << right(fixed(t.summary.heldout->bits_per_token, 4), 10)
+        << right(std::to_string(t.summary.heldout->state_bytes), 13)
+        << right(fixed(t.summary.seconds, 1), 9) << "\n";
+  out << "  (state bytes: one stream at the end of the " << corpus->heldout.size()
+      << " held-out bytes)\n";
+  for (const TextResult& t : text)
+    if (!t.summary.heldout->far_field.empty()) {
+      out << "  moment-closure far field on the held-out text (at most " << r.options.max_clusters
+          << " clusters):\n";
+      print_far_field(out, t.summary.heldout->far_field, "    ", 1);
+    }
+  return kExitOk;
+}
+
+}  // namespace
+
+}  // namespace attnmix::cli
+
+extern "C" const attnmix::cli::LmPlugin* attnmix_lm_plugin() {
+  static const attnmix::cli::LmPlugin plugin = [] {
+    attnmix::cli::LmPlugin p;
+    p.train = &attnmix::cli::run_train;
+    p.eval = &attnmix::cli::run_eval;
+    p.generate = &attnmix::cli::run_generate;
+    p.recall = &attnmix::cli::run_recall;
+    p.demo = &attnmix::cli::demo_lm_section;
+    return p;
+  }();
+  return &plugin;
+}

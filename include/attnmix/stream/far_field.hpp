@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file far_field.hpp
+/// What the far field is for (issue 9): multi-query associative recall where every key-value pair lies further back
+/// than the window. Torch-free interface; the implementation trains the mechanisms of context_spine.hpp and
+/// moment_closure.hpp.
+///
+/// Task (ids: keys [0, K), values [K, K+V), filler [K+V, K+V+F), vocab K+V+F):
+///   k₁ v₁ k₂ v₂ … k_P v_P  f f … f (gap)  q₁ a₁ q₂ a₂ … q_Q a_Q
+/// with distinct keys k_i, values v_i drawn uniformly, each query q_j one of the stored keys and a_j its value. The
+/// loss (training and evaluation) is the cross-entropy of a_j given the prefix ending in q_j; chance accuracy is 1/V.
+/// With gap ≥ window every pair has left the window before the first query, so a window-only model cannot recall
+/// better than chance; full attention can; moment-closure must recall through its cluster statistics.
+/// Each sequence is streamed in chunks of `chunk` tokens with the state carried and backpropagated across chunks.
+#pragma once
+
+#include "attnmix/stream/language_model.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace attnmix::lm {
+
+struct RecallTaskOptions {
+  int64_t keys = 16;
+  int64_t values = 16;
+  int64_t filler = 8;
+  int64_t pairs = 4;
+  int64_t queries = 4;
+  int64_t gap = 24;  ///< filler tokens between the last pair and the first query
+};
+
+/// Total sequence length: 2·pairs + gap + 2·queries.
+int64_t recall_sequence_length(const RecallTaskOptions& task);
+
+struct RecallRunOptions {
+  RecallTaskOptions task;
+  int64_t d_model = 32;
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  int64_t window = 16;
+  int64_t chunk = 16;
+  int64_t max_clusters = 4;      ///< moment-closure only
+  double birth_threshold = -2.0;  ///< moment-closure only
+  int64_t batch = 32;             ///< sequences per step
+  int64_t steps = 300;
+  double lr = 3e-3;
+  int64_t eval_sequences = 512;
+  uint64_t seed = 0;
+  int threads = 1;
+};
+
+struct RecallResult {
+  std::string mechanism;          ///< "window", "moment-closure" or "full"
+  double accuracy = 0.0;          ///< held-out recall accuracy (argmax at answer positions)
+  double cross_entropy = 0.0;     ///< held-out mean cross-entropy at answer positions (nats)
+  double first_loss = 0.0;        ///< mean training loss of the first 10 steps
+  double last_loss = 0.0;         ///< mean training loss of the last 10 steps
+  int64_t state_bytes = 0;        ///< carried state at the end of one sequence (batch 1)
+  double seconds = 0.0;           ///< training time
+};
+
+/// Trains and evaluates one mechanism ("window", "moment-closure" or "full") on the recall task. Every mechanism
+/// gets the same initial parameters (same seed and construction order) and the same training sequences.
+/// @throws ValueError for invalid options or an unknown mechanism.
+RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& options,
+                        const std::function<void(int64_t step, double loss)>& on_step = {});
+
+}  // namespace attnmix::lm

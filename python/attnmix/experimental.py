@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnmix.experimental: the streaming part of attnmix (SPEC.md §6-7) on numpy arrays.
+
+The pure functions of moment-closure attention, on float64 arrays::
+
+    from attnmix.experimental import empty_cluster_bank, ingest_cluster_batch, mgf_cluster_attention
+
+    bank = empty_cluster_bank(batch_size=1, n_head=2, max_clusters=4, head_dim=8)
+    bank, receipts = ingest_cluster_batch(bank, k, v, birth_threshold=-2.0)   # k, v: (B, t, H, d)
+    out, logits = mgf_cluster_attention(q, bank)
+
+``attention_law``, RoPE (``rope_tables``, ``apply_rope``, ``rotate_half``), and the streaming language models on
+token arrays: ``train_language_model``, ``evaluate_language_model``, ``generate_language_model``,
+``checkpoint_info`` and the far-field recall experiment ``run_recall``, each returning plain dicts.
+
+Everything runs in the compiled extension ``attnmix._stream``, which links libtorch (but needs no Python torch). It
+is imported on first use of a name, never by ``import attnmix`` or by importing this module; it exists only when
+attnmix was built with ATTNMIX_WITH_TORCH, and ImportError says so otherwise.
+"""
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers only: at run time the names load on first use (__getattr__ below)
+    from attnmix._stream import (
+        ClusterBank,
+        GaussianLaw,
+        apply_rope,
+        attention_law,
+        birth_and_merge,
+        byte_tokens,
+        checkpoint_info,
+        cluster_responsibilities,
+        default_generate_options,
+        default_recall_options,
+        default_train_options,
+        empty_cluster_bank,
+        evaluate_language_model,
+        generate_language_model,
+        ingest_cluster_batch,
+        mgf_cluster_attention,
+        rope_tables,
+        rotate_half,
+        run_recall,
+        train_language_model,
+        update_cluster_bank,
+    )
+
+__all__ = [
+    "ClusterBank",
+    "GaussianLaw",
+    "apply_rope",
+    "attention_law",
+    "birth_and_merge",
+    "byte_tokens",
+    "checkpoint_info",
+    "cluster_responsibilities",
+    "default_generate_options",
+    "default_recall_options",
+    "default_train_options",
+    "empty_cluster_bank",
+    "evaluate_language_model",
+    "generate_language_model",
+    "ingest_cluster_batch",
+    "mgf_cluster_attention",
+    "rope_tables",
+    "rotate_half",
+    "run_recall",
+    "train_language_model",
+    "update_cluster_bank",
+]
+
+
+def _extension():
+    try:
+        return importlib.import_module("attnmix._stream")
+    except ImportError as error:
+        raise ImportError(
+            "attnmix.experimental needs the compiled extension attnmix._stream, which is built only with "
+            "ATTNMIX_WITH_TORCH (libtorch-dev); rebuild attnmix with it"
+        ) from error
+
+
+def __getattr__(name):
+    if name in __all__:
+        value = getattr(_extension(), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

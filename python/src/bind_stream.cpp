@@ -1,0 +1,914 @@
+// SPDX-License-Identifier: Apache-2.0
+// attnmix._stream (re-exported by python/attnmix/experimental.py): the pure functions of SPEC.md
+// §6.3 and §7 (RoPE, attention_law, the cluster-bank operations) on numpy arrays, and the streaming
+// language models of stream/language_model.hpp and stream/far_field.hpp on token arrays.
+//
+// Arrays come in through the strict conversion layer (convert.hpp) and cross into libtorch as
+// float64 tensors (a copy); results are copied out as float64 numpy arrays. ClusterBank wraps the
+// C++ struct: banks returned by the functions are kept as they are, and one built from Python
+// arrays is checked first (shapes, finiteness, a live prefix within max_clusters, non-negative
+// counts and variances, all-zero inactive slots), since the library takes a bank's invariants for
+// granted. The calls that compute run with the GIL released.
+//
+// The language-model options are keyword arguments named after the C++ fields (nested ones
+// flattened: `vocab` is TrainOptions::model.vocab, `keys` is RecallRunOptions::task.keys); their
+// defaults come from the C++ structs. Each field is one line of an option table below, and a field
+// of a type the table does not know fails to compile.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+#include "attnmix/stream/far_field.hpp"
+#include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/moment_closure.hpp"
+#include "attnmix/stream/moment_propagation.hpp"
+#include "attnmix/stream/rope.hpp"
+#include "convert.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+using namespace pybind11::literals;
+
+// ---- arrays in and out --------------------------------------------------------------------------
+
+/// A float64 CPU tensor holding a copy of the array.
+torch::Tensor tensor_of(NdArray<double>& a) {
+  const std::vector<int64_t> shape(a.shape.begin(), a.shape.end());
+  if (a.values.empty()) return torch::zeros(shape, torch::kDouble);
+  return torch::from_blob(a.values.data(), shape, torch::kDouble).clone();
+}
+
+/// A real array of any dimensionality as a float64 CPU tensor (a copy).
+torch::Tensor real_tensor(py::handle obj, std::string_view where, std::string_view name) {
+  NdArray<double> a = read_reals(obj, where, name);
+  return tensor_of(a);
+}
+
+/// A float64 numpy copy of a tensor.
+py::array_t<double> array_out(const torch::Tensor& t) {
+  const auto c = t.detach().to(torch::kCPU, torch::kDouble).contiguous();
+  const std::vector<Index> shape(c.sizes().begin(), c.sizes().end());
+  return copy_reals(c.numel() > 0 ? c.data_ptr<double>() : nullptr, shape);
+}
+
+py::array_t<int64_t> ids_out(const std::vector<int64_t>& v) {
+  return copy_ids(v.data(), {static_cast<Index>(v.size())});
+}
+
+/// A 1-D id array (tokens, positions) as a vector.
+std::vector<int64_t> id_vector(py::handle obj, std::string_view where, std::string_view name) {
+  const IdVector ids = ids_1d(obj, where, name);
+  return {ids.data(), ids.data() + ids.size()};
+}
+
+/// Any integer (Python or numpy, not bool, not float) as int64; range checks are the library's.
+int64_t integer(py::handle obj, std::string_view where, std::string_view name) {
+  const std::string what = std::string(where) + ": " + std::string(name);
+  const bool numpy_bool = py::isinstance(obj, py::module_::import("numpy").attr("bool_"));
+  if (PyBool_Check(obj.ptr()) || numpy_bool)
+    throw TypeError(what + " must be an integer, not bool");
+  if (PyFloat_Check(obj.ptr()) || PyIndex_Check(obj.ptr()) == 0) {
+    throw TypeError(what + " must be an integer (got " + type_name(obj) + ")");
+  }
+  const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow != 0) throw ValueError(what + " is out of range (beyond 64 bits)");
+  return static_cast<int64_t>(v);
+}
+
+/// A file path: str or os.PathLike.
+std::string path_arg(py::handle obj, std::string_view where, std::string_view name) {
+  const py::object path = py::module_::import("os").attr("fspath")(obj);
+  if (!PyUnicode_Check(path.ptr())) {
+    throw TypeError(std::string(where) + ": " + std::string(name) +
+                    " must be a str or os.PathLike of str (got " + type_name(obj) + ")");
+  }
+  return path.cast<std::string>();
+}
+
+void require_callable(py::handle obj, std::string_view where, std::string_view name) {
+  if (!obj.is_none() && PyCallable_Check(obj.ptr()) == 0) {
+    throw TypeError(std::string(where) + ": " + std::string(name) +
+                    " must be None or callable (got " + type_name(obj) + ")");
+  }
+}
+
+// ---- ClusterBank from Python arrays -------------------------------------------------------------
+
+constexpr std::string_view kBank = "ClusterBank";
+
+void require_finite_nonnegative(const NdArray<double>& a, std::string_view name, bool nonnegative) {
+  for (const double x : a.values) {
+    if (!std::isfinite(x))
+      throw ValueError("ClusterBank: " + std::string(name) + " must be finite");
+    if (nonnegative && x < 0.0)
+      throw ValueError("ClusterBank: " + std::string(name) + " must be >= 0");
+  }
+}
+
+ClusterBank make_bank(const py::object& count_obj, const py::object& mu_k_obj,
+                      const py::object& mu_v_obj, const py::object& sigma_kk_obj,
+                      const py::object& sigma_vk_obj, const py::object& n_clusters_obj,
+                      const py::object& max_clusters_obj) {
+  NdArray<double> count = read_reals(count_obj, kBank, "count");
+  if (count.ndim() != 3 ||
+      std::any_of(count.shape.begin(), count.shape.end(), [](Index s) { return s <= 0; })) {
+    throw ValueError(
+        "ClusterBank: count must be (batch, heads, max_clusters), each positive (got " +
+        shape_text(count.shape) + ")");
+  }
+  const Index B = count.shape[0], H = count.shape[1], C = count.shape[2];
+  NdArray<double> mu_k = read_reals(mu_k_obj, kBank, "mu_k");
+  if (mu_k.ndim() != 4 || mu_k.shape[0] != B || mu_k.shape[1] != H || mu_k.shape[2] != C ||
+      mu_k.shape[3] <= 0) {
+    throw ValueError("ClusterBank: mu_k must be (batch " + std::to_string(B) + ", heads " +
+                     std::to_string(H) + ", max_clusters " + std::to_string(C) +
+                     ", head_dim) (got shape " + shape_text(mu_k.shape) + ")");
+  }
+  const Index d = mu_k.shape[3];
+  NdArray<double> mu_v = read_reals(mu_v_obj, kBank, "mu_v");
+  NdArray<double> sigma_kk = read_reals(sigma_kk_obj, kBank, "sigma_kk");
+  NdArray<double> sigma_vk = read_reals(sigma_vk_obj, kBank, "sigma_vk");
+  const auto require_shape = [](const NdArray<double>& a, const char* name,
+                                const std::vector<Index>& want) {
+    if (a.shape != want) {
+      throw ValueError("ClusterBank: " + std::string(name) + " must have shape " +
+                       shape_text(want) + " (got " + shape_text(a.shape) + ")");
+    }
+  };
+  require_shape(mu_v, "mu_v", {B, H, C, d});
+  require_shape(sigma_kk, "sigma_kk", {B, H, C, d});
+  require_shape(sigma_vk, "sigma_vk", {B, H, C, d, d});
+  const std::vector<int64_t> n_clusters = id_vector(n_clusters_obj, kBank, "n_clusters");
+  if (static_cast<Index>(n_clusters.size()) != B) {
+    throw ValueError("ClusterBank: n_clusters must hold one entry per stream (" +
+                     std::to_string(B) + ", got " + std::to_string(n_clusters.size()) + ")");
+  }
+  for (const int64_t n : n_clusters) {
+    if (n > C) {
+      throw ValueError("ClusterBank: n_clusters must lie in [0, max_clusters " + std::to_string(C) +
+                       "] (got " + std::to_string(n) + ")");
+    }
+  }
+  if (!max_clusters_obj.is_none()) {
+    const int64_t m = positive_int(max_clusters_obj, kBank, "max_clusters");
+    if (m != C) {
+      throw ValueError("ClusterBank: max_clusters is " + std::to_string(m) + " but count has " +
+                       std::to_string(C) + " slots");
+    }
+  }
+  require_finite_nonnegative(count, "count", true);
+  require_finite_nonnegative(mu_k, "mu_k", false);
+  require_finite_nonnegative(mu_v, "mu_v", false);
+  require_finite_nonnegative(sigma_kk, "sigma_kk", true);
+  require_finite_nonnegative(sigma_vk, "sigma_vk", false);
+  // Inactive slots are all zeros (SPEC §7.3): the live totals, and so the conservation receipts,
+  // rely on it.
+  for (Index b = 0; b < B; ++b) {
+    for (Index h = 0; h < H; ++h) {
+      for (Index c = n_clusters[static_cast<size_t>(b)]; c < C; ++c) {
+        const Index slot = (b * H + h) * C + c;
+        const auto zero = [](const std::vector<double>& v, Index from, Index n) {
+          return std::all_of(v.begin() + from, v.begin() + from + n,
+                             [](double x) { return x == 0.0; });
+        };
+        if (!zero(count.values, slot, 1) || !zero(mu_k.values, slot * d, d) ||
+            !zero(mu_v.values, slot * d, d) || !zero(sigma_kk.values, slot * d, d) ||
+            !zero(sigma_vk.values, slot * d * d, d * d)) {
+          throw ValueError("ClusterBank: the inactive slot " + std::to_string(c) + " of stream " +
+                           std::to_string(b) + " (head " + std::to_string(h) +
+                           ") must be all zeros (n_clusters[" + std::to_string(b) +
+                           "] = " + std::to_string(n_clusters[static_cast<size_t>(b)]) + ")");
+        }
+      }
+    }
+  }
+  ClusterBank bank;
+  bank.count = tensor_of(count);
+  bank.mu_k = tensor_of(mu_k);
+  bank.mu_v = tensor_of(mu_v);
+  bank.sigma_kk = tensor_of(sigma_kk);
+  bank.sigma_vk = tensor_of(sigma_vk);
+  bank.n_clusters = n_clusters;
+  bank.max_clusters = C;
+  return bank;
+}
+
+py::tuple bank_state(const ClusterBank& b) {
+  return py::make_tuple(array_out(b.count), array_out(b.mu_k), array_out(b.mu_v),
+                        array_out(b.sigma_kk), array_out(b.sigma_vk), ids_out(b.n_clusters),
+                        b.max_clusters);
+}
+
+// ---- receipts -----------------------------------------------------------------------------------
+
+/// One stream's receipt with the SPEC §7.6 keys, plus the §7.7 keys when it comes from
+/// ingest_cluster_batch.
+py::dict receipt_out(const StreamReceipt& r, bool ingest) {
+  py::dict out;
+  out["birthed"] = r.birthed;
+  out["birth_incorporated_batch"] = r.birth_incorporated_batch;
+  py::list merged;
+  for (const auto& [i, j] : r.merged) merged.append(py::make_tuple(i, j));
+  out["merged"] = merged;
+  if (!r.merge_distances.empty()) out["merge_distances"] = py::cast(r.merge_distances);
+  py::dict misfit;
+  for (const auto& [c, value] : r.misfit) misfit[py::int_(c)] = value;
+  out["misfit"] = misfit;
+  py::dict outliers;
+  for (const auto& [c, o] : r.per_cluster_outlier_tokens) {
+    outliers[py::int_(c)] =
+        py::dict("k"_a = array_out(o.k), "v"_a = array_out(o.v), "indices"_a = py::cast(o.indices),
+                 "member_indices"_a = py::cast(o.member_indices));
+  }
+  out["per_cluster_outlier_tokens"] = outliers;
+  out["misfit_scalar"] = r.misfit_scalar;
+  if (ingest) {
+    out["soft_update_applied"] = r.soft_update_applied;
+    out["ingested_tokens_per_head"] = py::cast(r.ingested_tokens_per_head);
+    out["expected_ingested_tokens_per_head"] = r.expected_ingested_tokens_per_head;
+    out["count_conserved"] = r.count_conserved;
+  }
+  if (r.accounting) {
+    const auto& a = *r.accounting;
+    out["accounting"] =
+        py::dict("positions_seen"_a = a.positions_seen, "near_tokens"_a = a.near_tokens,
+                 "evicted_tokens"_a = a.evicted_tokens,
+                 "far_tokens_per_head"_a = py::cast(a.far_tokens_per_head),
+                 "expected_far_tokens_per_head"_a = a.expected_far_tokens_per_head,
+                 "overlap_tokens"_a = a.overlap_tokens, "conserved"_a = a.conserved);
+  }
+  return out;
+}
+
+py::tuple ingest_out(IngestResult&& result, bool ingest) {
+  py::list receipts;
+  for (const auto& r : result.receipts) receipts.append(receipt_out(r, ingest));
+  return py::make_tuple(std::move(result.bank), receipts);
+}
+
+BirthMergeOptions birth_merge_options(py::handle birth_threshold, py::handle merge_threshold,
+                                      py::handle outlier_top_k, std::string_view where) {
+  BirthMergeOptions o;
+  o.birth_threshold = real_number(birth_threshold, where, "birth_threshold");
+  if (!merge_threshold.is_none())
+    o.merge_threshold = real_number(merge_threshold, where, "merge_threshold");
+  // SPEC §7.6 lists a non-integer outlier_top_k (bool included) among the ValueErrors.
+  try {
+    o.outlier_top_k = nonnegative_int(outlier_top_k, where, "outlier_top_k");
+  } catch (const TypeError& e) {
+    throw ValueError(e.what());
+  }
+  return o;
+}
+
+// ---- attention_law ------------------------------------------------------------------------------
+
+GaussianLaw make_law(py::handle mean, py::handle cov, std::string_view where) {
+  GaussianLaw law{real_tensor(mean, where, "mean"), real_tensor(cov, where, "cov")};
+  if (law.mean.dim() != 1 || law.cov.dim() != 2 || law.cov.size(0) != law.mean.size(0) ||
+      law.cov.size(1) != law.mean.size(0)) {
+    throw ValueError(std::string(where) + ": mean must be a vector (d) and cov a (d, d) matrix");
+  }
+  return law;
+}
+
+GaussianLaw law_arg(py::handle obj) {
+  if (py::isinstance<GaussianLaw>(obj)) return obj.cast<GaussianLaw>();
+  if (PySequence_Check(obj.ptr()) == 1 && !PyUnicode_Check(obj.ptr()) && py::len(obj) == 2) {
+    const auto pair = py::reinterpret_borrow<py::sequence>(obj);
+    return make_law(py::object(pair[0]), py::object(pair[1]), "attention_law");
+  }
+  throw TypeError("attention_law: law must be a GaussianLaw or a (mean, cov) pair (got " +
+                  type_name(obj) + ")");
+}
+
+// ---- keyword option tables ----------------------------------------------------------------------
+
+/// One keyword option: its name, and how to read and write the C++ field behind it.
+template <class Options>
+struct OptionField {
+  const char* name;
+  std::function<py::object(const Options&)> get;
+  std::function<void(Options&, py::handle, std::string_view)> set;
+};
+
+template <class T>
+inline constexpr bool kUnsupportedOption = false;
+
+template <class T>
+T option_in(py::handle value, std::string_view where, std::string_view name) {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return integer(value, where, name);
+  } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, uint64_t>) {
+    const int64_t v = integer(value, where, name);
+    if (v < 0 || (std::is_same_v<T, int> && v > std::numeric_limits<int>::max())) {
+      throw ValueError(std::string(where) + ": " + std::string(name) + " is out of range (got " +
+                       std::to_string(v) + ")");
+    }
+    return static_cast<T>(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return real_number(value, where, name);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return flag(value, where, name);
+  } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+    return value.is_none() ? T{} : T{real_number(value, where, name)};
+  } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+    return value.is_none() ? T{} : T{integer(value, where, name)};
+  } else if constexpr (std::is_same_v<T, lm::Mechanism> || std::is_same_v<T, lm::Schedule>) {
+    if (!PyUnicode_Check(value.ptr())) {
+      throw TypeError(std::string(where) + ": " + std::string(name) + " must be a str (got " +
+                      type_name(value) + ")");
+    }
+    const auto text = value.cast<std::string>();
+    if constexpr (std::is_same_v<T, lm::Mechanism>) {
+      return lm::parse_mechanism(text);
+    } else {
+      return lm::parse_schedule(text);
+    }
+  } else {
+    static_assert(kUnsupportedOption<T>,
+                  "bind_stream.cpp: teach option_in/option_out this field type");
+  }
+}
+
+template <class T>
+py::object option_out(const T& value) {
+  if constexpr (std::is_same_v<T, lm::Mechanism>) {
+    return py::str(lm::mechanism_name(value));
+  } else if constexpr (std::is_same_v<T, lm::Schedule>) {
+    return py::str(lm::schedule_name(value));
+  } else {
+    return py::cast(value);  // numbers, bool, optional (None)
+  }
+}
+
+/// The option `name`, stored where `access` (a generic lambda Options& → field&) points.
+template <class Options, class Access>
+OptionField<Options> option(const char* name, Access access) {
+  using T = std::remove_cvref_t<decltype(access(std::declval<Options&>()))>;
+  return {name, [access](const Options& o) { return option_out<T>(access(o)); },
+          [access, name](Options& o, py::handle value, std::string_view where) {
+            access(o) = option_in<T>(value, where, name);
+          }};
+}
+
+#define ATTNMIX_OPTION(Options, name, path) \
+  option<Options>(                          \
+      name, [](auto& o) -> auto& { return o.path; })
+
+const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
+  using O = lm::TrainOptions;
+  static const std::vector<OptionField<O>> fields = {
+      ATTNMIX_OPTION(O, "mechanism", model.mechanism),
+      ATTNMIX_OPTION(O, "vocab", model.vocab),
+      ATTNMIX_OPTION(O, "d_model", model.d_model),
+      ATTNMIX_OPTION(O, "n_layer", model.n_layer),
+      ATTNMIX_OPTION(O, "n_head", model.n_head),
+      ATTNMIX_OPTION(O, "window", model.window),
+      ATTNMIX_OPTION(O, "max_clusters", model.max_clusters),
+      ATTNMIX_OPTION(O, "birth_threshold", model.birth_threshold),
+      ATTNMIX_OPTION(O, "merge_threshold", model.merge_threshold),
+      ATTNMIX_OPTION(O, "batch", batch),
+      ATTNMIX_OPTION(O, "chunk", chunk),
+      ATTNMIX_OPTION(O, "steps", steps),
+      ATTNMIX_OPTION(O, "detach_horizon", detach_horizon),
+      ATTNMIX_OPTION(O, "lr", lr),
+      ATTNMIX_OPTION(O, "min_lr_ratio", min_lr_ratio),
+      ATTNMIX_OPTION(O, "schedule", schedule),
+      ATTNMIX_OPTION(O, "weight_decay", weight_decay),
+      ATTNMIX_OPTION(O, "clip", clip),
+      ATTNMIX_OPTION(O, "seed", seed),
+      ATTNMIX_OPTION(O, "threads", threads),
+      ATTNMIX_OPTION(O, "checkpoint_every", checkpoint_every),
+  };
+  return fields;
+}
+
+const std::vector<OptionField<lm::GenerateOptions>>& generate_fields() {
+  using O = lm::GenerateOptions;
+  static const std::vector<OptionField<O>> fields = {
+      ATTNMIX_OPTION(O, "tokens", tokens),   ATTNMIX_OPTION(O, "temperature", temperature),
+      ATTNMIX_OPTION(O, "top_k", top_k),     ATTNMIX_OPTION(O, "seed", seed),
+      ATTNMIX_OPTION(O, "threads", threads),
+  };
+  return fields;
+}
+
+const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
+  using O = lm::RecallRunOptions;
+  static const std::vector<OptionField<O>> fields = {
+      ATTNMIX_OPTION(O, "keys", task.keys),
+      ATTNMIX_OPTION(O, "values", task.values),
+      ATTNMIX_OPTION(O, "filler", task.filler),
+      ATTNMIX_OPTION(O, "pairs", task.pairs),
+      ATTNMIX_OPTION(O, "queries", task.queries),
+      ATTNMIX_OPTION(O, "gap", task.gap),
+      ATTNMIX_OPTION(O, "d_model", d_model),
+      ATTNMIX_OPTION(O, "n_layer", n_layer),
+      ATTNMIX_OPTION(O, "n_head", n_head),
+      ATTNMIX_OPTION(O, "window", window),
+      ATTNMIX_OPTION(O, "chunk", chunk),
+      ATTNMIX_OPTION(O, "max_clusters", max_clusters),
+      ATTNMIX_OPTION(O, "birth_threshold", birth_threshold),
+      ATTNMIX_OPTION(O, "batch", batch),
+      ATTNMIX_OPTION(O, "steps", steps),
+      ATTNMIX_OPTION(O, "lr", lr),
+      ATTNMIX_OPTION(O, "eval_sequences", eval_sequences),
+      ATTNMIX_OPTION(O, "seed", seed),
+      ATTNMIX_OPTION(O, "threads", threads),
+  };
+  return fields;
+}
+
+#undef ATTNMIX_OPTION
+
+/// Options with the keyword arguments applied over the C++ defaults; an unknown name → TypeError,
+/// like Python.
+template <class Options>
+Options options_from(const py::kwargs& kwargs, const std::vector<OptionField<Options>>& fields,
+                     std::string_view where) {
+  Options o;
+  for (const auto& [key, value] : kwargs) {
+    const auto name = py::str(key).cast<std::string>();
+    const auto field =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return name == f.name; });
+    if (field == fields.end()) {
+      throw TypeError(std::string(where) + "() got an unexpected keyword argument '" + name + "'");
+    }
+    field->set(o, value, where);
+  }
+  return o;
+}
+
+template <class Options>
+py::dict options_out(const Options& o, const std::vector<OptionField<Options>>& fields) {
+  py::dict out;
+  for (const auto& f : fields) out[f.name] = f.get(o);
+  return out;
+}
+
+// ---- language-model results ---------------------------------------------------------------------
+
+py::list far_field_out(const std::vector<lm::LayerClusterStats>& layers) {
+  py::list out;
+  for (const auto& s : layers) {
+    out.append(py::dict("clusters"_a = s.clusters, "births"_a = s.births, "merges"_a = s.merges,
+                        "ingestions"_a = s.ingestions, "mean_misfit"_a = s.mean_misfit));
+  }
+  return out;
+}
+
+py::dict evaluation_out(const lm::Evaluation& e) {
+  return py::dict("tokens"_a = e.tokens, "mean_cross_entropy"_a = e.mean_cross_entropy,
+                  "bits_per_token"_a = e.bits_per_token, "seconds"_a = e.seconds,
+                  "state_bytes"_a = e.state_bytes, "far_field"_a = far_field_out(e.far_field));
+}
+
+py::dict summary_out(const lm::TrainSummary& s) {
+  return py::dict(
+      "first_step"_a = s.first_step, "steps"_a = s.steps, "losses"_a = py::cast(s.losses),
+      "tokens"_a = s.tokens, "seconds"_a = s.seconds, "parameters"_a = s.parameters,
+      "state_bytes"_a = s.state_bytes, "far_field"_a = far_field_out(s.far_field),
+      "heldout"_a = s.heldout ? py::object(evaluation_out(*s.heldout)) : py::object(py::none()));
+}
+
+py::dict progress_out(const lm::Progress& p) {
+  return py::dict("step"_a = p.step, "steps"_a = p.steps, "loss"_a = p.loss,
+                  "tokens_per_second"_a = p.tokens_per_second,
+                  "elapsed_seconds"_a = p.elapsed_seconds, "eta_seconds"_a = p.eta_seconds);
+}
+
+py::dict recall_out(const lm::RecallResult& r) {
+  return py::dict("mechanism"_a = r.mechanism, "accuracy"_a = r.accuracy,
+                  "cross_entropy"_a = r.cross_entropy, "first_loss"_a = r.first_loss,
+                  "last_loss"_a = r.last_loss, "state_bytes"_a = r.state_bytes,
+                  "seconds"_a = r.seconds);
+}
+
+// ---- docstrings ---------------------------------------------------------------------------------
+
+constexpr const char* kClusterBankDoc =
+    R"(One layer's far-field mixtures, one per stream (SPEC.md §7.3).
+
+B streams, H heads, C = max_clusters slots, d = head_dim. Slots at and beyond n_clusters[b] are
+inactive and all zero. The properties return float64 copies; a bank never changes in place (the
+functions return new banks).
+
+ClusterBank(count (B,H,C), mu_k (B,H,C,d), mu_v (B,H,C,d), sigma_kk (B,H,C,d),
+            sigma_vk (B,H,C,d,d), n_clusters (B,), max_clusters=None)
+checks shapes, finiteness, 0 <= n_clusters <= C, count >= 0, sigma_kk >= 0 and all-zero inactive
+slots (ValueError); max_clusters, when given, must equal C. Banks pickle.)";
+
+constexpr const char* kBirthMergeDoc =
+    R"(Birth, merge and the misfit receipt, per stream (SPEC.md §7.6).
+
+k, v: (B, t, H, d). Returns (bank, receipts): one dict per stream with the keys birthed,
+birth_incorporated_batch, merged (list of (i, j)), merge_distances (only when a merge happened),
+misfit ({cluster: float}), per_cluster_outlier_tokens ({cluster: {k, v: (n_out, H, d), indices,
+member_indices}}) and misfit_scalar. ValueError for shapes, non-finite values or a bad
+outlier_top_k; RuntimeError for a non-finite cluster distance.)";
+
+constexpr const char* kIngestDoc =
+    R"(Birth/merge, then the soft update of streams whose batch no birth absorbed (SPEC.md §7.7).
+
+Returns (bank, receipts) as birth_and_merge, each receipt also holding soft_update_applied,
+ingested_tokens_per_head, expected_ingested_tokens_per_head and count_conserved. RuntimeError
+("cluster ingestion did not count every observation exactly once ...") when a head's total did not
+grow by exactly t.)";
+
+constexpr const char* kTrainDoc =
+    R"(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
+
+Keyword options (defaults: default_train_options()): mechanism ("window", "full" or
+"moment-closure"), vocab, d_model, n_layer, n_head, window, max_clusters, birth_threshold,
+merge_threshold, batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
+"cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
+final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
+continue; on_progress(dict) is called after every step. Returns {first_step, steps, losses,
+tokens, seconds, parameters, state_bytes, far_field, heldout}. ValueError for invalid options or
+tokens; RuntimeError for a bad checkpoint or a non-finite loss.)";
+
+constexpr const char* kRecallDoc =
+    R"(Trains and evaluates one mechanism on the far-field recall task (stream/far_field.hpp).
+
+mechanism: "window", "moment-closure" or "full".
+Keyword options (defaults: default_recall_options()): keys, values, filler, pairs, queries, gap,
+d_model, n_layer, n_head, window, chunk, max_clusters, birth_threshold, batch, steps, lr,
+eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
+{mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}.)";
+
+}  // namespace
+
+void bind_stream(py::module_& m) {
+  // ---- ClusterBank ----
+  py::class_<ClusterBank>(m, "ClusterBank", kClusterBankDoc)
+      .def(py::init(&make_bank), py::arg("count"), py::arg("mu_k"), py::arg("mu_v"),
+           py::arg("sigma_kk"), py::arg("sigma_vk"), py::arg("n_clusters"),
+           py::arg("max_clusters") = py::none())
+      .def_property_readonly("count", [](const ClusterBank& b) { return array_out(b.count); })
+      .def_property_readonly("mu_k", [](const ClusterBank& b) { return array_out(b.mu_k); })
+      .def_property_readonly("mu_v", [](const ClusterBank& b) { return array_out(b.mu_v); })
+      .def_property_readonly("sigma_kk", [](const ClusterBank& b) { return array_out(b.sigma_kk); })
+      .def_property_readonly("sigma_vk", [](const ClusterBank& b) { return array_out(b.sigma_vk); })
+      .def_property_readonly("n_clusters",
+                             [](const ClusterBank& b) { return ids_out(b.n_clusters); })
+      .def_readonly("max_clusters", &ClusterBank::max_clusters)
+      .def_property_readonly("batch_size", &ClusterBank::batch_size)
+      .def_property_readonly("n_head", [](const ClusterBank& b) { return b.mu_k.size(1); })
+      .def_property_readonly("head_dim", [](const ClusterBank& b) { return b.mu_k.size(3); })
+      .def(
+          "total_per_head", [](const ClusterBank& b) { return array_out(b.total_per_head()); },
+          "Per stream and head, the live total count: (B, H).")
+      .def("__repr__",
+           [](const ClusterBank& b) {
+             std::string live;
+             for (const int64_t n : b.n_clusters)
+               live += (live.empty() ? "" : ", ") + std::to_string(n);
+             return "ClusterBank(batch_size=" + std::to_string(b.batch_size()) +
+                    ", n_head=" + std::to_string(b.mu_k.size(1)) +
+                    ", max_clusters=" + std::to_string(b.max_clusters) +
+                    ", head_dim=" + std::to_string(b.mu_k.size(3)) + ", n_clusters=[" + live + "])";
+           })
+      .def(py::pickle(&bank_state, [](const py::tuple& s) {
+        if (s.size() != 7) throw ValueError("ClusterBank: a pickled bank is a 7-tuple");
+        return make_bank(py::object(s[0]), py::object(s[1]), py::object(s[2]), py::object(s[3]),
+                         py::object(s[4]), py::object(s[5]), py::object(s[6]));
+      }));
+
+  m.def(
+      "empty_cluster_bank",
+      [](const py::object& batch_size, const py::object& n_head, const py::object& max_clusters,
+         const py::object& head_dim) {
+        constexpr std::string_view w = "empty_cluster_bank";
+        return empty_cluster_bank(integer(batch_size, w, "batch_size"),
+                                  integer(n_head, w, "n_head"),
+                                  integer(max_clusters, w, "max_clusters"),
+                                  integer(head_dim, w, "head_dim"), torch::kDouble);
+      },
+      py::arg("batch_size"), py::arg("n_head"), py::arg("max_clusters"), py::arg("head_dim"),
+      "An all-zero float64 bank (SPEC.md §7.3). ValueError unless every size is positive.");
+
+  m.def(
+      "mgf_cluster_attention",
+      [](const py::object& q_obj, const ClusterBank& bank) {
+        const auto q = real_tensor(q_obj, "mgf_cluster_attention", "q");
+        ClusterAttention result;
+        {
+          py::gil_scoped_release release;
+          result = mgf_cluster_attention(q, bank);
+        }
+        return py::make_tuple(array_out(result.out), array_out(result.logits));
+      },
+      py::arg("q"), py::arg("bank"),
+      "q (B, t, H, d) -> (out (B, t, n, H, d), logits (B, t, n, H)), n = max(bank.n_clusters) "
+      "(SPEC.md §7.4). Slots beyond a stream's live prefix get logit -inf and output 0.");
+
+  m.def(
+      "cluster_responsibilities",
+      [](const py::object& k_obj, const ClusterBank& bank) {
+        const auto k = real_tensor(k_obj, "cluster_responsibilities", "k");
+        torch::Tensor r;
+        {
+          py::gil_scoped_release release;
+          r = cluster_responsibilities(k, bank);
+        }
+        return array_out(r);
+      },
+      py::arg("k"), py::arg("bank"),
+      "softmax over each stream's live clusters of logit_c(k): (B, t, H, C), zero beyond the live "
+      "prefix (SPEC.md §7.4).");
+
+  m.def(
+      "update_cluster_bank",
+      [](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
+         const py::object& r_obj) {
+        constexpr std::string_view w = "update_cluster_bank";
+        const auto k = real_tensor(k_obj, w, "k");
+        const auto v = real_tensor(v_obj, w, "v");
+        const auto r = real_tensor(r_obj, w, "r");
+        py::gil_scoped_release release;
+        return update_cluster_bank(bank, k, v, r);
+      },
+      py::arg("bank"), py::arg("k"), py::arg("v"), py::arg("r"),
+      "The Chan/Welford combination of the bank with tokens k, v (B, t, H, d) weighted by r (B, t, "
+      "H, C) (SPEC.md §7.5); population moments.");
+
+  m.def(
+      "birth_and_merge",
+      [](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
+         const py::object& birth_threshold, const py::object& merge_threshold,
+         const py::object& outlier_top_k) {
+        constexpr std::string_view w = "birth_and_merge";
+        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
+        const auto k = real_tensor(k_obj, w, "k");
+        const auto v = real_tensor(v_obj, w, "v");
+        IngestResult result;
+        {
+          py::gil_scoped_release release;
+          result = birth_and_merge(bank, k, v, o);
+        }
+        return ingest_out(std::move(result), false);
+      },
+      py::arg("bank"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("birth_threshold"),
+      py::arg("merge_threshold") = py::none(),
+      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, kBirthMergeDoc);
+
+  m.def(
+      "ingest_cluster_batch",
+      [](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
+         const py::object& birth_threshold, const py::object& merge_threshold,
+         const py::object& outlier_top_k) {
+        constexpr std::string_view w = "ingest_cluster_batch";
+        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
+        const auto k = real_tensor(k_obj, w, "k");
+        const auto v = real_tensor(v_obj, w, "v");
+        IngestResult result;
+        {
+          py::gil_scoped_release release;
+          result = ingest_cluster_batch(bank, k, v, o);
+        }
+        return ingest_out(std::move(result), true);
+      },
+      py::arg("bank"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("birth_threshold"),
+      py::arg("merge_threshold") = py::none(),
+      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, kIngestDoc);
+
+  // ---- attention_law ----
+  py::class_<GaussianLaw>(
+      m, "GaussianLaw",
+      "A Gaussian law over a d-vector: mean (d,), cov (d, d). Unpacks as (mean, cov).")
+      .def(py::init([](const py::object& mean, const py::object& cov) {
+             return make_law(mean, cov, "GaussianLaw");
+           }),
+           py::arg("mean"), py::arg("cov"))
+      .def_property_readonly("mean", [](const GaussianLaw& l) { return array_out(l.mean); })
+      .def_property_readonly("cov", [](const GaussianLaw& l) { return array_out(l.cov); })
+      .def("__iter__",
+           [](const GaussianLaw& l) {
+             return py::iter(py::make_tuple(array_out(l.mean), array_out(l.cov)));
+           })
+      .def("__repr__", [](const GaussianLaw& l) {
+        return "GaussianLaw(d=" + std::to_string(l.mean.size(0)) + ")";
+      });
+
+  m.def(
+      "attention_law",
+      [](const py::object& law_obj, const py::object& qkv_weight, const py::object& qkv_bias,
+         const py::object& proj_weight, const py::object& proj_bias, const py::object& n_head) {
+        constexpr std::string_view w = "attention_law";
+        const GaussianLaw law = law_arg(law_obj);
+        const auto wq = real_tensor(qkv_weight, w, "qkv_weight");
+        const auto bq = real_tensor(qkv_bias, w, "qkv_bias");
+        const auto wp = real_tensor(proj_weight, w, "proj_weight");
+        const auto bp = real_tensor(proj_bias, w, "proj_bias");
+        const int64_t heads = positive_int(n_head, w, "n_head");
+        AttentionLawResult result;
+        {
+          py::gil_scoped_release release;
+          result = attention_law(law, wq, bq, wp, bp, heads);
+        }
+        return py::make_tuple(result.law, array_out(result.jacobian));
+      },
+      py::arg("law"), py::arg("qkv_weight"), py::arg("qkv_bias"), py::arg("proj_weight"),
+      py::arg("proj_bias"), py::arg("n_head"),
+      "The exact Gaussian law of an attention layer's output (SPEC.md §7.2): law (a GaussianLaw or "
+      "(mean, cov)) over the layer input, qkv_weight (3d, d), qkv_bias (3d,), proj_weight (d, d), "
+      "proj_bias (d,) -> (GaussianLaw, jacobian (d, d)).");
+
+  // ---- RoPE ----
+  m.def(
+      "rope_tables",
+      [](const py::object& positions, const py::object& head_dim) {
+        const auto p = id_vector(positions, "rope_tables", "positions");
+        const int64_t h = positive_int(head_dim, "rope_tables", "head_dim");
+        const auto tables = rope_tables(torch::tensor(p, torch::kLong), h, torch::kDouble);
+        return py::make_tuple(array_out(tables.cos), array_out(tables.sin));
+      },
+      py::arg("positions"), py::arg("head_dim"),
+      "cos and sin of the RoPE angles (SPEC.md §6.3) of integer positions (t,): each (t, "
+      "head_dim), float64.");
+  m.def(
+      "rotate_half",
+      [](const py::object& x_obj) {
+        const auto x = real_tensor(x_obj, "rotate_half", "x");
+        if (x.dim() < 1 || x.size(-1) % 2 != 0) {
+          throw ValueError("rotate_half: x must have a last axis of even size");
+        }
+        return array_out(rotate_half(x));
+      },
+      py::arg("x"), "[-x2, x1] over the last axis (of even size).");
+  m.def(
+      "apply_rope",
+      [](const py::object& x_obj, const py::object& cos_obj, const py::object& sin_obj) {
+        constexpr std::string_view w = "apply_rope";
+        const auto x = real_tensor(x_obj, w, "x");
+        const RopeTables tables{real_tensor(cos_obj, w, "cos"), real_tensor(sin_obj, w, "sin")};
+        if (tables.cos.dim() != 2 || tables.sin.sizes() != tables.cos.sizes() ||
+            tables.cos.size(1) % 2 != 0 || x.dim() < 3 || x.size(-3) != tables.cos.size(0) ||
+            x.size(-1) != tables.cos.size(1)) {
+          throw ValueError(
+              "apply_rope: x must be (..., t, heads, head_dim) and cos, sin (t, head_dim) with an "
+              "even head_dim");
+        }
+        return array_out(apply_rope(x, tables));
+      },
+      py::arg("x"), py::arg("cos"), py::arg("sin"),
+      "RoPE(x) = x * cos + rotate_half(x) * sin, x (..., t, H, head_dim), tables (t, head_dim) "
+      "(SPEC.md §6.3).");
+
+  // ---- language models ----
+  m.def(
+      "default_train_options", [] { return options_out(lm::TrainOptions{}, train_fields()); },
+      "The keyword options of train_language_model and their defaults.");
+  m.def(
+      "train_language_model",
+      [](const py::object& tokens_obj, const py::object& heldout_obj, const py::object& out_obj,
+         const py::object& resume_obj, const py::object& on_progress, const py::kwargs& kwargs) {
+        constexpr std::string_view w = "train_language_model";
+        const auto options = options_from(kwargs, train_fields(), w);
+        const auto tokens = id_vector(tokens_obj, w, "tokens");
+        const auto heldout =
+            heldout_obj.is_none() ? std::vector<int64_t>{} : id_vector(heldout_obj, w, "heldout");
+        const std::string out = out_obj.is_none() ? "" : path_arg(out_obj, w, "out");
+        const std::string resume =
+            resume_obj.is_none() ? "" : path_arg(resume_obj, w, "resume_from");
+        require_callable(on_progress, w, "on_progress");
+        std::function<void(const lm::Progress&)> report;
+        if (!on_progress.is_none()) {
+          // A borrowed handle: the argument outlives the call, and copies of this function touch no
+          // refcount.
+          report = [callback = py::handle(on_progress)](const lm::Progress& p) {
+            py::gil_scoped_acquire acquire;
+            callback(progress_out(p));
+          };
+        }
+        lm::TrainSummary summary;
+        {
+          py::gil_scoped_release release;
+          summary = lm::train(options, tokens, resume, out, report, heldout);
+        }
+        return summary_out(summary);
+      },
+      py::arg("tokens"), py::kw_only(), py::arg("heldout") = py::none(),
+      py::arg("out") = py::none(), py::arg("resume_from") = py::none(),
+      py::arg("on_progress") = py::none(), kTrainDoc);
+
+  m.def(
+      "evaluate_language_model",
+      [](const py::object& checkpoint, const py::object& tokens_obj, const py::object& chunk,
+         const py::object& threads) {
+        constexpr std::string_view w = "evaluate_language_model";
+        const std::string path = path_arg(checkpoint, w, "checkpoint");
+        const auto tokens = id_vector(tokens_obj, w, "tokens");
+        const auto c = option_in<int64_t>(chunk, w, "chunk");
+        const auto n = option_in<int>(threads, w, "threads");
+        lm::Evaluation e;
+        {
+          py::gil_scoped_release release;
+          e = lm::evaluate(path, tokens, c, n);
+        }
+        return evaluation_out(e);
+      },
+      py::arg("checkpoint"), py::arg("tokens"), py::kw_only(),
+      py::arg("chunk") = lm::TrainOptions{}.chunk, py::arg("threads") = lm::TrainOptions{}.threads,
+      "Streams tokens through a checkpoint's model in chunks (one stream, no gradients): {tokens, "
+      "mean_cross_entropy, bits_per_token, seconds, state_bytes, far_field}.");
+
+  m.def(
+      "default_generate_options",
+      [] { return options_out(lm::GenerateOptions{}, generate_fields()); },
+      "The keyword options of generate_language_model and their defaults.");
+  m.def(
+      "generate_language_model",
+      [](const py::object& checkpoint, const py::object& prompt_obj, const py::kwargs& kwargs) {
+        constexpr std::string_view w = "generate_language_model";
+        const auto options = options_from(kwargs, generate_fields(), w);
+        const std::string path = path_arg(checkpoint, w, "checkpoint");
+        const auto prompt = id_vector(prompt_obj, w, "prompt");
+        std::vector<int64_t> drawn;
+        {
+          py::gil_scoped_release release;
+          drawn = lm::generate(path, prompt, options);
+        }
+        return ids_out(drawn);
+      },
+      py::arg("checkpoint"), py::arg("prompt"),
+      "Feeds the prompt, then draws tokens from the model (options: tokens, temperature, top_k, "
+      "seed, threads); returns the drawn tokens (int64).");
+
+  m.def(
+      "checkpoint_info",
+      [](const py::object& checkpoint) {
+        lm::CheckpointInfo info =
+            lm::read_checkpoint_info(path_arg(checkpoint, "checkpoint_info", "checkpoint"));
+        info.options.model = info.model;
+        return py::dict("options"_a = options_out(info.options, train_fields()),
+                        "step"_a = info.step, "corpus_tokens"_a = info.corpus_tokens,
+                        "corpus_fingerprint"_a = info.corpus_fingerprint);
+      },
+      py::arg("checkpoint"),
+      "What a checkpoint holds: {options, step, corpus_tokens, corpus_fingerprint}.");
+
+  m.def(
+      "byte_tokens",
+      [](const py::object& text) {
+        if (PyUnicode_Check(text.ptr()) == 0 && PyBytes_Check(text.ptr()) == 0) {
+          throw TypeError("byte_tokens: text must be a str or bytes (got " + type_name(text) + ")");
+        }
+        return ids_out(lm::byte_tokens(text.cast<std::string>()));  // a str as UTF-8
+      },
+      py::arg("text"), "The bytes of a text (str: UTF-8) as token ids 0..255 (int64).");
+
+  m.def(
+      "default_recall_options", [] { return options_out(lm::RecallRunOptions{}, recall_fields()); },
+      "The keyword options of run_recall and their defaults.");
+  m.def(
+      "run_recall",
+      [](const py::object& mechanism, const py::object& on_step, const py::kwargs& kwargs) {
+        constexpr std::string_view w = "run_recall";
+        if (!PyUnicode_Check(mechanism.ptr())) {
+          throw TypeError("run_recall: mechanism must be a str (got " + type_name(mechanism) + ")");
+        }
+        const auto name = mechanism.cast<std::string>();
+        const auto options = options_from(kwargs, recall_fields(), w);
+        require_callable(on_step, w, "on_step");
+        std::function<void(int64_t, double)> report;
+        if (!on_step.is_none()) {
+          report = [callback = py::handle(on_step)](int64_t step, double loss) {
+            py::gil_scoped_acquire acquire;
+            callback(step, loss);
+          };
+        }
+        lm::RecallResult result;
+        {
+          py::gil_scoped_release release;
+          result = lm::run_recall(name, options, report);
+        }
+        return recall_out(result);
+      },
+      py::arg("mechanism"), py::kw_only(), py::arg("on_step") = py::none(), kRecallDoc);
+}
+
+}  // namespace attnmix::python

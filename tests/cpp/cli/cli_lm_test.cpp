@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: Apache-2.0
+// `attnmix lm train|eval|generate|recall` end to end (SPEC.md §1.10, §6-7): the binary
+// (ATTNMIX_CLI) runs in a fresh temporary directory per test on a generated text. A tiny model
+// (d_model 8, one layer, 2 streams of 16 bytes) keeps each run to a fraction of a second.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attnmix/core/rng.hpp"
+#include "testing/all_close.hpp"
+
+namespace attnmix {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kSeed = 99;
+/// The model flags of every run: small enough to train in milliseconds.
+const std::string kTiny =
+    " --d-model 8 --n-layer 1 --n-head 2 --window 8 --batch 2 --chunk 16 --lr 0.01 --seed 2";
+
+struct RunResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool contains(const std::string& text, const std::string& fragment) {
+  return text.find(fragment) != std::string::npos;
+}
+
+/// A number printed after `label` in `text` (NaN when absent).
+double number_after(const std::string& text, const std::string& label) {
+  const size_t at = text.find(label);
+  double value = std::nan("");
+  if (at != std::string::npos) std::sscanf(text.c_str() + at + label.size(), "%lf", &value);
+  return value;
+}
+
+class CliLmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("attnmix_cli_lm_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    write_corpus("text.txt", 3000, testing::test_seed(kSeed));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  /// Runs `attnmix <args>` in the test directory, capturing stdout and stderr (stderr is a file,
+  /// so the progress bar prints lines).
+  RunResult run(const std::string& args) const {
+    const fs::path out = dir_ / ".stdout", err = dir_ / ".stderr";
+    const std::string command = "cd '" + dir_.string() + "' && '" + std::string(ATTNMIX_CLI) +
+                                "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(command.c_str());
+    RunResult result;
+    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.out = read_text(out);
+    result.err = read_text(err);
+    fs::remove(out);
+    fs::remove(err);
+    return result;
+  }
+  [[nodiscard]] std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+  /// Pseudo-English: words from a small list, sentences ending in ". ".
+  void write_corpus(const std::string& name, size_t n_bytes, uint64_t seed) const {
+    static const std::vector<std::string> words{"a",       "stream", "of",     "bytes", "flows",
+                                                "through", "the",    "window", "and",   "out"};
+    Rng rng(seed);
+    std::string text;
+    while (text.size() < n_bytes) {
+      const uint64_t length = 3 + rng.uniform_int(5);
+      for (uint64_t w = 0; w < length; ++w)
+        text += words[rng.uniform_int(words.size())] + (w + 1 == length ? ". " : " ");
+    }
+    text.resize(n_bytes);
+    write(name, text);
+  }
+  [[nodiscard]] std::vector<std::string> listing() const {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_))
+      names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  /// `lm train --text text.txt` with the tiny model and `extra` flags.
+  [[nodiscard]] RunResult train(const std::string& extra) const {
+    return run("lm train --text text.txt" + kTiny + " " + extra);
+  }
+
+  fs::path dir_;
+};
+
+// ---- usage -------------------------------------------------------------------------------------
+
+TEST_F(CliLmTest, HelpExitsZeroForEverySubcommand) {
+  for (const char* command : {"lm ", "lm train ", "lm eval ", "lm generate ", "lm recall "}) {
+    const RunResult r = run(std::string(command) + "--help");
+    EXPECT_EQ(r.code, 0) << command << r.err;
+    EXPECT_TRUE(contains(r.out, "Usage")) << command;
+  }
+  const RunResult train = run("lm train --help");
+  for (const char* flag : {"--text",
+                           "--mechanism",
+                           "--window",
+                           "--d-model",
+                           "--n-layer",
+                           "--n-head",
+                           "--batch",
+                           "--chunk",
+                           "--steps",
+                           "--detach-horizon",
+                           "--lr",
+                           "--schedule",
+                           "--weight-decay",
+                           "--clip",
+                           "--seed",
+                           "--threads",
+                           "--holdout",
+                           "--resume",
+                           "--checkpoint-every",
+                           "--out",
+                           "moment-closure",
+                           "--max-clusters",
+                           "--birth-threshold",
+                           "--merge-threshold"})
+    EXPECT_TRUE(contains(train.out, flag)) << flag;
+  const RunResult recall = run("lm recall --help");
+  for (const char* flag : {"--mechanisms", "--keys", "--values", "--pairs", "--queries", "--gap",
+                           "--window", "--chunk", "--max-clusters", "--steps", "--eval-sequences",
+                           "--text", "--text-steps", "--text-chunk"})
+    EXPECT_TRUE(contains(recall.out, flag)) << flag;
+  EXPECT_TRUE(contains(run("--help").out, "lm"));
+}
+
+TEST_F(CliLmTest, UsageErrorsExitOne) {
+  EXPECT_EQ(run("lm").code, 1);  // a subcommand is required
+  EXPECT_EQ(run("lm frobnicate").code, 1);
+  const RunResult mechanism = train("--mechanism mixture");
+  EXPECT_EQ(mechanism.code, 1);
+  EXPECT_TRUE(contains(mechanism.err, "--mechanism")) << mechanism.err;
+  EXPECT_EQ(train("--schedule linear").code, 1);
+  EXPECT_EQ(run("lm train --text text.txt --d-model 0").code, 1);
+  EXPECT_EQ(train("--steps -3").code, 1);
+  EXPECT_EQ(train("--holdout 1").code, 1);
+  EXPECT_EQ(train("--checkpoint-every 5").code, 1);           // needs --out
+  EXPECT_EQ(run("lm eval --text text.txt").code, 1);          // --checkpoint missing
+  EXPECT_EQ(run("lm generate --checkpoint m.ckpt").code, 1);  // --prompt missing
+  EXPECT_EQ(run("lm generate --checkpoint m.ckpt --prompt ''").code, 1);
+  EXPECT_TRUE(listing().size() == 1) << "only text.txt";
+}
+
+// ---- train, eval, generate ----------------------------------------------------------------------
+
+TEST_F(CliLmTest, TrainEvalGenerateEndToEnd) {
+  const RunResult r = train("--steps 20 --out m.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Progress on stderr, one line every 5 % (stderr is not a terminal): step, tokens/s, loss, ETA.
+  EXPECT_TRUE(contains(r.err, "step 1/20")) << r.err;
+  EXPECT_TRUE(contains(r.err, "step 20/20  100%")) << r.err;
+  EXPECT_TRUE(contains(r.err, "tokens/s")) << r.err;
+  EXPECT_TRUE(contains(r.err, "loss ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "ETA ")) << r.err;
+  EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 21);
+  // The summary on stdout.
+  for (const char* f :
+       {"Training a byte-level language model", "2700 for training", "the last 300 held out",
+        "Summary", "steps 1-20 (20 steps", "nats per byte (mean of the first 10 and the last 10",
+        "bits per byte on 299", "bytes carried for 2 streams", "checkpoint    m.ckpt (step 20"})
+    EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
+  const double heldout_bits = number_after(r.out, "nats = ");
+  EXPECT_GT(heldout_bits, 0.0);
+  EXPECT_LT(heldout_bits, 9.0);
+  ASSERT_TRUE(fs::exists(path("m.ckpt")));
+
+  // eval --holdout 0.1 scores exactly the part train held out.
+  const RunResult e = run("lm eval --checkpoint m.ckpt --text text.txt --holdout 0.1");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "predicted      299 bytes")) << e.out;
+  EXPECT_NEAR(number_after(e.out, "bits per byte  "), heldout_bits, 1e-3 * heldout_bits);
+  const RunResult whole = run("lm eval --checkpoint m.ckpt --text text.txt --chunk 5");
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_TRUE(contains(whole.out, "predicted      2999 bytes")) << whole.out;
+
+  // generate: the prompt and 30 sampled bytes, the same for the same seed.
+  const RunResult g1 =
+      run("lm generate --checkpoint m.ckpt --prompt 'the window' --tokens 30 --seed 4");
+  ASSERT_EQ(g1.code, 0) << g1.err;
+  EXPECT_EQ(g1.out.size(), std::string("the window").size() + 30 + 1);
+  EXPECT_EQ(g1.out.rfind("the window", 0), 0U);
+  const RunResult g2 =
+      run("lm generate --checkpoint m.ckpt --prompt 'the window' --tokens 30 --seed 4");
+  EXPECT_EQ(g1.out, g2.out);
+  const RunResult g3 =
+      run("lm generate --checkpoint m.ckpt --prompt 'the window' --tokens 30 --seed 5");
+  EXPECT_NE(g1.out, g3.out);
+  const RunResult greedy =
+      run("lm generate --checkpoint m.ckpt --prompt 'the window' --tokens 10 --top-k 1 "
+          "--temperature 0.5");
+  EXPECT_EQ(greedy.code, 0) << greedy.err;
+}
+
+TEST_F(CliLmTest, FullAttentionAndNoHoldout) {
+  const RunResult r = train("--mechanism full --steps 3 --holdout 0 --out m.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "full causal attention")) << r.out;
+  EXPECT_TRUE(contains(r.out, "held out      none")) << r.out;
+  EXPECT_TRUE(contains(r.out, "3000 for training")) << r.out;
+  const RunResult e = run("lm eval --checkpoint m.ckpt --text text.txt");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "full causal attention")) << e.out;
+}
+
+TEST_F(CliLmTest, NoOutWritesNoFile) {
+  const RunResult r = train("--steps 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "checkpoint    not written")) << r.out;
+  EXPECT_EQ(listing(), std::vector<std::string>{"text.txt"});
+}
+
+/// Without --text, lm train reads the GPL-3 text that every Debian system carries.
+TEST_F(CliLmTest, DefaultCorpusIsTheGpl) {
+  if (!fs::exists("/usr/share/common-licenses/GPL-3")) GTEST_SKIP() << "no GPL-3 text here";
+  const RunResult r = run("lm train --steps 1" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "/usr/share/common-licenses/GPL-3")) << r.out;
+}
+
+// ---- resume ------------------------------------------------------------------------------------
+
+/// 6 steps, then --resume to 12, gives the checkpoint of an uninterrupted 12-step run byte for byte
+/// (constant schedule; the cosine schedule is covered by the library tests).
+TEST_F(CliLmTest, ResumeMatchesTheUninterruptedRun) {
+  ASSERT_EQ(train("--schedule constant --steps 12 --out whole.ckpt").code, 0);
+  ASSERT_EQ(train("--schedule constant --steps 6 --out part.ckpt").code, 0);
+  const RunResult r =
+      run("lm train --text text.txt --resume part.ckpt --steps 12 --out resumed.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Resuming part.ckpt at step 6 of 12")) << r.out;
+  EXPECT_TRUE(contains(r.out, "steps 7-12 (6 steps")) << r.out;
+  EXPECT_TRUE(contains(r.err, "step 7/12")) << r.err;
+  EXPECT_EQ(read_text(path("resumed.ckpt")), read_text(path("whole.ckpt")));
+  // The same command line plus --resume is accepted: repeated flags agree with the checkpoint.
+  const RunResult same = train("--schedule constant --resume part.ckpt --steps 8 --out again.ckpt");
+  EXPECT_EQ(same.code, 0) << same.err;
+}
+
+TEST_F(CliLmTest, ResumeRejectsConflictsAndFinishedRuns) {
+  ASSERT_EQ(train("--steps 4 --out m.ckpt").code, 0);
+  const RunResult differing =
+      run("lm train --text text.txt --resume m.ckpt --steps 6 --d-model 16");
+  EXPECT_EQ(differing.code, 2);
+  EXPECT_TRUE(contains(differing.err, "--d-model 16 does not match the --resume checkpoint m.ckpt"))
+      << differing.err;
+  EXPECT_TRUE(contains(differing.err, "d_model = 8")) << differing.err;
+  const RunResult finished = run("lm train --text text.txt --resume m.ckpt");
+  EXPECT_EQ(finished.code, 2);
+  EXPECT_TRUE(contains(finished.err, "--steps")) << finished.err;
+  const RunResult holdout = run("lm train --text text.txt --resume m.ckpt --steps 6 --holdout 0.2");
+  EXPECT_EQ(holdout.code, 2);
+  EXPECT_TRUE(contains(holdout.err, "same --text and --holdout")) << holdout.err;
+  write_corpus("other.txt", 3000, testing::test_seed(kSeed) + 1);
+  const RunResult other = run("lm train --text other.txt --resume m.ckpt --steps 6");
+  EXPECT_EQ(other.code, 2);
+  EXPECT_TRUE(contains(other.err, "m.ckpt")) << other.err;
+}
+
+// ---- bad input ---------------------------------------------------------------------------------
+
+TEST_F(CliLmTest, BadTextsExitTwoNamingTheFile) {
+  const RunResult missing = run("lm train --text nowhere.txt" + kTiny);
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_TRUE(contains(missing.err, "nowhere.txt: cannot read the text")) << missing.err;
+  write("empty.txt", "");
+  const RunResult empty = run("lm train --text empty.txt" + kTiny);
+  EXPECT_EQ(empty.code, 2);
+  EXPECT_TRUE(contains(empty.err, "empty.txt: the text is empty")) << empty.err;
+  write("tiny.txt", "abc");
+  const RunResult tiny = run("lm train --text tiny.txt" + kTiny);
+  EXPECT_EQ(tiny.code, 2);
+  EXPECT_TRUE(contains(tiny.err, "tiny.txt")) << tiny.err;
+  EXPECT_TRUE(contains(tiny.err, "too short")) << tiny.err;
+  // Long enough to split, too short for 2 streams of one 16-byte chunk plus one (34 bytes).
+  write("short.txt", std::string(30, 'x'));
+  const RunResult short_text = run("lm train --text short.txt" + kTiny);
+  EXPECT_EQ(short_text.code, 2);
+  for (const char* f : {"short.txt", "27 training bytes are too few", "at least 34"})
+    EXPECT_TRUE(contains(short_text.err, f)) << f << "\n" << short_text.err;
+  const RunResult directory = run("lm train --text ." + kTiny);
+  EXPECT_EQ(directory.code, 2);
+  EXPECT_TRUE(contains(directory.err, "it is a directory")) << directory.err;
+}
+
+TEST_F(CliLmTest, InvalidSizesExitTwoNamingTheField) {
+  const RunResult heads = run("lm train --text text.txt --d-model 30 --n-head 4 --out m.ckpt");
+  EXPECT_EQ(heads.code, 2);
+  EXPECT_TRUE(contains(heads.err, "d_model (30) must be divisible by n_head (4)")) << heads.err;
+  const RunResult odd = run("lm train --text text.txt --d-model 6 --n-head 2");
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_TRUE(contains(odd.err, "head_dim")) << odd.err;
+  EXPECT_FALSE(fs::exists(path("m.ckpt")));
+}
+
+/// Every entry point names the bad file (the library tests cover each kind of damage).
+TEST_F(CliLmTest, BadCheckpointsExitTwoNamingTheFile) {
+  write("garbage.ckpt", "\x01\x02 not a checkpoint");
+  write("json.ckpt", R"({"format": "attnmix-lm-checkpoint", "schema_version": 1})");
+  for (const char* name : {"garbage.ckpt", "json.ckpt", "missing.ckpt"}) {
+    const std::string n = name;
+    const RunResult eval = run("lm eval --checkpoint " + n + " --text text.txt");
+    EXPECT_EQ(eval.code, 2) << n;
+    EXPECT_TRUE(contains(eval.err, n + ": ")) << eval.err;
+  }
+  const RunResult gen = run("lm generate --checkpoint garbage.ckpt --prompt hello");
+  EXPECT_EQ(gen.code, 2);
+  EXPECT_TRUE(contains(gen.err, "garbage.ckpt: not a usable attnmix LM checkpoint")) << gen.err;
+  EXPECT_TRUE(gen.out.empty());
+  const RunResult resume = train("--resume json.ckpt --steps 3 --out out.ckpt");
+  EXPECT_EQ(resume.code, 2);
+  EXPECT_TRUE(contains(resume.err, "json.ckpt: ")) << resume.err;
+  EXPECT_FALSE(fs::exists(path("out.ckpt")));
+}
+
+/// A failed run never touches an existing --out and leaves no temporary file behind.
+TEST_F(CliLmTest, FailedRunsLeaveAnExistingCheckpointUntouched) {
+  write("m.ckpt", "precious");
+  write("garbage.ckpt", "garbage");
+  EXPECT_EQ(run("lm train --text text.txt --d-model 30 --n-head 4 --out m.ckpt").code, 2);
+  EXPECT_EQ(train("--resume garbage.ckpt --out m.ckpt").code, 2);
+  EXPECT_EQ(train("--mechanism mixture --out m.ckpt").code, 1);
+  write("short.txt", std::string(30, 'x'));
+  EXPECT_EQ(run("lm train --text short.txt --out m.ckpt").code, 2);
+  EXPECT_EQ(read_text(path("m.ckpt")), "precious");
+  EXPECT_EQ(listing(),
+            (std::vector<std::string>{"garbage.ckpt", "m.ckpt", "short.txt", "text.txt"}));
+  // An unwritable --out fails before training.
+  const RunResult dir = train("--steps 2 --out nowhere/m.ckpt");
+  EXPECT_EQ(dir.code, 2);
+  EXPECT_TRUE(contains(dir.err, "nowhere/m.ckpt: cannot write the checkpoint")) << dir.err;
+  EXPECT_FALSE(contains(dir.err, "step 1/")) << dir.err;
+}
+
+// ---- moment-closure and recall
+// --------------------------------------------------------------------
+
+/// The far field: train prints its settings and per-layer cluster statistics, eval prints them,
+/// generate samples through it, and a resumed run equals the uninterrupted one byte for byte.
+TEST_F(CliLmTest, MomentClosureTrainEvalResume) {
+  const auto mca = [this](const std::string& extra) {
+    return run(
+        "lm train --text text.txt --d-model 8 --n-layer 1 --n-head 2 --batch 2 --chunk 16 "
+        "--lr 0.01 --seed 2 --mechanism moment-closure --window 4 --max-clusters 3 "
+        "--schedule constant " +
+        extra);
+  };
+  const RunResult r = mca("--steps 8 --out whole.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f :
+       {"moment-closure attention: the last 4 tokens exactly and a far field of up to 3",
+        "far field     per layer", "layer 0", " birth", " merge", "mean misfit",
+        "over 16 ingestions"})
+    EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
+  ASSERT_EQ(mca("--steps 4 --out part.ckpt").code, 0);
+  const RunResult resumed = mca("--resume part.ckpt --steps 8 --out resumed.ckpt");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(read_text(path("resumed.ckpt")), read_text(path("whole.ckpt")));
+  const RunResult conflict =
+      run("lm train --text text.txt --resume part.ckpt --steps 8 --max-clusters 2");
+  EXPECT_EQ(conflict.code, 2);
+  EXPECT_TRUE(contains(conflict.err, "--max-clusters 2 does not match")) << conflict.err;
+  EXPECT_TRUE(contains(conflict.err, "max_clusters = 3")) << conflict.err;
+
+  const RunResult e = run("lm eval --checkpoint whole.ckpt --text text.txt --holdout 0.1");
+  ASSERT_EQ(e.code, 0) << e.err;
+  for (const char* f : {"moment-closure attention", "far field      per layer (at most 3 clusters",
+                        "layer 0", " birth", " merge", "mean misfit", "ingestions"})
+    EXPECT_TRUE(contains(e.out, f)) << f << "\n" << e.out;
+  EXPECT_NEAR(number_after(e.out, "bits per byte  "), number_after(r.out, "nats = "),
+              1e-3 * number_after(r.out, "nats = "));
+  const RunResult g = run("lm generate --checkpoint whole.ckpt --prompt 'the' --tokens 12");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(g.out.size(), 3U + 12U + 1U);
+}
+
+TEST_F(CliLmTest, MomentClosureFlagErrors) {
+  EXPECT_EQ(train("--mechanism moment-closure --max-clusters 0").code, 1);
+  EXPECT_EQ(train("--mechanism moment-closure --max-clusters x").code, 1);
+  EXPECT_EQ(train("--mechanism moment-closure --birth-threshold nan").code, 1);
+  EXPECT_EQ(train("--mechanism moment-closure --merge-threshold abc").code, 1);
+  const RunResult window = train("--max-clusters 3");  // the default mechanism is window
+  EXPECT_EQ(window.code, 1);
+  EXPECT_TRUE(contains(window.err, "--max-clusters applies only to --mechanism moment-closure"))
+      << window.err;
+  EXPECT_EQ(train("--mechanism full --birth-threshold -1").code, 1);
+  ASSERT_EQ(train("--steps 2 --out w.ckpt").code, 0);
+  const RunResult resume = train("--resume w.ckpt --steps 3 --merge-threshold 2");
+  EXPECT_EQ(resume.code, 2);
+  EXPECT_TRUE(contains(resume.err, "the --resume checkpoint w.ckpt uses window")) << resume.err;
+  EXPECT_EQ(listing(), (std::vector<std::string>{"text.txt", "w.ckpt"}));
+}
+
+/// A tiny `lm recall`: the recall table and the text table, one row per mechanism.
+TEST_F(CliLmTest, RecallRunsEveryMechanism) {
+  const RunResult r = run(
+      "lm recall --steps 2 --batch 4 --eval-sequences 8 --d-model 8 --n-layer 1 --text text.txt "
+      "--text-steps 2 --text-chunk 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f :
+       {"Associative recall beyond the window", "every pair has left it", "accuracy", "answer CE",
+        "chance", "state bytes", "train s", "window ", "moment-closure ", "full ", "0.0625",
+        "bits/byte", "moment-closure far field on the held-out text", "layer 0"})
+    EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
+  EXPECT_TRUE(contains(r.err, "step 2/2")) << r.err;
+  const RunResult only =
+      run("lm recall --steps 1 --batch 2 --eval-sequences 2 --d-model 8 --n-layer 1 --text-steps 0 "
+          "--mechanisms full");
+  ASSERT_EQ(only.code, 0) << only.err;
+  EXPECT_FALSE(contains(only.out, "bits/byte")) << only.out;
+  EXPECT_FALSE(contains(only.out, "window    ")) << only.out;
+  // Errors: usage (1) and task options that do not fit (2), before any training.
+  EXPECT_EQ(run("lm recall --mechanisms window,mixture").code, 1);
+  EXPECT_EQ(run("lm recall --steps 0").code, 1);
+  EXPECT_EQ(run("lm recall --holdout 1").code, 1);
+  const RunResult pairs = run("lm recall --pairs 20 --text-steps 0");
+  EXPECT_EQ(pairs.code, 2);
+  EXPECT_TRUE(contains(pairs.err, "pairs")) << pairs.err;
+  EXPECT_FALSE(contains(pairs.err, "step 1/")) << pairs.err;
+  const RunResult heads = run("lm recall --d-model 30 --n-head 4 --text text.txt");
+  EXPECT_EQ(heads.code, 2);
+  EXPECT_TRUE(contains(heads.err, "n_head")) << heads.err;
+  EXPECT_EQ(run("lm recall --text nowhere.txt").code, 2);
+}
+
+/// --checkpoint-every writes the checkpoint during the run; the end result is the same file.
+TEST_F(CliLmTest, PeriodicCheckpointsDoNotChangeTheResult) {
+  ASSERT_EQ(train("--steps 8 --out a.ckpt").code, 0);
+  ASSERT_EQ(train("--steps 8 --checkpoint-every 3 --out b.ckpt").code, 0);
+  EXPECT_EQ(read_text(path("a.ckpt")), read_text(path("b.ckpt")));
+}
+
+}  // namespace
+}  // namespace attnmix
