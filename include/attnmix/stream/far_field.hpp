@@ -9,7 +9,9 @@
 /// with distinct keys k_i, values v_i drawn uniformly, each query q_j one of the stored keys and a_j its value. The
 /// loss (training and evaluation) is the cross-entropy of a_j given the prefix ending in q_j; chance accuracy is 1/V.
 /// With gap ≥ window every pair has left the window before the first query, so a window-only model cannot recall
-/// better than chance; full attention can; moment-closure must recall through its cluster statistics.
+/// better than chance; full attention can; moment-closure must recall through its cluster statistics — provided
+/// the pairs were also evicted into the bank before the first query, i.e. a chunk boundary lies between them (the
+/// bank ingests once per chunk, at its end).
 /// Each sequence is streamed in chunks of `chunk` tokens with the state carried and backpropagated across chunks.
 #pragma once
 
