@@ -12,7 +12,7 @@ result (machine and revision recorded), or diff a saved result against another (
   /usr/bin/python3 bench/compare.py spine [--bench-spine build-bench/bench/attnmix_bench_spine] [--rounds 5]
                                           [--rss-tokens 100000 1000000] [--rss-pytorch] [--out FILE]
   /usr/bin/python3 bench/compare.py moment-closure [--bench-mca build-mca-bench/bench/attnmix_bench_moment_closure]
-                                                   [--rounds 5] [--pytorch-window] [--out FILE]
+                                                   [--rounds 5] [--pytorch-window] [--retain-freed-memory] [--out FILE]
   /usr/bin/python3 bench/compare.py allreduce [--bench-mpi build-bench/bench/attnmix_bench_mpi] [--ranks 1 2]
                                               [--pieces] [--mca KEY=VALUE] [--out FILE]
 
@@ -538,14 +538,14 @@ def cmd_allreduce(args):
 SPINE_D_MODELS = (32, 256)
 
 
-SPINE_RETAIN = False  # set from --retain-freed-memory
+TORCH_RETAIN = False  # set from --retain-freed-memory (spine and moment-closure)
 
 
 def torch_env(threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads))
     env.pop("GLIBC_TUNABLES", None)
-    if SPINE_RETAIN:
+    if TORCH_RETAIN:
         env["GLIBC_TUNABLES"] = RETAIN_FREED_MEMORY
     return env
 
@@ -651,8 +651,8 @@ def spine_rss(args, implementation, tokens):
 
 
 def cmd_spine(args):
-    global SPINE_RETAIN
-    SPINE_RETAIN = args.retain_freed_memory
+    global TORCH_RETAIN
+    TORCH_RETAIN = args.retain_freed_memory
     result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "threads": args.threads, "adamw_foreach_in_pytorch": args.foreach,
               "retain_freed_memory": args.retain_freed_memory}
@@ -751,11 +751,6 @@ MCA_CHECKS = {"default": ([], []),
                        ["--birth-threshold", "10", "--merge-threshold", "0.2"])}
 
 
-def mca_env(threads):
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                OPENBLAS_NUM_THREADS=str(threads))
-
-
 def run_cpp_mca(args, bench_filter, tag, repetitions):
     """{run_name: {"real_time": s, "cpu_time": s, "items_per_second": ..., counters...}}: medians over the
     repetitions of one attnmix_bench_moment_closure run."""
@@ -764,7 +759,7 @@ def run_cpp_mca(args, bench_filter, tag, repetitions):
     subprocess.run([args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
                     f"--benchmark_repetitions={repetitions}", "--benchmark_enable_random_interleaving=true",
                     f"--benchmark_out={out}", "--benchmark_out_format=json"],
-                   capture_output=True, text=True, check=True, env=mca_env(args.threads))
+                   capture_output=True, text=True, check=True, env=torch_env(args.threads))
     try:
         with open(out) as f:
             data = json.load(f)
@@ -787,7 +782,7 @@ def run_cpp_mca(args, bench_filter, tag, repetitions):
 def run_pytorch_mca(args, *extra):
     cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_moment_closure.py"), "--threads", str(args.threads), *extra]
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
-                                     env=mca_env(args.threads)).stdout)
+                                     env=torch_env(args.threads)).stdout)
 
 
 def mca_check(args, dtype, variant):
@@ -795,7 +790,7 @@ def mca_check(args, dtype, variant):
     cpp_extra, py_extra = MCA_CHECKS[variant]
     cpp = json.loads(subprocess.run([args.bench_mca, f"--mca_check_losses={args.check_steps}", f"--mca_dtype={dtype}",
                                      f"--mca_threads={args.threads}", *cpp_extra],
-                                    capture_output=True, text=True, check=True, env=mca_env(args.threads)).stdout)
+                                    capture_output=True, text=True, check=True, env=torch_env(args.threads)).stdout)
     py = run_pytorch_mca(args, "--check", str(args.check_steps), "--dtype", dtype, *py_extra)
     rel = max(abs(a - b) / abs(b) for a, b in zip(cpp["losses"], py["losses"]))
     bank_rel = max(abs(a - b) / max(1.0, abs(b)) for la, lb in zip(cpp["bank_sums"], py["bank_sums"])
@@ -811,8 +806,11 @@ def mca_check(args, dtype, variant):
 
 
 def cmd_moment_closure(args):
+    global TORCH_RETAIN
+    TORCH_RETAIN = args.retain_freed_memory
     result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "threads": args.threads, "batch": 8, "window": 16, "chunks": list(MCA_CHUNKS)}
+              "threads": args.threads, "batch": 8, "window": 16, "chunks": list(MCA_CHUNKS),
+              "retain_freed_memory": args.retain_freed_memory}
     if args.check_steps > 0:
         result["check"] = {}
         for dtype in ("float32", "float64"):
@@ -882,7 +880,7 @@ def cmd_moment_closure(args):
         stream = json.loads(subprocess.run([args.bench_mca, f"--mca_stream_tokens={args.stream_tokens}",
                                             "--mca_stream_early=10000", f"--mca_threads={args.threads}"],
                                            capture_output=True, text=True, check=True,
-                                           env=mca_env(args.threads)).stdout)
+                                           env=torch_env(args.threads)).stdout)
         result["stream"] = stream
         print(f"stream: {stream}", file=sys.stderr)
         ratios["stream_s_per_token_late_over_early"] = stream["late_over_early"]
@@ -992,6 +990,8 @@ def main():
     mca.add_argument("--pytorch-reps", type=int, default=3, help="pytorch_moment_closure.py timed blocks per figure")
     mca.add_argument("--min-time", type=float, default=1.0, help="pytorch_moment_closure.py seconds per timed block")
     mca.add_argument("--threads", type=int, default=1, help="intra-op threads of both (default 1)")
+    mca.add_argument("--retain-freed-memory", action="store_true",
+                     help="run both programs with glibc told to keep freed memory (what the attnmix CLI sets)")
     mca.add_argument("--check-steps", type=int, default=10, help="training losses compared (0: no check)")
     mca.add_argument("--pytorch-window", action="store_true", help="also time the PyTorch window-only spine")
     mca.add_argument("--idle-below", type=float, default=1.0,

@@ -2,6 +2,8 @@
 // The allocator policy of core/allocator.hpp (glibc mallopt; a no-op elsewhere).
 #include "attnmix/core/allocator.hpp"
 
+#include <cstddef>  // defines __GLIBC__ (through <features.h>) before the test below
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif

@@ -8,6 +8,7 @@
 //   linear(x, W, b) = x Wᵀ + b           x (…, in), W (out, in), b (out) or undefined
 //     ∂x = g W,  ∂W = gᵀ x,  ∂b = Σ g
 //   bmm(a, b)       = a b   or a bᵀ       a (…, m, k), b (…, k, n) or (…, n, k), batched over the leading axes
+//     (broadcast), read in place whatever their strides (a copy only when neither matrix axis is contiguous)
 //     ∂a = g bᵀ (g b),  ∂b = aᵀ g (gᵀ a)
 // Other dtypes and devices fall back to torch::linear / torch::matmul.
 #pragma once

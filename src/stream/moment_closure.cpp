@@ -52,6 +52,11 @@ int64_t max_live(const ClusterBank& bank) {
   return bank.n_clusters.empty() ? 0 : *std::max_element(bank.n_clusters.begin(), bank.n_clusters.end());
 }
 
+// True when every stream has exactly n live clusters: then no slot of the first n needs masking.
+bool all_live(const ClusterBank& bank, int64_t n) {
+  return std::all_of(bank.n_clusters.begin(), bank.n_clusters.end(), [n](int64_t c) { return c == n; });
+}
+
 // logit_c(q) for the first n slots: (B, t, H, n), unmasked. The products run per (stream, head) on Eigen.
 torch::Tensor mgf_logits(const torch::Tensor& q, const ClusterBank& bank, int64_t n) {
   const double d = static_cast<double>(q.size(-1));
@@ -101,9 +106,46 @@ struct Mirror {
   }
 };
 
+// Copies x[i₀, …] with the given sizes and strides (in elements) into out, in row-major order.
+template <class T>
+double* copy_strided(const T* x, c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t dim, double* out) {
+  if (dim + 1 == sizes.size()) {
+    for (int64_t i = 0; i < sizes[dim]; ++i) *out++ = static_cast<double>(x[i * strides[dim]]);
+    return out;
+  }
+  for (int64_t i = 0; i < sizes[dim]; ++i) out = copy_strided(x + i * strides[dim], sizes, strides, dim + 1, out);
+  return out;
+}
+
+// The values of t in double, row-major. A CPU float or double tensor (the training path) is read in place, with no
+// tensor operation; anything else goes through one conversion.
 std::vector<double> to_doubles(const torch::Tensor& t) {
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  if (t.numel() == 0) {
+    return out;
+  }
+  if (t.device().is_cpu() && t.dim() > 0 && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble)) {
+    if (t.scalar_type() == torch::kFloat) {
+      copy_strided(t.data_ptr<float>(), t.sizes(), t.strides(), 0, out.data());
+    } else {
+      copy_strided(t.data_ptr<double>(), t.sizes(), t.strides(), 0, out.data());
+    }
+    return out;
+  }
   const auto c = t.detach().to(torch::kCPU, torch::kDouble).contiguous();
-  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+  std::copy_n(c.data_ptr<double>(), out.size(), out.begin());
+  return out;
+}
+
+// Per (stream, head) totals of a (B, H, C) count tensor, summed in double: [b·H + h]. Inactive slots hold zeros.
+std::vector<double> head_totals(const torch::Tensor& count) {
+  const auto values = to_doubles(count);
+  const int64_t C = count.size(2);
+  std::vector<double> totals(values.size() / static_cast<size_t>(C), 0.0);
+  for (size_t i = 0; i < totals.size(); ++i) {
+    for (int64_t c = 0; c < C; ++c) totals[i] += values[i * static_cast<size_t>(C) + static_cast<size_t>(c)];
+  }
+  return totals;
 }
 
 std::vector<Mirror> mirrors_of(const ClusterBank& bank) {
@@ -244,22 +286,84 @@ Slot zero_slot(const ClusterBank& bank) {
           torch::zeros({H, d, d}, o)};
 }
 
-// The birth statistics of stream b (detached): count t, means, floored variances, cross-covariance.
-Slot birth_slot(const torch::Tensor& k, const torch::Tensor& v, int64_t b) {
-  const auto kb = k.select(0, b).detach();  // (t, H, d)
-  const auto vb = v.select(0, b).detach();
-  const auto t = static_cast<double>(kb.size(0));
-  const auto k_bar = kb.mean(0);
-  const auto v_bar = vb.mean(0);
-  const auto dk = kb - k_bar;
-  const auto dv = vb - v_bar;
-  Slot s;
-  s.count = torch::full({kb.size(1)}, t, kb.options());
-  s.mu_k = k_bar;
-  s.mu_v = v_bar;
-  s.sigma_kk = (dk * dk).mean(0).clamp_min(kVarianceFloor);
-  s.sigma_vk = torch::einsum("thi,thj->hij", {dv, dk}) / t;
-  return s;
+// Slot c of the mirror as tensors with the bank's options.
+Slot mirror_slot(Mirror& m, int64_t c, const torch::TensorOptions& options) {
+  const int64_t H = m.H, d = m.d;
+  std::vector<double> count(static_cast<size_t>(H)), mu_k, mu_v, sigma_kk, sigma_vk;
+  for (int64_t h = 0; h < H; ++h) {
+    count[static_cast<size_t>(h)] = m.cnt(h, c);
+    mu_k.insert(mu_k.end(), m.vec(m.mu_k, h, c), m.vec(m.mu_k, h, c) + d);
+    mu_v.insert(mu_v.end(), m.vec(m.mu_v, h, c), m.vec(m.mu_v, h, c) + d);
+    sigma_kk.insert(sigma_kk.end(), m.vec(m.sigma_kk, h, c), m.vec(m.sigma_kk, h, c) + d);
+    sigma_vk.insert(sigma_vk.end(), m.mat(h, c), m.mat(h, c) + d * d);
+  }
+  const auto tensor = [&](const std::vector<double>& x, c10::IntArrayRef shape) {
+    return torch::tensor(x, torch::TensorOptions().dtype(torch::kDouble)).view(shape).to(options);
+  };
+  return {tensor(count, {H}), tensor(mu_k, {H, d}), tensor(mu_v, {H, d}), tensor(sigma_kk, {H, d}),
+          tensor(sigma_vk, {H, d, d})};
+}
+
+// Birth (SPEC §7.6) into slot c of the mirror from the stream's t tokens kb, vb ([t][H][d], double): count t, the
+// means, the floored key variances and the value-key cross-covariance, all population moments.
+void mirror_birth(Mirror& m, int64_t c, const double* kb, const double* vb, int64_t t) {
+  const int64_t H = m.H, d = m.d;
+  const double tt = static_cast<double>(t);
+  std::vector<double> dk(static_cast<size_t>(t * d)), dv(static_cast<size_t>(t * d));
+  for (int64_t h = 0; h < H; ++h) {
+    double *mk = m.vec(m.mu_k, h, c), *mv = m.vec(m.mu_v, h, c), *sk = m.vec(m.sigma_kk, h, c), *sv = m.mat(h, c);
+    std::fill_n(mk, d, 0.0);
+    std::fill_n(mv, d, 0.0);
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t a = 0; a < d; ++a) {
+        mk[a] += kb[(i * H + h) * d + a];
+        mv[a] += vb[(i * H + h) * d + a];
+      }
+    }
+    for (int64_t a = 0; a < d; ++a) mk[a] /= tt, mv[a] /= tt;
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t a = 0; a < d; ++a) {
+        dk[i * d + a] = kb[(i * H + h) * d + a] - mk[a];
+        dv[i * d + a] = vb[(i * H + h) * d + a] - mv[a];
+      }
+    }
+    for (int64_t a = 0; a < d; ++a) {
+      double var = 0.0;
+      for (int64_t i = 0; i < t; ++i) var += dk[i * d + a] * dk[i * d + a];
+      sk[a] = std::max(var / tt, kVarianceFloor);
+      for (int64_t b = 0; b < d; ++b) {
+        double cov = 0.0;
+        for (int64_t i = 0; i < t; ++i) cov += dv[i * d + a] * dk[i * d + b];
+        sv[a * d + b] = cov / tt;
+      }
+    }
+    m.cnt(h, c) = tt;
+  }
+}
+
+// The whole bank as tensors from the mirrors (no gradient history): one conversion per field.
+ClusterBank bank_from_mirrors(const std::vector<Mirror>& mirrors, const ClusterBank& like,
+                              std::vector<int64_t> n_clusters) {
+  std::vector<double> count, mu_k, mu_v, sigma_kk, sigma_vk;
+  for (const auto& m : mirrors) {
+    count.insert(count.end(), m.count.begin(), m.count.end());
+    mu_k.insert(mu_k.end(), m.mu_k.begin(), m.mu_k.end());
+    mu_v.insert(mu_v.end(), m.mu_v.begin(), m.mu_v.end());
+    sigma_kk.insert(sigma_kk.end(), m.sigma_kk.begin(), m.sigma_kk.end());
+    sigma_vk.insert(sigma_vk.end(), m.sigma_vk.begin(), m.sigma_vk.end());
+  }
+  const auto tensor = [](const std::vector<double>& x, const torch::Tensor& shape_of) {
+    return torch::tensor(x, torch::TensorOptions().dtype(torch::kDouble)).view(shape_of.sizes()).to(shape_of.options());
+  };
+  ClusterBank out;
+  out.count = tensor(count, like.count);
+  out.mu_k = tensor(mu_k, like.mu_k);
+  out.mu_v = tensor(mu_v, like.mu_v);
+  out.sigma_kk = tensor(sigma_kk, like.sigma_kk);
+  out.sigma_vk = tensor(sigma_vk, like.sigma_vk);
+  out.n_clusters = std::move(n_clusters);
+  out.max_clusters = like.max_clusters;
+  return out;
 }
 
 // Stacks per-stream slot lists back into a bank; streams without events keep their tensors.
@@ -301,8 +405,34 @@ ClusterBank rebuild(const ClusterBank& bank, const std::vector<std::optional<std
 
 // ---- the misfit receipt (SPEC §7.6), on the mirror after birth and merge --------------------------------------
 
-void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int64_t outlier_top_k,
-                    const torch::Tensor& k_stream, const torch::Tensor& v_stream, StreamReceipt& receipt) {
+// Outlier tokens whose k and v are still to be gathered: rows `rows` of the (B·t) flattened chunk.
+struct PendingOutliers {
+  OutlierTokens* target;
+  std::vector<int64_t> rows;
+};
+
+// Fills every pending outlier's k and v with one gather per tensor; each receipt gets a view of its rows.
+void gather_outliers(const torch::Tensor& k, const torch::Tensor& v, std::vector<PendingOutliers>& pending) {
+  std::vector<int64_t> rows;
+  if (pending.empty()) {
+    return;
+  }
+  for (const auto& p : pending) rows.insert(rows.end(), p.rows.begin(), p.rows.end());
+  const auto index = torch::tensor(rows, torch::kLong).to(k.device());
+  const auto k_rows = k.flatten(0, 1).index_select(0, index);
+  const auto v_rows = v.flatten(0, 1).index_select(0, index);
+  int64_t offset = 0;
+  for (auto& p : pending) {
+    const auto n = static_cast<int64_t>(p.rows.size());
+    p.target->k = k_rows.narrow(0, offset, n);
+    p.target->v = v_rows.narrow(0, offset, n);
+    offset += n;
+  }
+}
+
+// The receipt's misfit, misfit_scalar and outliers (their k and v are queued on `pending`, rows offset by `row0`).
+void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int64_t outlier_top_k, int64_t row0,
+                    StreamReceipt& receipt, std::vector<PendingOutliers>& pending) {
   const int64_t n = m.n, H = m.H, d = m.d;
   receipt.misfit.clear();
   receipt.per_cluster_outlier_tokens.clear();
@@ -313,7 +443,7 @@ void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int6
   // Hard membership: argmax_c of the head-mean responsibility; residual per (token, cluster) averaged over heads.
   std::vector<int64_t> member(static_cast<size_t>(t));
   std::vector<double> resid(static_cast<size_t>(t * n), 0.0);
-  std::vector<double> logits(static_cast<size_t>(n)), mean_r(static_cast<size_t>(n));
+  std::vector<double> logits(static_cast<size_t>(n)), mean_r(static_cast<size_t>(n)), whitened(static_cast<size_t>(d));
   for (int64_t i = 0; i < t; ++i) {
     std::fill(mean_r.begin(), mean_r.end(), 0.0);
     for (int64_t h = 0; h < H; ++h) {
@@ -332,10 +462,11 @@ void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int6
         const double* mv = m.vec(m.mu_v, h, c);
         const double* sk = m.vec(m.sigma_kk, h, c);
         const double* sv = m.mat(h, c);
+        for (int64_t b = 0; b < d; ++b) whitened[b] = (kq[b] - mk[b]) / std::max(sk[b], kVarianceFloor);
         double norm2 = 0.0;
         for (int64_t a = 0; a < d; ++a) {
           double pred = mv[a];
-          for (int64_t b = 0; b < d; ++b) pred += sv[a * d + b] * (kq[b] - mk[b]) / std::max(sk[b], kVarianceFloor);
+          for (int64_t b = 0; b < d; ++b) pred += sv[a * d + b] * whitened[b];
           norm2 += (vq[a] - pred) * (vq[a] - pred);
         }
         resid[static_cast<size_t>(i * n + c)] += std::sqrt(norm2) / static_cast<double>(H);
@@ -358,13 +489,12 @@ void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int6
         return resid[static_cast<size_t>(a * n + c)] > resid[static_cast<size_t>(b * n + c)];
       });
       order.resize(static_cast<size_t>(std::min<int64_t>(outlier_top_k, static_cast<int64_t>(order.size()))));
-      OutlierTokens out;
-      const auto index = torch::tensor(order, torch::kLong).to(k_stream.device());
-      out.k = k_stream.index_select(0, index);
-      out.v = v_stream.index_select(0, index);
+      auto& out = receipt.per_cluster_outlier_tokens[c];
+      std::vector<int64_t> rows(order.size());
+      std::transform(order.begin(), order.end(), rows.begin(), [&](int64_t i) { return row0 + i; });
       out.indices = std::move(order);
       out.member_indices = std::move(members);
-      receipt.per_cluster_outlier_tokens.emplace(c, std::move(out));
+      pending.push_back({&out, std::move(rows)});
     }
     receipt.misfit[c] = misfit;
     double mean_count = 0.0;
@@ -396,20 +526,38 @@ void validate_tokens_against_bank(const ClusterBank& bank, const torch::Tensor& 
   if (k.size(2) != bank.mu_k.size(1) || k.size(3) != bank.mu_k.size(3)) {
     throw ValueError(w + ": k and v head dimensions must match the cluster bank");
   }
-  if (!torch::isfinite(k).all().item<bool>() || !torch::isfinite(v).all().item<bool>()) {
-    throw ValueError(w + ": k and v must contain only finite values");
-  }
 }
 
-// birth_and_merge on already validated input; also returns the mirrors after the structural changes.
+// k and v in double (row-major (B, t, H, d)), checked finite: the copies the bookkeeping works on.
+struct HostTokens {
+  std::vector<double> k, v;
+};
+
+HostTokens host_tokens(const torch::Tensor& k, const torch::Tensor& v, const char* where) {
+  HostTokens host{to_doubles(k), to_doubles(v)};
+  const auto finite = [](const std::vector<double>& x) {
+    return std::all_of(x.begin(), x.end(), [](double e) { return std::isfinite(e); });
+  };
+  if (!finite(host.k) || !finite(host.v)) {
+    throw ValueError(std::string(where) + ": k and v must contain only finite values");
+  }
+  return host;
+}
+
+// birth_and_merge on validated input (shapes checked, `host` the finite double copies of k and v).
 IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
-                                     const BirthMergeOptions& o) {
+                                     const HostTokens& host, const BirthMergeOptions& o) {
   const int64_t B = bank.batch_size(), t = k.size(1), H = k.size(2), d = k.size(3), C = bank.max_clusters;
   auto mirrors = mirrors_of(bank);
-  const auto k_host = to_doubles(k);
-  const auto v_host = to_doubles(v);
+  const auto& k_host = host.k;
+  const auto& v_host = host.v;
+  std::vector<PendingOutliers> pending;
   std::vector<std::optional<std::vector<Slot>>> rebuilt(static_cast<size_t>(B));
   std::vector<int64_t> n_clusters = bank.n_clusters;
+  // Without gradient history the bank is rebuilt from the mirrors; otherwise merges run on the tensors too.
+  const bool differentiable = bank.count.requires_grad() || bank.mu_k.requires_grad() || bank.mu_v.requires_grad() ||
+                              bank.sigma_kk.requires_grad() || bank.sigma_vk.requires_grad();
+  bool changed = false;
   IngestResult result;
   result.receipts.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
@@ -435,18 +583,11 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
       birth = best < o.birth_threshold;
     }
     if (birth) {
-      materialise();
       const int64_t slot = m.n;
-      slots[static_cast<size_t>(slot)] = birth_slot(k, v, b);
-      const auto born = slots[static_cast<size_t>(slot)];
-      const auto count = to_doubles(born.count), mu_k = to_doubles(born.mu_k), mu_v = to_doubles(born.mu_v),
-                 sigma_kk = to_doubles(born.sigma_kk), sigma_vk = to_doubles(born.sigma_vk);
-      for (int64_t h = 0; h < H; ++h) {
-        m.cnt(h, slot) = count[h];
-        std::copy_n(mu_k.data() + h * d, d, m.vec(m.mu_k, h, slot));
-        std::copy_n(mu_v.data() + h * d, d, m.vec(m.mu_v, h, slot));
-        std::copy_n(sigma_kk.data() + h * d, d, m.vec(m.sigma_kk, h, slot));
-        std::copy_n(sigma_vk.data() + h * d * d, d * d, m.mat(h, slot));
+      mirror_birth(m, slot, kb, vb, t);  // birth statistics are detached (SPEC §7.6)
+      if (differentiable) {
+        materialise();
+        slots[static_cast<size_t>(slot)] = mirror_slot(m, slot, bank.mu_k.options());
       }
       ++m.n;
       receipt.birthed = receipt.birth_incorporated_batch = true;
@@ -462,15 +603,16 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
         const double threshold =
             o.merge_threshold ? *o.merge_threshold : 2.65 + 6.0 / std::sqrt(std::max(n_small, 1.0));
         if (distance < threshold) {
-          materialise();
           const int64_t last = m.n - 1;
-          slots[static_cast<size_t>(i)] = pooled_combine(slots[static_cast<size_t>(i)], slots[static_cast<size_t>(j)]);
-          mirror_combine(m, i, j);
-          if (j != last) {
-            slots[static_cast<size_t>(j)] = slots[static_cast<size_t>(last)];
-            mirror_copy_slot(m, last, j);
+          if (differentiable) {  // the pooled combine carries the gradient of both clusters
+            materialise();
+            slots[static_cast<size_t>(i)] =
+                pooled_combine(slots[static_cast<size_t>(i)], slots[static_cast<size_t>(j)]);
+            if (j != last) slots[static_cast<size_t>(j)] = slots[static_cast<size_t>(last)];
+            slots[static_cast<size_t>(last)] = zero_slot(bank);
           }
-          slots[static_cast<size_t>(last)] = zero_slot(bank);
+          mirror_combine(m, i, j);
+          if (j != last) mirror_copy_slot(m, last, j);
           mirror_zero_slot(m, last);
           --m.n;
           receipt.merged.emplace_back(i, j);
@@ -482,14 +624,17 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
       if (!merged_here) ++i;
     }
     n_clusters[static_cast<size_t>(b)] = m.n;
+    changed = changed || receipt.birthed || !receipt.merged.empty();
     if (!slots.empty()) rebuilt[static_cast<size_t>(b)] = std::move(slots);
-    misfit_receipt(m, kb, vb, t, o.outlier_top_k, k.select(0, b).detach(), v.select(0, b).detach(), receipt);
+    misfit_receipt(m, kb, vb, t, o.outlier_top_k, b * t, receipt, pending);
   }
-  const bool any = std::any_of(rebuilt.begin(), rebuilt.end(), [](const auto& s) { return s.has_value(); });
-  if (any) {
+  gather_outliers(k.detach(), v.detach(), pending);
+  if (!changed) {
+    result.bank = bank;
+  } else if (differentiable) {
     result.bank = rebuild(bank, rebuilt, std::move(n_clusters));
   } else {
-    result.bank = bank;
+    result.bank = bank_from_mirrors(mirrors, bank, std::move(n_clusters));
   }
   return result;
 }
@@ -530,8 +675,6 @@ StreamReceipt null_receipt(int64_t n_head) {
 [[noreturn]] void accounting_violation(const std::string& detail) {
   throw StateError("moment-closure state violates one-token/one-representation accounting: " + detail);
 }
-
-std::vector<double> per_head(const torch::Tensor& totals, int64_t b) { return to_doubles(totals.select(0, b)); }
 
 }  // namespace
 
@@ -587,9 +730,13 @@ ClusterAttention mgf_cluster_attention(const torch::Tensor& q, const ClusterBank
   if (n == 0) {
     return {q.new_zeros({B, t, 0, H, d}), q.new_zeros({B, t, 0, H})};
   }
-  const auto live = live_slots(bank, n);  // (B, n)
-  const auto logits = mgf_logits(q, bank, n).masked_fill(live.logical_not().view({B, 1, 1, n}), -kInf);
-  auto out = mgf_outputs(q, bank, n).masked_fill(live.logical_not().view({B, 1, 1, n, 1}), 0.0);
+  auto logits = mgf_logits(q, bank, n);
+  auto out = mgf_outputs(q, bank, n);
+  if (!all_live(bank, n)) {
+    const auto dead = live_slots(bank, n).logical_not();  // (B, n)
+    logits = logits.masked_fill(dead.view({B, 1, 1, n}), -kInf);
+    out = out.masked_fill(dead.view({B, 1, 1, n, 1}), 0.0);
+  }
   return {out.transpose(2, 3), logits.transpose(2, 3)};
 }
 
@@ -600,12 +747,17 @@ torch::Tensor cluster_responsibilities(const torch::Tensor& k, const ClusterBank
   if (n == 0) {
     return k.new_zeros({B, t, H, C});
   }
-  const auto live = live_slots(bank, n);                       // (B, n)
-  const auto has_clusters = live.any(1, /*keepdim=*/true);     // (B, 1)
-  // −∞ only for dead slots of streams that have clusters; a stream without clusters gets zeros below.
-  const auto hide = live.logical_not().logical_and(has_clusters).view({B, 1, 1, n});
-  auto r = torch::softmax(mgf_logits(k, bank, n).masked_fill(hide, -kInf), -1) *
-           live.to(k.scalar_type()).view({B, 1, 1, n});
+  torch::Tensor r;
+  if (all_live(bank, n)) {
+    r = torch::softmax(mgf_logits(k, bank, n), -1);
+  } else {
+    const auto live = live_slots(bank, n);                    // (B, n)
+    const auto has_clusters = live.any(1, /*keepdim=*/true);  // (B, 1)
+    // −∞ only for dead slots of streams that have clusters; a stream without clusters gets zeros below.
+    const auto hide = live.logical_not().logical_and(has_clusters).view({B, 1, 1, n});
+    r = torch::softmax(mgf_logits(k, bank, n).masked_fill(hide, -kInf), -1) *
+        live.to(k.scalar_type()).view({B, 1, 1, n});
+  }
   if (n < C) {
     r = torch::constant_pad_nd(r, {0, C - n});
   }
@@ -653,15 +805,16 @@ ClusterBank update_cluster_bank(const ClusterBank& bank, const torch::Tensor& k,
 IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                              const BirthMergeOptions& options) {
   validate_tokens_against_bank(bank, k, v, options, "birth_and_merge");
-  return birth_and_merge_checked(bank, k, v, options);
+  return birth_and_merge_checked(bank, k, v, host_tokens(k, v, "birth_and_merge"), options);
 }
 
 IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                                   const BirthMergeOptions& options) {
   validate_tokens_against_bank(bank, k, v, options, "ingest_cluster_batch");
   const int64_t B = bank.batch_size(), t = k.size(1), H = k.size(2);
-  const auto before = bank.total_per_head().detach();
-  auto result = birth_and_merge_checked(bank, k.detach(), v.detach(), options);
+  const auto host = host_tokens(k, v, "ingest_cluster_batch");
+  const auto before = head_totals(bank.count);
+  auto result = birth_and_merge_checked(bank, k.detach(), v.detach(), host, options);
   // The soft update for streams with clusters whose batch no birth absorbed.
   std::vector<double> soft(static_cast<size_t>(B), 0.0);
   bool any_soft = false;
@@ -688,14 +841,16 @@ IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& 
       result.bank = update_cluster_bank(result.bank, k, v, r);
     }
   }
-  const auto after = result.bank.total_per_head().detach();
-  const auto grown = after - before;  // (B, H)
-  const double epsilon = epsilon_of(after);
+  const auto after = head_totals(result.bank.count);
+  const double epsilon = epsilon_of(result.bank.count);
   for (int64_t b = 0; b < B; ++b) {
     auto& receipt = result.receipts[static_cast<size_t>(b)];
-    receipt.ingested_tokens_per_head = per_head(grown, b);
-    const auto totals = per_head(after, b);
-    const double magnitude = *std::max_element(totals.begin(), totals.end()) *
+    receipt.ingested_tokens_per_head.resize(static_cast<size_t>(H));
+    for (int64_t h = 0; h < H; ++h) {
+      const auto i = static_cast<size_t>(b * H + h);
+      receipt.ingested_tokens_per_head[static_cast<size_t>(h)] = after[i] - before[i];
+    }
+    const double magnitude = *std::max_element(after.begin() + b * H, after.begin() + (b + 1) * H) *
                              static_cast<double>(std::max<int64_t>(result.bank.n_clusters[static_cast<size_t>(b)], 1));
     receipt.expected_ingested_tokens_per_head = t;
     receipt.count_conserved = std::all_of(receipt.ingested_tokens_per_head.begin(),
@@ -786,7 +941,7 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
   const int64_t pos = state.near.pos;
   // Representation receipt (pre): every evicted position is in the bank, exactly once.
   for (size_t l = 0; l < state.banks.size(); ++l) {
-    const auto totals = to_doubles(state.banks[l].total_per_head());
+    const auto totals = head_totals(state.banks[l].count);
     for (int64_t s = 0; s < b; ++s) {
       for (int64_t h = 0; h < n_head; ++h) {
         if (!close(totals[static_cast<size_t>(s * n_head + h)], static_cast<double>(pos - cache_len),
@@ -821,8 +976,9 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
       const auto far = mgf_cluster_attention(f.q, bank);        // out (b,t,n,H,hd), logits (b,t,n,H)
       const int64_t n = far.logits.size(2);
       const auto weights = torch::softmax(torch::cat({f.scores, far.logits.permute({0, 3, 1, 2})}, -1), -1);
-      const auto near_out = detail::fast_bmm(weights.narrow(-1, 0, length), values, false);  // (b, H, t, hd)
-      const auto far_out = detail::fast_bmm(weights.narrow(-1, length, n).unsqueeze(-2),
+      const auto parts = weights.split_with_sizes({length, n}, -1);  // one backward node for both parts
+      const auto near_out = detail::fast_bmm(parts[0], values, false);  // (b, H, t, hd)
+      const auto far_out = detail::fast_bmm(parts[1].unsqueeze(-2),
                                             far.out.permute({0, 3, 1, 2, 4}), false)
                                .squeeze(-2);  // (b, H, t, hd)
       out = (near_out + far_out).transpose(1, 2).reshape({b, t, options_.d_model});
@@ -844,7 +1000,7 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
       layer_receipt.streams.assign(static_cast<size_t>(b), null_receipt(n_head));
     }
     // Accounting (post): far tokens = positions seen − near tokens, per stream and head.
-    const auto totals = to_doubles(next.banks[l].total_per_head());
+    const auto totals = head_totals(next.banks[l].count);
     double misfit_sum = 0.0;
     for (int64_t s = 0; s < b; ++s) {
       auto& receipt = layer_receipt.streams[static_cast<size_t>(s)];
