@@ -855,7 +855,9 @@ IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& 
     receipt.expected_ingested_tokens_per_head = t;
     receipt.count_conserved = std::all_of(receipt.ingested_tokens_per_head.begin(),
                                           receipt.ingested_tokens_per_head.end(),
-                                          [&](double g) { return close(g, static_cast<double>(t), magnitude, epsilon); });
+                                          [&](double g) {
+                                            return close(g, static_cast<double>(t), magnitude, epsilon);
+                                          });
     if (!receipt.count_conserved) {
       std::string seen;
       for (const double g : receipt.ingested_tokens_per_head) seen += (seen.empty() ? "" : ", ") + std::to_string(g);
@@ -983,7 +985,9 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
                                .squeeze(-2);  // (b, H, t, hd)
       out = (near_out + far_out).transpose(1, 2).reshape({b, t, options_.d_model});
     } else {
-      out = detail::fast_bmm(torch::softmax(f.scores, -1), values, false).transpose(1, 2).reshape({b, t, options_.d_model});
+      out = detail::fast_bmm(torch::softmax(f.scores, -1), values, false)
+                .transpose(1, 2)
+                .reshape({b, t, options_.d_model});
     }
     h = layer.finish(h, out);
     next.near.cache_k[l] = f.k_full.narrow(1, length - keep, keep);
