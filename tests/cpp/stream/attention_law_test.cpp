@@ -26,11 +26,13 @@
 #include "attnmix/core/types.hpp"
 #include "attnmix/stream/moment_propagation.hpp"
 #include "testing/all_close.hpp"
+#include "testing/torch_values.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
+using testing::to_vector;
 
 torch::Tensor to_tensor(const Matrix& m) {
   auto t = torch::empty({m.rows(), m.cols()}, torch::kFloat64);
@@ -41,10 +43,6 @@ torch::Tensor to_tensor(const Vector& v) {
   auto t = torch::empty({v.size()}, torch::kFloat64);
   std::copy(v.data(), v.data() + v.size(), t.data_ptr<double>());
   return t;
-}
-std::vector<double> to_vector(const torch::Tensor& t) {
-  const auto c = t.detach().to(torch::kFloat64).contiguous();
-  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
 }
 std::vector<double> to_vector(const Matrix& m) { return {m.data(), m.data() + m.size()}; }
 

@@ -29,16 +29,13 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "testing/all_close.hpp"
+#include "testing/torch_values.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
-
-std::vector<double> to_vector(const torch::Tensor& t) {
-  const auto c = t.detach().to(torch::kFloat64).contiguous();
-  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
-}
+using testing::to_vector;
 
 /// max |a − b| / max |b|: the relative gap over a whole tensor (SPEC §6.4's "relative 1e-5"; per-element relative
 /// error is meaningless for logits that cross zero).

@@ -13,23 +13,15 @@
 #include "attnmix/core/rng.hpp"
 #include "stream/eigen_matmul_impl.hpp"
 #include "testing/all_close.hpp"
+#include "testing/torch_values.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
+using testing::to_vector;
+using testing::normal_tensor;
 
-std::vector<double> to_vector(const torch::Tensor& t) {
-  const auto c = t.detach().to(torch::kFloat64).contiguous();
-  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
-}
-
-torch::Tensor normal_tensor(Rng& rng, std::vector<int64_t> shape, torch::ScalarType dtype) {
-  auto out = torch::empty(shape, torch::kFloat64);
-  double* p = out.data_ptr<double>();
-  for (int64_t i = 0; i < out.numel(); ++i) p[i] = rng.normal();
-  return out.to(dtype);
-}
 
 struct Case {
   std::string name;

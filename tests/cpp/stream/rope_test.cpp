@@ -23,23 +23,15 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/rope.hpp"
 #include "testing/all_close.hpp"
+#include "testing/torch_values.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
+using testing::to_vector;
+using testing::normal_tensor;
 
-std::vector<double> to_vector(const torch::Tensor& t) {
-  const auto c = t.detach().to(torch::kFloat64).contiguous();
-  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
-}
-
-torch::Tensor normal_tensor(Rng& rng, std::vector<int64_t> shape, torch::ScalarType dtype = torch::kFloat64) {
-  auto out = torch::empty(shape, torch::kFloat64);
-  double* p = out.data_ptr<double>();
-  for (int64_t i = 0; i < out.numel(); ++i) p[i] = rng.normal();
-  return out.to(dtype);
-}
 
 /// The rotation of SPEC §6.3 written pair by pair: x (t, H, h) at positions p (t), in double.
 std::vector<double> naive_rope(const std::vector<double>& x, const std::vector<int64_t>& positions, int64_t n_head,
