@@ -8,7 +8,7 @@
 //
 //   BM_EmIteration/threads:{1,2}   EmStepper::step on all 200000 rows (what one optimize() iteration costs)
 //   BM_EmStepFresh                 threads:1 through em_step, which allocates its weights and accumulator per call
-//   BM_EmIterationChunkRows/<c>    the same on one thread with chunk_rows = c (the default is 1024)
+//   BM_EmIterationChunkRows/<c>/<t> the same with chunk_rows = c (the default is 1024) on t threads
 //   BM_EStep/<rows>                parallel_accumulate on the first <rows> rows, one thread (size sweep)
 //   BM_EStepKernel/<rows>          ResponsibilityAttention::accumulate alone (no chunking, no merge)
 //   BM_MergePartial                one flat add of a partial accumulator (the per-chunk merge cost)
@@ -101,7 +101,7 @@ BENCHMARK(BM_EmStepFresh)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime
 /// per-chunk merge of the S·D + S·T + N + 1 statistics costs.
 void BM_EmIterationChunkRows(benchmark::State& state) {
   const Problem& p = problem();
-  const ParallelOptions parallel{1, state.range(0)};
+  const ParallelOptions parallel{static_cast<int>(state.range(1)), state.range(0)};
   std::vector<double> log_p(static_cast<size_t>(kRows));
   EmStepper stepper(p.estimator, kRows);
   for (auto _ : state) {
@@ -110,8 +110,8 @@ void BM_EmIterationChunkRows(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * kRows);
 }
-BENCHMARK(BM_EmIterationChunkRows)->ArgName("chunk_rows")->RangeMultiplier(4)->Range(256, 65536)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_EmIterationChunkRows)->ArgNames({"chunk_rows", "threads"})
+    ->ArgsProduct({{256, 1024, 4096, 16384, 65536}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_EStep(benchmark::State& state) {
   const Index rows = state.range(0);

@@ -118,100 +118,22 @@ void require_callable(py::handle obj, std::string_view where, std::string_view n
 
 constexpr std::string_view kBank = "ClusterBank";
 
-void require_finite_nonnegative(const NdArray<double>& a, std::string_view name, bool nonnegative) {
-  for (const double x : a.values) {
-    if (!std::isfinite(x))
-      throw ValueError("ClusterBank: " + std::string(name) + " must be finite");
-    if (nonnegative && x < 0.0)
-      throw ValueError("ClusterBank: " + std::string(name) + " must be >= 0");
-  }
-}
-
+// A bank from Python arrays: read as float64, then checked by the library (validate_cluster_bank).
 ClusterBank make_bank(const py::object& count_obj, const py::object& mu_k_obj,
                       const py::object& mu_v_obj, const py::object& sigma_kk_obj,
                       const py::object& sigma_vk_obj, const py::object& n_clusters_obj,
                       const py::object& max_clusters_obj) {
-  NdArray<double> count = read_reals(count_obj, kBank, "count");
-  if (count.ndim() != 3 ||
-      std::any_of(count.shape.begin(), count.shape.end(), [](Index s) { return s <= 0; })) {
-    throw ValueError(
-        "ClusterBank: count must be (batch, heads, max_clusters), each positive (got " +
-        shape_text(count.shape) + ")");
-  }
-  const Index B = count.shape[0], H = count.shape[1], C = count.shape[2];
-  NdArray<double> mu_k = read_reals(mu_k_obj, kBank, "mu_k");
-  if (mu_k.ndim() != 4 || mu_k.shape[0] != B || mu_k.shape[1] != H || mu_k.shape[2] != C ||
-      mu_k.shape[3] <= 0) {
-    throw ValueError("ClusterBank: mu_k must be (batch " + std::to_string(B) + ", heads " +
-                     std::to_string(H) + ", max_clusters " + std::to_string(C) +
-                     ", head_dim) (got shape " + shape_text(mu_k.shape) + ")");
-  }
-  const Index d = mu_k.shape[3];
-  NdArray<double> mu_v = read_reals(mu_v_obj, kBank, "mu_v");
-  NdArray<double> sigma_kk = read_reals(sigma_kk_obj, kBank, "sigma_kk");
-  NdArray<double> sigma_vk = read_reals(sigma_vk_obj, kBank, "sigma_vk");
-  const auto require_shape = [](const NdArray<double>& a, const char* name,
-                                const std::vector<Index>& want) {
-    if (a.shape != want) {
-      throw ValueError("ClusterBank: " + std::string(name) + " must have shape " +
-                       shape_text(want) + " (got " + shape_text(a.shape) + ")");
-    }
-  };
-  require_shape(mu_v, "mu_v", {B, H, C, d});
-  require_shape(sigma_kk, "sigma_kk", {B, H, C, d});
-  require_shape(sigma_vk, "sigma_vk", {B, H, C, d, d});
-  const std::vector<int64_t> n_clusters = id_vector(n_clusters_obj, kBank, "n_clusters");
-  if (static_cast<Index>(n_clusters.size()) != B) {
-    throw ValueError("ClusterBank: n_clusters must hold one entry per stream (" +
-                     std::to_string(B) + ", got " + std::to_string(n_clusters.size()) + ")");
-  }
-  for (const int64_t n : n_clusters) {
-    if (n > C) {
-      throw ValueError("ClusterBank: n_clusters must lie in [0, max_clusters " + std::to_string(C) +
-                       "] (got " + std::to_string(n) + ")");
-    }
-  }
-  if (!max_clusters_obj.is_none()) {
-    const int64_t m = positive_int(max_clusters_obj, kBank, "max_clusters");
-    if (m != C) {
-      throw ValueError("ClusterBank: max_clusters is " + std::to_string(m) + " but count has " +
-                       std::to_string(C) + " slots");
-    }
-  }
-  require_finite_nonnegative(count, "count", true);
-  require_finite_nonnegative(mu_k, "mu_k", false);
-  require_finite_nonnegative(mu_v, "mu_v", false);
-  require_finite_nonnegative(sigma_kk, "sigma_kk", true);
-  require_finite_nonnegative(sigma_vk, "sigma_vk", false);
-  // Inactive slots are all zeros (SPEC §7.3): the live totals, and so the conservation receipts,
-  // rely on it.
-  for (Index b = 0; b < B; ++b) {
-    for (Index h = 0; h < H; ++h) {
-      for (Index c = n_clusters[static_cast<size_t>(b)]; c < C; ++c) {
-        const Index slot = (b * H + h) * C + c;
-        const auto zero = [](const std::vector<double>& v, Index from, Index n) {
-          return std::all_of(v.begin() + from, v.begin() + from + n,
-                             [](double x) { return x == 0.0; });
-        };
-        if (!zero(count.values, slot, 1) || !zero(mu_k.values, slot * d, d) ||
-            !zero(mu_v.values, slot * d, d) || !zero(sigma_kk.values, slot * d, d) ||
-            !zero(sigma_vk.values, slot * d * d, d * d)) {
-          throw ValueError("ClusterBank: the inactive slot " + std::to_string(c) + " of stream " +
-                           std::to_string(b) + " (head " + std::to_string(h) +
-                           ") must be all zeros (n_clusters[" + std::to_string(b) +
-                           "] = " + std::to_string(n_clusters[static_cast<size_t>(b)]) + ")");
-        }
-      }
-    }
-  }
   ClusterBank bank;
-  bank.count = tensor_of(count);
-  bank.mu_k = tensor_of(mu_k);
-  bank.mu_v = tensor_of(mu_v);
-  bank.sigma_kk = tensor_of(sigma_kk);
-  bank.sigma_vk = tensor_of(sigma_vk);
-  bank.n_clusters = n_clusters;
-  bank.max_clusters = C;
+  bank.count = real_tensor(count_obj, kBank, "count");
+  bank.mu_k = real_tensor(mu_k_obj, kBank, "mu_k");
+  bank.mu_v = real_tensor(mu_v_obj, kBank, "mu_v");
+  bank.sigma_kk = real_tensor(sigma_kk_obj, kBank, "sigma_kk");
+  bank.sigma_vk = real_tensor(sigma_vk_obj, kBank, "sigma_vk");
+  bank.n_clusters = id_vector(n_clusters_obj, kBank, "n_clusters");
+  bank.max_clusters = max_clusters_obj.is_none()
+                          ? (bank.count.dim() == 3 ? bank.count.size(2) : 0)
+                          : positive_int(max_clusters_obj, kBank, "max_clusters");
+  validate_cluster_bank(bank, std::string(kBank));
   return bank;
 }
 

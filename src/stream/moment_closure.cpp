@@ -15,6 +15,9 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 namespace attnmix {
 namespace {
@@ -701,6 +704,81 @@ int64_t ClusterBank::bytes() const {
     total += t->numel() * static_cast<int64_t>(t->element_size());
   }
   return total;
+}
+
+void validate_cluster_bank(const ClusterBank& bank, const std::string& where) {
+  const auto fail = [&](const std::string& what) { throw ValueError(where + ": " + what); };
+  const auto shape_text = [](c10::IntArrayRef s) {
+    std::string out = "(";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + ")";
+  };
+  for (const auto& [name, t] : {std::pair<const char*, const torch::Tensor*>{"count", &bank.count},
+                                {"mu_k", &bank.mu_k}, {"mu_v", &bank.mu_v}, {"sigma_kk", &bank.sigma_kk},
+                                {"sigma_vk", &bank.sigma_vk}}) {
+    if (!t->defined()) fail(std::string(name) + " is missing");
+  }
+  const auto& count = bank.count;
+  if (count.dim() != 3 || count.size(0) <= 0 || count.size(1) <= 0 || count.size(2) <= 0) {
+    fail("count must be (batch, heads, max_clusters), each positive (got " + shape_text(count.sizes()) + ")");
+  }
+  const int64_t B = count.size(0), H = count.size(1), C = count.size(2);
+  if (bank.mu_k.dim() != 4 || bank.mu_k.size(0) != B || bank.mu_k.size(1) != H || bank.mu_k.size(2) != C ||
+      bank.mu_k.size(3) <= 0) {
+    fail("mu_k must be (batch " + str(B) + ", heads " + str(H) + ", max_clusters " + str(C) +
+         ", head_dim) (got shape " + shape_text(bank.mu_k.sizes()) + ")");
+  }
+  const int64_t d = bank.mu_k.size(3);
+  for (const auto& [name, t, want] :
+       {std::tuple<const char*, const torch::Tensor*, std::vector<int64_t>>{"mu_v", &bank.mu_v, {B, H, C, d}},
+        {"sigma_kk", &bank.sigma_kk, {B, H, C, d}},
+        {"sigma_vk", &bank.sigma_vk, {B, H, C, d, d}}}) {
+    if (t->sizes() != c10::IntArrayRef(want)) {
+      fail(std::string(name) + " must have shape " + shape_text(want) + " (got " + shape_text(t->sizes()) + ")");
+    }
+  }
+  for (const auto* t : {&bank.mu_k, &bank.mu_v, &bank.sigma_kk, &bank.sigma_vk}) {
+    if (t->scalar_type() != count.scalar_type() || t->device() != count.device()) {
+      fail("every tensor must have count's dtype and device");
+    }
+  }
+  if (bank.max_clusters != C) {
+    fail("max_clusters is " + str(bank.max_clusters) + " but count has " + str(C) + " slots");
+  }
+  if (bank.batch_size() != B) {
+    fail("n_clusters must hold one entry per stream (" + str(B) + ", got " + str(bank.batch_size()) + ")");
+  }
+  for (const int64_t n : bank.n_clusters) {
+    if (n < 0 || n > C) fail("n_clusters must lie in [0, max_clusters " + str(C) + "] (got " + str(n) + ")");
+  }
+  const auto values = [](const torch::Tensor& t) { return to_doubles(t); };
+  const auto count_v = values(count), mu_k = values(bank.mu_k), mu_v = values(bank.mu_v),
+             sigma_kk = values(bank.sigma_kk), sigma_vk = values(bank.sigma_vk);
+  for (const auto& [name, v, nonnegative] :
+       {std::tuple<const char*, const std::vector<double>*, bool>{"count", &count_v, true}, {"mu_k", &mu_k, false},
+        {"mu_v", &mu_v, false}, {"sigma_kk", &sigma_kk, true}, {"sigma_vk", &sigma_vk, false}}) {
+    for (const double x : *v) {
+      if (!std::isfinite(x)) fail(std::string(name) + " must be finite");
+      if (nonnegative && x < 0.0) fail(std::string(name) + " must be >= 0");
+    }
+  }
+  // Inactive slots are all zeros (SPEC §7.3): the live totals, and so the conservation receipts, rely on it.
+  const auto zero = [](const std::vector<double>& v, int64_t from, int64_t n) {
+    return std::all_of(v.begin() + from, v.begin() + from + n, [](double x) { return x == 0.0; });
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t c = bank.n_clusters[static_cast<size_t>(b)]; c < C; ++c) {
+        const int64_t slot = (b * H + h) * C + c;
+        if (!zero(count_v, slot, 1) || !zero(mu_k, slot * d, d) || !zero(mu_v, slot * d, d) ||
+            !zero(sigma_kk, slot * d, d) || !zero(sigma_vk, slot * d * d, d * d)) {
+          fail("the inactive slot " + str(c) + " of stream " + str(b) + " (head " + str(h) +
+               ") must be all zeros (n_clusters[" + str(b) + "] = " + str(bank.n_clusters[static_cast<size_t>(b)]) +
+               ")");
+        }
+      }
+    }
+  }
 }
 
 ClusterBank empty_cluster_bank(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,

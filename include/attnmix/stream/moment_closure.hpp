@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <utility>
+#include <string>
 #include <vector>
 
 namespace attnmix {
@@ -45,6 +46,12 @@ struct ClusterBank {
   /// Bytes held by the tensors.
   int64_t bytes() const;
 };
+
+/// Checks a bank built by hand (the functions below take its invariants for granted): the shapes agree
+/// ((B, H, C), (B, H, C, d) ×3, (B, H, C, d, d), B, H, C, d > 0), every tensor has count's dtype and device,
+/// max_clusters = C, n_clusters has B entries in [0, C], every value is finite, counts and key variances are ≥ 0, and
+/// the inactive slots are all zero. @throws ValueError naming `where` and the field.
+void validate_cluster_bank(const ClusterBank& bank, const std::string& where);
 
 /// An all-zero bank. @throws ValueError unless every size is positive.
 ClusterBank empty_cluster_bank(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,

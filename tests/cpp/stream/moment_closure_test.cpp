@@ -895,6 +895,37 @@ TEST(MomentClosureTest, IngestionIsPerStream) {
 /// count every observation exactly once". Provoked through the public API with a cluster of count
 /// 1e17 in float64: 1e17 + 3 rounds back to 1e17 (ulp 16), so the soft update cannot register the 3
 /// tokens.
+/// validate_cluster_bank (SPEC §7.3's invariants): a consistent bank passes; each broken invariant is named.
+TEST(MomentClosureTest, ValidateClusterBankNamesTheBrokenInvariant) {
+  const auto good = [] {
+    auto bank = empty_cluster_bank(2, 2, 3, 2, f64_options());
+    set_slot(bank, 0, 0, 0, uniform_slot(2, 5.0, {1.0, 2.0}, {0.5, 0.5}, 1.0, 0.1));
+    set_slot(bank, 0, 1, 0, uniform_slot(2, 5.0, {1.0, 2.0}, {0.5, 0.5}, 1.0, 0.1));
+    bank.n_clusters = {1, 0};
+    return bank;
+  };
+  EXPECT_NO_THROW(validate_cluster_bank(good(), "bank"));
+  const std::vector<std::pair<std::function<void(ClusterBank&)>, std::string>> cases = {
+      {[](ClusterBank& b) { b.mu_v = b.mu_v.narrow(3, 0, 1); }, "mu_v must have shape (2, 2, 3, 2)"},
+      {[](ClusterBank& b) { b.sigma_vk = b.sigma_vk.sum(-1); }, "sigma_vk must have shape"},
+      {[](ClusterBank& b) { b.count = b.count.unsqueeze(0); }, "count must be (batch, heads, max_clusters)"},
+      {[](ClusterBank& b) { b.mu_k = b.mu_k.to(torch::kFloat32); }, "every tensor must have count's dtype and device"},
+      {[](ClusterBank& b) { b.max_clusters = 4; }, "max_clusters is 4"},
+      {[](ClusterBank& b) { b.n_clusters = {1}; }, "n_clusters must hold one entry per stream (2, got 1)"},
+      {[](ClusterBank& b) { b.n_clusters = {4, 0}; }, "n_clusters must lie in [0, max_clusters 3]"},
+      {[](ClusterBank& b) { b.count[0][0][0] = -1.0; }, "count must be >= 0"},
+      {[](ClusterBank& b) { b.sigma_kk[0][1][0][1] = -0.5; }, "sigma_kk must be >= 0"},
+      {[](ClusterBank& b) { b.mu_k[0][0][0][0] = std::nan(""); }, "mu_k must be finite"},
+      {[](ClusterBank& b) { b.sigma_vk[1][1][2][1][0] = 0.25; }, "the inactive slot 2 of stream 1 (head 1)"},
+  };
+  for (const auto& [breakit, needle] : cases) {
+    SCOPED_TRACE(needle);
+    auto bank = good();
+    breakit(bank);
+    expect_throw_containing<ValueError>([&] { validate_cluster_bank(bank, "bank"); }, "bank: " + needle);
+  }
+}
+
 TEST(MomentClosureTest, NonConservingIngestionThrowsStateError) {
   // A cluster mean of 1e308 makes the logits of the keys infinite, the responsibilities NaN and the growth of
   // the count NaN: ingestion must refuse it.
