@@ -16,34 +16,21 @@
 #include <vector>
 
 #include "attnmix/core/rng.hpp"
+#include "testing/cli_fixture.hpp"
 #include "testing/all_close.hpp"
 
 namespace attnmix {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::RunResult;
+using testing::contains;
+using testing::read_text;
 
 constexpr uint64_t kSeed = 99;
 /// The model flags of every run: small enough to train in milliseconds.
 const std::string kTiny =
     " --d-model 8 --n-layer 1 --n-head 2 --window 8 --batch 2 --chunk 16 --lr 0.01 --seed 2";
-
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-bool contains(const std::string& text, const std::string& fragment) {
-  return text.find(fragment) != std::string::npos;
-}
 
 /// A number printed after `label` in `text` (NaN when absent).
 double number_after(const std::string& text, const std::string& label) {
@@ -53,36 +40,13 @@ double number_after(const std::string& text, const std::string& label) {
   return value;
 }
 
-class CliLmTest : public ::testing::Test {
+/// Each test runs the CLI in its own directory (testing/cli_fixture.hpp; stderr is a file, so the progress bar
+/// prints lines), with a small pseudo-English corpus text.txt.
+class CliLmTest : public testing::CliFixture {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("attnmix_cli_lm_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    CliFixture::SetUp();
     write_corpus("text.txt", 3000, testing::test_seed(kSeed));
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  /// Runs `attnmix <args>` in the test directory, capturing stdout and stderr (stderr is a file,
-  /// so the progress bar prints lines).
-  RunResult run(const std::string& args) const {
-    const fs::path out = dir_ / ".stdout", err = dir_ / ".stderr";
-    const std::string command = "cd '" + dir_.string() + "' && '" + std::string(ATTNMIX_CLI) +
-                                "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    RunResult result;
-    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = read_text(out);
-    result.err = read_text(err);
-    fs::remove(out);
-    fs::remove(err);
-    return result;
-  }
-  [[nodiscard]] std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir_ / name, std::ios::binary) << text;
   }
   /// Pseudo-English: words from a small list, sentences ending in ". ".
   void write_corpus(const std::string& name, size_t n_bytes, uint64_t seed) const {
@@ -109,8 +73,6 @@ class CliLmTest : public ::testing::Test {
   [[nodiscard]] RunResult train(const std::string& extra) const {
     return run("lm train --text text.txt" + kTiny + " " + extra);
   }
-
-  fs::path dir_;
 };
 
 // ---- usage -------------------------------------------------------------------------------------

@@ -23,42 +23,22 @@
 
 #include "attnmix/attention/transitive_task.hpp"
 #include "attnmix/core/rng.hpp"
+#include "testing/cli_fixture.hpp"
 
 namespace attnmix {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::RunResult;
+using testing::contains;
+using testing::lines_of;
+using testing::read_text;
 using namespace std::string_literals;
 
 /// The tolerance of a distributed model against the single-process one: the sums over ranks
 /// reassociate floating-point additions, nothing else.
 constexpr double kModelTolerance = 1e-12;
 constexpr const char* kExitTag = "attnmix-test-exit";
-
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-  std::map<int, int> rank_codes;  // mpirun runs: each rank's exit code
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-bool contains(const std::string& text, const std::string& fragment) {
-  return text.find(fragment) != std::string::npos;
-}
 
 size_t count_of(const std::string& text, const std::string& fragment) {
   size_t n = 0;
@@ -111,42 +91,9 @@ std::string error_message(const std::string& err) {
   return err;
 }
 
-class CliMpiTest : public ::testing::Test {
+/// Each test runs attnmix and mpirun in its own directory (testing/cli_fixture.hpp).
+class CliMpiTest : public testing::CliFixture {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("attnmix_cli_mpi_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  RunResult shell(const std::string& command) const {
-    const fs::path out = dir_ / ".stdout", err = dir_ / ".stderr";
-    const std::string line = "cd '" + dir_.string() + "' && " + command + " >'" + out.string() +
-                             "' 2>'" + err.string() + "'";
-    const int status = std::system(line.c_str());
-    RunResult result;
-    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = read_text(out);
-    result.err = read_text(err);
-    fs::remove(out);
-    fs::remove(err);
-    return result;
-  }
-
-  /// `attnmix <args>` as one process.
-  RunResult run(const std::string& args) const { return shell(quoted(ATTNMIX_CLI) + " " + args); }
-
-  /// 'text' for the shell (built piecewise: GCC 12 warns falsely on "'" + std::string(...)).
-  static std::string quoted(const char* text) {
-    std::string out = "'";
-    out += text;
-    out += "'";
-    return out;
-  }
-
   /// `mpirun -np <ranks> attnmix <args>`. By default each rank runs in a wrapper that prints its
   /// exit code (collected into rank_codes, removed from err), and mpirun waits for every rank
   /// (orte_abort_on_non_zero_status 0: otherwise the first rank to exit non-zero has the others
@@ -175,10 +122,6 @@ class CliMpiTest : public ::testing::Test {
     return result;
   }
 
-  [[nodiscard]] std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir_ / name) << text;
-  }
   [[nodiscard]] static std::string data(const std::string& name) {
     return std::string(ATTNMIX_TEST_DATA_DIR) + "/" + name;
   }
@@ -265,8 +208,6 @@ class CliMpiTest : public ::testing::Test {
       EXPECT_TRUE(dist.err.empty()) << dist.err;
     }
   }
-
-  fs::path dir_;
 };
 
 // ----- equal to the single-process fit

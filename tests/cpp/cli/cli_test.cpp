@@ -25,66 +25,20 @@
 #include "attnmix/core/json.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
+#include "testing/cli_fixture.hpp"
 
 namespace attnmix {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::RunResult;
+using testing::contains;
+using testing::lines_of;
+using testing::read_text;
 
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-bool contains(const std::string& text, const std::string& fragment) {
-  return text.find(fragment) != std::string::npos;
-}
-
-/// Each test runs the CLI inside its own empty directory (removed afterwards).
-class CliTest : public ::testing::Test {
+/// Each test runs the CLI inside its own empty directory (testing/cli_fixture.hpp).
+class CliTest : public testing::CliFixture {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("attnmix_cli_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  /// Runs `attnmix <args>` in the test directory, capturing stdout and stderr.
-  RunResult run(const std::string& args) const {
-    const fs::path out = dir_ / ".stdout", err = dir_ / ".stderr";
-    const std::string command = "cd '" + dir_.string() + "' && '" + std::string(ATTNMIX_CLI) +
-                                "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    RunResult result;
-    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = read_text(out);
-    result.err = read_text(err);
-    fs::remove(out);
-    fs::remove(err);
-    return result;
-  }
-  [[nodiscard]] std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir_ / name) << text;
-  }
   [[nodiscard]] static std::string data(const std::string& name) {
     return std::string(ATTNMIX_TEST_DATA_DIR) + "/" + name;
   }
@@ -136,8 +90,6 @@ class CliTest : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-
-  fs::path dir_;
 };
 
 // ----- usage
