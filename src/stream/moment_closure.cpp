@@ -140,6 +140,21 @@ std::vector<double> to_doubles(const torch::Tensor& t) {
   return out;
 }
 
+// A tensor of the given shape and options holding x (row-major): written in place on the CPU, otherwise built in
+// double and converted.
+torch::Tensor from_doubles(const std::vector<double>& x, c10::IntArrayRef shape, const torch::TensorOptions& options) {
+  if (options.device().is_cpu() && (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble)) {
+    auto out = torch::empty(shape, options);
+    if (options.dtype() == torch::kFloat) {
+      std::transform(x.begin(), x.end(), out.data_ptr<float>(), [](double v) { return static_cast<float>(v); });
+    } else {
+      std::copy(x.begin(), x.end(), out.data_ptr<double>());
+    }
+    return out;
+  }
+  return torch::tensor(x, torch::TensorOptions().dtype(torch::kDouble)).view(shape).to(options);
+}
+
 // Per (stream, head) totals of a (B, H, C) count tensor, summed in double: [b·H + h]. Inactive slots hold zeros.
 std::vector<double> head_totals(const torch::Tensor& count) {
   const auto values = to_doubles(count);
@@ -300,11 +315,8 @@ Slot mirror_slot(Mirror& m, int64_t c, const torch::TensorOptions& options) {
     sigma_kk.insert(sigma_kk.end(), m.vec(m.sigma_kk, h, c), m.vec(m.sigma_kk, h, c) + d);
     sigma_vk.insert(sigma_vk.end(), m.mat(h, c), m.mat(h, c) + d * d);
   }
-  const auto tensor = [&](const std::vector<double>& x, c10::IntArrayRef shape) {
-    return torch::tensor(x, torch::TensorOptions().dtype(torch::kDouble)).view(shape).to(options);
-  };
-  return {tensor(count, {H}), tensor(mu_k, {H, d}), tensor(mu_v, {H, d}), tensor(sigma_kk, {H, d}),
-          tensor(sigma_vk, {H, d, d})};
+  return {from_doubles(count, {H}, options), from_doubles(mu_k, {H, d}, options), from_doubles(mu_v, {H, d}, options),
+          from_doubles(sigma_kk, {H, d}, options), from_doubles(sigma_vk, {H, d, d}, options)};
 }
 
 // Birth (SPEC §7.6) into slot c of the mirror from the stream's t tokens kb, vb ([t][H][d], double): count t, the
@@ -355,8 +367,8 @@ ClusterBank bank_from_mirrors(const std::vector<Mirror>& mirrors, const ClusterB
     sigma_kk.insert(sigma_kk.end(), m.sigma_kk.begin(), m.sigma_kk.end());
     sigma_vk.insert(sigma_vk.end(), m.sigma_vk.begin(), m.sigma_vk.end());
   }
-  const auto tensor = [](const std::vector<double>& x, const torch::Tensor& shape_of) {
-    return torch::tensor(x, torch::TensorOptions().dtype(torch::kDouble)).view(shape_of.sizes()).to(shape_of.options());
+  const auto tensor = [](const std::vector<double>& x, const torch::Tensor& like_field) {
+    return from_doubles(x, like_field.sizes(), like_field.options());
   };
   ClusterBank out;
   out.count = tensor(count, like.count);
