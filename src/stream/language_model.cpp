@@ -452,9 +452,10 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
   read_near_state(path, state, s.options, s.state);
 }
 
-// The near field, then every layer's bank: shapes, a live prefix in [0, max_clusters] per stream with empty slots
-// beyond it, and counts that represent every evicted position exactly once (SPEC §7.8 step 2), so that a damaged
-// bank is reported here, naming the record, rather than by the first step.
+// The near field, then every layer's bank: shapes, the bank invariants of validate_cluster_bank (a live prefix in
+// [0, max_clusters] per stream, all-zero slots beyond it, finite values, non-negative counts and variances), and
+// counts that represent every evicted position exactly once (SPEC §7.8 step 2), so that a damaged bank is reported
+// here, naming the record or the layer, rather than by the first step.
 void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<MomentKind>& s) {
   const auto& o = s.options;
   s.state = s.model->init_state(o.batch);
@@ -479,16 +480,10 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
     }
     const auto live_cpu = live.contiguous();
     bank.n_clusters.assign(live_cpu.data_ptr<int64_t>(), live_cpu.data_ptr<int64_t>() + B);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t c = bank.n_clusters[static_cast<size_t>(b)];
-      if (c < 0 || c > C) {
-        bad_checkpoint(path, "state n_clusters" + n + " of stream " + str(b) + " is " + str(c) + ", outside [0, " +
-                                 str(C) + "]");
-      }
-      if (c < C && bank.count[b].narrow(1, c, C - c).ne(0).any().item<bool>()) {
-        bad_checkpoint(path, "state count" + n + " of stream " + str(b) + " has tokens beyond its " + str(c) +
-                                 " live clusters");
-      }
+    try {
+      validate_cluster_bank(bank, "state cluster bank " + n);
+    } catch (const ValueError& e) {
+      bad_checkpoint(path, e.what());
     }
     const auto& cache = s.state.near.cache_k[l];
     const int64_t far = s.state.near.pos - (cache.defined() ? cache.size(1) : 0);

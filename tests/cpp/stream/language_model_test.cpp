@@ -603,7 +603,7 @@ void rewrite_moment_checkpoint(
   out.save_to(to);
 }
 
-/// Damaged banks are reported when the checkpoint is loaded, naming the record.
+/// Damaged banks are reported when the checkpoint is loaded, naming the record or the layer.
 TEST_F(LanguageModelTest, MomentClosureCheckpointBanksAreChecked) {
   TrainOptions o = tiny_moment_options();
   o.steps = 4;
@@ -626,7 +626,7 @@ TEST_F(LanguageModelTest, MomentClosureCheckpointBanksAreChecked) {
     if (k == "sigma_vk0") t = t.narrow(-1, 0, 1).contiguous();
     return true;
   });
-  expect_bad("live.ckpt", {"n_clusters0", "outside [0, 3]"},
+  expect_bad("live.ckpt", {"cluster bank 0", "n_clusters must lie in [0, max_clusters 3] (got 4)"},
              [](const std::string& k, torch::Tensor& t) {
                if (k == "n_clusters0") t = torch::full_like(t, 4);
                return true;
@@ -636,10 +636,16 @@ TEST_F(LanguageModelTest, MomentClosureCheckpointBanksAreChecked) {
                if (k == "count0") t = t * 2;
                return true;
              });
-  expect_bad("beyond.ckpt", {"count0", "beyond"}, [](const std::string& k, torch::Tensor& t) {
-    if (k == "n_clusters0") t = torch::zeros_like(t);
-    return true;
-  });
+  expect_bad("beyond.ckpt", {"cluster bank 0", "the inactive slot 0 of stream 0"},
+             [](const std::string& k, torch::Tensor& t) {
+               if (k == "n_clusters0") t = torch::zeros_like(t);
+               return true;
+             });
+  expect_bad("variance.ckpt", {"cluster bank 0", "sigma_kk must be >= 0"},
+             [](const std::string& k, torch::Tensor& t) {
+               if (k == "sigma_kk0") t = -t;
+               return true;
+             });
 }
 
 /// evaluate() reports the far field per layer; sampling works through it; window checkpoints
