@@ -41,10 +41,14 @@
 //                              (default 64): median seconds per token (wall and thread CPU) at both ends under the
 //                              same load, their ratio, the state bytes at both ends and the RSS. Also the median
 //                              chunk times of the stream's own first and last probe chunks.
+//   --mca_count_ops=K          K training steps of MCA and of the window-only spine (after 3 warm-up steps, batch 8,
+//                              --mca_chunk): the top-level libtorch operations per step by name (forward ops and
+//                              backward nodes), {"name": [mca, window]}, and their totals.
 //   --mca_threads=k            at::set_num_threads(k) for everything (default 1, like the PyTorch baseline).
 //
 // Run: build-mca-bench/bench/attnmix_bench_moment_closure --benchmark_filter=TrainStep
 //      /usr/bin/python3 bench/compare.py moment-closure --rounds 5
+#include <ATen/record_function.h>
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -56,6 +60,7 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -273,6 +278,7 @@ long current_rss_kib() {
 
 struct ModeOptions {
   int64_t check_steps = 0;
+  int64_t count_ops_steps = 0;
   int64_t stream_tokens = 0;
   int64_t stream_probe = 64;
   int64_t stream_early = 10000;
@@ -442,6 +448,72 @@ int run_stream(const ModeOptions& o) {
   return 0;
 }
 
+/// Top-level libtorch operations (forward ops and backward nodes, not the ops they call) per name while counting.
+struct OpCounts {
+  bool on = false;
+  int depth = 0;
+  std::map<std::string, int64_t> calls;
+};
+OpCounts g_ops;
+
+/// Trains `model` (3 warm-up steps, then `steps` counted ones, batch 8, chunk o.chunk) and returns the top-level
+/// operations it ran, by name.
+template <class Model>
+std::map<std::string, int64_t> count_training_ops(Model& model, const ModeOptions& o, int64_t steps) {
+  auto optimizer = make_optimizer(model);
+  TbpttRunner<typename Model::ContainedType> runner(*model, optimizer, TbpttOptions{});
+  auto state = model->init_state(kBatch);
+  for (int64_t c = 0; c < 3 + steps; ++c) {
+    const auto [x, y] = stream_chunk(kBatch, o.chunk, c);
+    g_ops.on = c >= 3;
+    runner.feed(state, x, y);
+  }
+  g_ops.on = false;
+  return std::exchange(g_ops.calls, {});
+}
+
+/// The operation counts of a moment-closure and a window-only training step (SPEC defaults unless the far-field
+/// flags say otherwise): what the far field adds in libtorch dispatches, each a few µs at these shapes.
+int run_count_ops(const ModeOptions& o) {
+  at::set_num_threads(g_threads);
+  at::addGlobalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+            ++g_ops.depth;
+            return nullptr;
+          },
+          [](const at::RecordFunction& fn, at::ObserverContext*) {
+            if (--g_ops.depth == 0 && g_ops.on) ++g_ops.calls[fn.name()];
+          })
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  torch::manual_seed(kSeed);
+  MomentClosureAttention mca(mca_options(o.birth_threshold, o.merge_threshold));
+  const auto mca_ops = count_training_ops(mca, o, o.count_ops_steps);
+  torch::manual_seed(kSeed);
+  SlidingWindowSpine window(window_options());
+  const auto window_ops = count_training_ops(window, o, o.count_ops_steps);
+  const auto total = [](const std::map<std::string, int64_t>& m) {
+    int64_t n = 0;
+    for (const auto& [name, calls] : m) n += calls;
+    return n;
+  };
+  const double steps = static_cast<double>(o.count_ops_steps);
+  std::printf("{\"mode\": \"count_ops\", \"chunk\": %lld, \"steps\": %lld, \"mca_ops_per_step\": %.1f, "
+              "\"window_ops_per_step\": %.1f, \"per_step\": {",
+              static_cast<long long>(o.chunk), static_cast<long long>(o.count_ops_steps),
+              static_cast<double>(total(mca_ops)) / steps, static_cast<double>(total(window_ops)) / steps);
+  std::map<std::string, std::pair<int64_t, int64_t>> both;
+  for (const auto& [name, calls] : mca_ops) both[name].first = calls;
+  for (const auto& [name, calls] : window_ops) both[name].second = calls;
+  int i = 0;
+  for (const auto& [name, calls] : both) {
+    std::printf("%s\"%s\": [%.1f, %.1f]", i++ ? ", " : "", name.c_str(), static_cast<double>(calls.first) / steps,
+                static_cast<double>(calls.second) / steps);
+  }
+  std::printf("}}\n");
+  return 0;
+}
+
 /// Parses "--name=value"; false when arg is another argument.
 std::optional<std::string> flag_value(std::string_view arg, std::string_view name) {
   if (!arg.starts_with(name) || arg.size() <= name.size() || arg[name.size()] != '=') return std::nullopt;
@@ -471,6 +543,7 @@ int main(int argc, char** argv) {
       using attnmix::positive;
       if (i > 0) {
         if (auto v = flag_value(arg, "--mca_check_losses")) { o.check_steps = positive(*v, arg); continue; }
+        if (auto v = flag_value(arg, "--mca_count_ops")) { o.count_ops_steps = positive(*v, arg); continue; }
         if (auto v = flag_value(arg, "--mca_stream_tokens")) { o.stream_tokens = positive(*v, arg); continue; }
         if (auto v = flag_value(arg, "--mca_stream_probe")) { o.stream_probe = positive(*v, arg); continue; }
         if (auto v = flag_value(arg, "--mca_stream_early")) { o.stream_early = positive(*v, arg); continue; }
@@ -492,6 +565,7 @@ int main(int argc, char** argv) {
     }
     attnmix::g_threads = static_cast<int>(threads);
     if (o.check_steps > 0) return attnmix::run_check(o);
+    if (o.count_ops_steps > 0) return attnmix::run_count_ops(o);
     if (o.stream_tokens > 0) return attnmix::run_stream(o);
     int n_args = static_cast<int>(args.size());
     args.push_back(nullptr);
