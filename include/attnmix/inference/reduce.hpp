@@ -4,14 +4,13 @@
 ///
 /// Rows are split into fixed chunks of chunk_rows rows (independent of the thread count). Chunk c fills a zeroed
 /// partial P_c; partials are added into the total in chunk order, total = ((0 + P_0) + P_1) + …, so the result is
-/// bitwise identical for any thread count. One thread reuses one partial; several threads share a ring of
-/// 2·threads + 2 partials (chunk c uses slot c mod ring once chunk c − ring is merged), and whichever thread
-/// completes the next chunk in order merges it, so no thread waits for another at every chunk (a lock-step ordered
-/// loop collapses when the machine is oversubscribed). The merge also clears the partial for its next chunk (one
-/// pass over both buffers). Impossible rows of all chunks are collected before the total is added to the caller's
+/// bitwise identical for any thread count. One thread reuses one partial, and its merge also clears it for the next
+/// chunk (one pass over both buffers). Several threads own 3 partials each, which they zero themselves before use,
+/// and whichever thread completes the next chunk in order merges it, so no thread waits for another at every chunk
+/// (a lock-step ordered loop collapses when the machine is oversubscribed). Impossible rows of all chunks are collected before the total is added to the caller's
 /// accumulator, so the E-step stays atomic; of other errors, the first failing chunk's is rethrown.
-/// Cost: the family's per-row cost, plus one flat add-and-clear of the statistics per chunk (docs/PERFORMANCE.md);
-/// memory: 1 (one thread) or 2·threads + 2 partials, kept between calls in a ReduceScratch when the caller passes one.
+/// Cost: the family's per-row cost, plus one flat add (and one zeroing) of the statistics per chunk
+/// (docs/PERFORMANCE.md); memory: 1 (one thread) or 3·threads partials, kept between calls in a ReduceScratch.
 #pragma once
 
 #include <algorithm>
@@ -160,41 +159,58 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
         partial.set_zero();  // whatever a failed chunk left behind
     }
   } else {
-    // A ring of partials indexed by chunk: chunk c uses slot c mod n_slots once chunk c − n_slots is merged.
-    // Threads take chunks in order from a counter; whichever thread completes the next chunk to merge merges it
-    // (and every completed chunk after it) under merge_mutex, so total = ((0 + P_0) + P_1) + … in chunk order, and a
-    // thread can run up to n_slots − 1 chunks ahead of a descheduled one instead of waiting for it at every chunk.
-    const Index n_slots = std::min<Index>(n_chunks, 2 * Index{n_threads} + 2);
+    // Each thread owns kSlotsPerThread partials and zeroes one itself before running a chunk into it, so the
+    // chunk's scattered writes hit lines already in the thread's own cache (a partial zeroed by another core's merge
+    // made every one of them a remote miss: two threads were slower than one). Threads take chunks in order from a
+    // counter; whichever thread completes the next chunk to merge adds it (and every completed chunk after it) to
+    // the total under merge_mutex, so total = ((0 + P_0) + P_1) + … in chunk order. A thread waits only when all
+    // its partials hold chunks not yet merged, i.e. when it is kSlotsPerThread − 1 chunks ahead of a slower one;
+    // the thread holding the oldest unmerged chunk always has a free partial (its earlier chunks are merged).
+    constexpr Index kSlotsPerThread = 3;
+    const Index n_slots = kSlotsPerThread * Index{n_threads};
     auto& slots = scratch.partials;
     if (static_cast<Index>(slots.size()) < n_slots) slots.resize(static_cast<size_t>(n_slots));
-    for (Index s = 0; s < n_slots; ++s) detail::zeroed(slots[static_cast<size_t>(s)], acc);
-    enum class Slot : unsigned char { kFree, kDone, kFailed };
+    for (auto& slot : slots) {
+      if (!slot) slot = std::make_unique<typename D::accumulator_type>(acc);
+    }
+    enum class Slot : unsigned char { kFree, kBusy, kDone, kFailed };
     std::vector<Slot> state(static_cast<size_t>(n_slots), Slot::kFree);  // under merge_mutex
+    std::vector<Index> slot_of(static_cast<size_t>(n_chunks), -1);      // chunk → slot, under merge_mutex
     std::mutex merge_mutex;
     std::condition_variable merged;
     Index next_merge = 0;  // under merge_mutex
     std::atomic<Index> next_chunk{0};
+    std::atomic<int> next_thread{0};
 
 #pragma omp parallel num_threads(n_threads)
     {
+      const Index first_slot = kSlotsPerThread * next_thread.fetch_add(1);
       for (Index c = next_chunk.fetch_add(1); c < n_chunks; c = next_chunk.fetch_add(1)) {
-        const size_t slot = static_cast<size_t>(c % n_slots);
+        size_t slot = 0;
         {
           std::unique_lock<std::mutex> lock(merge_mutex);
-          merged.wait(lock, [&] { return next_merge > c - n_slots; });
+          merged.wait(lock, [&] {
+            for (Index s = first_slot; s < first_slot + kSlotsPerThread; ++s) {
+              if (state[static_cast<size_t>(s)] == Slot::kFree) {
+                slot = static_cast<size_t>(s);
+                return true;
+              }
+            }
+            return false;
+          });
+          state[slot] = Slot::kBusy;
+          slot_of[static_cast<size_t>(c)] = static_cast<Index>(slot);
         }
+        slots[slot]->set_zero();  // by the thread that writes it next
         const bool ok = run_chunk(c, *slots[slot]);
         {
           const std::lock_guard<std::mutex> lock(merge_mutex);
           state[slot] = ok ? Slot::kDone : Slot::kFailed;
           while (next_merge < n_chunks) {
-            const size_t s = static_cast<size_t>(next_merge % n_slots);
-            if (state[s] == Slot::kFree) break;
-            if (state[s] == Slot::kDone)
-              detail::merge_and_clear(total, *slots[s]);
-            else
-              slots[s]->set_zero();  // whatever a failed chunk left behind
-            state[s] = Slot::kFree;
+            const Index s = slot_of[static_cast<size_t>(next_merge)];
+            if (s < 0 || state[static_cast<size_t>(s)] == Slot::kBusy) break;
+            if (state[static_cast<size_t>(s)] == Slot::kDone) total.merge_trusted(*slots[static_cast<size_t>(s)]);
+            state[static_cast<size_t>(s)] = Slot::kFree;
             ++next_merge;
           }
         }
