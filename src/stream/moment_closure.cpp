@@ -4,7 +4,10 @@
 // Structure: the tensor path (MGF logits and outputs, responsibilities, the Chan/Welford update, the joint softmax)
 // runs on differentiable torch tensors over the whole batch. The discrete bookkeeping (birth and merge decisions,
 // misfit receipts, conservation checks) runs per stream in plain C++ on a detached double "mirror" of the bank,
-// and touches the torch tensors only when a stream actually births or merges.
+// read in place from CPU tensors. A birth or merge rebuilds the bank from the mirrors when the bank carries no
+// gradient history (after detach), and with tensor operations (the differentiable pooled combine) when it does.
+// Cost per layer and step: O(B·t·H·n·d²) for the MGF outputs, the update and the misfit receipt, plus a few
+// hundred small tensor operations whose dispatch dominates at the SPEC's sizes (docs/PERFORMANCE.md).
 #include "attnmix/stream/moment_closure.hpp"
 
 #include "attnmix/core/errors.hpp"
