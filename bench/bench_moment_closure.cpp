@@ -69,11 +69,12 @@
 
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "stream_workload.hpp"
 
 namespace attnmix {
 namespace {
 
-constexpr int64_t kVocab = 256;
+constexpr int64_t kVocab = bench::kStreamVocab;
 constexpr int64_t kDModel = 32;
 constexpr int64_t kLayers = 2;
 constexpr int64_t kHeads = 2;
@@ -82,8 +83,6 @@ constexpr int64_t kMaxClusters = 4;
 constexpr int64_t kBatch = 8;
 constexpr int64_t kChunk = 64;
 constexpr uint64_t kSeed = 1234;
-constexpr double kLr = 1e-3;
-constexpr double kWeightDecay = 0.01;
 constexpr int64_t kPool = 16;  // distinct chunks cycled through by the training benchmarks
 
 int g_threads = 1;
@@ -111,26 +110,9 @@ SpineOptions window_options() {
   return o;
 }
 
-/// Tokens of rows 0 … batch−1 at absolute positions start … start+length−1: (batch, length) int64.
-torch::Tensor stream_tokens(int64_t batch, int64_t start, int64_t length) {
-  constexpr int64_t kModulus = 2147483647;
-  const auto p = torch::arange(start, start + length, torch::kLong).unsqueeze(0);
-  const auto r = torch::arange(batch, torch::kLong).unsqueeze(1);
-  auto h = torch::remainder(p * 48271 + r * 1000003 + 1, kModulus);
-  h = torch::remainder(h * 48271, kModulus);
-  h = torch::remainder(h * 48271, kModulus);
-  return torch::remainder(h, kVocab);
-}
-
-/// Chunk c of the stream: x = tokens c·T … c·T+T−1, y = the tokens one position later.
-std::pair<torch::Tensor, torch::Tensor> stream_chunk(int64_t batch, int64_t chunk, int64_t c) {
-  return {stream_tokens(batch, c * chunk, chunk), stream_tokens(batch, c * chunk + 1, chunk)};
-}
-
-template <class M>
-torch::optim::AdamW make_optimizer(M& model) {
-  return torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
-}
+using bench::make_optimizer;
+using bench::stream_chunk;
+using bench::stream_tokens;
 
 /// Births and merges of the last step, over layers and streams.
 std::pair<int64_t, int64_t> events(const MomentClosureAttentionImpl& m) {

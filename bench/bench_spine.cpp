@@ -6,8 +6,8 @@
 // Problem: SlidingWindowSpine(vocab 256, d_model d, 2 layers, 2 heads, window 64), batch 8, chunks of 64 tokens,
 // AdamW(lr 1e-3, weight decay 0.01), parameters from torch::manual_seed(kSeed). Token (row r, absolute position p)
 // of the stream is lehmer(lehmer((48271·p + 1000003·r + 1) mod M)) mod vocab with lehmer(h) = 48271·h mod M,
-// M = 2³¹ − 1 (spine_tokens; pytorch_spine.py computes the same); chunk c is x = stream[:, 64c : 64c + 64], y = the
-// next tokens.
+// M = 2³¹ − 1 (bench/stream_workload.hpp; pytorch_spine.py computes the same); chunk c is
+// x = stream[:, 64c : 64c + 64], y = the next tokens.
 //
 //   BM_SpineTrainStep/d_model:d   one TBPTT update at detach_horizon 1 (TbpttRunner::feed: step, loss.item(),
 //                                 zero_grad, backward, AdamW step, detach) in steady state: the state already
@@ -47,19 +47,18 @@
 #include <vector>
 
 #include "attnmix/stream/context_spine.hpp"
+#include "stream_workload.hpp"
 
 namespace attnmix {
 namespace {
 
-constexpr int64_t kVocab = 256;
+constexpr int64_t kVocab = bench::kStreamVocab;
 constexpr int64_t kLayers = 2;
 constexpr int64_t kHeads = 2;
 constexpr int64_t kWindow = 64;
 constexpr int64_t kBatch = 8;
 constexpr int64_t kChunk = 64;
 constexpr uint64_t kSeed = 1234;
-constexpr double kLr = 1e-3;
-constexpr double kWeightDecay = 0.01;
 constexpr int64_t kPool = 16;  // distinct chunks cycled through by BM_SpineTrainStep
 
 int g_threads = 1;
@@ -74,25 +73,10 @@ SpineOptions spine_options(int64_t d_model) {
   return o;
 }
 
-/// Tokens of rows 0 … batch−1 at absolute positions start … start+length−1: (batch, length) int64.
-torch::Tensor spine_tokens(int64_t batch, int64_t start, int64_t length) {
-  constexpr int64_t kModulus = 2147483647;
-  const auto p = torch::arange(start, start + length, torch::kLong).unsqueeze(0);
-  const auto r = torch::arange(batch, torch::kLong).unsqueeze(1);
-  auto h = torch::remainder(p * 48271 + r * 1000003 + 1, kModulus);
-  h = torch::remainder(h * 48271, kModulus);
-  h = torch::remainder(h * 48271, kModulus);
-  return torch::remainder(h, kVocab);
-}
+using bench::make_optimizer;
 
-/// Chunk c of the stream: x = tokens 64c … 64c+63, y = the tokens one position later.
-std::pair<torch::Tensor, torch::Tensor> spine_chunk(int64_t c) {
-  return {spine_tokens(kBatch, c * kChunk, kChunk), spine_tokens(kBatch, c * kChunk + 1, kChunk)};
-}
-
-torch::optim::AdamW make_optimizer(SlidingWindowSpine& spine) {
-  return torch::optim::AdamW(spine->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
-}
+/// Chunk c of the benchmark stream (bench/stream_workload.hpp): x = tokens 64c … 64c+63, y = one position later.
+std::pair<torch::Tensor, torch::Tensor> spine_chunk(int64_t c) { return bench::stream_chunk(kBatch, kChunk, c); }
 
 void BM_SpineTrainStep(benchmark::State& st) {
   at::set_num_threads(g_threads);
