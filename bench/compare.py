@@ -550,15 +550,14 @@ def torch_env(threads):
     return env
 
 
-def run_cpp_spine(args, bench_filter, tag):
-    """{run_name: {"real_time": s, "cpu_time": s, "items_per_second": ...}}: the medians over --repetitions of one
-    attnmix_bench_spine run (the process's CPU time per iteration too: on a shared machine it moves less)."""
+def run_google_benchmark(cmd, tag, threads, counters=(), name_of=lambda name: name):
+    """{name_of(run_name): {"real_time": s, "cpu_time": s, "items_per_second": ..., each of `counters` present}}: the
+    medians over the repetitions of one Google Benchmark program run (`cmd`, which sets the filter and repetitions)
+    under torch_env(threads). The process's CPU time per iteration is kept too: on a shared machine it moves less."""
     import tempfile
-    out = os.path.join(tempfile.gettempdir(), f"attnmix_spine_{os.getpid()}_{tag}.json")
-    subprocess.run([args.bench_spine, f"--benchmark_filter={bench_filter}", f"--spine_threads={args.threads}",
-                    f"--benchmark_repetitions={args.repetitions}", f"--benchmark_out={out}",
-                    "--benchmark_out_format=json"],
-                   capture_output=True, text=True, check=True, env=torch_env(args.threads))
+    out = os.path.join(tempfile.gettempdir(), f"attnmix_bench_{os.getpid()}_{tag}.json")
+    subprocess.run([*cmd, f"--benchmark_out={out}", "--benchmark_out_format=json"],
+                   capture_output=True, text=True, check=True, env=torch_env(threads))
     try:
         with open(out) as f:
             data = json.load(f)
@@ -569,9 +568,18 @@ def run_cpp_spine(args, bench_filter, tag):
         if b.get("run_type", "iteration") != "iteration":
             continue
         unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
-        runs.setdefault(b["run_name"], []).append({"real_time": b["real_time"] * unit, "cpu_time": b["cpu_time"] * unit,
-                                                   "items_per_second": b.get("items_per_second", 0.0)})
+        entry = {"real_time": b["real_time"] * unit, "cpu_time": b["cpu_time"] * unit,
+                 "items_per_second": b.get("items_per_second", 0.0)}
+        entry.update({key: b[key] for key in counters if key in b})
+        runs.setdefault(name_of(b["run_name"]), []).append(entry)
     return {name: {k: statistics.median(e[k] for e in entries) for k in entries[0]} for name, entries in runs.items()}
+
+
+def run_cpp_spine(args, bench_filter, tag):
+    """run_google_benchmark of attnmix_bench_spine: medians over --repetitions, keyed by run name."""
+    return run_google_benchmark([args.bench_spine, f"--benchmark_filter={bench_filter}",
+                                 f"--spine_threads={args.threads}", f"--benchmark_repetitions={args.repetitions}"],
+                                f"spine_{tag}", args.threads)
 
 
 def run_pytorch_spine(args, *extra):
@@ -753,30 +761,13 @@ MCA_CHECKS = {"default": ([], []),
 
 def run_cpp_mca(args, bench_filter, tag, repetitions):
     """{run_name: {"real_time": s, "cpu_time": s, "items_per_second": ..., counters...}}: medians over the
-    repetitions of one attnmix_bench_moment_closure run."""
-    import tempfile
-    out = os.path.join(tempfile.gettempdir(), f"attnmix_mca_{os.getpid()}_{tag}.json")
-    subprocess.run([args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
-                    f"--benchmark_repetitions={repetitions}", "--benchmark_enable_random_interleaving=true",
-                    f"--benchmark_out={out}", "--benchmark_out_format=json"],
-                   capture_output=True, text=True, check=True, env=torch_env(args.threads))
-    try:
-        with open(out) as f:
-            data = json.load(f)
-    finally:
-        os.remove(out)
-    runs = {}
-    for b in data["benchmarks"]:
-        if b.get("run_type", "iteration") != "iteration":
-            continue
-        unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
-        entry = {"real_time": b["real_time"] * unit, "cpu_time": b["cpu_time"] * unit,
-                 "items_per_second": b.get("items_per_second", 0.0)}
-        for key in ("state_bytes", "clusters", "births_per_step", "merges_per_step", "position"):
-            if key in b:
-                entry[key] = b[key]
-        runs.setdefault(b["run_name"].split("/min_time")[0], []).append(entry)
-    return {name: {k: statistics.median(e[k] for e in entries) for k in entries[0]} for name, entries in runs.items()}
+    repetitions of one attnmix_bench_moment_closure run, randomly interleaved."""
+    return run_google_benchmark(
+        [args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
+         f"--benchmark_repetitions={repetitions}", "--benchmark_enable_random_interleaving=true"],
+        f"mca_{tag}", args.threads,
+        counters=("state_bytes", "clusters", "births_per_step", "merges_per_step", "position"),
+        name_of=lambda name: name.split("/min_time")[0])
 
 
 def run_pytorch_mca(args, *extra):
