@@ -110,6 +110,7 @@ SpineOptions window_options() {
   return o;
 }
 
+using bench::current_rss_kib;
 using bench::make_optimizer;
 using bench::stream_chunk;
 using bench::stream_tokens;
@@ -247,16 +248,6 @@ void BM_MomentClosureStream(benchmark::State& st) {
 }
 BENCHMARK(BM_MomentClosureStream)->ArgName("tokens")->Arg(10000)->Arg(1000000)->Unit(benchmark::kMicrosecond)
     ->UseRealTime()->MinTime(1.0);
-
-/// VmRSS of this process in KiB (/proc/self/status), −1 when unreadable.
-long current_rss_kib() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
-  }
-  return -1;
-}
 
 struct ModeOptions {
   int64_t check_steps = 0;
@@ -496,21 +487,6 @@ int run_count_ops(const ModeOptions& o) {
   return 0;
 }
 
-/// Parses "--name=value"; false when arg is another argument.
-std::optional<std::string> flag_value(std::string_view arg, std::string_view name) {
-  if (!arg.starts_with(name) || arg.size() <= name.size() || arg[name.size()] != '=') return std::nullopt;
-  return std::string(arg.substr(name.size() + 1));
-}
-
-int64_t positive(const std::string& value, std::string_view name) {
-  const long long v = std::atoll(value.c_str());
-  if (v < 1) {
-    std::fprintf(stderr, "%s must be a positive integer\n", std::string(name).c_str());
-    std::exit(2);
-  }
-  return v;
-}
-
 }  // namespace
 }  // namespace attnmix
 
@@ -521,17 +497,17 @@ int main(int argc, char** argv) {
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg(argv[i]);
-      using attnmix::flag_value;
-      using attnmix::positive;
+      using attnmix::bench::flag_value;
+      using attnmix::bench::positive_flag;
       if (i > 0) {
-        if (auto v = flag_value(arg, "--mca_check_losses")) { o.check_steps = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_count_ops")) { o.count_ops_steps = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_stream_tokens")) { o.stream_tokens = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_stream_probe")) { o.stream_probe = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_stream_early")) { o.stream_early = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_batch")) { o.batch = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_chunk")) { o.chunk = positive(*v, arg); continue; }
-        if (auto v = flag_value(arg, "--mca_threads")) { threads = positive(*v, arg); continue; }
+        if (positive_flag(arg, "--mca_check_losses", o.check_steps)) continue;
+        if (positive_flag(arg, "--mca_count_ops", o.count_ops_steps)) continue;
+        if (positive_flag(arg, "--mca_stream_tokens", o.stream_tokens)) continue;
+        if (positive_flag(arg, "--mca_stream_probe", o.stream_probe)) continue;
+        if (positive_flag(arg, "--mca_stream_early", o.stream_early)) continue;
+        if (positive_flag(arg, "--mca_batch", o.batch)) continue;
+        if (positive_flag(arg, "--mca_chunk", o.chunk)) continue;
+        if (positive_flag(arg, "--mca_threads", threads)) continue;
         if (auto v = flag_value(arg, "--mca_birth_threshold")) { o.birth_threshold = std::atof(v->c_str()); continue; }
         if (auto v = flag_value(arg, "--mca_merge_threshold")) { o.merge_threshold = std::atof(v->c_str()); continue; }
         if (auto v = flag_value(arg, "--mca_dtype")) {
@@ -549,14 +525,7 @@ int main(int argc, char** argv) {
     if (o.check_steps > 0) return attnmix::run_check(o);
     if (o.count_ops_steps > 0) return attnmix::run_count_ops(o);
     if (o.stream_tokens > 0) return attnmix::run_stream(o);
-    int n_args = static_cast<int>(args.size());
-    args.push_back(nullptr);
-    char** arg_v = args.data();
-    benchmark::Initialize(&n_args, arg_v);
-    if (benchmark::ReportUnrecognizedArguments(n_args, arg_v)) return 1;
-    benchmark::AddCustomContext("torch_threads", std::to_string(threads));
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
+    return attnmix::bench::run_benchmarks(args, threads);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attnmix_bench_moment_closure: %s\n", e.what());
     return 1;

@@ -73,6 +73,7 @@ SpineOptions spine_options(int64_t d_model) {
   return o;
 }
 
+using bench::current_rss_kib;
 using bench::make_optimizer;
 
 /// Chunk c of the benchmark stream (bench/stream_workload.hpp): x = tokens 64c … 64c+63, y = one position later.
@@ -123,16 +124,6 @@ void BM_SpineStream(benchmark::State& st) {
 }
 BENCHMARK(BM_SpineStream)->ArgName("chunks")->Arg(40)->Arg(80)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->MinTime(1.0);
-
-/// VmRSS of this process in KiB (/proc/self/status), −1 when unreadable.
-long current_rss_kib() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
-  }
-  return -1;
-}
 
 int run_rss(int64_t tokens, int64_t d_model) {
   at::set_num_threads(g_threads);
@@ -227,17 +218,6 @@ int run_check(int64_t steps, int64_t d_model) {
   return 0;
 }
 
-/// Parses "--name=value" into value (a positive integer); false when arg is another argument.
-bool int_flag(std::string_view arg, std::string_view name, int64_t& value) {
-  if (!arg.starts_with(name) || arg.size() <= name.size() || arg[name.size()] != '=') return false;
-  value = std::atoll(std::string(arg.substr(name.size() + 1)).c_str());
-  if (value < 1) {
-    std::fprintf(stderr, "%s must be a positive integer\n", std::string(name).c_str());
-    std::exit(2);
-  }
-  return true;
-}
-
 }  // namespace
 }  // namespace attnmix
 
@@ -247,11 +227,11 @@ int main(int argc, char** argv) {
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg(argv[i]);
-      if (i > 0 && (attnmix::int_flag(arg, "--spine_rss_tokens", rss_tokens) ||
-                    attnmix::int_flag(arg, "--spine_check_losses", check_steps) ||
-                    attnmix::int_flag(arg, "--spine_serve", serve_d_model) ||
-                    attnmix::int_flag(arg, "--spine_d_model", d_model) ||
-                    attnmix::int_flag(arg, "--spine_threads", threads))) {
+      if (i > 0 && (attnmix::bench::positive_flag(arg, "--spine_rss_tokens", rss_tokens) ||
+                    attnmix::bench::positive_flag(arg, "--spine_check_losses", check_steps) ||
+                    attnmix::bench::positive_flag(arg, "--spine_serve", serve_d_model) ||
+                    attnmix::bench::positive_flag(arg, "--spine_d_model", d_model) ||
+                    attnmix::bench::positive_flag(arg, "--spine_threads", threads))) {
         continue;
       }
       args.push_back(argv[i]);
@@ -260,14 +240,7 @@ int main(int argc, char** argv) {
     if (rss_tokens > 0) return attnmix::run_rss(rss_tokens, d_model);
     if (check_steps > 0) return attnmix::run_check(check_steps, d_model);
     if (serve_d_model > 0) return attnmix::run_serve(serve_d_model);
-    int n_args = static_cast<int>(args.size());
-    args.push_back(nullptr);
-    char** arg_v = args.data();
-    benchmark::Initialize(&n_args, arg_v);
-    if (benchmark::ReportUnrecognizedArguments(n_args, arg_v)) return 1;
-    benchmark::AddCustomContext("torch_threads", std::to_string(threads));
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
+    return attnmix::bench::run_benchmarks(args, threads);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attnmix_bench_spine: %s\n", e.what());
     return 1;
