@@ -53,30 +53,14 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-VOCAB, D_MODEL, LAYERS, HEADS, WINDOW, MAX_CLUSTERS = 256, 32, 2, 2, 16, 4
+from torch_stream_workload import LR, POOL, SEED, VOCAB, WEIGHT_DECAY, Layer, stream_chunk  # noqa: E402
+
+D_MODEL, LAYERS, HEADS, WINDOW, MAX_CLUSTERS = 32, 2, 2, 16, 4
 BIRTH_THRESHOLD = -2.0
 BATCH, CHUNK = 8, 64
-SEED = 1234
-LR, WEIGHT_DECAY = 1e-3, 0.01
-POOL = 16
-MODULUS = 2147483647
 
 COUNT_FLOOR = 1e-8
 VARIANCE_FLOOR = 1e-6
-
-
-def stream_tokens(batch, start, length, vocab=VOCAB):
-    """(batch, length) int64 tokens at absolute positions start ... start + length - 1 (bench_spine.cpp's stream)."""
-    p = torch.arange(start, start + length, dtype=torch.long).unsqueeze(0)
-    r = torch.arange(batch, dtype=torch.long).unsqueeze(1)
-    h = torch.remainder(p * 48271 + r * 1000003 + 1, MODULUS)
-    h = torch.remainder(h * 48271, MODULUS)
-    h = torch.remainder(h * 48271, MODULUS)
-    return torch.remainder(h, vocab)
-
-
-def stream_chunk(batch, chunk, c):
-    return stream_tokens(batch, c * chunk, chunk), stream_tokens(batch, c * chunk + 1, chunk)
 
 
 # ---- the cluster bank (SPEC §7.3), one mixture per stream ------------------------------------------------------
@@ -372,17 +356,6 @@ def check_far_totals(bank, expected, position, where):
 
 
 # ---- the model (SPEC §6.2, §7.8) -------------------------------------------------------------------------------
-
-
-class Layer(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d, eps=1e-5)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d, eps=1e-5)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
 
 
 def rope_tables(positions, hd, dtype):

@@ -47,36 +47,13 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-VOCAB, LAYERS, HEADS, WINDOW, BATCH, CHUNK = 256, 2, 2, 64, 8, 64
-SEED = 1234
-LR, WEIGHT_DECAY = 1e-3, 0.01
-POOL = 16
-MODULUS = 2147483647
+from torch_stream_workload import LR, POOL, SEED, VOCAB, WEIGHT_DECAY, Layer, stream_chunk  # noqa: E402
 
-
-def spine_tokens(batch, start, length):
-    """(batch, length) int64 tokens at absolute positions start ... start + length - 1 (bench_spine.cpp)."""
-    p = torch.arange(start, start + length, dtype=torch.long).unsqueeze(0)
-    r = torch.arange(batch, dtype=torch.long).unsqueeze(1)
-    h = torch.remainder(p * 48271 + r * 1000003 + 1, MODULUS)
-    h = torch.remainder(h * 48271, MODULUS)
-    h = torch.remainder(h * 48271, MODULUS)
-    return torch.remainder(h, VOCAB)
+LAYERS, HEADS, WINDOW, BATCH, CHUNK = 2, 2, 64, 8, 64
 
 
 def spine_chunk(c):
-    return spine_tokens(BATCH, c * CHUNK, CHUNK), spine_tokens(BATCH, c * CHUNK + 1, CHUNK)
-
-
-class Layer(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d, eps=1e-5)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d, eps=1e-5)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
+    return stream_chunk(BATCH, CHUNK, c)
 
 
 def rotate_half(x):
