@@ -205,6 +205,33 @@ BirthMergeOptions birth_merge_options(py::handle birth_threshold, py::handle mer
   return o;
 }
 
+// birth_and_merge and ingest_cluster_batch: (bank, k, v, *, birth_threshold, merge_threshold, outlier_top_k) →
+// (bank, receipts); `ingested` adds the ingestion fields to each receipt.
+void bind_birth_merge(py::module_& m, const char* name,
+                      IngestResult (*fn)(const ClusterBank&, const torch::Tensor&, const torch::Tensor&,
+                                         const BirthMergeOptions&),
+                      bool ingested, const char* doc) {
+  m.def(
+      name,
+      [fn, name, ingested](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
+                           const py::object& birth_threshold, const py::object& merge_threshold,
+                           const py::object& outlier_top_k) {
+        const std::string_view w = name;
+        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
+        const auto k = real_tensor(k_obj, w, "k");
+        const auto v = real_tensor(v_obj, w, "v");
+        IngestResult result;
+        {
+          py::gil_scoped_release release;
+          result = fn(bank, k, v, o);
+        }
+        return ingest_out(std::move(result), ingested);
+      },
+      py::arg("bank"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("birth_threshold"),
+      py::arg("merge_threshold") = py::none(),
+      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, doc);
+}
+
 // ---- attention_law ------------------------------------------------------------------------------
 
 GaussianLaw make_law(py::handle mean, py::handle cov, std::string_view where) {
@@ -577,45 +604,8 @@ void bind_stream(py::module_& m) {
       "The Chan/Welford combination of the bank with tokens k, v (B, t, H, d) weighted by r (B, t, "
       "H, C) (SPEC.md §7.5); population moments.");
 
-  m.def(
-      "birth_and_merge",
-      [](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
-         const py::object& birth_threshold, const py::object& merge_threshold,
-         const py::object& outlier_top_k) {
-        constexpr std::string_view w = "birth_and_merge";
-        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
-        const auto k = real_tensor(k_obj, w, "k");
-        const auto v = real_tensor(v_obj, w, "v");
-        IngestResult result;
-        {
-          py::gil_scoped_release release;
-          result = birth_and_merge(bank, k, v, o);
-        }
-        return ingest_out(std::move(result), false);
-      },
-      py::arg("bank"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("birth_threshold"),
-      py::arg("merge_threshold") = py::none(),
-      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, kBirthMergeDoc);
-
-  m.def(
-      "ingest_cluster_batch",
-      [](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
-         const py::object& birth_threshold, const py::object& merge_threshold,
-         const py::object& outlier_top_k) {
-        constexpr std::string_view w = "ingest_cluster_batch";
-        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
-        const auto k = real_tensor(k_obj, w, "k");
-        const auto v = real_tensor(v_obj, w, "v");
-        IngestResult result;
-        {
-          py::gil_scoped_release release;
-          result = ingest_cluster_batch(bank, k, v, o);
-        }
-        return ingest_out(std::move(result), true);
-      },
-      py::arg("bank"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("birth_threshold"),
-      py::arg("merge_threshold") = py::none(),
-      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, kIngestDoc);
+  bind_birth_merge(m, "birth_and_merge", &birth_and_merge, false, kBirthMergeDoc);
+  bind_birth_merge(m, "ingest_cluster_batch", &ingest_cluster_batch, true, kIngestDoc);
 
   // ---- attention_law ----
   py::class_<GaussianLaw>(
