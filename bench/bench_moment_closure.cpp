@@ -135,13 +135,15 @@ double mean_live_clusters(const MomentClosureState& state) {
   return n > 0.0 ? sum / n : 0.0;
 }
 
-void train_moment_closure(benchmark::State& st, const MomentClosureOptions& options) {
+/// The timed loop of the training benchmarks: 3 warm-up steps (the first births one cluster per stream and layer),
+/// then one TBPTT step per iteration over kPool distinct chunks of st.range(0) tokens; after_step(model) runs after
+/// each timed step. Returns the final state.
+template <class Model, class AfterStep>
+auto train_steps(benchmark::State& st, Model& model, AfterStep&& after_step) {
   at::set_num_threads(g_threads);
   const int64_t chunk = st.range(0);
-  torch::manual_seed(kSeed);
-  MomentClosureAttention model(options);
   auto optimizer = make_optimizer(model);
-  TbpttRunner<MomentClosureAttentionImpl> runner(*model, optimizer, TbpttOptions{});
+  TbpttRunner<typename Model::ContainedType> runner(*model, optimizer, TbpttOptions{});
   std::vector<std::pair<torch::Tensor, torch::Tensor>> pool;
   for (int64_t c = 0; c < kPool; ++c) pool.push_back(stream_chunk(kBatch, chunk, c));
   auto state = model->init_state(kBatch);
@@ -151,21 +153,30 @@ void train_moment_closure(benchmark::State& st, const MomentClosureOptions& opti
     runner.feed(state, x, y);
   }
   double loss = 0.0;
-  int64_t births = 0, merges = 0;
   for (auto _ : st) {
     const auto& [x, y] = pool[static_cast<size_t>(next++ % kPool)];
     loss = runner.feed(state, x, y);
-    const auto [b, m] = events(*model);
-    births += b, merges += m;
+    after_step(*model);
   }
   benchmark::DoNotOptimize(loss);
   st.SetItemsProcessed(st.iterations() * kBatch * chunk);
+  st.counters["state_bytes"] = static_cast<double>(state.bytes());
+  st.counters["threads"] = at::get_num_threads();
+  return state;
+}
+
+void train_moment_closure(benchmark::State& st, const MomentClosureOptions& options) {
+  torch::manual_seed(kSeed);
+  MomentClosureAttention model(options);
+  int64_t births = 0, merges = 0;
+  const auto state = train_steps(st, model, [&](const MomentClosureAttentionImpl& m) {
+    const auto [b, e] = events(m);
+    births += b, merges += e;
+  });
   const double steps = static_cast<double>(std::max<int64_t>(st.iterations(), 1));
   st.counters["births_per_step"] = static_cast<double>(births) / steps;
   st.counters["merges_per_step"] = static_cast<double>(merges) / steps;
   st.counters["clusters"] = mean_live_clusters(state);
-  st.counters["state_bytes"] = static_cast<double>(state.bytes());
-  st.counters["threads"] = at::get_num_threads();
 }
 
 void BM_MomentClosureTrainStep(benchmark::State& st) { train_moment_closure(st, mca_options()); }
@@ -177,29 +188,9 @@ BENCHMARK(BM_MomentClosureTrainStepBusy)->ArgName("chunk")->Arg(64)->Arg(16)->Un
     ->UseRealTime()->MinTime(1.0);
 
 void BM_WindowTrainStep(benchmark::State& st) {
-  at::set_num_threads(g_threads);
-  const int64_t chunk = st.range(0);
   torch::manual_seed(kSeed);
   SlidingWindowSpine spine(window_options());
-  auto optimizer = make_optimizer(spine);
-  TbpttRunner<SlidingWindowSpineImpl> runner(*spine, optimizer, TbpttOptions{});
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> pool;
-  for (int64_t c = 0; c < kPool; ++c) pool.push_back(stream_chunk(kBatch, chunk, c));
-  auto state = spine->init_state(kBatch);
-  int64_t next = 0;
-  for (; next < 3; ++next) {
-    const auto& [x, y] = pool[static_cast<size_t>(next)];
-    runner.feed(state, x, y);
-  }
-  double loss = 0.0;
-  for (auto _ : st) {
-    const auto& [x, y] = pool[static_cast<size_t>(next++ % kPool)];
-    loss = runner.feed(state, x, y);
-  }
-  benchmark::DoNotOptimize(loss);
-  st.SetItemsProcessed(st.iterations() * kBatch * chunk);
-  st.counters["state_bytes"] = static_cast<double>(state.bytes());
-  st.counters["threads"] = at::get_num_threads();
+  train_steps(st, spine, [](const SlidingWindowSpineImpl&) {});
 }
 BENCHMARK(BM_WindowTrainStep)->ArgName("chunk")->Arg(64)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->MinTime(1.0);
