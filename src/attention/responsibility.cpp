@@ -36,6 +36,8 @@ using lanes::horizontal_sums;
 using lanes::kLanes;
 using lanes::Lanes;
 using lanes::load;
+using lanes::log_in_place;
+using lanes::scratch;
 using lanes::store;
 using LaneMask = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
 
@@ -53,15 +55,6 @@ inline double horizontal_min(Lanes a) {
   return m;
 }
 
-/// 64-byte-aligned per-thread scratch reused across calls (no allocation per chunk; aligned 8-lane access).
-template <int kTag>
-double* aligned_scratch(size_t size) {
-  thread_local std::vector<double> buffer;
-  if (buffer.size() < size + kLanes) buffer.resize(size + kLanes);
-  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
-  return buffer.data() + ((64 - address % 64) % 64) / sizeof(double);
-}
-
 /// Rows ahead of the one being processed whose query and context lines are requested early: the hardware
 /// prefetcher alone leaves the first access of each 256-byte query row waiting for memory (docs/PERFORMANCE.md).
 constexpr Index kPrefetchRows = 6;
@@ -72,25 +65,6 @@ constexpr Index kPrefetchRows = 6;
   constexpr Index kCacheLine = 64;
   const char* bytes = static_cast<const char*>(p);
   for (Index b = 0; b < size; b += kCacheLine) __builtin_prefetch(bytes + b);
-}
-
-// ---- exp and log ------------------------------------------------------------------------------------------------
-using Packet = Eigen::internal::packet_traits<double>::type;
-constexpr Index kPacket = Eigen::internal::packet_traits<double>::size;
-static_assert(kLanes % kPacket == 0);
-
-/// x[k] ← log(x[k]) for k < n, on whole packets (the tail is padded with ones).
-inline void log_in_place(double* x, Index n) {
-  Index k = 0;
-  for (; k + kPacket <= n; k += kPacket)
-    Eigen::internal::pstoreu(x + k, Eigen::internal::plog(Eigen::internal::ploadu<Packet>(x + k)));
-  if (k < n) {
-    alignas(64) double pad[kPacket];
-    std::fill(pad, pad + kPacket, 1.0);
-    for (Index j = 0; j < n - k; ++j) pad[j] = x[k + j];
-    Eigen::internal::pstore(pad, Eigen::internal::plog(Eigen::internal::pload<Packet>(pad)));
-    for (Index j = 0; j < n - k; ++j) x[k + j] = pad[j];
-  }
 }
 
 // ---- Row kernels -----------------------------------------------------------------------------------------------
@@ -233,7 +207,7 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
                        double* __restrict log_p, const char* where) {
   const Index N = m.N;
   const Index n_rows = batch.n_rows();
-  double* __restrict e = aligned_scratch<0>(static_cast<size_t>(N + n_rows));  // [N]
+  double* __restrict e = scratch<0>(static_cast<size_t>(N + n_rows));  // [N]
   double* __restrict max_of_row = e + N;                                       // [n_rows]
   Index n_impossible = 0;
   for (Index n = 0; n < n_rows; ++n) {
@@ -279,7 +253,7 @@ void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const d
   const Index S = acc.n_symbols();
   const Index blocks = full_blocks<kBlocks>(D);
   const Index stride = (D + kLanes - 1) / kLanes * kLanes;  // padded row of the scratch
-  double* __restrict local = aligned_scratch<1>(static_cast<size_t>(S * stride));
+  double* __restrict local = scratch<1>(static_cast<size_t>(S * stride));
   std::fill(local, local + S * stride, 0.0);
   double* __restrict key_mass = acc.key_mass().data();
   double* __restrict emission = acc.emission_count().data();
@@ -382,7 +356,7 @@ void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& ba
   const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
   // Blocks of rows keep the responsibility scratch small; rows are independent, so blocking changes no bits.
   constexpr Index kBlockRows = 256;
-  double* r = aligned_scratch<2>(static_cast<size_t>(kBlockRows * m.N));
+  double* r = scratch<2>(static_cast<size_t>(kBlockRows * m.N));
   dispatch_query_dim(m.D, [&](auto blocks) {
     for (Index begin = 0; begin < batch.n_rows(); begin += kBlockRows) {
       const Index count = std::min(kBlockRows, batch.n_rows() - begin);
@@ -405,7 +379,7 @@ void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& bat
   const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
 
   // Pass 1: responsibilities of every row into r [n, N]; impossible rows collected before any statistic changes.
-  double* r = aligned_scratch<2>(static_cast<size_t>(n_rows * (m.N + 1)));
+  double* r = scratch<2>(static_cast<size_t>(n_rows * (m.N + 1)));
   double* log_p = log_p_out.empty() ? r + n_rows * m.N : log_p_out.data();
   dispatch_query_dim(m.D, [&](auto blocks) {
     constexpr Index kBlocks = decltype(blocks)::value;

@@ -45,14 +45,6 @@ inline double squared_distance(const double* __restrict a, const double* __restr
   return sum;
 }
 
-/// Per-thread scratch reused across calls (no allocation per chunk); kTag separates independent buffers.
-template <int kTag>
-double* scratch(size_t size) {
-  thread_local std::vector<double> buffer;
-  if (buffer.size() < size) buffer.resize(size);
-  return buffer.data();
-}
-
 /// The M-step's embedding state (SPEC.md §4.4): without a carried state, the initial one (m = initial_scale·N(0, 1)
 /// row-major and log v = log 0.3, from Rng(derive_seed(seed, kInit, 0))); otherwise one Adam ascent step of the
 /// carried state with KL weight prior_weight(τ) for τ = carried iteration + 1.

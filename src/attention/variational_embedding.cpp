@@ -5,10 +5,12 @@
 // count (MonteCarloCache) and shared by every chunk. For each k the rows of a chunk are processed in order: the N
 // squared distances in 8-lane blocks, the gate by exp_shifted, the posterior in probability space (log space for
 // rows with p < 1e-250), then the gradient scattered into a per-thread table G that is folded into grad_mean and
-// grad_log_var once per (chunk, k). A row's arithmetic never depends on its neighbours or on the thread.
+// grad_log_var once per (chunk, k); the logs of the rows' p are taken after the rows, on whole packets (RowLogs).
+// A row's arithmetic never depends on its neighbours or on the thread.
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/attention/variational_embedding.hpp"
@@ -29,7 +31,10 @@ using lanes::kLanes;
 using lanes::Lanes;
 using lanes::load;
 using lanes::store;
-using variational::scratch;
+using lanes::scratch;
+
+/// Rows whose posteriors are computed before their statistics are scattered (the per-row buffers stay in L1).
+constexpr Index kRowBlock = 16;
 
 /// Below this p a row is recomputed in log space (its probability-space quantities may have underflowed).
 constexpr double kRescueBelow = 1e-250;
@@ -81,7 +86,8 @@ struct QueryRow {
 };
 
 /// s_i = log π_i − ‖E[q] − E[c_i]‖²/(2σ²) for every position, eight positions at a time (one fixed summation tree
-/// per distance: the lane partial sums, horizontal_sums, then the tail).
+/// per distance: the lane partial sums, horizontal_sums, then the tail). Without a tail (D a multiple of 8) the
+/// logits of a block are formed in one vector; the same operations per lane as the scalar form.
 template <Index kBlocks>
 void gate_logits(const Model& m, const double* E, const int64_t* c, const QueryRow<kBlocks>& y, double* s) {
   const Index N = m.N;
@@ -94,6 +100,12 @@ void gate_logits(const Model& m, const double* E, const int64_t* c, const QueryR
   for (; i + kLanes <= N; i += kLanes) {
     Lanes partial[kLanes];
     for (Index j = 0; j < kLanes; ++j) partial[j] = y.partial_squares(E + c[i + j] * D);
+    if (D % kLanes == 0) {
+      const Lanes lp = load(m.log_prior + i);
+      const Lanes v = lp - horizontal_sums(partial) * m.inv_two_sigma2;
+      store(s + i, lp == kNegInf ? broadcast(kNegInf) : v);
+      continue;
+    }
     alignas(64) double sums[kLanes];
     store(sums, horizontal_sums(partial));
     for (Index j = 0; j < kLanes; ++j) s[i + j] = logit(i + j, y.add_tail(sums[j], E + c[i + j] * D));
@@ -105,33 +117,50 @@ void gate_logits(const Model& m, const double* E, const int64_t* c, const QueryR
 /// lanes hold s = −∞ and b = 0, so every padded lane ends with r = 0 and contributes nothing.
 inline Index padded(Index N) { return (N + kLanes - 1) / kLanes * kLanes; }
 
+/// What row_posterior returns: p, or log p when the row took the log-space path (p < kRescueBelow). The callers
+/// take the logs of a run of rows at once (RowLogs).
+struct RowProbability {
+  double value;
+  bool is_log;
+};
+
 /// The gate a (target-blind) and posterior r of one row at table E, given the row's emission probabilities
-/// b_i = B[c_i, t] (zero padded); returns log p (−∞ when no position explains t). s, a, r: padded(N) entries (s is
-/// left holding the logits, or log a on the log-space path). Sums over positions are lane sums followed by the fixed
-/// horizontal tree, so a row's result never depends on its neighbours.
+/// b_i = B[c_i, t] (zero padded). s, a, r: padded(N) entries (s is left holding the logits, or log a on the log-space
+/// path). Sums over positions are lane sums followed by the fixed horizontal tree, so a row's result never depends on
+/// its neighbours.
 template <Index kBlocks>
-double row_posterior(const Model& m, const double* E, const int64_t* c, const QueryRow<kBlocks>& y,
-                     const double* b, double* s, double* a, double* r) {
+RowProbability row_posterior(const Model& m, const double* E, const int64_t* c, const QueryRow<kBlocks>& y,
+                             const double* b, double* s, double* a, double* r) {
   const Index N = m.N;
   const Index NP = padded(N);
   gate_logits(m, E, c, y, s);
-  double lowest = kInf;
-  for (Index i = 0; i < N; ++i) lowest = s[i] < lowest ? s[i] : lowest;
-  for (Index i = N; i < NP; ++i) s[i] = kNegInf;
+  // The largest logit (the exp shift) and the smallest of the N real ones (whether any exp needs std::exp).
   Lanes top_lanes = broadcast(kNegInf);
-  for (Index i = 0; i < NP; i += kLanes) {
+  Lanes low_lanes = broadcast(kInf);
+  Index i = 0;
+  for (; i + kLanes <= N; i += kLanes) {
     const Lanes v = load(s + i);
     top_lanes = v > top_lanes ? v : top_lanes;
+    low_lanes = v < low_lanes ? v : low_lanes;
   }
-  double top = top_lanes[0];
-  for (Index j = 1; j < kLanes; ++j) top = top_lanes[j] > top ? top_lanes[j] : top;
+  double top = kNegInf;
+  double lowest = kInf;
+  for (; i < N; ++i) {
+    top = s[i] > top ? s[i] : top;
+    lowest = s[i] < lowest ? s[i] : lowest;
+  }
+  for (Index j = N; j < NP; ++j) s[j] = kNegInf;
+  for (Index j = 0; j < kLanes; ++j) {
+    top = top_lanes[j] > top ? top_lanes[j] : top;
+    lowest = low_lanes[j] < lowest ? low_lanes[j] : lowest;
+  }
   lanes::exp_shifted(s, top, lowest, a, NP);
   Lanes z_lanes{};
   Lanes num_lanes{};
-  for (Index i = 0; i < NP; i += kLanes) {
-    const Lanes av = load(a + i);
-    const Lanes rv = av * load(b + i);
-    store(r + i, rv);
+  for (Index k = 0; k < NP; k += kLanes) {
+    const Lanes av = load(a + k);
+    const Lanes rv = av * load(b + k);
+    store(r + k, rv);
     z_lanes += av;
     num_lanes += rv;
   }
@@ -141,35 +170,56 @@ double row_posterior(const Model& m, const double* E, const int64_t* c, const Qu
   const double p = num * inv_z;
   if (p >= kRescueBelow) {
     const double inv_num = 1.0 / num;
-    for (Index i = 0; i < NP; i += kLanes) {
-      store(a + i, load(a + i) * inv_z);
-      store(r + i, load(r + i) * inv_num);
+    for (Index k = 0; k < NP; k += kLanes) {
+      store(a + k, load(a + k) * inv_z);
+      store(r + k, load(r + k) * inv_num);
     }
-    return std::log(p);
+    return {p, false};
   }
   // Log space (rare): log a_i = s_i − LSE s, log p = LSE_i(log a_i + log b_i); r holds log a_i + log b_i first.
   const double lse = log_sum_exp({s, static_cast<size_t>(N)});
   double lp_top = kNegInf;
-  for (Index i = 0; i < N; ++i) {
-    s[i] -= lse;
-    r[i] = s[i] + std::log(b[i]);
-    lp_top = std::max(lp_top, r[i]);
+  for (Index k = 0; k < N; ++k) {
+    s[k] -= lse;
+    r[k] = s[k] + std::log(b[k]);
+    lp_top = std::max(lp_top, r[k]);
   }
-  for (Index i = 0; i < N; ++i) a[i] = s[i] == kNegInf ? 0.0 : std::exp(s[i]);
+  for (Index k = 0; k < N; ++k) a[k] = s[k] == kNegInf ? 0.0 : std::exp(s[k]);
   std::fill(a + N, a + NP, 0.0);
   std::fill(r + N, r + NP, 0.0);
   if (lp_top == kNegInf) {
     std::fill(r, r + N, 0.0);
-    return kNegInf;
+    return {kNegInf, true};
   }
   double acc = 0.0;
-  for (Index i = 0; i < N; ++i) {
-    r[i] = r[i] == kNegInf ? 0.0 : std::exp(r[i] - lp_top);
-    acc += r[i];
+  for (Index k = 0; k < N; ++k) {
+    r[k] = r[k] == kNegInf ? 0.0 : std::exp(r[k] - lp_top);
+    acc += r[k];
   }
-  for (Index i = 0; i < N; ++i) r[i] /= acc;
-  return lp_top + std::log(acc);
+  for (Index k = 0; k < N; ++k) r[k] /= acc;
+  return {lp_top + std::log(acc), true};
 }
+
+/// log p of a run of rows: set() keeps p (or a log-space row's log p), finish() takes the logs of the whole run on
+/// packets (lanes::log_in_place), which is cheaper than one std::log per row. Rows never set read log 1 = 0.
+class RowLogs {
+ public:
+  RowLogs(double* out, Index n) : out_(out), n_(n) { std::fill(out, out + n, 1.0); }
+  void set(Index row, RowProbability p) {
+    if (p.is_log) rescued_.emplace_back(row, p.value);
+    else out_[row] = p.value;
+  }
+  void finish() {
+    lanes::log_in_place(out_, n_);
+    for (const auto& [row, log_p] : rescued_) out_[row] = log_p;
+    rescued_.clear();
+  }
+
+ private:
+  double* out_;
+  Index n_;
+  std::vector<std::pair<Index, double>> rescued_;
+};
 
 /// One row's gradient, G[c_i] += k_i (E[q] − E[c_i]) and G[q] −= Σ_i k_i (E[q] − E[c_i]) with k_i = coef_i, in the
 /// split form G[c_i] += k_i E[q], A[c_i] += k_i (the −A[s] E[s] part is applied once per table by the caller), and
@@ -265,13 +315,15 @@ void VariationalEmbeddingAttention::log_density(const VariationalEmbeddingAttent
   double* s = scratch<0>(static_cast<size_t>(4 * NP));
   double* b = s + 3 * NP;
   const double* E = params_.mean.data();
+  RowLogs logs(out.data(), batch.n_rows());
   dispatch_blocks(m.D, [&](auto blocks) {
     for (Index row = 0; row < batch.n_rows(); ++row) {
       const QueryRow<blocks()> y(E + batch.query(row) * m.D, m.D);
       gather_emission(m, batch.context(row), batch.target(row), b);
-      out[static_cast<size_t>(row)] = row_posterior(m, E, batch.context(row), y, b, s, s + NP, s + 2 * NP);
+      logs.set(row, row_posterior(m, E, batch.context(row), y, b, s, s + NP, s + 2 * NP));
     }
   });
+  logs.finish();
 }
 
 double VariationalEmbeddingAttention::log_density_at(const Matrix& table,
@@ -287,8 +339,12 @@ double VariationalEmbeddingAttention::log_density_at(const Matrix& table,
   std::vector<double> s(static_cast<size_t>(4 * NP));
   const QueryRow<0> y(table.data() + batch.query(row) * m.D, m.D);
   gather_emission(m, batch.context(row), batch.target(row), s.data() + 3 * NP);
-  return row_posterior(m, table.data(), batch.context(row), y, s.data() + 3 * NP, s.data(), s.data() + NP,
-                       s.data() + 2 * NP);
+  double log_p = 0.0;
+  RowLogs logs(&log_p, 1);
+  logs.set(0, row_posterior(m, table.data(), batch.context(row), y, s.data() + 3 * NP, s.data(), s.data() + NP,
+                            s.data() + 2 * NP));
+  logs.finish();
+  return log_p;
 }
 
 void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttentionBatch& batch,
@@ -327,18 +383,21 @@ void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttenti
   }
   if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));
 
-  double* s = scratch<0>(static_cast<size_t>(4 * NP + D));
-  double* a = s + NP;
-  double* r = a + NP;
-  double* coef = r + NP;   // w (r_i − a_i) / σ²
-  double* gq = coef + NP;  // [D]: the query's gradient when D is not specialised
+  // Per row of a block: s, a, r (row_posterior's buffers), then one coef and gq for the statistics pass.
+  double* rows_sar = scratch<0>(static_cast<size_t>(kRowBlock * 3 * NP + NP + D));
+  double* coef = rows_sar + kRowBlock * 3 * NP;  // w (r_i − a_i) / σ²
+  double* gq = coef + NP;                        // [D]: the query's gradient when D is not specialised
   const int64_t mc = acc.mc();
   const std::shared_ptr<const MonteCarloTables> tables = noise_->get(*state_, mc);
+  // G and A are zero between samples: zeroed here once, then by the fold that reads them after each sample.
   double* G = scratch<1>(static_cast<size_t>(S * D));
   double* A = scratch<4>(static_cast<size_t>(S));  // Σ coef per symbol: G[s] −= A[s] E[s] (scatter_gradient)
+  std::fill(G, G + S * D, 0.0);
+  std::fill(A, A + S, 0.0);
   // w r_i / mc summed over the mc samples per (row, position), scattered into the counts once at the end: the
   // emission table is too large for the cache, so one random update per row and position instead of mc.
   double* r_sum = scratch<2>(static_cast<size_t>(n * NP));
+  double* log_p_rows = scratch<5>(static_cast<size_t>(n));  // one sample's log p per row
   std::fill(r_sum, r_sum + n * NP, 0.0);
   const double inv_mc = 1.0 / static_cast<double>(mc);
   const double inv_sigma2 = 1.0 / params_.sigma2;
@@ -348,42 +407,65 @@ void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttenti
   double* grad_log_var = acc.grad_log_var().data();
   double ll = 0.0;
   dispatch_blocks(D, [&](auto blocks) {
-    if (!log_p_out.empty())
+    if (!log_p_out.empty()) {
+      RowLogs plug_in(log_p_out.data(), n);
       for (Index row = 0; row < n; ++row) {
         const QueryRow<blocks()> y(params_.mean.data() + batch.query(row) * D, D);
-        log_p_out[static_cast<size_t>(row)] =
-            row_posterior(m, params_.mean.data(), batch.context(row), y, b_all + row * NP, s, a, r);
+        plug_in.set(row, row_posterior(m, params_.mean.data(), batch.context(row), y, b_all + row * NP, rows_sar,
+                                       rows_sar + NP, rows_sar + 2 * NP));
       }
+      plug_in.finish();
+    }
     for (int64_t k = 0; k < mc; ++k) {
       const double* E = tables->embeddings[static_cast<size_t>(k)].data();
-      std::fill(G, G + S * D, 0.0);
-      std::fill(A, A + S, 0.0);
+      RowLogs sample_logs(log_p_rows, n);
+      for (Index start = 0; start < n; start += kRowBlock) {
+        const Index end = std::min(n, start + kRowBlock);
+        // The posteriors of a block of rows first: rows are independent, so the latency chains of neighbouring
+        // rows (distances, max, exp, sums, division) overlap...
+        for (Index row = start; row < end; ++row) {
+          if (!(w[static_cast<size_t>(row)] > 0.0)) continue;
+          const QueryRow<blocks()> y(E + batch.query(row) * D, D);
+          double* sar = rows_sar + (row - start) * 3 * NP;
+          sample_logs.set(row, row_posterior(m, E, batch.context(row), y, b_all + row * NP, sar, sar + NP,
+                                             sar + 2 * NP));
+        }
+        // ...then their statistics, in row order.
+        for (Index row = start; row < end; ++row) {
+          const double wn = w[static_cast<size_t>(row)];
+          if (!(wn > 0.0)) continue;
+          const int64_t* c = batch.context(row);
+          const int64_t q = batch.query(row);
+          const QueryRow<blocks()> y(E + q * D, D);
+          const double* a = rows_sar + (row - start) * 3 * NP + NP;
+          const double* r = a + NP;
+          double* rs = r_sum + row * NP;
+          const double count_scale = wn * inv_mc;
+          const double coef_scale = wn * inv_sigma2;
+          for (Index i = 0; i < NP; i += kLanes) {
+            const Lanes rv = load(r + i);
+            store(rs + i, load(rs + i) + rv * count_scale);
+            store(coef + i, (rv - load(a + i)) * coef_scale);
+          }
+          if constexpr (blocks() == 0) std::fill(gq, gq + D, 0.0);  // the run-time-D query gradient
+          scatter_gradient(E, c, q, y, coef, N, G, A, gq);
+        }
+      }
+      sample_logs.finish();
       for (Index row = 0; row < n; ++row) {
         const double wn = w[static_cast<size_t>(row)];
-        if (!(wn > 0.0)) continue;
-        const int64_t* c = batch.context(row);
-        const int64_t q = batch.query(row);
-        const QueryRow<blocks()> y(E + q * D, D);
-        const double log_p = row_posterior(m, E, c, y, b_all + row * NP, s, a, r);
-        ll += wn * log_p * inv_mc;
-        double* rs = r_sum + row * NP;
-        const double count_scale = wn * inv_mc;
-        const double coef_scale = wn * inv_sigma2;
-        for (Index i = 0; i < NP; i += kLanes) {
-          const Lanes rv = load(r + i);
-          store(rs + i, load(rs + i) + rv * count_scale);
-          store(coef + i, (rv - load(a + i)) * coef_scale);
-        }
-        std::fill(gq, gq + D, 0.0);
-        scatter_gradient(E, c, q, y, coef, N, G, A, gq);
+        if (wn > 0.0) ll += wn * log_p_rows[row] * inv_mc;
       }
       const double* factor = tables->log_var_factor[static_cast<size_t>(k)].data();
-      for (Index sym = 0; sym < S; ++sym)
+      for (Index sym = 0; sym < S; ++sym) {
         for (Index e = sym * D; e < (sym + 1) * D; ++e) {
           const double g = G[e] - A[sym] * E[e];
           grad_mean[e] += g * inv_mc;
           grad_log_var[e] += g * factor[e] * inv_mc;
+          G[e] = 0.0;  // zero again for the next sample (or call): no separate pass over G
         }
+        A[sym] = 0.0;
+      }
     }
   });
   for (Index row = 0; row < n; ++row) {

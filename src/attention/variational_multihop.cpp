@@ -17,7 +17,7 @@ namespace attnmix {
 
 namespace {
 
-using variational::scratch;
+using lanes::scratch;
 using variational::squared_distance;
 
 /// log-softmax of x[0..n) in place; an all −∞ row stays −∞.
