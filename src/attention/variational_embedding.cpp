@@ -2,11 +2,12 @@
 // Variational embedding attention: validation, plug-in log density, the Monte-Carlo E-step and prediction
 // (SPEC.md §4.1–§4.3, §4.7).
 // Hot path (docs/PERFORMANCE.md): the noise tables E_k of the model's iteration are built once per model and sample
-// count (MonteCarloCache) and shared by every chunk. For each k the rows of a chunk are processed in order: the N
-// squared distances in 8-lane blocks, the gate by exp_shifted, the posterior in probability space (log space for
-// rows with p < 1e-250), then the gradient scattered into a per-thread table G that is folded into grad_mean and
-// grad_log_var once per (chunk, k); the logs of the rows' p are taken after the rows, on whole packets (RowLogs).
-// A row's arithmetic never depends on its neighbours or on the thread.
+// count (MonteCarloCache) and shared by every chunk. For each k the rows of a chunk are processed in blocks of
+// kRowBlock: first each row's N squared distances in 8-lane blocks, the gate by exp_shifted and the posterior in
+// probability space (log space for rows with p < 1e-250), then, in row order, the gradient scattered into a
+// per-thread table G that is folded into grad_mean and grad_log_var once per (chunk, k); the logs of the rows' p are
+// taken after the rows, on whole packets (RowLogs). Cost per sample: n·N·D differences and as many multiply-adds,
+// O(n·N) for the rest. A row's arithmetic never depends on its neighbours, its block or the thread.
 #include <algorithm>
 #include <cmath>
 #include <string>
