@@ -3,6 +3,9 @@
 // reported with global indices before anything changes, and thread counts give bitwise-identical results.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/inference/reduce.hpp"
@@ -89,6 +92,39 @@ TEST(ParallelAccumulateTest, ChunkingOnlyReassociatesAndThreadsAreBitwiseEqual) 
     EXPECT_TRUE(acc == reference) << threads << " threads";
     EXPECT_EQ(log_p, ref_log_p) << threads << " threads";
     EXPECT_EQ(score(model, batch, {threads, 64}), score(model, batch, {1, 64}));
+  }
+}
+
+/// The ordered merge of the multi-threaded reducer under stress: many chunks of one or a few rows, more threads than
+/// cores, and impossible rows; every thread count gives the one-thread statistics bit for bit, and a failing call
+/// reports the rows of all chunks and changes nothing.
+TEST(ParallelAccumulateTest, OrderedMergeIsBitwiseEqualUnderManySmallChunks) {
+  const ResponsibilityAttention model = sparse_model();
+  const auto batch = rows_with_impossible(400, {});
+  const auto bad = rows_with_impossible(400, {0, 133, 399});
+  std::vector<double> w(400);
+  Rng rng(6);
+  for (double& v : w) v = rng.uniform();
+  for (const Index chunk_rows : {Index{1}, Index{7}, Index{64}}) {
+    auto reference = model.make_accumulator();
+    std::vector<double> ref_log_p(400);
+    parallel_accumulate(model, batch, w, reference, ref_log_p, {1, chunk_rows});
+    for (int threads : {2, 3, 4, 7, 16}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads, chunks of " + std::to_string(chunk_rows));
+      auto acc = model.make_accumulator();
+      std::vector<double> log_p(400);
+      parallel_accumulate(model, batch, w, acc, log_p, {threads, chunk_rows});
+      EXPECT_TRUE(acc == reference);
+      EXPECT_EQ(log_p, ref_log_p);
+      const auto before = acc.value();
+      try {
+        parallel_accumulate(model, bad, w, acc, {}, {threads, chunk_rows});
+        ADD_FAILURE() << "impossible rows were not reported";
+      } catch (const ImpossibleEvidenceError& e) {
+        EXPECT_EQ(e.rows(), (std::vector<int64_t>{0, 133, 399}));
+      }
+      EXPECT_TRUE(acc == before);
+    }
   }
 }
 
