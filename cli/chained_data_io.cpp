@@ -100,7 +100,7 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
   CaRows rows;
   rows.source = path;
   rows.is_npz = true;
-  std::map<std::string, NpyArray> arrays = read_npz(path);
+  std::map<std::string, NpyArray> arrays = read_npz(path, stripe.part, stripe.parts);
   std::vector<std::string> names;
   for (const auto& [name, array] : arrays) names.push_back(name);
   check_npz_arrays(names, path, {"keys", "values", "query", "target"},
@@ -128,21 +128,19 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
                 path + ": keys", "the keys array");
   const int64_t N = n > 0 ? keys.shape[1] : 0;
   const std::optional<Dim>& S = sink.dims.n_symbols;
-  // The whole arrays are decoded; only the stripe's rows are validated and kept (messages give
-  // their index in the file).
+  // read_npz decoded only the stripe's rows; they are validated and kept (messages give their
+  // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t j = 0; j < N; ++j) {
-      const auto k = static_cast<size_t>(r * N + j);
-      sink.keys.push_back(npz_id(keys, k, path, index_text("keys", r, j), "S", S));
-      sink.values.push_back(npz_id(values, k, path, index_text("values", r, j), "S", S));
+      sink.keys.push_back(npz_id(keys, keys.at(r, j), path, index_text("keys", r, j), "S", S));
+      sink.values.push_back(npz_id(values, values.at(r, j), path, index_text("values", r, j), "S", S));
     }
-    const auto k = static_cast<size_t>(r);
-    sink.queries.push_back(npz_id(query, k, path, index_text("query", r, -1), "S", S));
+    sink.queries.push_back(npz_id(query, query.at(r), path, index_text("query", r, -1), "S", S));
     if (target)
       sink.targets.push_back(
-          npz_id(*target, k, path, index_text("target", r, -1), "T", sink.dims.n_targets));
+          npz_id(*target, target->at(r), path, index_text("target", r, -1), "T", sink.dims.n_targets));
     ++sink.n_rows;
   }
   return sink.finish(std::move(rows), stripe);

@@ -96,7 +96,7 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   RaRows rows;
   rows.source = path;
   rows.is_npz = true;
-  std::map<std::string, NpyArray> arrays = read_npz(path);
+  std::map<std::string, NpyArray> arrays = read_npz(path, stripe.part, stripe.parts);
   std::vector<std::string> names;
   for (const auto& [name, array] : arrays) names.push_back(name);
   check_npz_arrays(names, path, {"context", "query", "target"}, {"context", "query"});
@@ -143,16 +143,15 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   };
   const int64_t N = n > 0 ? context.shape[1] : 0;
   const int64_t D = n > 0 ? query.shape[1] : 0;
-  // The whole arrays are decoded; only the stripe's rows are validated and kept (messages give
-  // their index in the file).
+  // read_npz decoded only the stripe's rows; they are validated and kept (messages give their
+  // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
-      sink.contexts.push_back(id_at(context, static_cast<size_t>(r * N + i), "context", r, i, "S",
-                                    sink.dims.n_symbols));
+      sink.contexts.push_back(id_at(context, context.at(r, i), "context", r, i, "S", sink.dims.n_symbols));
     for (int64_t d = 0; d < D; ++d) {
-      const size_t k = static_cast<size_t>(r * D + d);
+      const size_t k = query.at(r, d);
       const double x = query.kind == NpyArray::Kind::kFloat ? query.reals[k]
                                                             : static_cast<double>(query.ints[k]);
       if (!std::isfinite(x))
@@ -162,7 +161,7 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
     }
     if (target)
       sink.targets.push_back(
-          id_at(*target, static_cast<size_t>(r), "target", r, -1, "T", sink.dims.n_targets));
+          id_at(*target, target->at(r), "target", r, -1, "T", sink.dims.n_targets));
     ++sink.n_rows;
   }
   return finish(sink, std::move(rows), stripe);

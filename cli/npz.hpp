@@ -16,22 +16,29 @@
 namespace attnmix::cli {
 
 /// One array of an archive, decoded to int64 (bool, int, uint dtypes) or double (float dtypes), in
-/// C order.
+/// C order: all of it, or only a stripe of its rows (axis 0), [first_row, first_row + held rows).
 struct NpyArray {
   enum class Kind { kBool, kInt, kFloat };
   std::string descr;           // the dtype as numpy wrote it, e.g. "<i8"
-  std::vector<int64_t> shape;  // () for a scalar
+  std::vector<int64_t> shape;  // of the whole array in the file; () for a scalar
   Kind kind = Kind::kInt;
+  int64_t first_row = 0;      // axis-0 index of the first row held
+  int64_t row_size = 1;       // elements per row (the product of shape[1:])
   std::vector<int64_t> ints;  // kBool (0/1) and kInt; uint64 values above INT64_MAX saturate
   std::vector<double> reals;  // kFloat
   [[nodiscard]] size_t size() const;
+  /// Index into ints / reals of element `col` of row `row` (an axis-0 index of the file, among the rows held).
+  [[nodiscard]] size_t at(int64_t row, int64_t col = 0) const;
   /// "(3, 4)" as numpy prints shapes.
   [[nodiscard]] std::string shape_text() const;
 };
 
-/// Every member of the archive, keyed by its name without ".npy" ("context", "query", ...).
+/// Every member of the archive, keyed by its name without ".npy" ("context", "query", ...). With parts > 1 each
+/// array of at least one axis holds only rows [n·part/parts, n·(part+1)/parts) of its n rows (the stripe of one
+/// process of a distributed fit, RowStripe): members are streamed, so memory holds the stripe, while shapes and
+/// errors still describe the whole file. (A Fortran-ordered array of two or more axes is decoded whole.)
 /// @throws std::runtime_error (unreadable archive), ValueError (malformed or unsupported member).
-[[nodiscard]] std::map<std::string, NpyArray> read_npz(const std::string& path);
+[[nodiscard]] std::map<std::string, NpyArray> read_npz(const std::string& path, int part = 0, int parts = 1);
 
 /// Decodes one .npy member (exposed for tests). `where` prefixes error messages ("data.npz:
 /// context.npy").

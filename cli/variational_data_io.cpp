@@ -86,7 +86,7 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
   VeaRows rows;
   rows.source = path;
   rows.is_npz = true;
-  std::map<std::string, NpyArray> arrays = read_npz(path);
+  std::map<std::string, NpyArray> arrays = read_npz(path, stripe.part, stripe.parts);
   std::vector<std::string> names;
   for (const auto& [name, array] : arrays) names.push_back(name);
   check_npz_arrays(names, path, {"context", "query", "target"}, {"context", "query"});
@@ -108,19 +108,18 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
                 path + ": context", "the context array");
   const int64_t N = n > 0 ? context.shape[1] : 0;
   const std::optional<Dim>& S = sink.dims.n_symbols;
-  // The whole arrays are decoded; only the stripe's rows are validated and kept (messages give
-  // their index in the file).
+  // read_npz decoded only the stripe's rows; they are validated and kept (messages give their
+  // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
-      sink.contexts.push_back(npz_id(context, static_cast<size_t>(r * N + i), path,
-                                     index_text("context", r, i), "S", S));
-    const auto k = static_cast<size_t>(r);
-    sink.queries.push_back(npz_id(query, k, path, index_text("query", r, -1), "S", S));
+      sink.contexts.push_back(
+          npz_id(context, context.at(r, i), path, index_text("context", r, i), "S", S));
+    sink.queries.push_back(npz_id(query, query.at(r), path, index_text("query", r, -1), "S", S));
     if (target)
       sink.targets.push_back(
-          npz_id(*target, k, path, index_text("target", r, -1), "T", sink.dims.n_targets));
+          npz_id(*target, target->at(r), path, index_text("target", r, -1), "T", sink.dims.n_targets));
     ++sink.n_rows;
   }
   return sink.finish(std::move(rows), stripe);
