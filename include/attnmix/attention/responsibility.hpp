@@ -105,6 +105,9 @@ struct ResponsibilityAttentionParams {
 class ResponsibilityAttentionAccumulator : public FlatAccumulator<ResponsibilityAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "ResponsibilityAttentionAccumulator";
+  /// initialize() draws row after row, each row's draws its own, so consecutive calls over consecutive rows equal
+  /// one call over all of them (a distributed fit initialises in pieces, inference/optimize.hpp).
+  static constexpr bool kInitializesRowByRow = true;
   using batch_type = ResponsibilityAttentionBatch;
   ResponsibilityAttentionAccumulator(int64_t n_symbols, int64_t context_length, int64_t query_dim,
                                      int64_t n_targets, std::optional<std::string> keys = std::nullopt);

@@ -106,6 +106,9 @@ struct VariationalEmbeddingAttentionParams {
 class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<VariationalEmbeddingAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionAccumulator";
+  /// initialize() draws row after row, each row's draws its own, so consecutive calls over consecutive rows equal
+  /// one call over all of them (a distributed fit initialises in pieces, inference/optimize.hpp).
+  static constexpr bool kInitializesRowByRow = true;
   using batch_type = VariationalEmbeddingAttentionBatch;
   VariationalEmbeddingAttentionAccumulator(int64_t n_symbols, int64_t context_length, int64_t embed_dim,
                                            int64_t n_targets, int64_t mc = 6,

@@ -50,6 +50,9 @@ struct VariationalMultiHopAttentionParams {
 class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<VariationalMultiHopAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "VariationalMultiHopAttentionAccumulator";
+  /// initialize() draws row after row, each row's draws its own, so consecutive calls over consecutive rows equal
+  /// one call over all of them (a distributed fit initialises in pieces, inference/optimize.hpp).
+  static constexpr bool kInitializesRowByRow = true;
   using batch_type = ChainedAttentionBatch;
   VariationalMultiHopAttentionAccumulator(int64_t n_symbols, int64_t embed_dim, int64_t n_targets, int64_t mc = 5,
                                           std::optional<std::string> keys = std::nullopt);
