@@ -580,19 +580,28 @@ void ChainedAttentionAccumulator::initialize(const ChainedAttentionBatch& batch,
     throw ValueError(std::string(kWhere) + ": out-of-range ID in batch for S = " + std::to_string(S_) +
                      ", T = " + std::to_string(T_));
   const Index N = batch.context_length();
-  // Every draw is made for every row whatever its weight, hop-major: γ_0 of all rows, γ_1 of all rows, ..., then ξ.
-  std::vector<double> gamma(static_cast<size_t>(n_rows * L_ * N));  // [row, hop, N]
-  std::vector<double> xi(static_cast<size_t>(n_rows * (L_ - 1) * N * N));  // [row, hop, N, N]
+  // Every draw is made for every row whatever its weight, hop-major: γ_0 of all rows, γ_1 of all rows, ..., then
+  // ξ_0 of all rows, ..., ξ_{L−2} of all rows. Only the draws a later row-major pass still needs are stored: every γ
+  // and the ξ hops before the last ([row, hop, N, N]); the last ξ hop is drawn row by row just before the row is
+  // scattered, which keeps the draw order and the order of the additions (O(rows·(L−2)·N²) memory, none for L = 2).
+  const Index stored_xi_hops = L_ >= 2 ? L_ - 2 : 0;
+  std::vector<double> gamma(static_cast<size_t>(n_rows * L_ * N));                  // [row, hop, N]
+  std::vector<double> xi(static_cast<size_t>(n_rows * stored_xi_hops * N * N));     // [row, hop, N, N]
+  std::vector<double> row_xi(static_cast<size_t>((L_ > 1 ? L_ - 1 : 0) * N * N));  // one row's [hop, N, N]
   for (Index hop = 0; hop < L_; ++hop)
     for (Index n = 0; n < n_rows; ++n)
       rng.dirichlet_ones({gamma.data() + (n * L_ + hop) * N, static_cast<size_t>(N)});
-  for (Index hop = 0; hop + 1 < L_; ++hop)
+  for (Index hop = 0; hop < stored_xi_hops; ++hop)
     for (Index n = 0; n < n_rows; ++n)
-      rng.dirichlet_ones({xi.data() + (n * (L_ - 1) + hop) * N * N, static_cast<size_t>(N * N)});
+      rng.dirichlet_ones({xi.data() + (n * stored_xi_hops + hop) * N * N, static_cast<size_t>(N * N)});
   for (Index n = 0; n < n_rows; ++n) {
+    if (L_ > 1) {
+      std::copy_n(xi.data() + n * stored_xi_hops * N * N, stored_xi_hops * N * N, row_xi.data());
+      rng.dirichlet_ones({row_xi.data() + stored_xi_hops * N * N, static_cast<size_t>(N * N)});
+    }
     const double wn = w[static_cast<size_t>(n)];
     if (wn == 0.0) continue;
-    scatter(row_of(batch, n), wn, N, gamma.data() + n * L_ * N, N, xi.data() + n * (L_ - 1) * N * N, *this);
+    scatter(row_of(batch, n), wn, N, gamma.data() + n * L_ * N, N, row_xi.data(), *this);
     this->n() += wn;
   }
 }
