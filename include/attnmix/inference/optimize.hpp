@@ -16,6 +16,7 @@
 /// statistics over ranks when distributed.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -163,47 +164,39 @@ template <class E>
     for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
     acc.initialize(batch, w, rng);
     for (double wn : w) nobs += wn;
-  } else if constexpr (requires { requires decltype(acc)::kInitializesRowByRow; }) {
-    // Replay the single-process draws over all global rows, in pieces: the family initialises row after row, each
-    // row with its own draws, so [stand-ins; this shard; stand-ins] can be passed as consecutive calls. Stand-ins
-    // are blocks of zero-id rows of weight 0 (draws only), so memory holds one block, not every global row.
+  } else {
+    // Replay the single-process draws over all global rows: the subset weights of the rows before this shard are
+    // drawn and dropped (those after it are never needed), and the initialisation draws of other ranks' rows are
+    // made on zero-id stand-in rows of weight 0, so the family's draw order is the single-process one.
     const RowShard shard = row_shard(*comm, rows);
-    for (int64_t g = 0; g < shard.offset; ++g) static_cast<void>(rng_w.bernoulli(p));  // other ranks' subset draws
+    for (int64_t g = 0; g < shard.offset; ++g) static_cast<void>(rng_w.bernoulli(p));
     for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
     detail::on_every_rank(comm, [&] {
-      const auto stand_ins = [&](int64_t count) {
-        constexpr int64_t kBlock = 4096;
-        if (count == 0) return;
-        const auto block = pad_with_zero_rows(batch.slice(0, 0), std::min(count, kBlock), 0);
-        const std::vector<double> zero(static_cast<size_t>(block.n_rows()), 0.0);
-        for (int64_t done = 0; done < count; done += kBlock) {
-          const int64_t k = std::min(kBlock, count - done);
-          acc.initialize(block.slice(0, k), {zero.data(), static_cast<size_t>(k)}, rng);
-        }
-      };
-      stand_ins(shard.offset);
-      acc.initialize(batch, w, rng);
-      stand_ins(shard.total - shard.offset - rows);
+      if constexpr (requires { requires decltype(acc)::kInitializesRowByRow; }) {
+        // The family initialises row after row, each row with its own draws, so [stand-ins; this shard;
+        // stand-ins] can be consecutive calls: memory holds one block of stand-ins, not every global row.
+        const auto stand_ins = [&](int64_t count) {
+          constexpr int64_t kBlock = 4096;
+          if (count == 0) return;
+          const auto block = pad_with_zero_rows(batch.slice(0, 0), std::min(count, kBlock), 0);
+          const std::vector<double> zero(static_cast<size_t>(block.n_rows()), 0.0);
+          for (int64_t done = 0; done < count; done += kBlock) {
+            const int64_t k = std::min(kBlock, count - done);
+            acc.initialize(block.slice(0, k), {zero.data(), static_cast<size_t>(k)}, rng);
+          }
+        };
+        stand_ins(shard.offset);
+        acc.initialize(batch, w, rng);
+        stand_ins(shard.total - shard.offset - rows);
+      } else {
+        // Draws in another order (hop-major for chained attention): one call on [zero rows; this shard; zero rows],
+        // which holds every global row on every rank while it runs.
+        std::vector<double> padded_w(static_cast<size_t>(shard.total), 0.0);
+        std::copy(w.begin(), w.end(), padded_w.begin() + shard.offset);
+        acc.initialize(pad_with_zero_rows(batch, shard.offset, shard.total - shard.offset - rows), padded_w, rng);
+      }
     });
     for (double wn : w) nobs += wn;
-    detail::sum_over_ranks(acc, *comm);
-    nobs = detail::sum_over_ranks(nobs, comm);
-  } else {
-    // Replay the single-process draws over all global rows: the subset weights of rows before this shard are
-    // drawn and dropped, and the initialisation runs on [zero rows; this shard; zero rows] with zero weights on
-    // the stand-ins, so the family's draw order (hop-major for chained attention) is the single-process one. This
-    // holds every global row on every rank while it runs.
-    const RowShard shard = row_shard(*comm, rows);
-    std::vector<double> padded_w(static_cast<size_t>(shard.total), 0.0);
-    for (int64_t g = 0; g < shard.total; ++g) {
-      const double wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
-      if (g >= shard.offset && g < shard.offset + rows) padded_w[static_cast<size_t>(g)] = wn;
-    }
-    detail::on_every_rank(comm, [&] {
-      const auto padded = pad_with_zero_rows(batch, shard.offset, shard.total - shard.offset - rows);
-      acc.initialize(padded, padded_w, rng);
-    });
-    for (double wn : padded_w) nobs += wn;  // the stand-ins weigh 0, so this is the local Σ w
     detail::sum_over_ranks(acc, *comm);
     nobs = detail::sum_over_ranks(nobs, comm);
   }
