@@ -9,7 +9,8 @@
 // since only `fit` has a distributed form. Without a launcher, or with P = 1, nothing changes and
 // MPI is never initialised (P = 1 initialises it but does not use it). Errors that every process
 // has alike (command-line errors, and every failure a distributed fit agrees on) are printed once,
-// by rank 0; each process exits with the same code.
+// by rank 0; each process exits with the same code. A build without MPI started by a launcher with
+// P > 1 refuses to run (usage error, printed by rank 0): its P processes could not cooperate.
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
@@ -31,6 +32,16 @@
 namespace {
 
 using namespace attnmix::cli;
+
+#ifndef ATTNMIX_HAVE_MPI
+/// Why a build without MPI does not run under a launcher of `processes` processes, and what to do instead.
+std::string without_mpi_message(int processes) {
+  return "attnmix: usage error: started by an MPI launcher as " + std::to_string(processes) +
+         " processes, but this attnmix was built without MPI (ATTNMIX_WITH_MPI=OFF), so each process would run "
+         "the whole command alone and write the same files.\nRebuild with MPI (Debian packages libopenmpi-dev and "
+         "openmpi-bin, cmake -DATTNMIX_WITH_MPI=ON) to fit across processes, or run attnmix without mpirun.\n";
+}
+#endif
 
 /// Parses and runs one subcommand. comm: the processes of a distributed run (null: one process).
 int run(int argc, char** argv, const attnmix::Communicator* comm) {
@@ -108,11 +119,12 @@ int main(int argc, char** argv) {
   // Every EM iteration frees a model and allocates the next: keep freed memory for reuse instead of
   // faulting it in again (core/allocator.hpp; docs/PERFORMANCE.md).
   attnmix::retain_freed_memory();
+  const attnmix::LauncherWorld launcher = attnmix::launcher_world();
 #ifdef ATTNMIX_HAVE_MPI
   // Declared before the run so that MPI_Finalize comes after everything that uses MPI.
   std::optional<attnmix::MpiSession> session;
   std::optional<attnmix::MpiCommunicator> world;
-  if (attnmix::MpiSession::launched_by_mpirun()) {
+  if (launcher.launched) {
     try {
       session.emplace(argc, argv);
       world.emplace(MPI_COMM_WORLD);
@@ -123,6 +135,11 @@ int main(int argc, char** argv) {
   }
   const attnmix::Communicator* comm = world && world->size() > 1 ? &*world : nullptr;
 #else
+  // Without MPI every process would run the whole command alone and write the same files.
+  if (launcher.size > 1) {
+    if (launcher.rank == 0) std::cerr << without_mpi_message(launcher.size);
+    return kExitUsage;
+  }
   const attnmix::Communicator* comm = nullptr;
 #endif
   return run(argc, argv, comm);

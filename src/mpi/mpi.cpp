@@ -3,7 +3,6 @@
 #include "attnmix/mpi/mpi.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -59,10 +58,5 @@ MpiSession::MpiSession(int& argc, char**& argv) {
 }
 
 MpiSession::~MpiSession() { MPI_Finalize(); }
-
-bool MpiSession::launched_by_mpirun() noexcept {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
-         std::getenv("PMIX_RANK") != nullptr;
-}
 
 }  // namespace attnmix

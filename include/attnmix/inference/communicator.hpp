@@ -11,7 +11,8 @@
 /// every model are identical on every rank, and the fitted model equals the single-process fit of the concatenated
 /// rows up to the order of floating-point additions. An empty shard's batch must still have the data set's width.
 /// Initialisation replays the single-process draws: each rank draws the subset weights of all rows and initialises on
-/// [zero rows; its shard; zero rows] (the stand-ins weigh 0), which costs O(total rows) time and memory once per fit.
+/// [zero rows; its shard; zero rows] (the stand-ins weigh 0), which costs O(total rows) time once per fit; families
+/// that initialise row by row hold one block of stand-ins at a time, chained attention all of them (optimize.hpp).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,18 @@ struct RowShard {
   }
   return shard;
 }
+
+/// What an MPI launcher (mpirun, mpiexec) tells the processes it starts, read from the environment: Open MPI sets
+/// OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_RANK, PMI-based launchers PMI_SIZE and PMI_RANK (PMIx: PMIX_RANK).
+/// Without a launcher: {false, 1, 0}; a size or rank that is not a decimal integer reads as 1 or 0.
+struct LauncherWorld {
+  bool launched = false;
+  int size = 1;
+  int rank = 0;
+};
+
+/// The launcher's world of this process (no MPI call: usable in builds without MPI, before MPI_Init).
+[[nodiscard]] LauncherWorld launcher_world() noexcept;
 
 /// Thrown on the ranks that did not fail themselves when another rank failed (the message names that rank).
 class RemoteRankError : public std::runtime_error {

@@ -44,8 +44,6 @@ class MpiSession {
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
-  /// True when this process was started by an MPI launcher (mpirun / mpiexec set OMPI_COMM_WORLD_SIZE or PMI_SIZE).
-  [[nodiscard]] static bool launched_by_mpirun() noexcept;
 };
 
 }  // namespace attnmix
