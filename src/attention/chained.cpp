@@ -573,27 +573,39 @@ void accumulate_block(const ChainedAttention& m, const ChainedAttentionBatch& ba
 }  // namespace
 
 void ChainedAttentionAccumulator::initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng) {
+  initialize_shard(batch, w, rng, 0, 0);
+}
+
+void ChainedAttentionAccumulator::initialize_shard(const ChainedAttentionBatch& batch, std::span<const double> w,
+                                                   Rng& rng, Index rows_before, Index rows_after) {
   check::weights(kWhere, w, batch.n_rows());
   const Index n_rows = batch.n_rows();
-  if (n_rows == 0) return;
-  if (batch.max_symbol() >= S_ || batch.max_target() >= T_)
+  if (n_rows > 0 && (batch.max_symbol() >= S_ || batch.max_target() >= T_))
     throw ValueError(std::string(kWhere) + ": out-of-range ID in batch for S = " + std::to_string(S_) +
                      ", T = " + std::to_string(T_));
   const Index N = batch.context_length();
-  // Every draw is made for every row whatever its weight, hop-major: γ_0 of all rows, γ_1 of all rows, ..., then
-  // ξ_0 of all rows, ..., ξ_{L−2} of all rows. Only the draws a later row-major pass still needs are stored: every γ
-  // and the ξ hops before the last ([row, hop, N, N]); the last ξ hop is drawn row by row just before the row is
-  // scattered, which keeps the draw order and the order of the additions (O(rows·(L−2)·N²) memory, none for L = 2).
+  // Every draw is made for every row of [rows_before; batch; rows_after] whatever its weight, hop-major: γ_0 of all
+  // rows, γ_1 of all rows, ..., then ξ_0 of all rows, ..., ξ_{L−2} of all rows; the other rows' draws are dropped.
+  // Only the draws a later row-major pass still needs are stored: the batch's γ and its ξ hops before the last
+  // ([row, hop, N, N]); the last ξ hop is drawn row by row just before the row is scattered, which keeps the draw
+  // order and the order of the additions (O(rows·(L−2)·N²) memory, none for L = 2).
   const Index stored_xi_hops = L_ >= 2 ? L_ - 2 : 0;
   std::vector<double> gamma(static_cast<size_t>(n_rows * L_ * N));                  // [row, hop, N]
   std::vector<double> xi(static_cast<size_t>(n_rows * stored_xi_hops * N * N));     // [row, hop, N, N]
   std::vector<double> row_xi(static_cast<size_t>((L_ > 1 ? L_ - 1 : 0) * N * N));  // one row's [hop, N, N]
-  for (Index hop = 0; hop < L_; ++hop)
+  for (Index hop = 0; hop < L_; ++hop) {
+    rng.discard_dirichlet_ones(rows_before, N);
     for (Index n = 0; n < n_rows; ++n)
       rng.dirichlet_ones({gamma.data() + (n * L_ + hop) * N, static_cast<size_t>(N)});
-  for (Index hop = 0; hop < stored_xi_hops; ++hop)
+    rng.discard_dirichlet_ones(rows_after, N);
+  }
+  for (Index hop = 0; hop < stored_xi_hops; ++hop) {
+    rng.discard_dirichlet_ones(rows_before, N * N);
     for (Index n = 0; n < n_rows; ++n)
       rng.dirichlet_ones({xi.data() + (n * stored_xi_hops + hop) * N * N, static_cast<size_t>(N * N)});
+    rng.discard_dirichlet_ones(rows_after, N * N);
+  }
+  if (L_ > 1) rng.discard_dirichlet_ones(rows_before, N * N);
   for (Index n = 0; n < n_rows; ++n) {
     if (L_ > 1) {
       std::copy_n(xi.data() + n * stored_xi_hops * N * N, stored_xi_hops * N * N, row_xi.data());
@@ -604,6 +616,7 @@ void ChainedAttentionAccumulator::initialize(const ChainedAttentionBatch& batch,
     scatter(row_of(batch, n), wn, N, gamma.data() + n * L_ * N, N, row_xi.data(), *this);
     this->n() += wn;
   }
+  if (L_ > 1) rng.discard_dirichlet_ones(rows_after, N * N);
 }
 
 ChainedAttention::ChainedAttention(ChainedAttentionParams params) : params_(std::move(params)) {

@@ -31,25 +31,6 @@ ChainedAttentionBatch ChainedAttentionBatch::slice(Index begin, Index count) con
   return out;
 }
 
-ChainedAttentionBatch ChainedAttentionBatch::padded(Index before, Index after) const {
-  auto storage = std::make_shared<Storage>();
-  const Index rows = before + count_ + after;
-  storage->keys = IdMatrix::Zero(rows, context_length());
-  storage->values = IdMatrix::Zero(rows, context_length());
-  storage->queries = IdVector::Zero(rows);
-  storage->targets = IdVector::Zero(rows);
-  storage->keys.middleRows(before, count_) = keys();
-  storage->values.middleRows(before, count_) = values();
-  storage->queries.segment(before, count_) = queries();
-  storage->targets.segment(before, count_) = targets();
-  storage->max_symbol = std::max<int64_t>(storage_->max_symbol, 0);
-  storage->max_target = std::max<int64_t>(storage_->max_target, 0);
-  ChainedAttentionBatch out;
-  out.storage_ = std::move(storage);
-  out.count_ = rows;
-  return out;
-}
-
 IdMatrix ChainedAttentionBatch::keys() const { return storage_->keys.middleRows(begin_, count_); }
 IdMatrix ChainedAttentionBatch::values() const { return storage_->values.middleRows(begin_, count_); }
 IdVector ChainedAttentionBatch::queries() const { return storage_->queries.segment(begin_, count_); }

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // Responsibility-attention batches, the validating encoder and sequence_to_triples (SPEC.md §1.2, §2.4, §2.5).
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -21,23 +20,6 @@ ResponsibilityAttentionBatch ResponsibilityAttentionBatch::slice(Index begin, In
   ResponsibilityAttentionBatch out = *this;
   out.begin_ = begin_ + begin;
   out.count_ = count;
-  return out;
-}
-
-ResponsibilityAttentionBatch ResponsibilityAttentionBatch::padded(Index before, Index after) const {
-  auto storage = std::make_shared<Storage>();
-  const Index rows = before + count_ + after;
-  storage->contexts = IdMatrix::Zero(rows, context_length());
-  storage->queries = Matrix::Zero(rows, query_dim());
-  storage->targets = IdVector::Zero(rows);
-  storage->contexts.middleRows(before, count_) = contexts();
-  storage->queries.middleRows(before, count_) = queries();
-  storage->targets.segment(before, count_) = targets();
-  storage->max_symbol = std::max<int64_t>(storage_->max_symbol, 0);
-  storage->max_target = std::max<int64_t>(storage_->max_target, 0);
-  ResponsibilityAttentionBatch out;
-  out.storage_ = std::move(storage);
-  out.count_ = rows;
   return out;
 }
 

@@ -83,6 +83,14 @@ void ResponsibilityAttentionAccumulator::initialize(const ResponsibilityAttentio
   }
 }
 
+void ResponsibilityAttentionAccumulator::initialize_shard(const ResponsibilityAttentionBatch& batch,
+                                                          std::span<const double> w, Rng& rng, Index rows_before,
+                                                          Index rows_after) {
+  rng.discard_dirichlet_ones(rows_before, N_);
+  initialize(batch, w, rng);
+  rng.discard_dirichlet_ones(rows_after, N_);
+}
+
 ResponsibilityAttentionEncoder ResponsibilityAttentionAccumulator::encoder() const { return {S_, N_, D_, T_}; }
 
 ResponsibilityAttentionEstimator::ResponsibilityAttentionEstimator(int64_t n_symbols, int64_t context_length,

@@ -41,23 +41,6 @@ VariationalEmbeddingAttentionBatch VariationalEmbeddingAttentionBatch::slice(Ind
   return out;
 }
 
-VariationalEmbeddingAttentionBatch VariationalEmbeddingAttentionBatch::padded(Index before, Index after) const {
-  auto storage = std::make_shared<Storage>();
-  const Index rows = before + count_ + after;
-  storage->contexts = IdMatrix::Zero(rows, context_length());
-  storage->queries = IdVector::Zero(rows);
-  storage->targets = IdVector::Zero(rows);
-  storage->contexts.middleRows(before, count_) = contexts();
-  storage->queries.segment(before, count_) = queries();
-  storage->targets.segment(before, count_) = targets();
-  storage->max_symbol = std::max<int64_t>(storage_->max_symbol, 0);
-  storage->max_target = std::max<int64_t>(storage_->max_target, 0);
-  VariationalEmbeddingAttentionBatch out;
-  out.storage_ = std::move(storage);
-  out.count_ = rows;
-  return out;
-}
-
 IdMatrix VariationalEmbeddingAttentionBatch::contexts() const { return storage_->contexts.middleRows(begin_, count_); }
 IdVector VariationalEmbeddingAttentionBatch::queries() const { return storage_->queries.segment(begin_, count_); }
 IdVector VariationalEmbeddingAttentionBatch::targets() const { return storage_->targets.segment(begin_, count_); }
@@ -144,6 +127,14 @@ void VariationalEmbeddingAttentionAccumulator::initialize(const VariationalEmbed
     total += wn;
   }
   n() += total;
+}
+
+void VariationalEmbeddingAttentionAccumulator::initialize_shard(const VariationalEmbeddingAttentionBatch& batch,
+                                                                std::span<const double> w, Rng& rng,
+                                                                Index rows_before, Index rows_after) {
+  rng.discard_dirichlet_ones(rows_before, N_);
+  initialize(batch, w, rng);
+  rng.discard_dirichlet_ones(rows_after, N_);
 }
 
 VariationalEmbeddingAttentionEncoder VariationalEmbeddingAttentionAccumulator::encoder() const { return {S_, N_, T_}; }

@@ -72,6 +72,14 @@ void VariationalMultiHopAttentionAccumulator::initialize(const ChainedAttentionB
   n() += total;
 }
 
+void VariationalMultiHopAttentionAccumulator::initialize_shard(const ChainedAttentionBatch& batch,
+                                                               std::span<const double> w, Rng& rng,
+                                                               Index rows_before, Index rows_after) {
+  rng.discard_dirichlet_ones(rows_before, batch.context_length());
+  initialize(batch, w, rng);
+  rng.discard_dirichlet_ones(rows_after, batch.context_length());
+}
+
 ChainedAttentionEncoder VariationalMultiHopAttentionAccumulator::encoder() const { return {S_, T_}; }
 
 // ---- estimator --------------------------------------------------------------------------------------------------

@@ -86,6 +86,11 @@ void Rng::dirichlet_ones(std::span<double> out) {
   for (double& v : out) v /= total;
 }
 
+void Rng::discard_dirichlet_ones(int64_t count, int64_t dim) {
+  ATTNMIX_ASSERT(count >= 0 && dim >= 0, "discard_dirichlet_ones needs count, dim >= 0");
+  for (int64_t k = 0; k < count * dim; ++k) static_cast<void>(uniform_open());
+}
+
 std::vector<int64_t> Rng::sample_without_replacement(int64_t n, int64_t k) {
   ATTNMIX_ASSERT(k >= 0 && k <= n, "sample_without_replacement needs 0 <= k <= n");
   std::vector<int64_t> pool(static_cast<size_t>(n));

@@ -121,14 +121,17 @@ void CompositeAccumulator::merge_trusted(const CompositeAccumulator& other) {
   for (size_t f = 0; f < children_.size(); ++f) children_[f].merge_trusted(other.children_[f]);
 }
 
-void CompositeAccumulator::initialize(const CompositeBatch& batch, std::span<const double> w,
-                                      Rng& rng) {
-  check::dimension(kWhere, "number of fields", static_cast<Index>(children_.size()),
-                   batch.n_fields());
+void CompositeAccumulator::initialize(const CompositeBatch& batch, std::span<const double> w, Rng& rng) {
+  initialize_shard(batch, w, rng, 0, 0);
+}
+
+void CompositeAccumulator::initialize_shard(const CompositeBatch& batch, std::span<const double> w, Rng& rng,
+                                            Index rows_before, Index rows_after) {
+  check::dimension(kWhere, "number of fields", static_cast<Index>(children_.size()), batch.n_fields());
   check::weights(kWhere, w, batch.n_rows());
   CompositeAccumulator candidate = *this;
   for (size_t f = 0; f < children_.size(); ++f)
-    candidate.children_[f].initialize(batch.field(static_cast<Index>(f)), w, rng);
+    candidate.children_[f].initialize_shard(batch.field(static_cast<Index>(f)), w, rng, rows_before, rows_after);
   *this = std::move(candidate);
 }
 

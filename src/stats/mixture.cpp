@@ -94,16 +94,23 @@ void MixtureAccumulator::merge_trusted(const MixtureAccumulator& other) {
 }
 
 void MixtureAccumulator::initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) {
+  initialize_shard(batch, w, rng, 0, 0);
+}
+
+void MixtureAccumulator::initialize_shard(const AnyBatch& batch, std::span<const double> w, Rng& rng,
+                                          Index rows_before, Index rows_after) {
   check::weights(kWhere, w, batch.n_rows());
   const Index n = batch.n_rows();
   const Index K = comp_count_.size();
   Matrix rho(n, K);  // [n, K]
+  rng.discard_dirichlet_ones(rows_before, K);
   for (Index row = 0; row < n; ++row) rng.dirichlet_ones({rho.data() + row * K, static_cast<size_t>(K)});
+  rng.discard_dirichlet_ones(rows_after, K);
   MixtureAccumulator candidate = *this;
   std::vector<double> wk(static_cast<size_t>(n));
   for (Index k = 0; k < K; ++k) {
     for (Index row = 0; row < n; ++row) wk[row] = w[row] * rho(row, k);
-    candidate.components_[k].initialize(batch, wk, rng);
+    candidate.components_[k].initialize_shard(batch, wk, rng, rows_before, rows_after);
     candidate.comp_count_[k] += accurate_sum(wk);
   }
   *this = std::move(candidate);

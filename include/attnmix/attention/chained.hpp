@@ -54,8 +54,6 @@ class ChainedAttentionBatch {
   [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
   [[nodiscard]] ChainedAttentionBatch slice(Index begin, Index count) const;
-  /// before rows of zero ids, these rows, after rows of zero ids (distributed initialisation).
-  [[nodiscard]] ChainedAttentionBatch padded(Index before, Index after) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix keys() const;
   [[nodiscard]] IdMatrix values() const;
@@ -125,6 +123,11 @@ class ChainedAttentionAccumulator : public FlatAccumulator<ChainedAttentionAccum
   /// seq_initialize (SPEC.md §3.3): γ_ℓ ~ Dirichlet(1_N) for every hop and row (hop-major), then
   /// ξ_ℓ ~ Dirichlet(1_{N²}) for ℓ = 0..L−2, accumulated with weights w; n += Σ w; ll untouched.
   void initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng);
+  /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
+  /// [rows_before other rows; batch; rows_after other rows], with only batch's rows accumulated. The other rows'
+  /// draws never depend on their content, so they are made and dropped without the rows, hop by hop.
+  void initialize_shard(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                        Index rows_after);
   [[nodiscard]] ChainedAttentionEncoder encoder() const;
 
  private:

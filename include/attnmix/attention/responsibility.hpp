@@ -58,8 +58,6 @@ class ResponsibilityAttentionBatch {
   }
   /// Rows [begin, begin + count) sharing this batch's storage.
   [[nodiscard]] ResponsibilityAttentionBatch slice(Index begin, Index count) const;
-  /// before rows of zeros (ids 0, queries 0), these rows, after rows of zeros (distributed initialisation).
-  [[nodiscard]] ResponsibilityAttentionBatch padded(Index before, Index after) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const;
   [[nodiscard]] Matrix queries() const;
@@ -105,9 +103,6 @@ struct ResponsibilityAttentionParams {
 class ResponsibilityAttentionAccumulator : public FlatAccumulator<ResponsibilityAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "ResponsibilityAttentionAccumulator";
-  /// initialize() draws row after row, each row's draws its own, so consecutive calls over consecutive rows equal
-  /// one call over all of them (a distributed fit initialises in pieces, inference/optimize.hpp).
-  static constexpr bool kInitializesRowByRow = true;
   using batch_type = ResponsibilityAttentionBatch;
   ResponsibilityAttentionAccumulator(int64_t n_symbols, int64_t context_length, int64_t query_dim,
                                      int64_t n_targets, std::optional<std::string> keys = std::nullopt);
@@ -134,6 +129,11 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
   void validate(std::string_view where) const;
   /// seq_initialize: r_n ~ Dirichlet(1_N) from rng for every row (in row order), times w_n, accumulated.
   void initialize(const ResponsibilityAttentionBatch& batch, std::span<const double> w, Rng& rng);
+  /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
+  /// [rows_before other rows; batch; rows_after other rows], with only batch's rows accumulated. The other rows'
+  /// draws never depend on their content, so they are made and dropped without the rows.
+  void initialize_shard(const ResponsibilityAttentionBatch& batch, std::span<const double> w, Rng& rng,
+                        Index rows_before, Index rows_after);
   /// The encoder matching these dimensions (acc_to_encoder).
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
 

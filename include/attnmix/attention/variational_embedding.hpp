@@ -53,8 +53,6 @@ class VariationalEmbeddingAttentionBatch {
   [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
   [[nodiscard]] VariationalEmbeddingAttentionBatch slice(Index begin, Index count) const;
-  /// before rows of zero ids, these rows, after rows of zero ids (distributed initialisation).
-  [[nodiscard]] VariationalEmbeddingAttentionBatch padded(Index before, Index after) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const;
   [[nodiscard]] IdVector queries() const;
@@ -106,9 +104,6 @@ struct VariationalEmbeddingAttentionParams {
 class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<VariationalEmbeddingAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionAccumulator";
-  /// initialize() draws row after row, each row's draws its own, so consecutive calls over consecutive rows equal
-  /// one call over all of them (a distributed fit initialises in pieces, inference/optimize.hpp).
-  static constexpr bool kInitializesRowByRow = true;
   using batch_type = VariationalEmbeddingAttentionBatch;
   VariationalEmbeddingAttentionAccumulator(int64_t n_symbols, int64_t context_length, int64_t embed_dim,
                                            int64_t n_targets, int64_t mc = 6,
@@ -144,6 +139,11 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
   /// seq_initialize (SPEC.md §4.3): a_n ~ Dirichlet(1_N) per row in row order, scaled by w_n, added to
   /// emission_count[c_ni, t_n] and position_count[i]; n += Σ w; gradients, ll and the state untouched.
   void initialize(const VariationalEmbeddingAttentionBatch& batch, std::span<const double> w, Rng& rng);
+  /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
+  /// [rows_before other rows; batch; rows_after other rows], with only batch's rows accumulated. The other rows'
+  /// draws never depend on their content, so they are made and dropped without the rows.
+  void initialize_shard(const VariationalEmbeddingAttentionBatch& batch, std::span<const double> w, Rng& rng,
+                        Index rows_before, Index rows_after);
   [[nodiscard]] VariationalEmbeddingAttentionEncoder encoder() const;
   /// Zeroes the statistics and detaches the state.
   void set_zero();

@@ -50,9 +50,6 @@ struct VariationalMultiHopAttentionParams {
 class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<VariationalMultiHopAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "VariationalMultiHopAttentionAccumulator";
-  /// initialize() draws row after row, each row's draws its own, so consecutive calls over consecutive rows equal
-  /// one call over all of them (a distributed fit initialises in pieces, inference/optimize.hpp).
-  static constexpr bool kInitializesRowByRow = true;
   using batch_type = ChainedAttentionBatch;
   VariationalMultiHopAttentionAccumulator(int64_t n_symbols, int64_t embed_dim, int64_t n_targets, int64_t mc = 5,
                                           std::optional<std::string> keys = std::nullopt);
@@ -83,6 +80,11 @@ class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<Variation
   /// seq_initialize: r ~ Dirichlet(1_N) per row in row order over the final-hop positions, scaled by w_n and added to
   /// emission_count[v_nj, t_n]; n += Σ w; gradients, ll and the state untouched.
   void initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng);
+  /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
+  /// [rows_before other rows; batch; rows_after other rows], with only batch's rows accumulated. The other rows'
+  /// draws never depend on their content, so they are made and dropped without the rows.
+  void initialize_shard(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                        Index rows_after);
   [[nodiscard]] ChainedAttentionEncoder encoder() const;
   /// Zeroes the statistics and detaches the state.
   void set_zero();

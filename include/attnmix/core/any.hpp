@@ -118,6 +118,12 @@ class AnyAccumulator {
   void merge_trusted(const AnyAccumulator& other) { self_->merge_trusted(*other.self_); }
   /// seq_initialize (SPEC.md §1.7 step 2).
   void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) { self_->initialize(batch, w, rng); }
+  /// The draws of initialize() over [rows_before other rows; batch; rows_after other rows], with only batch's rows
+  /// accumulated: what each process of a distributed fit runs (inference/optimize.hpp).
+  void initialize_shard(const AnyBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                        Index rows_after) {
+    self_->initialize_shard(batch, w, rng, rows_before, rows_after);
+  }
   [[nodiscard]] std::optional<std::string> keys() const { return self_->keys(); }
   /// SPEC.md §1.4, this site then its children depth-first.
   void key_merge(KeyPool& pool);
@@ -158,6 +164,8 @@ class AnyAccumulator {
     virtual void set_zero() = 0;
     virtual void merge_trusted(const Concept& other) = 0;
     virtual void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) = 0;
+    virtual void initialize_shard(const AnyBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                                  Index rows_after) = 0;
     [[nodiscard]] virtual std::optional<std::string> keys() const = 0;
     [[nodiscard]] virtual std::span<AnyAccumulator> children() = 0;
     [[nodiscard]] virtual bool equals(const Concept& other) const = 0;
@@ -181,6 +189,15 @@ class AnyAccumulator {
     void merge_trusted(const Concept& other) override { acc.merge_trusted(peer(other)); }
     void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) override {
       acc.initialize(batch_as<typename A::batch_type>(batch, A::kWhere), w, rng);
+    }
+    void initialize_shard(const AnyBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                          Index rows_after) override {
+      if constexpr (requires { acc.initialize_shard(batch_as<typename A::batch_type>(batch, A::kWhere), w, rng,
+                                                    rows_before, rows_after); })
+        acc.initialize_shard(batch_as<typename A::batch_type>(batch, A::kWhere), w, rng, rows_before, rows_after);
+      else  // a family defined outside the library may lack it
+        throw ValueError(std::string(A::kWhere) + ": a distributed fit of this family is not supported (it has no "
+                         "initialize_shard, which replays the other ranks' initialisation draws)");
     }
     std::optional<std::string> keys() const override { return acc.keys(); }
     std::span<AnyAccumulator> children() override {

@@ -44,6 +44,9 @@ class Rng {
   [[nodiscard]] int64_t categorical(std::span<const double> p);
   /// Fills out with a Dirichlet(1, …, 1) draw.
   void dirichlet_ones(std::span<double> out);
+  /// Advances the stream exactly as `count` calls of dirichlet_ones with `dim` entries would (the uniforms are drawn,
+  /// the logs are not taken). For the draws a distributed initialisation makes for other processes' rows.
+  void discard_dirichlet_ones(int64_t count, int64_t dim);
   /// k distinct values of [0, n) in draw order (k ≤ n).
   [[nodiscard]] std::vector<int64_t> sample_without_replacement(int64_t n, int64_t k);
 

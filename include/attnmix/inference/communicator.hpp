@@ -10,9 +10,9 @@
 /// builds the same estimator and passes the same options (seed included), so initialisation, the subset weights and
 /// every model are identical on every rank, and the fitted model equals the single-process fit of the concatenated
 /// rows up to the order of floating-point additions. An empty shard's batch must still have the data set's width.
-/// Initialisation replays the single-process draws: each rank draws the subset weights of all rows and initialises on
-/// [zero rows; its shard; zero rows] (the stand-ins weigh 0), which costs O(total rows) time once per fit; families
-/// that initialise row by row hold one block of stand-ins at a time, chained attention all of them (optimize.hpp).
+/// Initialisation replays the single-process draws: each rank draws the subset weights of all rows, and its
+/// accumulator's initialize_shard makes the initialisation draws of the other ranks' rows and drops them, without the
+/// rows: O(total rows) time once per fit, memory for the shard only (optimize.hpp).
 #pragma once
 
 #include <cstdint>

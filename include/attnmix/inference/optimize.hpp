@@ -132,18 +132,6 @@ template <class D>
   return detail::sum_over_ranks(local, comm);
 }
 
-/// [before rows of zero ids; batch; after rows of zero ids]: what a rank stands in for the rows of other ranks while
-/// it replays the single-process initialisation draws. Families opt in with B::padded(before, after).
-template <class B>
-[[nodiscard]] B pad_with_zero_rows(const B& batch, Index before, Index after) {
-  if (before == 0 && after == 0) return batch;
-  if constexpr (requires { batch.padded(before, after); })
-    return batch.padded(before, after);
-  else
-    throw ValueError("a distributed fit of this family is not supported (its batches cannot stand in for other "
-                     "ranks' rows during initialisation)");
-}
-
 /// The initial model of SPEC.md §1.7 step 2 (single-threaded), drawing from the caller's rng (which advances):
 /// rng_w = Rng(rng.uniform_int(2³¹ − 1)), w_n ~ Bernoulli(init_p) from rng_w, responsibilities from rng.
 /// options.seed is not used; optimize(batch, estimator, options, initialize_model(…, rng)) equals optimize() with a
@@ -166,35 +154,17 @@ template <class E>
     for (double wn : w) nobs += wn;
   } else {
     // Replay the single-process draws over all global rows: the subset weights of the rows before this shard are
-    // drawn and dropped (those after it are never needed), and the initialisation draws of other ranks' rows are
-    // made on zero-id stand-in rows of weight 0, so the family's draw order is the single-process one.
+    // drawn and dropped (those after it are never needed), and the family's initialisation draws for other ranks'
+    // rows are made and dropped in their single-process order (initialize_shard), without the rows.
     const RowShard shard = row_shard(*comm, rows);
     for (int64_t g = 0; g < shard.offset; ++g) static_cast<void>(rng_w.bernoulli(p));
     for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
     detail::on_every_rank(comm, [&] {
-      if constexpr (requires { requires decltype(acc)::kInitializesRowByRow; }) {
-        // The family initialises row after row, each row with its own draws, so [stand-ins; this shard;
-        // stand-ins] can be consecutive calls: memory holds one block of stand-ins, not every global row.
-        const auto stand_ins = [&](int64_t count) {
-          constexpr int64_t kBlock = 4096;
-          if (count == 0) return;
-          const auto block = pad_with_zero_rows(batch.slice(0, 0), std::min(count, kBlock), 0);
-          const std::vector<double> zero(static_cast<size_t>(block.n_rows()), 0.0);
-          for (int64_t done = 0; done < count; done += kBlock) {
-            const int64_t k = std::min(kBlock, count - done);
-            acc.initialize(block.slice(0, k), {zero.data(), static_cast<size_t>(k)}, rng);
-          }
-        };
-        stand_ins(shard.offset);
-        acc.initialize(batch, w, rng);
-        stand_ins(shard.total - shard.offset - rows);
-      } else {
-        // Draws in another order (hop-major for chained attention): one call on [zero rows; this shard; zero rows],
-        // which holds every global row on every rank while it runs.
-        std::vector<double> padded_w(static_cast<size_t>(shard.total), 0.0);
-        std::copy(w.begin(), w.end(), padded_w.begin() + shard.offset);
-        acc.initialize(pad_with_zero_rows(batch, shard.offset, shard.total - shard.offset - rows), padded_w, rng);
-      }
+      if constexpr (requires { acc.initialize_shard(batch, std::span<const double>(w), rng, rows, rows); })
+        acc.initialize_shard(batch, w, rng, shard.offset, shard.total - shard.offset - rows);
+      else  // a family defined outside the library may lack it
+        throw ValueError("a distributed fit of this family is not supported (its accumulator has no "
+                         "initialize_shard, which replays the other ranks' initialisation draws)");
     });
     for (double wn : w) nobs += wn;
     detail::sum_over_ranks(acc, *comm);

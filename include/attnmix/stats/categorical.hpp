@@ -90,6 +90,11 @@ class CategoricalAccumulator : public FlatAccumulator<CategoricalAccumulator> {
   void validate(std::string_view where) const;
   /// seq_initialize: counts[x_n] += w_n (no randomness; rng is untouched). @throws ValueError.
   void initialize(const CategoricalBatch& batch, std::span<const double> w, Rng& rng);
+  /// A distributed fit's initialisation (AnyAccumulator::initialize_shard): other rows draw nothing.
+  void initialize_shard(const CategoricalBatch& batch, std::span<const double> w, Rng& rng, Index /*rows_before*/,
+                        Index /*rows_after*/) {
+    initialize(batch, w, rng);
+  }
   [[nodiscard]] CategoricalEncoder encoder() const { return {K_}; }
 
  private:

@@ -85,6 +85,10 @@ class CompositeAccumulator {
   void merge_trusted(const CompositeAccumulator& other);
   /// seq_initialize: child f initialises on field f, in field order, with weights w. Atomic.
   void initialize(const CompositeBatch& batch, std::span<const double> w, Rng& rng);
+  /// The same over [rows_before other rows; batch; rows_after other rows]: each child's initialize_shard, in field
+  /// order. Atomic.
+  void initialize_shard(const CompositeBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                        Index rows_after);
   [[nodiscard]] bool operator==(const CompositeAccumulator& other) const;
 
  private:

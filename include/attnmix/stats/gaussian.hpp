@@ -91,6 +91,11 @@ class DiagonalGaussianAccumulator : public FlatAccumulator<DiagonalGaussianAccum
   /// seq_initialize: the E-step sums with weights w (no randomness; rng is untouched). @throws
   /// ValueError.
   void initialize(const DiagonalGaussianBatch& batch, std::span<const double> w, Rng& rng);
+  /// A distributed fit's initialisation (AnyAccumulator::initialize_shard): other rows draw nothing.
+  void initialize_shard(const DiagonalGaussianBatch& batch, std::span<const double> w, Rng& rng,
+                        Index /*rows_before*/, Index /*rows_after*/) {
+    initialize(batch, w, rng);
+  }
   [[nodiscard]] DiagonalGaussianEncoder encoder() const { return {D_}; }
 
  private:

@@ -47,7 +47,13 @@ class MixtureAccumulator {
   void scale(double c);
   void set_zero();
   void merge_trusted(const MixtureAccumulator& other);
+  /// seq_initialize: ρ_n ~ Dirichlet(1_K) for every row, then component k initialises with weights w_n ρ_nk, in
+  /// component order. Atomic.
   void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng);
+  /// The same draws over [rows_before other rows; batch; rows_after other rows], with only batch's rows accumulated
+  /// (the other rows' ρ are drawn and dropped, and each component replays its own draws likewise).
+  void initialize_shard(const AnyBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                        Index rows_after);
   /// comp_count finite and ≥ 0 (children validate their own laws when combined or unpacked).
   void validate(std::string_view where) const;
   [[nodiscard]] bool operator==(const MixtureAccumulator& other) const;

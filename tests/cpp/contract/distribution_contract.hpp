@@ -343,6 +343,8 @@ TYPED_TEST_P(DistributionContractTest, InvalidInputsRaiseDocumentedTypes) {
   EXPECT_THROW(any.accumulate(AnyBatch(ForeignBatch{3}), w3, any_acc), TypeError);
   AnyAccumulator foreign{ForeignAccumulator()};
   EXPECT_THROW(any.accumulate(to_any(batch), w, foreign), TypeError);
+  Rng shard_rng(0);  // a family without initialize_shard cannot be fitted distributed, and says so
+  EXPECT_THROW(foreign.initialize_shard(AnyBatch(ForeignBatch{3}), w3, shard_rng, 2, 1), ValueError);
   EXPECT_THROW(any_acc.combine(foreign), TypeError);
   EXPECT_THROW(any_acc.from_value(foreign), TypeError);
   EXPECT_THROW((void)AnyEstimator(TypeParam::make_estimator(model)).estimate(std::nullopt, foreign),

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "attnmix/core/rng.hpp"
 
@@ -86,6 +88,17 @@ TEST(RngTest, UniformIntIsUnbiasedAndDirichletOnSimplex) {
     first += d[0] / 20000;
   }
   EXPECT_NEAR(first, 0.2, 5 * std::sqrt(0.2 * 0.8 / 6 / 20000));  // Beta(1, 4) variance 4/150
+}
+
+TEST(RngTest, DiscardDirichletOnesAdvancesLikeTheDraws) {
+  for (const auto& [count, dim] : {std::pair<int64_t, int64_t>{0, 4}, {1, 1}, {3, 5}, {1000, 16}, {7, 0}}) {
+    Rng drawn(11);
+    Rng discarded(11);
+    std::vector<double> d(static_cast<size_t>(dim));
+    for (int64_t k = 0; k < count; ++k) drawn.dirichlet_ones(d);
+    discarded.discard_dirichlet_ones(count, dim);
+    EXPECT_EQ(discarded.next_u64(), drawn.next_u64()) << count << " x " << dim;
+  }
 }
 
 TEST(RngTest, SampleWithoutReplacementIsDistinctAndUniform) {

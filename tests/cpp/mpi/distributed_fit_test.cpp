@@ -4,7 +4,7 @@
 // MpiCommunicator. Each rank also fits the whole data set alone, as the oracle: the distributed model must equal it
 // to 1e-12 (max absolute parameter difference), and every rank must hold the same model bit for bit (rank 0's is
 // broadcast and compared). A row that no position can explain on one rank makes every rank throw, the failing rank
-// its own ImpossibleEvidenceError and the others RemoteRankError naming it.
+// its own ImpossibleEvidenceError and the others RemoteRankError naming it. Mixtures of heads are fitted the same way.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -12,16 +12,19 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
+#include "attnmix/core/any.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/mpi/mpi.hpp"
+#include "attnmix/stats/mixture.hpp"
 
 namespace attnmix {
 namespace {
@@ -72,6 +75,18 @@ std::vector<double> parameters(const VariationalMultiHopAttention& m) {
   std::vector<double> out;
   append(out, m.emission());
   append_state(out, m.optimizer_state());
+  return out;
+}
+
+std::vector<double> parameters(const Mixture& m) {
+  std::vector<double> out;
+  append(out, m.weights());
+  for (const AnyDistribution& component : m.components()) {
+    const auto* head = component.get_if<ResponsibilityAttention>();
+    if (head == nullptr) throw std::logic_error("the test mixes responsibility-attention heads only");
+    const std::vector<double> head_parameters = parameters(*head);
+    out.insert(out.end(), head_parameters.begin(), head_parameters.end());
+  }
   return out;
 }
 
@@ -169,6 +184,27 @@ TEST(DistributedFitTest, VariationalMultiHopAttentionEqualsSingleProcess) {
   VariationalMultiHopAttentionEstimatorOptions o;
   o.mc = 2;
   expect_distributed_equals_single(full, VariationalMultiHopAttentionEstimator(S, D, S, o), fit_options(1));
+}
+
+/// A mixture of two responsibility-attention heads and a keyed (tied) pair: the mixture's component weights and each
+/// head's initialisation draws are replayed for the other ranks' rows (MixtureAccumulator::initialize_shard).
+TEST(DistributedFitTest, MixtureOfAttentionHeadsEqualsSingleProcess) {
+  Rng rng(7);
+  ResponsibilityAttentionParams p;
+  const Index S = 6, N = 4, D = 3, T = 5;
+  p.key_means.resize(S, D);
+  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
+  p.emission = Matrix::Constant(S, T, 1.0 / T);
+  p.position_prior = Vector::Constant(N, 1.0 / N);
+  const AnyBatch full(ResponsibilityAttention(p).sampler(8).sample(kRows));
+  const AnyEstimator head(ResponsibilityAttentionEstimator(S, N, D, T));
+  ResponsibilityAttentionEstimatorOptions keyed;
+  keyed.keys = "shared";
+  const AnyEstimator tied(ResponsibilityAttentionEstimator(S, N, D, T, keyed));
+  for (int threads : {1, 2}) {
+    expect_distributed_equals_single(full, MixtureEstimator({head, head}), fit_options(threads));
+    expect_distributed_equals_single(full, MixtureEstimator({tied, tied, head}), fit_options(threads));
+  }
 }
 
 /// Impossible evidence on the last rank only: the model's emission gives target 0 probability 0 from every symbol,
