@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "attnmix/core/errors.hpp"
 #include "jsonl.hpp"
 #include "npz.hpp"
+#include "row_table.hpp"
 
 namespace attnmix::cli {
 
@@ -26,11 +28,18 @@ void empty_rows(CaRows& rows, Index N) {
   rows.targets.resize(0);
 }
 
-/// Accumulates rows; N becomes set from the declared dims or the first row.
+/// Takes the rows in place (row_table.hpp); N becomes set from the declared dims or the first row.
 struct CaSink {
   CaDims dims;
-  std::vector<int64_t> keys, values, queries, targets;
+  RowTable<IdMatrix> keys, values;
+  RowTable<IdVector> queries, targets;
   Index n_rows = 0;
+
+  /// The number of rows the stripe holds (each table is allocated when its width is known).
+  void expect_rows(Index rows) {
+    for (RowTable<IdMatrix>* table : {&keys, &values}) table->expect_rows(rows);
+    for (RowTable<IdVector>* table : {&queries, &targets}) table->expect_rows(rows);
+  }
 
   CaRows finish(CaRows rows, const RowStripe& stripe) {
     if (n_rows == 0) {
@@ -39,12 +48,10 @@ struct CaSink {
       empty_rows(rows, dims.context_length ? dims.context_length->value : 0);
       return rows;
     }
-    const Index N = dims.context_length->value;
-    rows.keys = Eigen::Map<const IdMatrix>(keys.data(), n_rows, N);
-    rows.values = Eigen::Map<const IdMatrix>(values.data(), n_rows, N);
-    rows.queries = Eigen::Map<const IdVector>(queries.data(), n_rows);
-    rows.targets = rows.has_targets ? IdVector(Eigen::Map<const IdVector>(targets.data(), n_rows))
-                                    : IdVector(IdVector::Zero(n_rows));
+    rows.keys = std::move(keys).take(n_rows);
+    rows.values = std::move(values).take(n_rows);
+    rows.queries = std::move(queries).take(n_rows);
+    rows.targets = rows.has_targets ? std::move(targets).take(n_rows) : IdVector(IdVector::Zero(n_rows));
     return rows;
   }
 };
@@ -63,7 +70,11 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
   rows.source = path;
   CaSink sink{declared, {}, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
-  for_each_json_line(path, stripe, [&](int64_t line, const json& object) {
+  const auto on_row_count = [&](int64_t count) {
+    sink.expect_rows(count);
+    rows.line_of_row.reserve(static_cast<size_t>(count));
+  };
+  const auto visit = [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
     check_json_fields(object, where, {"keys", "values", "query", "target"},
                       {"keys", "values", "query"});
@@ -79,6 +90,9 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
                        " entries but keys has " + std::to_string(keys.size()) +
                        " (position j pairs keys[j] with values[j])");
     check_width("keys", "N", sink.dims.context_length, keys.size(), where, first_row);
+    sink.keys.allocate(sink.dims.context_length->value);
+    sink.values.allocate(sink.dims.context_length->value);
+    sink.queries.allocate(1);
     for (size_t j = 0; j < keys.size(); ++j)
       sink.keys.push_back(json_id(keys[j], where, "keys[" + std::to_string(j) + "]", "S",
                                   sink.dims.n_symbols));
@@ -86,11 +100,14 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
       sink.values.push_back(json_id(values[j], where, "values[" + std::to_string(j) + "]", "S",
                                     sink.dims.n_symbols));
     sink.queries.push_back(json_id(object["query"], where, "query", "S", sink.dims.n_symbols));
-    if (has_target)
+    if (has_target) {
+      sink.targets.allocate(1);
       sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
+    }
     rows.line_of_row.push_back(line);
     ++sink.n_rows;
-  });
+  };
+  for_each_json_line(path, stripe, visit, on_row_count);
   rows.has_targets = targets_seen.has_targets();
   return sink.finish(std::move(rows), stripe);
 }
@@ -132,6 +149,11 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
   // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
+  sink.expect_rows(end - begin);
+  sink.keys.allocate(N);
+  sink.values.allocate(N);
+  sink.queries.allocate(1);
+  if (target) sink.targets.allocate(1);
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t j = 0; j < N; ++j) {
       sink.keys.push_back(npz_id(keys, keys.at(r, j), path, index_text("keys", r, j), "S", S));
@@ -178,11 +200,12 @@ CaDims infer_ca_dims(const CaDims& declared, const std::vector<const CaRows*>& r
   return dims;
 }
 
-ChainedAttentionBatch encode_ca_rows(const CaRows& rows, const CaDims& dims) {
+ChainedAttentionBatch encode_ca_rows(CaRows rows, const CaDims& dims) {
   ChainedAttentionEncoder encoder;
   encoder.n_symbols = dims.n_symbols->value;
   encoder.n_targets = dims.n_targets->value;
-  return encoder.encode(rows.keys, rows.values, rows.queries, rows.targets);
+  return encoder.encode(std::move(rows.keys), std::move(rows.values), std::move(rows.queries),
+                        std::move(rows.targets));
 }
 
 }  // namespace attnmix::cli

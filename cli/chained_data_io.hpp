@@ -52,7 +52,8 @@ struct CaRows : RowOrigin {
                                    const std::vector<const CaRows*>& row_sets,
                                    const Communicator* comm = nullptr);
 
-/// The encoded batch (rows already validated against dims).
-[[nodiscard]] ChainedAttentionBatch encode_ca_rows(const CaRows& rows, const CaDims& dims);
+/// The encoded batch (rows already validated against dims). The row matrices move into the batch: pass
+/// std::move(rows) when the rows are not needed afterwards, so that they are not copied.
+[[nodiscard]] ChainedAttentionBatch encode_ca_rows(CaRows rows, const CaDims& dims);
 
 }  // namespace attnmix::cli

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "attnmix/core/errors.hpp"
 #include "jsonl.hpp"
 #include "npz.hpp"
+#include "row_table.hpp"
 
 namespace attnmix::cli {
 
@@ -18,13 +20,19 @@ namespace {
 
 constexpr auto kFieldList = "context=..., query=..., target=...";
 
-/// Accumulates rows and fixes N and D from the declared dims or the first row.
+/// Takes the rows in place (row_table.hpp) and fixes N and D from the declared dims or the first row.
 struct RowSink {
   RaDims dims;  // N and D become set once the first row is seen
-  std::vector<int64_t> contexts;
-  std::vector<double> queries;
-  std::vector<int64_t> targets;
+  RowTable<IdMatrix> contexts;
+  RowTable<Matrix> queries;
+  RowTable<IdVector> targets;
   Index n_rows = 0;
+
+  void expect_rows(Index rows) {
+    contexts.expect_rows(rows);
+    queries.expect_rows(rows);
+    targets.expect_rows(rows);
+  }
 };
 
 RaRows finish(RowSink& sink, RaRows rows, const RowStripe& stripe) {
@@ -37,13 +45,10 @@ RaRows finish(RowSink& sink, RaRows rows, const RowStripe& stripe) {
     rows.targets.resize(0);
     return rows;
   }
-  const Index N = sink.dims.context_length->value;
-  const Index D = sink.dims.query_dim->value;
-  rows.contexts = Eigen::Map<const IdMatrix>(sink.contexts.data(), sink.n_rows, N);
-  rows.queries = Eigen::Map<const Matrix>(sink.queries.data(), sink.n_rows, D);
-  rows.targets = rows.has_targets
-                     ? IdVector(Eigen::Map<const IdVector>(sink.targets.data(), sink.n_rows))
-                     : IdVector(IdVector::Zero(sink.n_rows));
+  rows.contexts = std::move(sink.contexts).take(sink.n_rows);
+  rows.queries = std::move(sink.queries).take(sink.n_rows);
+  rows.targets = rows.has_targets ? std::move(sink.targets).take(sink.n_rows)
+                                  : IdVector(IdVector::Zero(sink.n_rows));
   return rows;
 }
 
@@ -53,7 +58,11 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
   rows.source = path;
   RowSink sink{declared, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
-  for_each_json_line(path, stripe, [&](int64_t line, const json& object) {
+  const auto on_row_count = [&](int64_t count) {
+    sink.expect_rows(count);
+    rows.line_of_row.reserve(static_cast<size_t>(count));
+  };
+  const auto visit = [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
     check_json_fields(object, where, {"context", "query", "target"}, {"context", "query"});
     const bool has_target = object.contains("target");
@@ -66,6 +75,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
       throw TypeError(where + ": context: must be an array of integer ids (got " +
                       json_kind(context) + ")");
     check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
+    sink.contexts.allocate(sink.dims.context_length->value);
     for (size_t i = 0; i < context.size(); ++i)
       sink.contexts.push_back(json_id(context[i], where, "context[" + std::to_string(i) + "]", "S",
                                       sink.dims.n_symbols));
@@ -75,6 +85,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
       throw TypeError(where + ": query: must be an array of numbers (got " + json_kind(query) +
                       ")");
     check_width("query", "D", sink.dims.query_dim, query.size(), where, first_row);
+    sink.queries.allocate(sink.dims.query_dim->value);
     for (size_t d = 0; d < query.size(); ++d) {
       const json& x = query[d];
       if (!x.is_number())
@@ -82,11 +93,14 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
                         "]: must be a finite number (got " + json_kind(x) + ")");
       sink.queries.push_back(x.get<double>());
     }
-    if (has_target)
+    if (has_target) {
+      sink.targets.allocate(1);
       sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
+    }
     rows.line_of_row.push_back(line);
     ++sink.n_rows;
-  });
+  };
+  for_each_json_line(path, stripe, visit, on_row_count);
   rows.has_targets = targets_seen.has_targets();
   return finish(sink, std::move(rows), stripe);
 }
@@ -147,6 +161,10 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
+  sink.expect_rows(end - begin);
+  sink.contexts.allocate(N);
+  sink.queries.allocate(D);
+  if (target) sink.targets.allocate(1);
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
       sink.contexts.push_back(id_at(context, context.at(r, i), "context", r, i, "S", sink.dims.n_symbols));
@@ -198,10 +216,10 @@ RaDims infer_ra_dims(const RaDims& declared, const std::vector<const RaRows*>& r
   return dims;
 }
 
-ResponsibilityAttentionBatch encode_ra_rows(const RaRows& rows, const RaDims& dims) {
+ResponsibilityAttentionBatch encode_ra_rows(RaRows rows, const RaDims& dims) {
   const ResponsibilityAttentionEncoder encoder{dims.n_symbols->value, dims.context_length->value,
                                                dims.query_dim->value, dims.n_targets->value};
-  return encoder.encode(rows.contexts, rows.queries, rows.targets);
+  return encoder.encode(std::move(rows.contexts), std::move(rows.queries), std::move(rows.targets));
 }
 
 }  // namespace attnmix::cli

@@ -54,7 +54,8 @@ struct RaRows : RowOrigin {
                                    const std::vector<const RaRows*>& row_sets,
                                    const Communicator* comm = nullptr);
 
-/// The encoded batch (rows already validated against dims).
-[[nodiscard]] ResponsibilityAttentionBatch encode_ra_rows(const RaRows& rows, const RaDims& dims);
+/// The encoded batch (rows already validated against dims). The row matrices move into the batch: pass
+/// std::move(rows) when the rows are not needed afterwards, so that they are not copied.
+[[nodiscard]] ResponsibilityAttentionBatch encode_ra_rows(RaRows rows, const RaDims& dims);
 
 }  // namespace attnmix::cli

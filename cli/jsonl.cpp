@@ -93,10 +93,11 @@ std::ifstream open_data_file(const std::string& path) {
   return in;
 }
 
-/// The data-line indices [begin, end) of the stripe (counting the file's data lines first when it
-/// has more than one part; begin = 0, end = INT64_MAX for a whole file).
-std::pair<int64_t, int64_t> stripe_lines(const std::string& path, const RowStripe& stripe) {
-  if (stripe.parts <= 1) return {0, INT64_MAX};
+/// The data-line indices [begin, end) of the stripe, counting the file's data lines first when it
+/// has more than one part or `count` is set (else begin = 0, end = INT64_MAX for a whole file).
+std::pair<int64_t, int64_t> stripe_lines(const std::string& path, const RowStripe& stripe,
+                                         bool count) {
+  if (stripe.parts <= 1 && !count) return {0, INT64_MAX};
   std::ifstream in = open_data_file(path);
   std::string line;
   int64_t number = 0, data_lines = 0;
@@ -141,8 +142,10 @@ json parse_object(const std::string& path, int64_t number, const std::string& li
 }  // namespace
 
 void for_each_json_line(const std::string& path, const RowStripe& stripe,
-                        const std::function<void(int64_t, const json&)>& visit) {
-  const auto [begin, end] = stripe_lines(path, stripe);
+                        const std::function<void(int64_t, const json&)>& visit,
+                        const std::function<void(int64_t)>& on_row_count) {
+  const auto [begin, end] = stripe_lines(path, stripe, static_cast<bool>(on_row_count));
+  if (on_row_count) on_row_count(end - begin);
   std::ifstream in = open_data_file(path);
   std::string line;
   int64_t number = 0;
@@ -159,7 +162,7 @@ void for_each_json_line(const std::string& path, const RowStripe& stripe,
 std::optional<std::pair<int64_t, json>> first_json_object(const std::string& path,
                                                           const RowStripe& stripe) noexcept {
   try {
-    const auto [begin, end] = stripe_lines(path, stripe);
+    const auto [begin, end] = stripe_lines(path, stripe, false);
     std::ifstream in = open_data_file(path);
     std::string line;
     int64_t number = 0;

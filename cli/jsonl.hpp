@@ -20,12 +20,16 @@
 
 namespace attnmix::cli {
 
-/// Calls visit(line_number, object) for every non-blank line of the stripe, in order.
+/// Calls visit(line_number, object) for every non-blank line of the stripe, in order. With
+/// on_row_count, the file's data lines are counted first (one more pass when the file is read
+/// whole) and on_row_count(rows) is called before the first visit with the number of lines the
+/// stripe holds: no more are visited, even when the file grows in between.
 /// @throws std::runtime_error when the file cannot be read; ValueError on malformed JSON or a
 /// non-object line.
 void for_each_json_line(
     const std::string& path, const RowStripe& stripe,
-    const std::function<void(int64_t line, const nlohmann::json& object)>& visit);
+    const std::function<void(int64_t line, const nlohmann::json& object)>& visit,
+    const std::function<void(int64_t rows)>& on_row_count = {});
 
 /// The same for every non-blank line of the file.
 inline void for_each_json_line(

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "attnmix/core/errors.hpp"
 #include "jsonl.hpp"
 #include "npz.hpp"
+#include "row_table.hpp"
 
 namespace attnmix::cli {
 
@@ -25,11 +27,18 @@ void empty_rows(VeaRows& rows, Index N) {
   rows.targets.resize(0);
 }
 
-/// Accumulates rows; N becomes set from the declared dims or the first row.
+/// Takes the rows in place (row_table.hpp); N becomes set from the declared dims or the first row.
 struct VeaSink {
   VeaDims dims;
-  std::vector<int64_t> contexts, queries, targets;
+  RowTable<IdMatrix> contexts;
+  RowTable<IdVector> queries, targets;
   Index n_rows = 0;
+
+  void expect_rows(Index rows) {
+    contexts.expect_rows(rows);
+    queries.expect_rows(rows);
+    targets.expect_rows(rows);
+  }
 
   VeaRows finish(VeaRows rows, const RowStripe& stripe) {
     if (n_rows == 0) {
@@ -38,11 +47,9 @@ struct VeaSink {
       empty_rows(rows, dims.context_length ? dims.context_length->value : 0);
       return rows;
     }
-    const Index N = dims.context_length->value;
-    rows.contexts = Eigen::Map<const IdMatrix>(contexts.data(), n_rows, N);
-    rows.queries = Eigen::Map<const IdVector>(queries.data(), n_rows);
-    rows.targets = rows.has_targets ? IdVector(Eigen::Map<const IdVector>(targets.data(), n_rows))
-                                    : IdVector(IdVector::Zero(n_rows));
+    rows.contexts = std::move(contexts).take(n_rows);
+    rows.queries = std::move(queries).take(n_rows);
+    rows.targets = rows.has_targets ? std::move(targets).take(n_rows) : IdVector(IdVector::Zero(n_rows));
     return rows;
   }
 };
@@ -53,7 +60,11 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
   rows.source = path;
   VeaSink sink{declared, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
-  for_each_json_line(path, stripe, [&](int64_t line, const json& object) {
+  const auto on_row_count = [&](int64_t count) {
+    sink.expect_rows(count);
+    rows.line_of_row.reserve(static_cast<size_t>(count));
+  };
+  const auto visit = [&](int64_t line, const json& object) {
     const std::string where = path + ": line " + std::to_string(line);
     check_json_fields(object, where, {"context", "query", "target"}, {"context", "query"});
     const bool has_target = object.contains("target");
@@ -66,17 +77,22 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
       throw TypeError(where + ": context: must be an array of integer ids (got " +
                       json_kind(context) + ")");
     check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
+    sink.contexts.allocate(sink.dims.context_length->value);
+    sink.queries.allocate(1);
     for (size_t i = 0; i < context.size(); ++i)
       sink.contexts.push_back(json_id(context[i], where, "context[" + std::to_string(i) + "]", "S",
                                       sink.dims.n_symbols));
     // The query is one symbol id (json_id rejects an array, as responsibility attention's vector
     // query would be, with "must be an integer id (got an array)").
     sink.queries.push_back(json_id(object["query"], where, "query", "S", sink.dims.n_symbols));
-    if (has_target)
+    if (has_target) {
+      sink.targets.allocate(1);
       sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
+    }
     rows.line_of_row.push_back(line);
     ++sink.n_rows;
-  });
+  };
+  for_each_json_line(path, stripe, visit, on_row_count);
   rows.has_targets = targets_seen.has_targets();
   return sink.finish(std::move(rows), stripe);
 }
@@ -112,6 +128,10 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
   // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
+  sink.expect_rows(end - begin);
+  sink.contexts.allocate(N);
+  sink.queries.allocate(1);
+  if (target) sink.targets.allocate(1);
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
       sink.contexts.push_back(
@@ -156,12 +176,12 @@ VeaDims infer_vea_dims(const VeaDims& declared, const std::vector<const VeaRows*
   return dims;
 }
 
-VariationalEmbeddingAttentionBatch encode_vea_rows(const VeaRows& rows, const VeaDims& dims) {
+VariationalEmbeddingAttentionBatch encode_vea_rows(VeaRows rows, const VeaDims& dims) {
   VariationalEmbeddingAttentionEncoder encoder;
   encoder.n_symbols = dims.n_symbols->value;
   encoder.context_length = dims.context_length->value;
   encoder.n_targets = dims.n_targets->value;
-  return encoder.encode(rows.contexts, rows.queries, rows.targets);
+  return encoder.encode(std::move(rows.contexts), std::move(rows.queries), std::move(rows.targets));
 }
 
 }  // namespace attnmix::cli

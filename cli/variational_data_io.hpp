@@ -53,8 +53,8 @@ struct VeaRows : RowOrigin {
                                      const std::vector<const VeaRows*>& row_sets,
                                      const Communicator* comm = nullptr);
 
-/// The encoded batch (rows already validated against dims).
-[[nodiscard]] VariationalEmbeddingAttentionBatch encode_vea_rows(const VeaRows& rows,
-                                                                 const VeaDims& dims);
+/// The encoded batch (rows already validated against dims). The row matrices move into the batch: pass
+/// std::move(rows) when the rows are not needed afterwards, so that they are not copied.
+[[nodiscard]] VariationalEmbeddingAttentionBatch encode_vea_rows(VeaRows rows, const VeaDims& dims);
 
 }  // namespace attnmix::cli

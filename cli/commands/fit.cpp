@@ -219,11 +219,6 @@ int run_fit(const FitArgs& args) {
   const auto start = std::chrono::steady_clock::now();
   std::optional<AnyDistribution> initial;
   if (init) initial = init->model;
-  // Distributed, the random initialisation runs on the family's own batch type (FitProblem::
-  // initialize_distributed); alone, optimize() initialises as always.
-  if (comm && !init)
-    run_located(comm, &input.train_origin,
-                [&] { initial = input.initialize_distributed(options); });
   std::optional<OptimizeResult<AnyDistribution>> fit;
   run_located(comm, &input.train_origin, [&] {
     fit = optimize(input.train, input.estimator, options, std::move(initial),

@@ -2,6 +2,7 @@
 // `attnmix fit --family chained`: reads CA data files (--data, --valid), settles S, N, T and builds
 // the L-hop estimator from the library's options with the flags that were given.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/attention/chained.hpp"
@@ -42,12 +43,12 @@ FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
   problem.train_source = args.data;
   if (rows.valid) problem.valid_source = args.valid;
   const CaDims& dims = rows.dims;
-  ChainedAttentionBatch batch = encode_ca_rows(rows.train, dims);
-  problem.train = AnyBatch(batch);
-  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(*rows.valid, dims));
   problem.train_counts = std::move(rows.train_counts);
   problem.valid_total = rows.valid_total;
-  problem.train_origin = std::move(rows.train);
+  problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  // The row matrices move into the batches (no copy).
+  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
+  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
 
   ChainedAttentionEstimatorOptions options;  // the library's M-step defaults
   if (given(args.sigma2_opt))
@@ -57,9 +58,7 @@ FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
-  ChainedAttentionEstimator estimator(L, S, T, options);
-  problem.estimator = AnyEstimator(estimator);
-  problem.initialize_distributed = concrete_initializer(std::move(batch), std::move(estimator));
+  problem.estimator = AnyEstimator(ChainedAttentionEstimator(L, S, T, options));
   problem.dims_brief = "L=" + std::to_string(L) + ", S=" + std::to_string(S) +
                        ", N=" + std::to_string(N) + ", T=" + std::to_string(T);
   problem.dims_summary = "L=" + std::to_string(L) + (L == 1 ? " hop, S=" : " hops, S=") +

@@ -13,7 +13,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -118,21 +117,7 @@ struct FitProblem {
   RowOrigin train_origin;    // locates training rows for impossible-evidence messages
   std::vector<int64_t> train_counts;  // training rows of each process (rank order; one entry alone)
   int64_t valid_total = 0;            // validation rows over every process
-  /// The random initialisation of a distributed fit (SPEC.md §1.7 step 2 replayed over the rows of
-  /// every process, communicator.hpp), run on the family's own batch and estimator types: it pads
-  /// this process's rows with stand-ins for the other processes' rows, which the type-erased
-  /// AnyBatch cannot do. Empty for --text corpora (never distributed). Collective.
-  std::function<AnyDistribution(const OptimizeOptions&)> initialize_distributed;
 };
-
-/// initialize_distributed for a family: initialize_model() on its concrete batch and estimator.
-template <class E>
-[[nodiscard]] std::function<AnyDistribution(const OptimizeOptions&)> concrete_initializer(
-    typename E::distribution_type::batch_type batch, E estimator) {
-  return [batch = std::move(batch), estimator = std::move(estimator)](const OptimizeOptions& o) {
-    return AnyDistribution(initialize_model(batch, estimator, o));
-  };
-}
 
 /// Responsibility attention from --data files or a --text corpus (fit_responsibility.cpp).
 [[nodiscard]] FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init);

@@ -3,6 +3,7 @@
 // (--text), settles S, N, D, T and builds the estimator from the library's options with the flags
 // that were given.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/attention/responsibility.hpp"
@@ -20,8 +21,6 @@ namespace {
 struct RaInput {
   FitProblem problem;
   RaDims dims;
-  // The training rows of data files, for initialize_distributed.
-  ResponsibilityAttentionBatch batch;
 };
 
 /// The dimensions the flags and the --init model declare (init_model: the --init model, or null).
@@ -58,12 +57,12 @@ RaInput read_data_files(const FitArgs& args, const RaDims& declared) {
   input.problem.train_source = args.data;
   if (rows.valid) input.problem.valid_source = args.valid;
   input.dims = rows.dims;
-  input.batch = encode_ra_rows(rows.train, input.dims);
-  input.problem.train = AnyBatch(input.batch);
-  if (rows.valid) input.problem.valid = AnyBatch(encode_ra_rows(*rows.valid, input.dims));
   input.problem.train_counts = std::move(rows.train_counts);
   input.problem.valid_total = rows.valid_total;
-  input.problem.train_origin = std::move(rows.train);
+  input.problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  // The row matrices move into the batches (no copy).
+  input.problem.train = AnyBatch(encode_ra_rows(std::move(rows.train), input.dims));
+  if (rows.valid) input.problem.valid = AnyBatch(encode_ra_rows(std::move(*rows.valid), input.dims));
   return input;
 }
 
@@ -149,11 +148,7 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
              T = d.n_targets->value;
   FitProblem& problem = input.problem;
   problem.mechanism = "responsibility attention";
-  ResponsibilityAttentionEstimator estimator(S, N, D, T, options);
-  problem.estimator = AnyEstimator(estimator);
-  if (args.text.empty())
-    problem.initialize_distributed =
-        concrete_initializer(std::move(input.batch), std::move(estimator));
+  problem.estimator = AnyEstimator(ResponsibilityAttentionEstimator(S, N, D, T, options));
   problem.dims_brief = "S=" + std::to_string(S) + ", N=" + std::to_string(N) +
                        ", D=" + std::to_string(D) + ", T=" + std::to_string(T);
   problem.dims_summary = "S=" + std::to_string(S) + " symbols, N=" + std::to_string(N) +

@@ -6,6 +6,7 @@
 // estimator's seed is the model's noise seed (SPEC.md §4.5: the fit continues the model's Adam
 // trajectory; the estimator's seed only seeds a fresh initialisation).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/attention/variational_embedding.hpp"
@@ -88,20 +89,18 @@ FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init) {
   problem.train_source = args.data;
   if (rows.valid) problem.valid_source = args.valid;
   const VeaDims& dims = rows.dims;
-  VariationalEmbeddingAttentionBatch batch = encode_vea_rows(rows.train, dims);
-  problem.train = AnyBatch(batch);
-  if (rows.valid) problem.valid = AnyBatch(encode_vea_rows(*rows.valid, dims));
   problem.train_counts = std::move(rows.train_counts);
   problem.valid_total = rows.valid_total;
-  problem.train_origin = std::move(rows.train);
+  problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  // The row matrices move into the batches (no copy).
+  problem.train = AnyBatch(encode_vea_rows(std::move(rows.train), dims));
+  if (rows.valid) problem.valid = AnyBatch(encode_vea_rows(std::move(*rows.valid), dims));
 
   VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init_model, options);
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "variational embedding attention";
-  VariationalEmbeddingAttentionEstimator estimator(S, N, D, T, std::move(options));
-  problem.estimator = AnyEstimator(estimator);
-  problem.initialize_distributed = concrete_initializer(std::move(batch), std::move(estimator));
+  problem.estimator = AnyEstimator(VariationalEmbeddingAttentionEstimator(S, N, D, T, std::move(options)));
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;
@@ -123,21 +122,19 @@ FitProblem prepare_variational_multihop_fit(const FitArgs& args, const FitInit* 
   problem.train_source = args.data;
   if (rows.valid) problem.valid_source = args.valid;
   const CaDims& dims = rows.dims;
-  ChainedAttentionBatch batch = encode_ca_rows(rows.train, dims);
-  problem.train = AnyBatch(batch);
-  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(*rows.valid, dims));
   problem.train_counts = std::move(rows.train_counts);
   problem.valid_total = rows.valid_total;
-  problem.train_origin = std::move(rows.train);
+  problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  // The row matrices move into the batches (no copy).
+  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
+  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
 
   VariationalMultiHopAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init_model, options);
   if (given(args.anneal_iters_opt)) options.anneal_iters = args.anneal_iters;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "variational multi-hop attention (2 hops)";
-  VariationalMultiHopAttentionEstimator estimator(S, D, T, std::move(options));
-  problem.estimator = AnyEstimator(estimator);
-  problem.initialize_distributed = concrete_initializer(std::move(batch), std::move(estimator));
+  problem.estimator = AnyEstimator(VariationalMultiHopAttentionEstimator(S, D, T, std::move(options)));
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;
