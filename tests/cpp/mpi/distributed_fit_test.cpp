@@ -124,18 +124,22 @@ OptimizeOptions fit_options(int threads) {
   return o;
 }
 
-TEST(DistributedFitTest, ResponsibilityAttentionEqualsSingleProcess) {
-  Rng rng(1);
+/// The responsibility-attention tests' dimensions, and a head with N(0, 1) keys, uniform emission and prior.
+constexpr Index kS = 6, kN = 4, kD = 3, kT = 5;
+ResponsibilityAttention random_head(uint64_t seed) {
+  Rng rng(seed);
   ResponsibilityAttentionParams p;
-  const Index S = 6, N = 4, D = 3, T = 5;
-  p.key_means.resize(S, D);
+  p.key_means.resize(kS, kD);
   for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
-  p.emission = Matrix::Constant(S, T, 1.0 / T);
-  p.position_prior = Vector::Constant(N, 1.0 / N);
-  const ResponsibilityAttention truth(p);
-  const auto full = truth.sampler(3).sample(kRows);
+  p.emission = Matrix::Constant(kS, kT, 1.0 / kT);
+  p.position_prior = Vector::Constant(kN, 1.0 / kN);
+  return ResponsibilityAttention(p);
+}
+
+TEST(DistributedFitTest, ResponsibilityAttentionEqualsSingleProcess) {
+  const auto full = random_head(1).sampler(3).sample(kRows);
   for (int threads : {1, 2})
-    expect_distributed_equals_single(full, ResponsibilityAttentionEstimator(S, N, D, T), fit_options(threads));
+    expect_distributed_equals_single(full, ResponsibilityAttentionEstimator(kS, kN, kD, kT), fit_options(threads));
 }
 
 TEST(DistributedFitTest, ChainedAttentionEqualsSingleProcess) {
@@ -189,18 +193,11 @@ TEST(DistributedFitTest, VariationalMultiHopAttentionEqualsSingleProcess) {
 /// A mixture of two responsibility-attention heads and a keyed (tied) pair: the mixture's component weights and each
 /// head's initialisation draws are replayed for the other ranks' rows (MixtureAccumulator::initialize_shard).
 TEST(DistributedFitTest, MixtureOfAttentionHeadsEqualsSingleProcess) {
-  Rng rng(7);
-  ResponsibilityAttentionParams p;
-  const Index S = 6, N = 4, D = 3, T = 5;
-  p.key_means.resize(S, D);
-  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
-  p.emission = Matrix::Constant(S, T, 1.0 / T);
-  p.position_prior = Vector::Constant(N, 1.0 / N);
-  const AnyBatch full(ResponsibilityAttention(p).sampler(8).sample(kRows));
-  const AnyEstimator head(ResponsibilityAttentionEstimator(S, N, D, T));
+  const AnyBatch full(random_head(7).sampler(8).sample(kRows));
+  const AnyEstimator head(ResponsibilityAttentionEstimator(kS, kN, kD, kT));
   ResponsibilityAttentionEstimatorOptions keyed;
   keyed.keys = "shared";
-  const AnyEstimator tied(ResponsibilityAttentionEstimator(S, N, D, T, keyed));
+  const AnyEstimator tied(ResponsibilityAttentionEstimator(kS, kN, kD, kT, keyed));
   for (int threads : {1, 2}) {
     expect_distributed_equals_single(full, MixtureEstimator({head, head}), fit_options(threads));
     expect_distributed_equals_single(full, MixtureEstimator({tied, tied, head}), fit_options(threads));
