@@ -584,39 +584,36 @@ void ChainedAttentionAccumulator::initialize_shard(const ChainedAttentionBatch& 
     throw ValueError(std::string(kWhere) + ": out-of-range ID in batch for S = " + std::to_string(S_) +
                      ", T = " + std::to_string(T_));
   const Index N = batch.context_length();
-  // Every draw is made for every row of [rows_before; batch; rows_after] whatever its weight, hop-major: γ_0 of all
-  // rows, γ_1 of all rows, ..., then ξ_0 of all rows, ..., ξ_{L−2} of all rows; the other rows' draws are dropped.
-  // Only the draws a later row-major pass still needs are stored: the batch's γ and its ξ hops before the last
-  // ([row, hop, N, N]); the last ξ hop is drawn row by row just before the row is scattered, which keeps the draw
-  // order and the order of the additions (O(rows·(L−2)·N²) memory, none for L = 2).
-  const Index stored_xi_hops = L_ >= 2 ? L_ - 2 : 0;
-  std::vector<double> gamma(static_cast<size_t>(n_rows * L_ * N));                  // [row, hop, N]
-  std::vector<double> xi(static_cast<size_t>(n_rows * stored_xi_hops * N * N));     // [row, hop, N, N]
-  std::vector<double> row_xi(static_cast<size_t>((L_ > 1 ? L_ - 1 : 0) * N * N));  // one row's [hop, N, N]
-  for (Index hop = 0; hop < L_; ++hop) {
-    rng.discard_dirichlet_ones(rows_before, N);
-    for (Index n = 0; n < n_rows; ++n)
-      rng.dirichlet_ones({gamma.data() + (n * L_ + hop) * N, static_cast<size_t>(N)});
-    rng.discard_dirichlet_ones(rows_after, N);
+  // Every draw is made for every row of [rows_before; batch; rows_after] whatever its weight, hop-major: segment k
+  // holds γ_k of all rows (k < L, N entries per row), then segment L + ℓ holds ξ_ℓ of all rows (ℓ ≤ L − 2, N²
+  // entries per row). Nothing is stored: one copy of the stream per segment is advanced (without logs) to the
+  // batch's first row in that segment, and the batch's rows are then drawn row by row, every segment's copy in turn,
+  // each row scattered just after its draws. The draws and the order of the additions are those of the hop-major
+  // stream; rng ends where the last segment ends (the last copy, past the rows after the batch). Memory: one row's
+  // draws and 2L − 1 stream states.
+  const Index segments = L_ > 1 ? 2 * L_ - 1 : 1;
+  const auto entries = [&](Index segment) { return segment < L_ ? N : N * N; };
+  std::vector<Rng> cursors;
+  cursors.reserve(static_cast<size_t>(segments));
+  for (Index segment = 0; segment < segments; ++segment) {
+    rng.discard_dirichlet_ones(rows_before, entries(segment));
+    cursors.push_back(rng);
+    if (segment + 1 < segments) rng.discard_dirichlet_ones(n_rows + rows_after, entries(segment));
   }
-  for (Index hop = 0; hop < stored_xi_hops; ++hop) {
-    rng.discard_dirichlet_ones(rows_before, N * N);
-    for (Index n = 0; n < n_rows; ++n)
-      rng.dirichlet_ones({xi.data() + (n * stored_xi_hops + hop) * N * N, static_cast<size_t>(N * N)});
-    rng.discard_dirichlet_ones(rows_after, N * N);
-  }
-  if (L_ > 1) rng.discard_dirichlet_ones(rows_before, N * N);
+  std::vector<double> gamma(static_cast<size_t>(L_ * N));                         // one row's [hop, N]
+  std::vector<double> xi(static_cast<size_t>((L_ > 1 ? L_ - 1 : 0) * N * N));  // one row's [hop, N, N]
   for (Index n = 0; n < n_rows; ++n) {
-    if (L_ > 1) {
-      std::copy_n(xi.data() + n * stored_xi_hops * N * N, stored_xi_hops * N * N, row_xi.data());
-      rng.dirichlet_ones({row_xi.data() + stored_xi_hops * N * N, static_cast<size_t>(N * N)});
-    }
+    for (Index hop = 0; hop < L_; ++hop)
+      cursors[static_cast<size_t>(hop)].dirichlet_ones({gamma.data() + hop * N, static_cast<size_t>(N)});
+    for (Index hop = 0; hop + 1 < L_; ++hop)
+      cursors[static_cast<size_t>(L_ + hop)].dirichlet_ones({xi.data() + hop * N * N, static_cast<size_t>(N * N)});
     const double wn = w[static_cast<size_t>(n)];
     if (wn == 0.0) continue;
-    scatter(row_of(batch, n), wn, N, gamma.data() + n * L_ * N, N, row_xi.data(), *this);
+    scatter(row_of(batch, n), wn, N, gamma.data(), N, xi.data(), *this);
     this->n() += wn;
   }
-  if (L_ > 1) rng.discard_dirichlet_ones(rows_after, N * N);
+  rng = cursors.back();
+  rng.discard_dirichlet_ones(rows_after, entries(segments - 1));
 }
 
 ChainedAttention::ChainedAttention(ChainedAttentionParams params) : params_(std::move(params)) {
