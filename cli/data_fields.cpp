@@ -49,6 +49,9 @@ DataFileKind data_file_kind(const std::string& path, std::string_view fields) {
     throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
   if (S_ISDIR(info.st_mode))
     throw std::runtime_error(path + ": cannot read the data file: it is a directory");
+  if (!S_ISREG(info.st_mode))  // a pipe, such as <(zcat rows.jsonl.gz), could be read only once
+    throw std::runtime_error(path + ": cannot read the data file: it is not a regular file (a pipe or a device); "
+                             "a data file is read more than once, so save the rows to a file first");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
   std::array<char, 6> magic{};

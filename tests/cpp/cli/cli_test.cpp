@@ -3,6 +3,7 @@
 // in a fresh temporary directory per test; fixtures come from ATTNMIX_TEST_DATA_DIR (see
 // tests/data/README.md).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -330,6 +331,14 @@ TEST_F(CliTest, BadDataFilesExitTwoNamingFileLineAndField) {
   const RunResult missing = run("fit --data no_such_file.jsonl --out model.json");
   EXPECT_EQ(missing.code, 2);
   EXPECT_TRUE(contains(missing.err, "no_such_file.jsonl")) << missing.err;
+  // A pipe (what <(zcat rows.jsonl.gz) gives) and a device are refused before anything is read: the rows are read
+  // more than once. stat does not open the pipe, so nothing blocks.
+  ASSERT_EQ(mkfifo(path("pipe.jsonl").c_str(), 0600), 0);
+  for (const std::string& source : {path("pipe.jsonl"), std::string("/dev/null")}) {
+    const RunResult stream = run("fit --data '" + source + "' --out model.json");
+    EXPECT_EQ(stream.code, 2) << source;
+    EXPECT_TRUE(contains(stream.err, source + ": cannot read the data file: it is not a regular file")) << stream.err;
+  }
   EXPECT_FALSE(fs::exists(path("model.json")));
 }
 
