@@ -42,14 +42,15 @@ std::vector<int64_t> dim_values(const DataDims& dims) {
       dims);
 }
 
-/// Moves the rows' origin and targets beside the encoded batch.
-template <class Rows>
-ModelData model_data(Rows rows, AnyBatch batch) {
+/// The rows' origin and a copy of their targets beside the batch that encode(std::move(rows)) makes (the row
+/// matrices move into the batch, so the rows are held once).
+template <class Rows, class Encode>
+ModelData model_data(Rows rows, const Encode& encode) {
   ModelData data;
   data.has_targets = rows.has_targets;
-  data.targets = std::move(rows.targets);
-  data.batch = std::move(batch);
+  data.targets = rows.targets;
   data.origin = std::move(static_cast<RowOrigin&>(rows));
+  data.batch = AnyBatch(encode(std::move(rows)));
   return data;
 }
 
@@ -87,23 +88,22 @@ DataDims data_dims_of(const AnyDistribution& model) {
 
 ModelData read_model_data(const AnyDistribution& model, const std::string& data_path,
                           TargetPolicy policy) {
-  return std::visit(Overloaded{[&](const RaDims& dims) {
-                                 RaRows rows = read_ra_rows(data_path, dims, policy);
-                                 AnyBatch batch(encode_ra_rows(rows, dims));
-                                 return model_data(std::move(rows), std::move(batch));
-                               },
-                               [&](const CaDims& declared) {
-                                 CaRows rows = read_ca_rows(data_path, declared, policy);
-                                 const CaDims dims = infer_ca_dims(declared, {&rows});
-                                 AnyBatch batch(encode_ca_rows(rows, dims));
-                                 return model_data(std::move(rows), std::move(batch));
-                               },
-                               [&](const VeaDims& dims) {
-                                 VeaRows rows = read_vea_rows(data_path, dims, policy);
-                                 AnyBatch batch(encode_vea_rows(rows, dims));
-                                 return model_data(std::move(rows), std::move(batch));
-                               }},
-                    data_dims_of(model));
+  return std::visit(
+      Overloaded{[&](const RaDims& dims) {
+                   return model_data(read_ra_rows(data_path, dims, policy),
+                                     [&](RaRows rows) { return encode_ra_rows(std::move(rows), dims); });
+                 },
+                 [&](const CaDims& declared) {
+                   CaRows rows = read_ca_rows(data_path, declared, policy);
+                   const CaDims dims = infer_ca_dims(declared, {&rows});
+                   return model_data(std::move(rows),
+                                     [&](CaRows moved) { return encode_ca_rows(std::move(moved), dims); });
+                 },
+                 [&](const VeaDims& dims) {
+                   return model_data(read_vea_rows(data_path, dims, policy),
+                                     [&](VeaRows rows) { return encode_vea_rows(std::move(rows), dims); });
+                 }},
+      data_dims_of(model));
 }
 
 AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed,
