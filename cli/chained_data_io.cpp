@@ -33,13 +33,8 @@ struct CaSink {
   CaDims dims;
   RowTable<IdMatrix> keys, values;
   RowTable<IdVector> queries, targets;
+  Index capacity = 0;  // the rows of the stripe, counted before parsing
   Index n_rows = 0;
-
-  /// The number of rows the stripe holds (each table is allocated when its width is known).
-  void expect_rows(Index rows) {
-    for (RowTable<IdMatrix>* table : {&keys, &values}) table->expect_rows(rows);
-    for (RowTable<IdVector>* table : {&queries, &targets}) table->expect_rows(rows);
-  }
 
   CaRows finish(CaRows rows, const RowStripe& stripe) {
     if (n_rows == 0) {
@@ -71,7 +66,7 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
   CaSink sink{declared, {}, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
   const auto on_row_count = [&](int64_t count) {
-    sink.expect_rows(count);
+    sink.capacity = count;
     rows.line_of_row.reserve(static_cast<size_t>(count));
   };
   const auto visit = [&](int64_t line, const json& object) {
@@ -90,9 +85,9 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
                        " entries but keys has " + std::to_string(keys.size()) +
                        " (position j pairs keys[j] with values[j])");
     check_width("keys", "N", sink.dims.context_length, keys.size(), where, first_row);
-    sink.keys.allocate(sink.dims.context_length->value);
-    sink.values.allocate(sink.dims.context_length->value);
-    sink.queries.allocate(1);
+    sink.keys.allocate(sink.capacity, sink.dims.context_length->value);
+    sink.values.allocate(sink.capacity, sink.dims.context_length->value);
+    sink.queries.allocate(sink.capacity, 1);
     for (size_t j = 0; j < keys.size(); ++j)
       sink.keys.push_back(json_id(keys[j], where, "keys[" + std::to_string(j) + "]", "S",
                                   sink.dims.n_symbols));
@@ -101,7 +96,7 @@ CaRows read_jsonl(const std::string& path, const CaDims& declared, TargetPolicy 
                                     sink.dims.n_symbols));
     sink.queries.push_back(json_id(object["query"], where, "query", "S", sink.dims.n_symbols));
     if (has_target) {
-      sink.targets.allocate(1);
+      sink.targets.allocate(sink.capacity, 1);
       sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
     }
     rows.line_of_row.push_back(line);
@@ -149,11 +144,11 @@ CaRows read_npz_rows(const std::string& path, const CaDims& declared, TargetPoli
   // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
-  sink.expect_rows(end - begin);
-  sink.keys.allocate(N);
-  sink.values.allocate(N);
-  sink.queries.allocate(1);
-  if (target) sink.targets.allocate(1);
+  sink.capacity = end - begin;
+  sink.keys.allocate(sink.capacity, N);
+  sink.values.allocate(sink.capacity, N);
+  sink.queries.allocate(sink.capacity, 1);
+  if (target) sink.targets.allocate(sink.capacity, 1);
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t j = 0; j < N; ++j) {
       sink.keys.push_back(npz_id(keys, keys.at(r, j), path, index_text("keys", r, j), "S", S));

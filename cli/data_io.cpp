@@ -26,13 +26,8 @@ struct RowSink {
   RowTable<IdMatrix> contexts;
   RowTable<Matrix> queries;
   RowTable<IdVector> targets;
+  Index capacity = 0;  // the rows of the stripe, counted before parsing
   Index n_rows = 0;
-
-  void expect_rows(Index rows) {
-    contexts.expect_rows(rows);
-    queries.expect_rows(rows);
-    targets.expect_rows(rows);
-  }
 };
 
 RaRows finish(RowSink& sink, RaRows rows, const RowStripe& stripe) {
@@ -59,7 +54,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
   RowSink sink{declared, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
   const auto on_row_count = [&](int64_t count) {
-    sink.expect_rows(count);
+    sink.capacity = count;
     rows.line_of_row.reserve(static_cast<size_t>(count));
   };
   const auto visit = [&](int64_t line, const json& object) {
@@ -75,7 +70,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
       throw TypeError(where + ": context: must be an array of integer ids (got " +
                       json_kind(context) + ")");
     check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
-    sink.contexts.allocate(sink.dims.context_length->value);
+    sink.contexts.allocate(sink.capacity, sink.dims.context_length->value);
     for (size_t i = 0; i < context.size(); ++i)
       sink.contexts.push_back(json_id(context[i], where, "context[" + std::to_string(i) + "]", "S",
                                       sink.dims.n_symbols));
@@ -85,7 +80,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
       throw TypeError(where + ": query: must be an array of numbers (got " + json_kind(query) +
                       ")");
     check_width("query", "D", sink.dims.query_dim, query.size(), where, first_row);
-    sink.queries.allocate(sink.dims.query_dim->value);
+    sink.queries.allocate(sink.capacity, sink.dims.query_dim->value);
     for (size_t d = 0; d < query.size(); ++d) {
       const json& x = query[d];
       if (!x.is_number())
@@ -94,7 +89,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
       sink.queries.push_back(x.get<double>());
     }
     if (has_target) {
-      sink.targets.allocate(1);
+      sink.targets.allocate(sink.capacity, 1);
       sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
     }
     rows.line_of_row.push_back(line);
@@ -161,10 +156,10 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
   // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
-  sink.expect_rows(end - begin);
-  sink.contexts.allocate(N);
-  sink.queries.allocate(D);
-  if (target) sink.targets.allocate(1);
+  sink.capacity = end - begin;
+  sink.contexts.allocate(sink.capacity, N);
+  sink.queries.allocate(sink.capacity, D);
+  if (target) sink.targets.allocate(sink.capacity, 1);
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
       sink.contexts.push_back(id_at(context, context.at(r, i), "context", r, i, "S", sink.dims.n_symbols));

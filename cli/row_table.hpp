@@ -20,13 +20,11 @@ class RowTable {
  public:
   using Scalar = typename M::Scalar;
 
-  /// The number of rows the table will hold (before allocate).
-  void expect_rows(Index rows) noexcept { rows_ = rows; }
-  /// Allocates the rows on the first call (width: entries per row, 1 for a vector); later calls do nothing.
-  void allocate(Index width) {
+  /// Allocates rows × width entries on the first call (width 1 for a vector); later calls do nothing.
+  void allocate(Index rows, Index width) {
     if (allocated_) return;
-    if constexpr (M::ColsAtCompileTime == 1) table_.resize(rows_);
-    else table_.resize(rows_, width);
+    if constexpr (M::ColsAtCompileTime == 1) table_.resize(rows);
+    else table_.resize(rows, width);
     allocated_ = true;
   }
   /// The next entry, in row order.
@@ -43,7 +41,6 @@ class RowTable {
 
  private:
   M table_;
-  Index rows_ = 0;
   Index next_ = 0;
   bool allocated_ = false;
 };

@@ -32,13 +32,8 @@ struct VeaSink {
   VeaDims dims;
   RowTable<IdMatrix> contexts;
   RowTable<IdVector> queries, targets;
+  Index capacity = 0;  // the rows of the stripe, counted before parsing
   Index n_rows = 0;
-
-  void expect_rows(Index rows) {
-    contexts.expect_rows(rows);
-    queries.expect_rows(rows);
-    targets.expect_rows(rows);
-  }
 
   VeaRows finish(VeaRows rows, const RowStripe& stripe) {
     if (n_rows == 0) {
@@ -61,7 +56,7 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
   VeaSink sink{declared, {}, {}, {}, 0};
   TargetPresence targets_seen(policy);
   const auto on_row_count = [&](int64_t count) {
-    sink.expect_rows(count);
+    sink.capacity = count;
     rows.line_of_row.reserve(static_cast<size_t>(count));
   };
   const auto visit = [&](int64_t line, const json& object) {
@@ -77,8 +72,8 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
       throw TypeError(where + ": context: must be an array of integer ids (got " +
                       json_kind(context) + ")");
     check_width("context", "N", sink.dims.context_length, context.size(), where, first_row);
-    sink.contexts.allocate(sink.dims.context_length->value);
-    sink.queries.allocate(1);
+    sink.contexts.allocate(sink.capacity, sink.dims.context_length->value);
+    sink.queries.allocate(sink.capacity, 1);
     for (size_t i = 0; i < context.size(); ++i)
       sink.contexts.push_back(json_id(context[i], where, "context[" + std::to_string(i) + "]", "S",
                                       sink.dims.n_symbols));
@@ -86,7 +81,7 @@ VeaRows read_jsonl(const std::string& path, const VeaDims& declared, TargetPolic
     // query would be, with "must be an integer id (got an array)").
     sink.queries.push_back(json_id(object["query"], where, "query", "S", sink.dims.n_symbols));
     if (has_target) {
-      sink.targets.allocate(1);
+      sink.targets.allocate(sink.capacity, 1);
       sink.targets.push_back(json_id(object["target"], where, "target", "T", sink.dims.n_targets));
     }
     rows.line_of_row.push_back(line);
@@ -128,10 +123,10 @@ VeaRows read_npz_rows(const std::string& path, const VeaDims& declared, TargetPo
   // index in the file).
   const auto [begin, end] = stripe.range(n);
   rows.first_row = begin;
-  sink.expect_rows(end - begin);
-  sink.contexts.allocate(N);
-  sink.queries.allocate(1);
-  if (target) sink.targets.allocate(1);
+  sink.capacity = end - begin;
+  sink.contexts.allocate(sink.capacity, N);
+  sink.queries.allocate(sink.capacity, 1);
+  if (target) sink.targets.allocate(sink.capacity, 1);
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t i = 0; i < N; ++i)
       sink.contexts.push_back(

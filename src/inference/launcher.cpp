@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // launcher_world(): the process count and rank an MPI launcher put in the environment (communicator.hpp).
 #include <cstdlib>
-#include <string>
 
 #include "attnmix/inference/communicator.hpp"
 

@@ -86,6 +86,18 @@ template <class B>
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+/// acc.initialize_shard(batch, …) (a distributed fit's initialisation, inference/optimize.hpp) when the family has
+/// it; a family defined outside the library may not, and then cannot be fitted distributed: ValueError.
+template <class A, class B>
+void initialize_shard(A& acc, const B& batch, std::span<const double> w, Rng& rng, Index rows_before,
+                      Index rows_after) {
+  if constexpr (requires { acc.initialize_shard(batch, w, rng, rows_before, rows_after); })
+    acc.initialize_shard(batch, w, rng, rows_before, rows_after);
+  else
+    throw ValueError(std::string(A::kWhere) + ": a distributed fit of this family is not supported (it has no "
+                     "initialize_shard, which replays the other ranks' initialisation draws)");
+}
+
 /// A mutable accumulator of any family (deep copy).
 class AnyAccumulator {
  public:
@@ -192,12 +204,8 @@ class AnyAccumulator {
     }
     void initialize_shard(const AnyBatch& batch, std::span<const double> w, Rng& rng, Index rows_before,
                           Index rows_after) override {
-      if constexpr (requires { acc.initialize_shard(batch_as<typename A::batch_type>(batch, A::kWhere), w, rng,
-                                                    rows_before, rows_after); })
-        acc.initialize_shard(batch_as<typename A::batch_type>(batch, A::kWhere), w, rng, rows_before, rows_after);
-      else  // a family defined outside the library may lack it
-        throw ValueError(std::string(A::kWhere) + ": a distributed fit of this family is not supported (it has no "
-                         "initialize_shard, which replays the other ranks' initialisation draws)");
+      attnmix::initialize_shard(acc, batch_as<typename A::batch_type>(batch, A::kWhere), w, rng, rows_before,
+                                rows_after);
     }
     std::optional<std::string> keys() const override { return acc.keys(); }
     std::span<AnyAccumulator> children() override {

@@ -159,13 +159,8 @@ template <class E>
     const RowShard shard = row_shard(*comm, rows);
     for (int64_t g = 0; g < shard.offset; ++g) static_cast<void>(rng_w.bernoulli(p));
     for (double& wn : w) wn = rng_w.bernoulli(p) ? 1.0 : 0.0;
-    detail::on_every_rank(comm, [&] {
-      if constexpr (requires { acc.initialize_shard(batch, std::span<const double>(w), rng, rows, rows); })
-        acc.initialize_shard(batch, w, rng, shard.offset, shard.total - shard.offset - rows);
-      else  // a family defined outside the library may lack it
-        throw ValueError("a distributed fit of this family is not supported (its accumulator has no "
-                         "initialize_shard, which replays the other ranks' initialisation draws)");
-    });
+    detail::on_every_rank(
+        comm, [&] { initialize_shard(acc, batch, w, rng, shard.offset, shard.total - shard.offset - rows); });
     for (double wn : w) nobs += wn;
     detail::sum_over_ranks(acc, *comm);
     nobs = detail::sum_over_ranks(nobs, comm);

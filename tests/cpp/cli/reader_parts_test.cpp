@@ -19,9 +19,8 @@ namespace {
 
 TEST(RowTableTest, FillsRowsInPlaceAndHandsThemOver) {
   RowTable<IdMatrix> table;
-  table.expect_rows(3);
-  table.allocate(2);
-  table.allocate(5);  // later calls do nothing
+  table.allocate(3, 2);
+  table.allocate(4, 5);  // later calls do nothing
   for (int64_t v = 0; v < 6; ++v) table.push_back(v);
   EXPECT_THROW(table.push_back(6), std::logic_error);  // more entries than the rows counted
   const IdMatrix m = std::move(table).take(3);
@@ -34,8 +33,7 @@ TEST(RowTableTest, FillsRowsInPlaceAndHandsThemOver) {
 
 TEST(RowTableTest, FewerRowsThanCountedKeepTheFirstOnes) {
   RowTable<Matrix> table;
-  table.expect_rows(4);
-  table.allocate(3);
+  table.allocate(4, 3);
   for (int k = 0; k < 6; ++k) table.push_back(0.5 * k);
   const Matrix m = std::move(table).take(2);
   ASSERT_EQ(m.rows(), 2);
@@ -43,8 +41,7 @@ TEST(RowTableTest, FewerRowsThanCountedKeepTheFirstOnes) {
   EXPECT_EQ(m(1, 2), 2.5);
 
   RowTable<IdVector> vector;
-  vector.expect_rows(5);
-  vector.allocate(1);
+  vector.allocate(5, 1);
   vector.push_back(7);
   vector.push_back(8);
   const IdVector v = std::move(vector).take(2);

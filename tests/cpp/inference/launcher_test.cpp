@@ -26,6 +26,13 @@ class LauncherWorldTest : public ::testing::Test {
       unsetenv(name.c_str());
     }
   }
+  /// launcher_world() as the environment stands now, against the expected world.
+  static void expect_world(bool launched, int size, int rank, const std::string& context = "") {
+    const LauncherWorld world = launcher_world();
+    EXPECT_EQ(world.launched, launched) << context;
+    EXPECT_EQ(world.size, size) << context;
+    EXPECT_EQ(world.rank, rank) << context;
+  }
   void TearDown() override {
     for (size_t i = 0; i < names_.size(); ++i) {
       if (saved_[i]) setenv(names_[i].c_str(), saved_[i]->c_str(), 1);
@@ -34,47 +41,30 @@ class LauncherWorldTest : public ::testing::Test {
   }
 };
 
-TEST_F(LauncherWorldTest, NoLauncherIsOneProcess) {
-  const LauncherWorld world = launcher_world();
-  EXPECT_FALSE(world.launched);
-  EXPECT_EQ(world.size, 1);
-  EXPECT_EQ(world.rank, 0);
-}
+TEST_F(LauncherWorldTest, NoLauncherIsOneProcess) { expect_world(false, 1, 0); }
 
 TEST_F(LauncherWorldTest, ReadsOpenMpiVariables) {
   setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
   setenv("OMPI_COMM_WORLD_RANK", "3", 1);
-  const LauncherWorld world = launcher_world();
-  EXPECT_TRUE(world.launched);
-  EXPECT_EQ(world.size, 4);
-  EXPECT_EQ(world.rank, 3);
+  expect_world(true, 4, 3);
 }
 
 TEST_F(LauncherWorldTest, ReadsPmiVariables) {
   setenv("PMI_SIZE", "3", 1);
   setenv("PMI_RANK", "2", 1);
-  const LauncherWorld world = launcher_world();
-  EXPECT_TRUE(world.launched);
-  EXPECT_EQ(world.size, 3);
-  EXPECT_EQ(world.rank, 2);
+  expect_world(true, 3, 2);
 }
 
 TEST_F(LauncherWorldTest, PmixRankAloneIsLaunchedWithUnknownSize) {
   setenv("PMIX_RANK", "1", 1);
-  const LauncherWorld world = launcher_world();
-  EXPECT_TRUE(world.launched);
-  EXPECT_EQ(world.size, 1);
-  EXPECT_EQ(world.rank, 1);
+  expect_world(true, 1, 1);
 }
 
 TEST_F(LauncherWorldTest, MalformedValuesReadAsOneProcessRankZero) {
   for (const char* bad : {"", "two", "3x", "-2", "0", "99999999999"}) {
     setenv("OMPI_COMM_WORLD_SIZE", bad, 1);
     setenv("OMPI_COMM_WORLD_RANK", bad[0] == '0' ? "-1" : bad, 1);
-    const LauncherWorld world = launcher_world();
-    EXPECT_TRUE(world.launched) << bad;
-    EXPECT_EQ(world.size, 1) << bad;
-    EXPECT_EQ(world.rank, 0) << bad;
+    expect_world(true, 1, 0, bad);
   }
 }
 
