@@ -10,13 +10,11 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "attnmix/core/errors.hpp"
+
 namespace attnmix {
 
 namespace {
-[[noreturn]] void io_error(const std::string& path, const std::string& what, int err) {
-  throw std::runtime_error(path + ": " + what + ": " + std::strerror(err));
-}
-
 std::string parent_directory(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -30,7 +28,7 @@ void write_file_atomically(const std::string& path, std::string_view text, std::
   struct stat target {};
   mode_t mode = 0644;
   if (::stat(path.c_str(), &target) == 0) {
-    if (S_ISDIR(target.st_mode)) throw std::runtime_error(path + ": cannot write " + content + ": it is a directory");
+    if (S_ISDIR(target.st_mode)) throw_io_error(path, "cannot write " + content, EISDIR);
     mode = target.st_mode & 07777;
   }
   const std::string directory = parent_directory(path);
@@ -38,12 +36,12 @@ void write_file_atomically(const std::string& path, std::string_view text, std::
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   std::string temp = directory + "/." + base + ".tmp.XXXXXX";
   const int fd = ::mkstemp(temp.data());
-  if (fd < 0) io_error(path, "cannot write " + content + ": cannot create a temporary file in " + directory, errno);
+  if (fd < 0) throw_io_error(path, "cannot write " + content + ": cannot create a temporary file in " + directory, errno);
   const auto fail = [&](const std::string& step) {
     const int err = errno;
     ::close(fd);
     ::unlink(temp.c_str());
-    io_error(path, step, err);
+    throw_io_error(path, step, err);
   };
   size_t written = 0;
   while (written < text.size()) {
@@ -59,12 +57,12 @@ void write_file_atomically(const std::string& path, std::string_view text, std::
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(temp.c_str());
-    io_error(path, "cannot close " + content, err);
+    throw_io_error(path, "cannot close " + content, err);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp.c_str());
-    io_error(path, "cannot move " + content + " into place", err);
+    throw_io_error(path, "cannot move " + content + " into place", err);
   }
   // Make the rename itself durable; a failure here cannot un-write the file, so it is not reported.
   const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 namespace attnmix {
@@ -21,6 +22,10 @@ std::string impossible_message(const std::string& where, const std::vector<int64
 
 ImpossibleEvidenceError::ImpossibleEvidenceError(const std::string& where, std::vector<int64_t> rows)
     : ValueError(impossible_message(where, rows)), where_(where), rows_(std::move(rows)) {}
+
+void throw_io_error(const std::string& path, const std::string& step, int error_number) {
+  throw IoError(path + ": " + step + ": " + std::strerror(error_number), error_number);
+}
 
 void assertion_failed(const char* condition, const char* message, const char* file, int line) {
   std::fprintf(stderr, "%s:%d: attnmix internal assertion `%s` failed: %s\n", file, line, condition, message);

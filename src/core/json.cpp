@@ -528,10 +528,6 @@ void write_value(std::ostringstream& os, const json& v, int indent) {
   }
 }
 
-[[noreturn]] void io_error(const std::string& path, const std::string& what, int err) {
-  throw std::runtime_error(path + ": " + what + ": " + std::strerror(err));
-}
-
 }  // namespace
 
 std::string format_model_json(const json& doc) {
@@ -551,14 +547,14 @@ void save_model(const AnyDistribution& model, const std::string& path) {
 
 AnyDistribution load_model(const std::string& path) {
   struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) io_error(path, "cannot open the model file", errno);
+  if (::stat(path.c_str(), &info) != 0) throw_io_error(path, "cannot open the model file", errno);
   if (S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot read the model file: it is a directory");
+    throw_throw_io_error(path, "cannot read the model file", EISDIR);
   std::ifstream in(path, std::ios::binary);
-  if (!in) io_error(path, "cannot open the model file", errno);
+  if (!in) throw_io_error(path, "cannot open the model file", errno);
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) io_error(path, "cannot read the model file", errno);
+  if (in.bad()) throw_io_error(path, "cannot read the model file", errno);
   json doc;
   try {
     doc = json::parse(text.str());

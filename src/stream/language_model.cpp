@@ -328,11 +328,11 @@ void save_checkpoint(const std::string& path, const Session<Kind>& s) {
 std::string read_whole_file(const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
-    throw std::runtime_error(path + ": cannot open the checkpoint: it is a directory");
+    throw_io_error(path, "cannot open the checkpoint", EISDIR);
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw std::runtime_error(path + ": cannot open the checkpoint: " + std::strerror(errno));
+    throw_io_error(path, "cannot open the checkpoint", errno);
   }
   std::ostringstream buffer;
   buffer << in.rdbuf();

@@ -4,6 +4,7 @@
 ///   TypeError, ValueError : std::invalid_argument   bad arguments (Python TypeError / ValueError)
 ///   ImpossibleEvidenceError : ValueError            rows with log p = -inf and positive weight
 ///   StateError : std::runtime_error                 violated streaming-state receipts
+///   IoError : std::runtime_error                    a file cannot be opened, read or written (Python OSError)
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,21 @@ class StateError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+/// A file could not be opened, read or written. The message names the path, the step and the system's reason;
+/// error_number() is the errno value (0 when the cause is not a system error), from which Python picks the OSError
+/// subclass (FileNotFoundError, PermissionError, IsADirectoryError, …).
+class IoError : public std::runtime_error {
+ public:
+  IoError(const std::string& message, int error_number) : std::runtime_error(message), error_number_(error_number) {}
+  [[nodiscard]] int error_number() const noexcept { return error_number_; }
+
+ private:
+  int error_number_;
+};
+
+/// Throws IoError("<path>: <step>: <strerror(error_number)>", error_number).
+[[noreturn]] void throw_io_error(const std::string& path, const std::string& step, int error_number);
 
 [[noreturn]] void assertion_failed(const char* condition, const char* message, const char* file, int line);
 
