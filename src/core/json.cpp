@@ -549,7 +549,7 @@ AnyDistribution load_model(const std::string& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) throw_io_error(path, "cannot open the model file", errno);
   if (S_ISDIR(info.st_mode))
-    throw_throw_io_error(path, "cannot read the model file", EISDIR);
+    throw_io_error(path, "cannot read the model file", EISDIR);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_io_error(path, "cannot open the model file", errno);
   std::ostringstream text;
