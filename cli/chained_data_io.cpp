@@ -178,19 +178,19 @@ CaDims infer_ca_dims(const CaDims& declared, const std::vector<const CaRows*>& r
   const CaRows& first = *row_sets.front();
   if (!dims.context_length) dims.context_length = Dim{first.keys.cols(), first.source};
   if (!dims.n_symbols) {
-    int64_t max_id = 0;
-    for (const CaRows* rows : row_sets)
-      max_id = std::max(
-          {max_id, largest_id(rows->keys), largest_id(rows->values), largest_id(rows->queries)});
-    max_id = max_over_ranks(comm, max_id);
-    dims.n_symbols = Dim{max_id + 1, "the largest key, value or query id"};
+    LargestId largest("the largest key, value or query id");
+    for (const CaRows* rows : row_sets) {
+      largest.see(rows->keys, *rows, "keys");
+      largest.see(rows->values, *rows, "values");
+      largest.see(rows->queries, *rows, "query");
+    }
+    dims.n_symbols = largest.dim(comm);
   }
   if (!dims.n_targets) {
-    int64_t max_id = 0;
+    LargestId largest("the largest target");
     for (const CaRows* rows : row_sets)
-      if (rows->has_targets) max_id = std::max(max_id, largest_id(rows->targets));
-    max_id = max_over_ranks(comm, max_id);
-    dims.n_targets = Dim{max_id + 1, "the largest target"};
+      if (rows->has_targets) largest.see(rows->targets, *rows, "target");
+    dims.n_targets = largest.dim(comm);
   }
   return dims;
 }

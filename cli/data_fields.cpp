@@ -13,6 +13,9 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "attnmix/core/check.hpp"
+#include "attnmix/core/sizes.hpp"
+#include "cli_support.hpp"
 #include "jsonl.hpp"
 
 namespace attnmix::cli {
@@ -47,11 +50,8 @@ DataFileKind data_file_kind(const std::string& path, std::string_view fields) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0)
     throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
-  if (S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot read the data file: it is a directory");
-  if (!S_ISREG(info.st_mode))  // a pipe, such as <(zcat rows.jsonl.gz), could be read only once
-    throw std::runtime_error(path + ": cannot read the data file: it is not a regular file (a pipe or a device); "
-                             "a data file is read more than once, so save the rows to a file first");
+  // A pipe, such as <(zcat rows.jsonl.gz), could be read only once.
+  check_input_file(path, "the data file", "a data file is read more than once, so save the rows to a file first");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open the data file: " + std::strerror(errno));
   std::array<char, 6> magic{};
@@ -79,10 +79,22 @@ void check_id_range(int64_t id, const std::string& where, const std::string& fie
   if (id < 0)
     throw ValueError(where + ": " + field + ": out-of-range ID " + std::to_string(id) +
                      " (ids must be >= 0)");
+  // A dimension taken from the data is 1 + the largest id: the bound keeps it representable.
+  if (!bound && id >= kMaxElements)
+    throw ValueError(where + ": " + field + ": out-of-range ID " + std::to_string(id) +
+                     " (ids must be below 2^48 = " + std::to_string(kMaxElements) + ")");
   if (bound && id >= bound->value)
     throw ValueError(where + ": " + field + ": out-of-range ID " + std::to_string(id) +
                      " (must be in [0, " + std::to_string(bound->value) + "); " +
                      dim_text(symbol, *bound) + ")");
+}
+
+double bounded_real(double x, const std::string& where, const std::string& field) {
+  static_assert(check::kMaxMagnitude == 1e50, "the message below quotes the bound");
+  if (!(std::fabs(x) <= check::kMaxMagnitude))
+    throw ValueError(where + ": " + field + ": must be finite with magnitude at most 1e+50 (got " + number_text(x) +
+                     ")");
+  return x;
 }
 
 int64_t exact_real_id(double x, const std::string& where, const std::string& field) {

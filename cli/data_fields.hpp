@@ -84,6 +84,10 @@ enum class DataFileKind { kJsonLines, kNpz };
 void check_id_range(int64_t id, const std::string& where, const std::string& field,
                     const char* symbol, const std::optional<Dim>& bound);
 
+/// A real coordinate of a query: finite with magnitude at most check::kMaxMagnitude (1e+50), the bound within
+/// which every distance the model computes stays finite. @throws ValueError naming where and the field.
+[[nodiscard]] double bounded_real(double x, const std::string& where, const std::string& field);
+
 /// A real that must be an exact integer id (integral floats such as 2.0 are accepted).
 /// @throws ValueError for a non-finite, fractional or huge value.
 [[nodiscard]] int64_t exact_real_id(double x, const std::string& where, const std::string& field);
@@ -124,14 +128,6 @@ void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n,
 void check_width(const char* what, const char* symbol, std::optional<Dim>& dim, size_t width,
                  const std::string& where, const std::string& first_row);
 
-/// The largest id of a row set's array, -1 when it has no entries (an empty shard).
-[[nodiscard]] inline int64_t largest_id(const IdMatrix& ids) {
-  return ids.size() ? ids.maxCoeff() : -1;
-}
-[[nodiscard]] inline int64_t largest_id(const IdVector& ids) {
-  return ids.size() ? ids.maxCoeff() : -1;
-}
-
 /// The largest `own` over the processes of a distributed fit (collective: every process calls it);
 /// `own` itself without comm.
 [[nodiscard]] inline int64_t max_over_ranks(const Communicator* comm, int64_t own) {
@@ -139,6 +135,38 @@ void check_width(const char* what, const char* symbol, std::optional<Dim>& dim, 
   const std::vector<int64_t> all = comm->all_counts(own);
   return *std::max_element(all.begin(), all.end());
 }
+
+/// A dimension taken from the data as 1 + the largest id of some fields (S from the keys, values and queries, T
+/// from the targets), remembering the first row that holds the largest id, so that a dimension too large for the
+/// model can be traced to its row: Dim{S, "the largest key id at ca.jsonl: line 3, field keys"}. Ids are below kMaxElements
+/// (check_id_range), so 1 + the largest never overflows.
+class LargestId {
+ public:
+  explicit LargestId(std::string what) : what_(std::move(what)) {}
+  /// Sees the ids of `field` in one row set (one row per matrix row; IdVector: one id per row).
+  template <class Ids>
+  void see(const Ids& ids, const RowOrigin& origin, const char* field) {
+    if (ids.size() == 0 || ids.maxCoeff() <= largest_) return;
+    largest_ = ids.maxCoeff();
+    for (Index r = 0; r < ids.rows(); ++r)
+      if (ids.row(r).maxCoeff() == largest_) {
+        where_ = origin.locate(r) + ", field " + field;
+        break;
+      }
+  }
+  /// 1 + the largest id over every process of comm (collective; at least 1 when there are no ids). The row is
+  /// named when this process holds it.
+  [[nodiscard]] Dim dim(const Communicator* comm) const {
+    const int64_t largest = max_over_ranks(comm, largest_);
+    const bool here = largest == largest_ && !where_.empty();
+    return Dim{std::max<int64_t>(largest, 0) + 1, what_ + (here ? " at " + where_ : "")};
+  }
+
+ private:
+  std::string what_;
+  int64_t largest_ = -1;
+  std::string where_;
+};
 
 /// Tracks whether the lines of a JSON Lines file carry a target: every line or none (predict may
 /// omit them; fit and score need them). @throws ValueError naming the line.

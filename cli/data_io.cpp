@@ -86,7 +86,7 @@ RaRows read_jsonl(const std::string& path, const RaDims& declared, TargetPolicy 
       if (!x.is_number())
         throw TypeError(where + ": query[" + std::to_string(d) +
                         "]: must be a finite number (got " + json_kind(x) + ")");
-      sink.queries.push_back(x.get<double>());
+      sink.queries.push_back(bounded_real(x.get<double>(), where, "query[" + std::to_string(d) + "]"));
     }
     if (has_target) {
       sink.targets.allocate(sink.capacity, 1);
@@ -167,10 +167,7 @@ RaRows read_npz_rows(const std::string& path, const RaDims& declared, TargetPoli
       const size_t k = query.at(r, d);
       const double x = query.kind == NpyArray::Kind::kFloat ? query.reals[k]
                                                             : static_cast<double>(query.ints[k]);
-      if (!std::isfinite(x))
-        throw ValueError(path + ": " + index_text("query", r, d) + ": must be finite (got " +
-                         number_text(x) + ")");
-      sink.queries.push_back(x);
+      sink.queries.push_back(bounded_real(x, path, index_text("query", r, d)));
     }
     if (target)
       sink.targets.push_back(
@@ -196,17 +193,15 @@ RaDims infer_ra_dims(const RaDims& declared, const std::vector<const RaRows*>& r
   if (!dims.context_length) dims.context_length = Dim{first.contexts.cols(), first.source};
   if (!dims.query_dim) dims.query_dim = Dim{first.queries.cols(), first.source};
   if (!dims.n_symbols) {
-    int64_t max_id = 0;
-    for (const RaRows* rows : row_sets) max_id = std::max(max_id, largest_id(rows->contexts));
-    max_id = max_over_ranks(comm, max_id);
-    dims.n_symbols = Dim{max_id + 1, "the largest context id"};
+    LargestId largest("the largest context id");
+    for (const RaRows* rows : row_sets) largest.see(rows->contexts, *rows, "context");
+    dims.n_symbols = largest.dim(comm);
   }
   if (!dims.n_targets) {
-    int64_t max_id = 0;
+    LargestId largest("the largest target");
     for (const RaRows* rows : row_sets)
-      if (rows->has_targets) max_id = std::max(max_id, largest_id(rows->targets));
-    max_id = max_over_ranks(comm, max_id);
-    dims.n_targets = Dim{max_id + 1, "the largest target"};
+      if (rows->has_targets) largest.see(rows->targets, *rows, "target");
+    dims.n_targets = largest.dim(comm);
   }
   return dims;
 }

@@ -111,6 +111,11 @@ std::pair<int64_t, int64_t> stripe_lines(const std::string& path, const RowStrip
 /// Parses one data line into an object. @throws ValueError naming the line and the field.
 json parse_object(const std::string& path, int64_t number, const std::string& line) {
   const std::string where = path + ": line " + std::to_string(number);
+  // nlohmann's lexer takes a NUL byte for the end of its input, so `{...}\0 junk` would parse as `{...}`: no line
+  // may hold one (a NUL inside a JSON string must be written \u0000 anyway).
+  if (const size_t nul = line.find('\0'); nul != std::string::npos)
+    throw ValueError(where + ": column " + std::to_string(nul + 1) +
+                     ": a NUL byte is not allowed in a JSON Lines file");
   FieldTracker tracker;
   json value;
   try {

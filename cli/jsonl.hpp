@@ -3,7 +3,8 @@
 /// Reads JSON Lines files one object per line. Blank lines are skipped (line numbers still count
 /// them); every error names the file, the 1-based line and, where it can, the field: "data.jsonl:
 /// line 3: query[1]: the number 1e999 overflows a double". Duplicate keys within a line are
-/// rejected (JSON would silently keep the last). A process of a distributed fit reads one stripe of
+/// rejected (JSON would silently keep the last), and so is a NUL byte anywhere in a line ("line 3:
+/// column 12: a NUL byte …"; JSON parsers stop at it). A process of a distributed fit reads one stripe of
 /// the data lines (RowStripe): the file is read twice, once to count its data lines and once to
 /// parse only the lines of the stripe (the others are not parsed, so their errors are another
 /// process's to report).

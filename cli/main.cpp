@@ -11,6 +11,15 @@
 // has alike (command-line errors, and every failure a distributed fit agrees on) are printed once,
 // by rank 0; each process exits with the same code. A build without MPI started by a launcher with
 // P > 1 refuses to run (usage error, printed by rank 0): its P processes could not cooperate.
+//
+// Output: standard output goes through a checked buffer (cli_support.hpp): the first failed write
+// (a full disk, /dev/full) stops the command, and any output lost, on stdout or stderr, makes the
+// exit code 2 ("cannot write to standard output: No space left on device"). SIGINT, SIGTERM and
+// SIGHUP remove the temporary file of an atomic write in progress (core/atomic_file.hpp) and then
+// end the process as the signal would have (exit status 128 + signal in a shell); a signal that
+// was ignored when attnmix started (nohup) stays ignored.
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
@@ -32,6 +41,34 @@
 namespace {
 
 using namespace attnmix::cli;
+
+/// Removes the temporary file of an interrupted atomic write, then lets the signal end the process
+/// with its default action (re-raised: it is delivered when the handler returns). Async-signal-safe.
+extern "C" void on_terminating_signal(int signal_number) {
+  remove_pending_temporary_files();
+  ::signal(signal_number, SIG_DFL);
+  ::raise(signal_number);
+}
+
+/// Installs on_terminating_signal for SIGINT, SIGTERM and SIGHUP, except where the signal is
+/// ignored (nohup, a shell's background job): that stays as it was.
+void install_signal_cleanup() {
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(signal_number, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) continue;
+    struct sigaction action {};
+    action.sa_handler = on_terminating_signal;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(signal_number, &action, nullptr);
+  }
+}
+
+/// Flushes standard output before an error message; a write error there is printed too, unless it
+/// is the error being reported.
+void flush_before_error(const std::string& reported) {
+  const std::string lost = finish_stdout();
+  if (!lost.empty() && lost != reported) std::cerr << "attnmix: error: " << lost << "\n";
+}
 
 #ifndef ATTNMIX_HAVE_MPI
 /// Why a build without MPI does not run under a launcher of `processes` processes, and what to do instead.
@@ -83,7 +120,7 @@ int run(int argc, char** argv, const attnmix::Communicator* comm) {
     return code == 0 ? kExitOk : kExitUsage;
   } catch (const AgreedError& e) {  // a distributed fit's failure, agreed on by every process
     if (root) {
-      std::cout.flush();
+      flush_before_error(e.what());
       if (e.exit_code() == kExitUsage)
         std::cerr << "attnmix: usage error: " << e.what()
                   << "\nRun with --help for more information.\n";
@@ -94,22 +131,36 @@ int run(int argc, char** argv, const attnmix::Communicator* comm) {
     return e.exit_code();
   } catch (const UsageError& e) {  // the same on every process: the command line is
     if (root) {
-      std::cout.flush();
+      flush_before_error(e.what());
       std::cerr << "attnmix: usage error: " << e.what()
                 << "\nRun with --help for more information.\n";
     }
     return kExitUsage;
   } catch (const std::bad_alloc&) {
-    std::cout.flush();
+    flush_before_error("");
     std::cerr << "attnmix: error" << rank_note
               << ": out of memory (are the dimensions what you meant?)\n";
     return kExitData;
   } catch (const std::exception&
-               e) {  // ValueError, TypeError, ImpossibleEvidenceError, I/O runtime_error
-    std::cout.flush();
+               e) {  // ValueError, TypeError, ImpossibleEvidenceError, I/O runtime_error, stdout
+    flush_before_error(e.what());
     std::cerr << "attnmix: error" << rank_note << ": " << e.what() << "\n";
     return kExitData;
   }
+  return exit_code;
+}
+
+/// The exit code once the output is complete: 2 when a write to stdout failed (said on stderr) or
+/// one to stderr did (nowhere left to say it), unless the command failed already.
+int finish_output(int exit_code) {
+  const std::string lost = finish_stdout();
+  if (!lost.empty()) {
+    if (exit_code == kExitOk || exit_code == kExitNotConverged)
+      std::cerr << "attnmix: error: " << lost << "\n";
+    if (exit_code != kExitUsage) exit_code = kExitData;
+  }
+  std::cerr.flush();
+  if (!std::cerr.good() && exit_code == kExitOk) exit_code = kExitData;
   return exit_code;
 }
 
@@ -142,5 +193,15 @@ int main(int argc, char** argv) {
   }
   const attnmix::Communicator* comm = nullptr;
 #endif
-  return run(argc, argv, comm);
+  // Before any output. Under mpirun rank 0 keeps going after a failed write (the other ranks wait
+  // for it in collectives) and reports the failure at the end.
+  install_checked_stdout(/*stop_at_first_error=*/comm == nullptr);
+  install_signal_cleanup();  // after MPI's initialisation, which may install handlers of its own
+  int exit_code = kExitData;
+  try {
+    exit_code = run(argc, argv, comm);
+  } catch (const std::exception& e) {  // thrown while reporting another error (stdout failed then)
+    std::cerr << "attnmix: error: " << e.what() << "\n";
+  }
+  return finish_output(exit_code);
 }

@@ -4,8 +4,11 @@
 /// members, .npy format versions 1-3, little-endian bool/int/uint/float dtypes (|b1 <i1..<i8
 /// <u1..<u8 <f4 <f8), C or Fortran order (Fortran arrays are reordered to C order here). Other
 /// dtypes are rejected with a message naming the file, the member and the dtype. Errors are
-/// std::runtime_error (the archive cannot be read) or attnmix::ValueError / attnmix::TypeError (the
-/// content is not what a data file needs).
+/// attnmix::IoError (the archive cannot be opened or read) or attnmix::ValueError / attnmix::TypeError (the
+/// content is not what a data file needs). Integrity: every member is read to its end so that its CRC-32 is
+/// verified (a stripe too: the rest of the member is read and discarded), a name may appear only once, and every
+/// size taken from a header (the element count, the row size) goes through checked_product (at most 2^48
+/// elements; an extent has at most 18 digits).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +27,7 @@ struct NpyArray {
   Kind kind = Kind::kInt;
   int64_t first_row = 0;      // axis-0 index of the first row held
   int64_t row_size = 1;       // elements per row (the product of shape[1:])
-  std::vector<int64_t> ints;  // kBool (0/1) and kInt; uint64 values above INT64_MAX saturate
+  std::vector<int64_t> ints;  // kBool (0/1) and kInt (a uint64 value above INT64_MAX is rejected)
   std::vector<double> reals;  // kFloat
   [[nodiscard]] size_t size() const;
   /// Index into ints / reals of element `col` of row `row` (an axis-0 index of the file, among the rows held).
@@ -37,7 +40,8 @@ struct NpyArray {
 /// array of at least one axis holds only rows [n·part/parts, n·(part+1)/parts) of its n rows (the stripe of one
 /// process of a distributed fit, RowStripe): members are streamed, so memory holds the stripe, while shapes and
 /// errors still describe the whole file. (A Fortran-ordered array of two or more axes is decoded whole.)
-/// @throws std::runtime_error (unreadable archive), ValueError (malformed or unsupported member).
+/// @throws IoError (unreadable archive or member), ValueError (malformed or unsupported member, a shape of more than
+///         2^48 elements, a CRC-32 mismatch, a duplicate member name, a uint64 value above INT64_MAX).
 [[nodiscard]] std::map<std::string, NpyArray> read_npz(const std::string& path, int part = 0, int parts = 1);
 
 /// Decodes one .npy member (exposed for tests). `where` prefixes error messages ("data.npz:

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "attnmix/core/errors.hpp"
+#include "cli_support.hpp"
 
 namespace attnmix::cli {
 
@@ -56,8 +57,7 @@ TokenizedText tokenize_text(const std::string& path, TokenMode mode, Vocabulary&
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0)
     throw std::runtime_error(path + ": cannot open the text file: " + std::strerror(errno));
-  if (S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot read the text file: it is a directory");
+  check_input_file(path, "the text file");  // a FIFO would block the open until a writer comes
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open the text file: " + std::strerror(errno));
   std::ostringstream buffer;

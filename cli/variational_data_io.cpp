@@ -155,18 +155,18 @@ VeaDims infer_vea_dims(const VeaDims& declared, const std::vector<const VeaRows*
   const VeaRows& first = *row_sets.front();
   if (!dims.context_length) dims.context_length = Dim{first.contexts.cols(), first.source};
   if (!dims.n_symbols) {
-    int64_t max_id = 0;
-    for (const VeaRows* rows : row_sets)
-      max_id = std::max({max_id, largest_id(rows->contexts), largest_id(rows->queries)});
-    max_id = max_over_ranks(comm, max_id);
-    dims.n_symbols = Dim{max_id + 1, "the largest context or query id"};
+    LargestId largest("the largest context or query id");
+    for (const VeaRows* rows : row_sets) {
+      largest.see(rows->contexts, *rows, "context");
+      largest.see(rows->queries, *rows, "query");
+    }
+    dims.n_symbols = largest.dim(comm);
   }
   if (!dims.n_targets) {
-    int64_t max_id = 0;
+    LargestId largest("the largest target");
     for (const VeaRows* rows : row_sets)
-      if (rows->has_targets) max_id = std::max(max_id, largest_id(rows->targets));
-    max_id = max_over_ranks(comm, max_id);
-    dims.n_targets = Dim{max_id + 1, "the largest target"};
+      if (rows->has_targets) largest.see(rows->targets, *rows, "target");
+    dims.n_targets = largest.dim(comm);
   }
   return dims;
 }

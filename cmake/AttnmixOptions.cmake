@@ -17,3 +17,5 @@ function(attnmix_target_defaults target)
     target_compile_options(${target} PUBLIC -march=native)
   endif()
 endfunction()
+# The libFuzzer targets under fuzz/ (clang only; cmake/AttnmixFuzz.cmake, docs/fuzzing.md).
+option(ATTNMIX_BUILD_FUZZERS "Build the libFuzzer targets under fuzz/ (needs clang, e.g. clang++-14)" OFF)

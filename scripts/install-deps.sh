@@ -9,6 +9,7 @@ packages=(
   python3 python3-numpy python3-dev python3-pybind11 pybind11-dev python3-pytest python3-scipy
   libopenmpi-dev openmpi-bin
   libtorch-dev python3-torch
+  clang-14 libclang-rt-14-dev  # the fuzz targets: libFuzzer and the sanitizer runtimes of clang (docs/fuzzing.md)
 )
 
 missing=()

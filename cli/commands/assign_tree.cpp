@@ -158,7 +158,7 @@ int run_assign_tree(const AssignTreeArgs& args) {
   ProgressPrinter progress;
   const auto start = std::chrono::steady_clock::now();
   const AssignmentTreeExperimentResult result = assign::run_assignment_tree_experiment(
-      args.seed, args.n_threads,
+      args.seed, capped_threads(args.n_threads),
       [&progress](const std::string& stage, double fraction) { progress(stage, fraction); });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

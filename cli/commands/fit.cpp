@@ -171,12 +171,29 @@ std::string processes_text(const FitArgs& args, const std::vector<int64_t>& coun
   return text;
 }
 
+/// The files a fit reads, for the check that --out is none of them: with {rank} under mpirun, the
+/// file of every process.
+std::vector<InputFile> fit_inputs(const FitArgs& args, const Communicator* comm) {
+  std::vector<InputFile> inputs;
+  const auto add = [&](const char* flag, const std::string& pattern) {
+    if (pattern.empty()) return;
+    if (!comm || !has_rank_placeholder(pattern)) return inputs.push_back({flag, pattern});
+    for (int r = 0; r < comm->size(); ++r) inputs.push_back({flag, rank_path(pattern, r)});
+  };
+  add("--data", args.data);
+  add("--text", args.text);
+  add("--valid", args.valid);
+  add("--init", args.init);
+  return inputs;
+}
+
 int run_fit(const FitArgs& args) {
   const Communicator* comm = args.communicator;
   const bool root = !comm || comm->rank() == 0;
   std::ostream& out = report_stream(root);
   const FitFamily* family = nullptr;
   OptimizeOptions options = args.optimize;
+  options.n_threads = capped_threads(options.n_threads);
   std::optional<FitInit> init;
   // The command line (the same on every process), the output path (rank 0 writes the model) and the
   // --init model, agreed on before any data are read.
@@ -197,8 +214,11 @@ int run_fit(const FitArgs& args) {
     options.delta =
         family->stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
     options.reuse_estep_ll = !args.classic;
-    if (root) check_output_path(args.out);
-    if (!args.init.empty()) init = FitInit{args.init, load_model(args.init)};
+    if (root) check_output_path(args.out, "the model", fit_inputs(args, comm));
+    if (!args.init.empty()) {
+      check_input_file(args.init, "the model file");
+      init = FitInit{args.init, load_model(args.init)};
+    }
   });
   // Every process reports (to nowhere but on rank 0): optimize() scores --valid for each report,
   // which is a collective.
@@ -293,6 +313,15 @@ std::optional<Dim> settle_dim(const CLI::Option* option, int64_t value, const ch
                      " does not match the --init model " + init->path + " (" + symbol + " = " +
                      std::to_string(model_value) + ")");
   return Dim{model_value, "the --init model " + init->path};
+}
+
+double settle_sigma2(const FitArgs& args, const FitInit* init, double model_sigma2, double default_sigma2) {
+  if (!init) return given(args.sigma2_opt) ? args.sigma2 : default_sigma2;
+  if (given(args.sigma2_opt) && args.sigma2 != model_sigma2)
+    throw ValueError("--sigma2 " + number_text(args.sigma2) + " does not match the --init model " + init->path +
+                     " (sigma2 = " + number_text(model_sigma2) +
+                     "); leave --sigma2 out to continue with the model's");
+  return model_sigma2;
 }
 
 void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {

@@ -46,19 +46,18 @@ FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
   problem.train_counts = std::move(rows.train_counts);
   problem.valid_total = rows.valid_total;
   problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
-  // The row matrices move into the batches (no copy).
-  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
-  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
 
   ChainedAttentionEstimatorOptions options;  // the library's M-step defaults
-  if (given(args.sigma2_opt))
-    options.sigma2 = args.sigma2;
-  else if (init_model)
-    options.sigma2 = init_model->sigma2();
+  options.sigma2 = settle_sigma2(args, init, init_model ? init_model->sigma2() : 0.0, options.sigma2);
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
-  problem.estimator = AnyEstimator(ChainedAttentionEstimator(L, S, T, options));
+  // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.
+  problem.estimator = build_estimator([&] { return ChainedAttentionEstimator(L, S, T, options); },
+                                      {{"S", &*dims.n_symbols}, {"T", &*dims.n_targets}});
+  // The row matrices move into the batches (no copy).
+  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
+  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
   problem.dims_brief = "L=" + std::to_string(L) + ", S=" + std::to_string(S) +
                        ", N=" + std::to_string(N) + ", T=" + std::to_string(T);
   problem.dims_summary = "L=" + std::to_string(L) + (L == 1 ? " hop, S=" : " hops, S=") +

@@ -13,8 +13,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/core/any.hpp"
@@ -94,6 +96,12 @@ struct FitInit {
                                             const char* flag, const char* symbol,
                                             const FitInit* init, int64_t model_value);
 
+/// σ² of a fit: --sigma2 when given, else the --init model's σ² (`model_sigma2`), else `default_sigma2` (the
+/// estimator's default). @throws ValueError when --sigma2 is given with --init and differs from the model's σ²
+/// ("--sigma2 0.5 does not match the --init model a.json (sigma2 = 0.10000000000000001)").
+[[nodiscard]] double settle_sigma2(const FitArgs& args, const FitInit* init, double model_sigma2,
+                                   double default_sigma2);
+
 /// The --init model as family M. @throws ValueError naming the file when it holds another family.
 template <class M>
 [[nodiscard]] const M& init_model_as(const FitInit& init, const std::string& family_flag) {
@@ -101,6 +109,24 @@ template <class M>
   throw ValueError(init.path + ": --init holds a " + init.model.family() + " model, but --family " +
                    family_flag + " fits " + M::kFamily +
                    " models (start from a model of that family, or leave out --init)");
+}
+
+/// The estimator `build()` returns, as a handle. Its constructor checks that the statistics of these dimensions
+/// can exist (at most 2^48 entries each); a ValueError it throws is rethrown with where each dimension came from,
+/// so a huge id in the data or a huge flag is traced to its line or flag:
+/// "ChainedAttentionEstimator: statistic key_num (…) must have at most 2^48 elements (S = 4611686018427387905 (from
+/// the largest key, value or query id at ca.jsonl: line 3, field keys), T = 6 (from the largest target))".
+template <class Build>
+[[nodiscard]] AnyEstimator build_estimator(Build&& build,
+                                           std::initializer_list<std::pair<const char*, const Dim*>> dims) {
+  try {
+    return AnyEstimator(build());
+  } catch (const ValueError& e) {
+    std::string origins;
+    for (const auto& [symbol, dim] : dims)
+      if (dim) origins += (origins.empty() ? " (" : ", ") + dim_text(symbol, *dim);
+    throw ValueError(std::string(e.what()) + (origins.empty() ? "" : origins + ")"));
+  }
 }
 
 /// What the generic EM run needs from a family: the data, the estimator and how to describe both.

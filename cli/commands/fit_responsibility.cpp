@@ -136,10 +136,7 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
   RaInput input =
       args.text.empty() ? read_data_files(args, declared) : read_text_corpus(args, declared);
   ResponsibilityAttentionEstimatorOptions options;  // the library's M-step defaults
-  if (given(args.sigma2_opt))
-    options.sigma2 = args.sigma2;
-  else if (init_model)
-    options.sigma2 = init_model->sigma2();
+  options.sigma2 = settle_sigma2(args, init, init_model ? init_model->sigma2() : 0.0, options.sigma2);
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   if (given(args.min_sigma2_opt)) options.min_sigma2 = args.min_sigma2;
   options.estimate_sigma2 = args.estimate_sigma2;
@@ -148,7 +145,9 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
              T = d.n_targets->value;
   FitProblem& problem = input.problem;
   problem.mechanism = "responsibility attention";
-  problem.estimator = AnyEstimator(ResponsibilityAttentionEstimator(S, N, D, T, options));
+  problem.estimator = build_estimator([&] { return ResponsibilityAttentionEstimator(S, N, D, T, options); },
+                                      {{"S", &*d.n_symbols}, {"N", &*d.context_length},
+                                       {"D", &*d.query_dim}, {"T", &*d.n_targets}});
   problem.dims_brief = "S=" + std::to_string(S) + ", N=" + std::to_string(N) +
                        ", D=" + std::to_string(D) + ", T=" + std::to_string(T);
   problem.dims_summary = "S=" + std::to_string(S) + " symbols, N=" + std::to_string(N) +

@@ -24,11 +24,8 @@ namespace {
 /// The options every variational estimator shares, from the flags (or the library's defaults), σ²
 /// from the --init model when --sigma2 is absent.
 template <class Options, class Model>
-void apply_common_flags(const FitArgs& args, const Model* init_model, Options& options) {
-  if (given(args.sigma2_opt))
-    options.sigma2 = args.sigma2;
-  else if (init_model)
-    options.sigma2 = init_model->sigma2();
+void apply_common_flags(const FitArgs& args, const FitInit* init, const Model* init_model, Options& options) {
+  options.sigma2 = settle_sigma2(args, init, init_model ? init_model->sigma2() : 0.0, options.sigma2);
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   if (given(args.lr_opt)) options.lr = args.lr;
   if (given(args.mc_opt)) options.mc = args.mc;
@@ -92,15 +89,16 @@ FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init) {
   problem.train_counts = std::move(rows.train_counts);
   problem.valid_total = rows.valid_total;
   problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
+  apply_common_flags(args, init, init_model, options);
+  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  problem.mechanism = "variational embedding attention";
+  // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.
+  problem.estimator = build_estimator([&] { return VariationalEmbeddingAttentionEstimator(S, N, D, T, std::move(options)); },
+                                      {{"S", &*dims.n_symbols}, {"N", &*dims.context_length}, {"T", &*dims.n_targets}});
   // The row matrices move into the batches (no copy).
   problem.train = AnyBatch(encode_vea_rows(std::move(rows.train), dims));
   if (rows.valid) problem.valid = AnyBatch(encode_vea_rows(std::move(*rows.valid), dims));
-
-  VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
-  apply_common_flags(args, init_model, options);
-  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
-  problem.mechanism = "variational embedding attention";
-  problem.estimator = AnyEstimator(VariationalEmbeddingAttentionEstimator(S, N, D, T, std::move(options)));
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;
@@ -125,16 +123,17 @@ FitProblem prepare_variational_multihop_fit(const FitArgs& args, const FitInit* 
   problem.train_counts = std::move(rows.train_counts);
   problem.valid_total = rows.valid_total;
   problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
-  // The row matrices move into the batches (no copy).
-  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
-  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
-
   VariationalMultiHopAttentionEstimatorOptions options;  // the library's M-step defaults
-  apply_common_flags(args, init_model, options);
+  apply_common_flags(args, init, init_model, options);
   if (given(args.anneal_iters_opt)) options.anneal_iters = args.anneal_iters;
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "variational multi-hop attention (2 hops)";
-  problem.estimator = AnyEstimator(VariationalMultiHopAttentionEstimator(S, D, T, std::move(options)));
+  // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.
+  problem.estimator = build_estimator([&] { return VariationalMultiHopAttentionEstimator(S, D, T, std::move(options)); },
+                                      {{"S", &*dims.n_symbols}, {"T", &*dims.n_targets}});
+  // The row matrices move into the batches (no copy).
+  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
+  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;

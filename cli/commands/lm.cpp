@@ -51,6 +51,9 @@ const LmPlugin& lm_plugin() {
       using Entry = const LmPlugin* (*)();
       const auto entry = reinterpret_cast<Entry>(::dlsym(handle, "attnmix_lm_plugin"));
       const LmPlugin* p = entry ? entry() : nullptr;
+      // The plugin's own copy of the library's interrupted-write cleanup (cli_support.hpp).
+      if (void* cleanup = ::dlsym(handle, "attnmix_lm_remove_pending_temporary_file"))
+        add_temporary_file_cleanup(reinterpret_cast<TemporaryFileCleanup>(cleanup));
       if (!p || p->version != kLmPluginVersion || p->train_request_size != sizeof(LmTrainRequest) ||
           p->eval_request_size != sizeof(LmEvalRequest) ||
           p->generate_request_size != sizeof(LmGenerateRequest) ||
@@ -120,6 +123,7 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
     throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
   if (!(r.holdout >= 0.0 && r.holdout < 1.0))
     throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r.holdout) + ")");
+  r.options.threads = capped_threads(r.options.threads);
   return lm_plugin().train(r);
 }
 
@@ -219,7 +223,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the initial parameters")->capture_default_str();
   cmd->add_option("--threads", o.threads,
-                  "libtorch intra-op threads (results are reproducible for a fixed count)")
+                  "libtorch intra-op threads, at most the machine's hardware threads (results are "
+                  "reproducible for a fixed count)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every,
@@ -251,12 +256,13 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--chunk", r->chunk, "Bytes per step (default: the checkpoint's --chunk)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", r->threads, "libtorch intra-op threads")
+  cmd->add_option("--threads", r->threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->callback([r, &exit_code] {
     if (!(r->holdout >= 0.0 && r->holdout < 1.0))
       throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r->holdout) + ")");
+    r->threads = capped_threads(r->threads);
     exit_code = lm_plugin().eval(*r);
   });
 }
@@ -341,7 +347,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the parameters and the sequences")
       ->capture_default_str();
-  cmd->add_option("--threads", o.threads, "libtorch intra-op threads")
+  cmd->add_option("--threads", o.threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option(
@@ -367,6 +373,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
     if (r->text_steps > 0 && !(r->holdout > 0.0 && r->holdout < 1.0))
       throw UsageError("--holdout must lie in (0, 1) (got " + format_short(r->holdout) + ")");
     if (r->mechanisms.empty()) throw UsageError("--mechanisms needs at least one mechanism");
+    r->options.threads = capped_threads(r->options.threads);
     exit_code = lm_plugin().recall(*r);
   });
 }
@@ -395,11 +402,12 @@ void add_generate(CLI::App* lm_cmd, int& exit_code) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--seed", g.seed, "Seed of the sampler")->capture_default_str();
-  cmd->add_option("--threads", g.threads, "libtorch intra-op threads")
+  cmd->add_option("--threads", g.threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->callback([r, &exit_code] {
     if (r->prompt.empty()) throw UsageError("--prompt must not be empty (the model continues it)");
+    r->options.threads = capped_threads(r->options.threads);
     exit_code = lm_plugin().generate(*r);
   });
 }

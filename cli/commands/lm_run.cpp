@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "attnmix/core/atomic_file.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
@@ -37,8 +38,7 @@ LmCorpus read_lm_corpus(const std::string& path, double holdout) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0)
     throw std::runtime_error(path + ": cannot read the text: " + std::strerror(errno));
-  if (S_ISDIR(info.st_mode))
-    throw std::runtime_error(path + ": cannot read the text: it is a directory");
+  check_input_file(path, "the text");  // a FIFO would block the open until a writer comes
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot read the text: " + std::strerror(errno));
   std::ostringstream buffer;
@@ -278,9 +278,15 @@ int run_train(const LmTrainRequest& args) {
   std::ostream& out = std::cout;
   lm::TrainOptions o = args.options;
   // Fail before training, not after it: the output path, the checkpoint, the options, the text.
-  if (!args.out.empty()) check_output_path(args.out, "the checkpoint");
+  // --out may be the --resume checkpoint: it is read whole before training and replaced, atomically,
+  // only by its own continuation (docs/lm.md: resuming in place after an interruption).
+  const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
+  if (!args.out.empty())
+    check_output_path(args.out, "the checkpoint",
+                      {{args.text.empty() ? "--text (by default)" : "--text", path}});
   std::optional<lm::CheckpointInfo> info;
   if (!args.resume.empty()) {
+    check_input_file(args.resume, "the checkpoint");
     info = lm::read_checkpoint_info(args.resume);
     check_resume_flags(args, *info);
     const int64_t steps = given(args, "--steps") ? o.steps : info->options.steps;
@@ -298,7 +304,6 @@ int run_train(const LmTrainRequest& args) {
   }
   lm::validate(o);
 
-  const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
   const LmCorpus corpus = read_lm_corpus(path, args.holdout);
   const auto n_train = static_cast<int64_t>(corpus.train.size());
   const int64_t needed = o.batch * (o.chunk + 1);
@@ -406,6 +411,7 @@ int run_train(const LmTrainRequest& args) {
 
 int run_eval(const LmEvalRequest& args) {
   std::ostream& out = std::cout;
+  check_input_file(args.checkpoint, "the checkpoint");
   const lm::CheckpointInfo info = lm::read_checkpoint_info(args.checkpoint);
   const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
   const LmCorpus corpus = read_lm_corpus(path, args.holdout);
@@ -440,6 +446,7 @@ int run_eval(const LmEvalRequest& args) {
 // ---- lm generate -------------------------------------------------------------------------------
 
 int run_generate(const LmGenerateRequest& args) {
+  check_input_file(args.checkpoint, "the checkpoint");
   const std::vector<int64_t> prompt = lm::byte_tokens(args.prompt);
   const std::vector<int64_t> tokens = lm::generate(args.checkpoint, prompt, args.options);
   std::string text = args.prompt;
@@ -649,6 +656,12 @@ int run_recall(const LmRecallRequest& r) {
 }  // namespace
 
 }  // namespace attnmix::cli
+
+/// The plugin's copy of the library records its own atomic writes (checkpoints): the executable's
+/// signal handler calls this too (commands/lm.cpp registers it on loading). Async-signal-safe.
+extern "C" bool attnmix_lm_remove_pending_temporary_file() noexcept {
+  return attnmix::remove_pending_temporary_file();
+}
 
 extern "C" const attnmix::cli::LmPlugin* attnmix_lm_plugin() {
   static const attnmix::cli::LmPlugin plugin = [] {

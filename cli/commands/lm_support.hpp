@@ -23,8 +23,9 @@ struct LmCorpus {
 };
 
 /// Reads `path` and splits off the held-out tail (0 ≤ holdout < 1).
-/// @throws std::runtime_error "path: cannot read the text: <reason>"; ValueError naming the file
-///   for an empty text or one too short to split.
+/// @throws std::runtime_error "path: cannot read the text: <reason>" (also for a directory, a pipe
+///   or a device: check_input_file, so a FIFO never blocks); ValueError naming the file for an
+///   empty text or one too short to split.
 [[nodiscard]] LmCorpus read_lm_corpus(const std::string& path, double holdout);
 
 /// "step 120/300  40%  6.1k tokens/s  loss 2.4312  ETA 0:12".

@@ -21,6 +21,7 @@ struct PredictArgs {
 };
 
 int run_predict(const PredictArgs& args) {
+  check_input_file(args.model, "the model file");
   const AnyDistribution model = load_model(args.model);
   const ModelData data = read_model_data(model, args.data, TargetPolicy::kOptional);
   const Matrix proba = model.predict_proba(data.batch);  // [n, T]

@@ -24,6 +24,7 @@ struct SampleArgs {
 };
 
 int run_sample(const SampleArgs& args) {
+  check_input_file(args.model, "the model file");
   const AnyDistribution model = load_model(args.model);
   std::optional<int64_t> context_length;
   if (args.context_length_opt->count()) context_length = args.context_length;

@@ -24,6 +24,7 @@ struct ScoreArgs {
 };
 
 int run_score(const ScoreArgs& args) {
+  check_input_file(args.model, "the model file");
   const AnyDistribution model = load_model(args.model);
   const ModelData data = read_model_data(model, args.data, TargetPolicy::kRequired);
   std::vector<double> log_p(static_cast<size_t>(data.batch.n_rows()));

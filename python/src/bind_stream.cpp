@@ -104,7 +104,12 @@ std::string path_arg(py::handle obj, std::string_view where, std::string_view na
     throw TypeError(std::string(where) + ": " + std::string(name) +
                     " must be a str or os.PathLike of str (got " + type_name(obj) + ")");
   }
-  return path.cast<std::string>();
+  std::string text = path.cast<std::string>();
+  // The system would read the path up to the NUL: another file.
+  if (text.find('\0') != std::string::npos)
+    throw ValueError(std::string(where) + ": " + std::string(name) +
+                     " contains a NUL byte (a path cannot)");
+  return text;
 }
 
 void require_callable(py::handle obj, std::string_view where, std::string_view name) {

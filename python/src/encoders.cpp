@@ -96,11 +96,13 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
       contexts.reserve(static_cast<size_t>(n * N));
       queries.reserve(static_cast<size_t>(n * D));
     }
-    if (ctx.shape[0] !=
-        N)  // a ragged context nesting (a declared N is checked by the library's encoder)
-      throw TypeError(where + ": contexts must all have the same length (row 0 has " +
-                      std::to_string(N) + ", row " + std::to_string(row) + " has " +
-                      std::to_string(ctx.shape[0]) + ")");
+    // Rows of different widths are a shape mismatch (ValueError, like the queries'); a ragged
+    // nesting inside one context is read_ids' TypeError (SPEC.md §1.2). A declared N is checked by
+    // the library's encoder.
+    if (ctx.shape[0] != N)
+      throw ValueError(where + ": contexts must all have the same length (row 0 has " +
+                       std::to_string(N) + ", row " + std::to_string(row) + " has " +
+                       std::to_string(ctx.shape[0]) + ")");
     if (y.shape[0] != D)
       throw ValueError(where + ": queries must all have the same length (row 0 has " +
                        std::to_string(D) + ", row " + std::to_string(row) + " has " +
@@ -170,10 +172,10 @@ AnyBatch ChainedAttentionDataEncoderPy::encode(py::handle data) const {
       keys.reserve(static_cast<size_t>(n * N));
       values.reserve(static_cast<size_t>(n * N));
     }
-    if (k.shape[0] != N)  // a ragged nesting of the keys
-      throw TypeError(where + ": keys must all have the same length (row 0 has " +
-                      std::to_string(N) + ", row " + std::to_string(row) + " has " +
-                      std::to_string(k.shape[0]) + ")");
+    if (k.shape[0] != N)  // rows of different widths: a shape mismatch, as in the RA encoder
+      throw ValueError(where + ": keys must all have the same length (row 0 has " +
+                       std::to_string(N) + ", row " + std::to_string(row) + " has " +
+                       std::to_string(k.shape[0]) + ")");
     if (v.shape[0] != k.shape[0])
       throw ValueError(where + ": keys and values of row " + std::to_string(row) +
                        " must have the same length (got " + std::to_string(k.shape[0]) + " and " +
@@ -242,10 +244,11 @@ AnyBatch VariationalEmbeddingAttentionDataEncoderPy::encode(py::handle data) con
       N = ctx.shape[0];
       contexts.reserve(static_cast<size_t>(n * N));
     }
-    if (ctx.shape[0] != N)  // a ragged nesting (a declared N is checked by the library's encoder)
-      throw TypeError(where + ": contexts must all have the same length (row 0 has " +
-                      std::to_string(N) + ", row " + std::to_string(row) + " has " +
-                      std::to_string(ctx.shape[0]) + ")");
+    // A shape mismatch, as in the RA encoder (a declared N is the library's check).
+    if (ctx.shape[0] != N)
+      throw ValueError(where + ": contexts must all have the same length (row 0 has " +
+                       std::to_string(N) + ", row " + std::to_string(row) + " has " +
+                       std::to_string(ctx.shape[0]) + ")");
     contexts.insert(contexts.end(), ctx.values.begin(), ctx.values.end());
     queries[row] = id_scalar(obs[1], where, "query");
     targets[row] = id_scalar(obs[2], where, "target");

@@ -627,10 +627,10 @@ ChainedAttention::ChainedAttention(ChainedAttentionParams params) : params_(std:
       throw ValueError(std::string(kWhere) + ": keys must be an (L, S, S) array with S >= 1 (table " +
                        std::to_string(hop) + " is " + std::to_string(K.rows()) + "x" + std::to_string(K.cols()) +
                        ", expected " + std::to_string(S) + "x" + std::to_string(S) + ")");
-    check::finite_nonempty(kWhere, "keys", {K.data(), static_cast<size_t>(K.size())});
+    check::bounded_reals(kWhere, "keys", {K.data(), static_cast<size_t>(K.size())});
   }
   check::row_simplex(kWhere, "emission", params_.emission, S);
-  check::positive_real(kWhere, "sigma2", params_.sigma2);
+  check::variance(kWhere, "sigma2", params_.sigma2);
 
   const Index L = n_hops();
   const double inv_two_sigma2 = 1.0 / (2.0 * params_.sigma2);

@@ -14,8 +14,8 @@ namespace attnmix {
 namespace {
 constexpr double kKeyMassFloor = 1e-9;  // M-step denominator floor of SPEC.md §3.3
 
-std::shared_ptr<const StatLayout> ca_layout(int64_t L, int64_t S, int64_t T) {
-  return std::make_shared<const StatLayout>(std::vector<FieldSpec>{
+std::shared_ptr<const StatLayout> ca_layout(std::string_view where, int64_t L, int64_t S, int64_t T) {
+  return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
       {"key_num", {L, S, S}, FieldKind::kCount},
       {"key_mass", {L, S}, FieldKind::kCount},
       {"emission_count", {S, T}, FieldKind::kCount},
@@ -29,7 +29,7 @@ double span_sum(const double* p, Index n) { return accurate_sum({p, static_cast<
 
 ChainedAttentionAccumulator::ChainedAttentionAccumulator(int64_t n_hops, int64_t n_symbols, int64_t n_targets,
                                                          std::optional<std::string> keys)
-    : FlatAccumulator(ca_layout((check::positive_int(kWhere, "n_hops", n_hops), n_hops),
+    : FlatAccumulator(ca_layout(kWhere, (check::positive_int(kWhere, "n_hops", n_hops), n_hops),
                                 (check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
                                 (check::positive_int(kWhere, "num_targets", n_targets), n_targets))),
       L_(n_hops),
@@ -55,7 +55,8 @@ ChainedAttentionEstimator::ChainedAttentionEstimator(int64_t n_hops, int64_t n_s
   check::positive_int(kWhere, "n_hops", L_);
   check::positive_int(kWhere, "num_symbols", S_);
   check::positive_int(kWhere, "num_targets", T_);
-  check::positive_real(kWhere, "sigma2", options_.sigma2);
+  static_cast<void>(ca_layout(kWhere, L_, S_, T_));  // the statistics must have a size that can exist
+  check::variance(kWhere, "sigma2", options_.sigma2);
   check::nonnegative_real(kWhere, "emission_smoothing", options_.emission_smoothing);
 }
 

@@ -88,15 +88,12 @@ AttentionOptimizerState resolve_optimizer_state(std::string_view where, std::str
                                                 const Matrix& log_var,
                                                 std::optional<AttentionOptimizerState> supplied) {
   const std::string w(where);
-  check::finite_nonempty(where, "mean", {mean.data(), static_cast<size_t>(mean.size())});
-  check::finite_nonempty(where, "log_var", {log_var.data(), static_cast<size_t>(log_var.size())});
+  check::bounded_reals(where, "mean", {mean.data(), static_cast<size_t>(mean.size())});
+  check::log_variances(where, "log_var", {log_var.data(), static_cast<size_t>(log_var.size())});
   if (log_var.rows() != mean.rows() || log_var.cols() != mean.cols())
     throw ValueError(w + ": log_var must have the shape of mean (" + std::to_string(mean.rows()) + "x" +
                      std::to_string(mean.cols()) + ", got " + std::to_string(log_var.rows()) + "x" +
                      std::to_string(log_var.cols()) + ")");
-  const Eigen::ArrayXXd variance = log_var.array().exp();
-  if (!variance.allFinite() || (variance <= 0.0).any())
-    throw ValueError(w + ": exp(log_var) must be finite and > 0");
   if (!supplied) return AttentionOptimizerState::fresh(std::string(family), mean, log_var, 0);
   supplied->validate(where);
   if (supplied->family != family)

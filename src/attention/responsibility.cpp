@@ -316,13 +316,13 @@ ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams p
   if (K.rows() == 0 || K.cols() == 0)
     throw ValueError(std::string(kWhere) + ": key_means must be a non-empty 2-D array (got " +
                      std::to_string(K.rows()) + "x" + std::to_string(K.cols()) + ")");
-  check::finite_nonempty(kWhere, "key_means", {K.data(), static_cast<size_t>(K.size())});
+  check::bounded_reals(kWhere, "key_means", {K.data(), static_cast<size_t>(K.size())});
   check::row_simplex(kWhere, "emission", params_.emission, K.rows());
   if (params_.position_prior.size() == 0)
     throw ValueError("position_prior (length = context length N) is required.");
   check::simplex(kWhere, "position_prior",
                  {params_.position_prior.data(), static_cast<size_t>(params_.position_prior.size())});
-  check::positive_real(kWhere, "sigma2", params_.sigma2);
+  check::variance(kWhere, "sigma2", params_.sigma2);
 
   log_prior_ = params_.position_prior.array().log();
   log_emission_ = params_.emission.array().log();

@@ -5,6 +5,7 @@
 
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/check.hpp"
+#include "attnmix/core/sizes.hpp"
 #include "attnmix/core/errors.hpp"
 
 namespace attnmix {
@@ -40,10 +41,7 @@ ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix con
   if (queries.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": queries must have D >= 1 columns");
   check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, n_symbols);
   check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, n_targets);
-  for (Index k = 0; k < queries.size(); ++k)
-    if (!std::isfinite(queries.data()[k]))
-      throw ValueError(std::string(kEncoderWhere) + ": query row " + std::to_string(k / queries.cols()) +
-                       " must be finite (column " + std::to_string(k % queries.cols()) + ")");
+  check::bounded_rows(kEncoderWhere, "query", queries);
   auto storage = std::make_shared<ResponsibilityAttentionBatch::Storage>();
   storage->max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
   storage->max_target = targets.size() ? targets.maxCoeff() : -1;
@@ -72,11 +70,13 @@ ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens
       throw ValueError(std::string(kWhere) + ": embeddings must be 2-D with at least " + std::to_string(S) +
                        " rows (got " + std::to_string(embeddings->rows()) + "x" + std::to_string(embeddings->cols()) +
                        ")");
-    check::finite_nonempty(kWhere, "embeddings", {embeddings->data(), static_cast<size_t>(embeddings->size())});
+    check::bounded_reals(kWhere, "embeddings", {embeddings->data(), static_cast<size_t>(embeddings->size())});
   }
   const Index len = static_cast<Index>(tokens.size());
   const Index n = len > context_length ? len - context_length : 0;
   const Index D = embeddings ? embeddings->cols() : S;
+  static_cast<void>(checked_product(kWhere, "the contexts (rows x context_length)", {n, context_length}));
+  static_cast<void>(checked_product(kWhere, "the queries (rows x query_dim)", {n, D}));
   IdMatrix contexts(n, context_length);
   Matrix queries = Matrix::Zero(n, D);
   IdVector targets(n);

@@ -14,8 +14,8 @@ namespace attnmix {
 namespace {
 constexpr double kKeyMassFloor = 1e-12;  // M-step denominator floor of SPEC.md §2.3
 
-std::shared_ptr<const StatLayout> ra_layout(int64_t S, int64_t N, int64_t D, int64_t T) {
-  return std::make_shared<const StatLayout>(std::vector<FieldSpec>{
+std::shared_ptr<const StatLayout> ra_layout(std::string_view where, int64_t S, int64_t N, int64_t D, int64_t T) {
+  return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
       {"key_sum", {S, D}, FieldKind::kReal},
       {"key_mass", {S}, FieldKind::kCount},
       {"emission_count", {S, T}, FieldKind::kCount},
@@ -30,7 +30,7 @@ double span_sum(const double* p, Index n) { return accurate_sum({p, static_cast<
 ResponsibilityAttentionAccumulator::ResponsibilityAttentionAccumulator(int64_t n_symbols, int64_t context_length,
                                                                        int64_t query_dim, int64_t n_targets,
                                                                        std::optional<std::string> keys)
-    : FlatAccumulator(ra_layout((check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
+    : FlatAccumulator(ra_layout(kWhere, (check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
                                 (check::positive_int(kWhere, "context_length", context_length), context_length),
                                 (check::positive_int(kWhere, "query_dim", query_dim), query_dim),
                                 (check::positive_int(kWhere, "num_targets", n_targets), n_targets))),
@@ -101,8 +101,9 @@ ResponsibilityAttentionEstimator::ResponsibilityAttentionEstimator(int64_t n_sym
   check::positive_int(kWhere, "context_length", N_);
   check::positive_int(kWhere, "query_dim", D_);
   check::positive_int(kWhere, "num_targets", T_);
-  check::positive_real(kWhere, "sigma2", options_.sigma2);
-  check::positive_real(kWhere, "min_sigma2", options_.min_sigma2);
+  static_cast<void>(ra_layout(kWhere, S_, N_, D_, T_));  // the statistics must have a size that can exist
+  check::variance(kWhere, "sigma2", options_.sigma2);
+  check::variance(kWhere, "min_sigma2", options_.min_sigma2);
   check::nonnegative_real(kWhere, "emission_smoothing", options_.emission_smoothing);
 }
 

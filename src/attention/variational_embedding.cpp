@@ -286,7 +286,7 @@ VariationalEmbeddingAttention::VariationalEmbeddingAttention(VariationalEmbeddin
   check::row_simplex(kWhere, "emission", params_.emission, params_.mean.rows());
   check::simplex(kWhere, "position_prior",
                  {params_.position_prior.data(), static_cast<size_t>(params_.position_prior.size())});
-  check::positive_real(kWhere, "sigma2", params_.sigma2);
+  check::variance(kWhere, "sigma2", params_.sigma2);
   state_ = std::make_shared<const AttentionOptimizerState>(*params_.optimizer_state);
   log_prior_ = params_.position_prior.array().log().matrix();
   noise_ = std::make_shared<MonteCarloCache>();

@@ -7,6 +7,7 @@
 
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/core/check.hpp"
+#include "attnmix/core/sizes.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
 #include "attnmix/stats/simplex.hpp"
@@ -17,8 +18,8 @@ namespace attnmix {
 namespace {
 constexpr const char* kEncoderWhere = "VariationalEmbeddingAttentionDataEncoder";
 
-std::shared_ptr<const StatLayout> vea_layout(int64_t S, int64_t N, int64_t D, int64_t T) {
-  return std::make_shared<const StatLayout>(std::vector<FieldSpec>{
+std::shared_ptr<const StatLayout> vea_layout(std::string_view where, int64_t S, int64_t N, int64_t D, int64_t T) {
+  return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
       {"grad_m", {S, D}, FieldKind::kReal},
       {"grad_logv", {S, D}, FieldKind::kReal},
       {"emission_count", {S, T}, FieldKind::kCount},
@@ -78,7 +79,7 @@ VariationalEmbeddingAttentionAccumulator::VariationalEmbeddingAttentionAccumulat
                                                                                    int64_t embed_dim,
                                                                                    int64_t n_targets, int64_t mc,
                                                                                    std::optional<std::string> keys)
-    : FlatAccumulator(vea_layout((check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
+    : FlatAccumulator(vea_layout(kWhere, (check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
                                  (check::positive_int(kWhere, "context_length", context_length), context_length),
                                  (check::positive_int(kWhere, "embed_dim", embed_dim), embed_dim),
                                  (check::positive_int(kWhere, "num_targets", n_targets), n_targets))),
@@ -150,7 +151,10 @@ VariationalEmbeddingAttentionEstimator::VariationalEmbeddingAttentionEstimator(
   check::positive_int(kWhere, "embed_dim", D_);
   check::positive_int(kWhere, "num_targets", T_);
   check::positive_int(kWhere, "mc", options_.mc);
-  check::positive_real(kWhere, "sigma2", options_.sigma2);
+  static_cast<void>(vea_layout(kWhere, S_, N_, D_, T_));  // the statistics must have a size that can exist
+  static_cast<void>(checked_product(kWhere, "the Monte-Carlo embedding tables (mc x num_symbols x embed_dim)",
+                                    {options_.mc, S_, D_}));
+  check::variance(kWhere, "sigma2", options_.sigma2);
   check::positive_real(kWhere, "lr", options_.lr);
   check::nonnegative_real(kWhere, "prior_strength", options_.prior_strength);
   check::nonnegative_real(kWhere, "emission_smoothing", options_.emission_smoothing);

@@ -79,7 +79,7 @@ VariationalMultiHopAttention::VariationalMultiHopAttention(VariationalMultiHopAt
   params_.optimizer_state = resolve_optimizer_state(kWhere, kFamily, params_.mean, params_.log_var,
                                                     std::move(params_.optimizer_state));
   check::row_simplex(kWhere, "emission", params_.emission, params_.mean.rows());
-  check::positive_real(kWhere, "sigma2", params_.sigma2);
+  check::variance(kWhere, "sigma2", params_.sigma2);
   state_ = std::make_shared<const AttentionOptimizerState>(*params_.optimizer_state);
   log_emission_ = params_.emission.array().log().matrix();
   noise_ = std::make_shared<MonteCarloCache>();

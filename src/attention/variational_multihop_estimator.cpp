@@ -6,6 +6,7 @@
 
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/check.hpp"
+#include "attnmix/core/sizes.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
 #include "attnmix/stats/simplex.hpp"
@@ -14,8 +15,8 @@
 namespace attnmix {
 
 namespace {
-std::shared_ptr<const StatLayout> vmha_layout(int64_t S, int64_t D, int64_t T) {
-  return std::make_shared<const StatLayout>(std::vector<FieldSpec>{
+std::shared_ptr<const StatLayout> vmha_layout(std::string_view where, int64_t S, int64_t D, int64_t T) {
+  return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
       {"grad_m", {S, D}, FieldKind::kReal},
       {"grad_logv", {S, D}, FieldKind::kReal},
       {"emission_count", {S, T}, FieldKind::kCount},
@@ -30,7 +31,7 @@ std::shared_ptr<const StatLayout> vmha_layout(int64_t S, int64_t D, int64_t T) {
 VariationalMultiHopAttentionAccumulator::VariationalMultiHopAttentionAccumulator(int64_t n_symbols, int64_t embed_dim,
                                                                                  int64_t n_targets, int64_t mc,
                                                                                  std::optional<std::string> keys)
-    : FlatAccumulator(vmha_layout((check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
+    : FlatAccumulator(vmha_layout(kWhere, (check::positive_int(kWhere, "num_symbols", n_symbols), n_symbols),
                                   (check::positive_int(kWhere, "embed_dim", embed_dim), embed_dim),
                                   (check::positive_int(kWhere, "num_targets", n_targets), n_targets))),
       S_(n_symbols),
@@ -92,7 +93,10 @@ VariationalMultiHopAttentionEstimator::VariationalMultiHopAttentionEstimator(
   check::positive_int(kWhere, "num_targets", T_);
   check::positive_int(kWhere, "mc", options_.mc);
   check::positive_int(kWhere, "anneal_iters", options_.anneal_iters);
-  check::positive_real(kWhere, "sigma2", options_.sigma2);
+  static_cast<void>(vmha_layout(kWhere, S_, D_, T_));  // the statistics must have a size that can exist
+  static_cast<void>(checked_product(kWhere, "the Monte-Carlo embedding tables (mc x num_symbols x embed_dim)",
+                                    {options_.mc, S_, D_}));
+  check::variance(kWhere, "sigma2", options_.sigma2);
   check::positive_real(kWhere, "lr", options_.lr);
   check::nonnegative_real(kWhere, "prior_strength", options_.prior_strength);
   check::nonnegative_real(kWhere, "emission_smoothing", options_.emission_smoothing);

@@ -4,14 +4,15 @@
 #include <cmath>
 #include <sstream>
 
+#include "attnmix/core/sizes.hpp"
+
 namespace attnmix {
 
-StatLayout::StatLayout(std::vector<FieldSpec> fields) : fields_(std::move(fields)) {
+StatLayout::StatLayout(std::string_view where, std::vector<FieldSpec> fields) : fields_(std::move(fields)) {
   for (FieldSpec& f : fields_) {
-    f.size = 1;
-    for (Index d : f.shape) f.size *= d;
+    f.size = checked_product(where, "statistic " + f.name, f.shape.data(), f.shape.size());
     f.offset = flat_size_;
-    flat_size_ += f.size;
+    flat_size_ = checked_product(where, "the statistics", {flat_size_ + f.size});
   }
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnmix/core/check.hpp"
 
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <sstream>
 
@@ -17,11 +19,47 @@ std::string concat(const Parts&... parts) {
   (os << ... << parts);
   return os.str();
 }
+
+/// The shortest text that reads back as x ("1e+50", not "1.0000000000000001e+50"), for quoting bounds.
+std::string shortest(double x) {
+  std::array<char, 32> buf{};
+  const auto result = std::to_chars(buf.data(), buf.data() + buf.size(), x);
+  return {buf.data(), result.ptr};
+}
 }  // namespace
 
 void positive_real(std::string_view where, std::string_view name, double value) {
   if (!(std::isfinite(value) && value > 0.0))
     throw ValueError(concat(where, ": ", name, " must be a positive finite real (got ", value, ")"));
+}
+
+void variance(std::string_view where, std::string_view name, double value) {
+  if (!(std::isfinite(value) && value >= kMinVariance))
+    throw ValueError(concat(where, ": ", name, " must be a finite real >= ", shortest(kMinVariance), " (got ", value, ")"));
+}
+
+void bounded_reals(std::string_view where, std::string_view name, std::span<const double> values) {
+  if (values.empty()) throw ValueError(concat(where, ": ", name, " must be non-empty"));
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!(std::fabs(values[i]) <= kMaxMagnitude))
+      throw ValueError(concat(where, ": ", name, " entry ", i, " must be finite with magnitude at most ", shortest(kMaxMagnitude),
+                              " (got ", values[i], ")"));
+}
+
+void bounded_rows(std::string_view where, std::string_view row_name, const Matrix& values) {
+  for (Index k = 0; k < values.size(); ++k)
+    if (!(std::fabs(values.data()[k]) <= kMaxMagnitude))
+      throw ValueError(concat(where, ": ", row_name, " row ", k / values.cols(), " must be finite with magnitude at most ",
+                              shortest(kMaxMagnitude), " (column ", k % values.cols(), " is ", values.data()[k], ")"));
+}
+
+void log_variances(std::string_view where, std::string_view name, std::span<const double> values) {
+  const double bound = 2.0 * std::log(kMaxMagnitude);
+  if (values.empty()) throw ValueError(concat(where, ": ", name, " must be non-empty"));
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!(std::fabs(values[i]) <= bound))
+      throw ValueError(concat(where, ": ", name, " entry ", i, " must be finite with magnitude at most ", bound,
+                              " = 2 ln ", shortest(kMaxMagnitude), " (got ", values[i], ")"));
 }
 
 void nonnegative_real(std::string_view where, std::string_view name, double value) {

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -109,10 +111,14 @@ double ModelJsonField::as_double() const {
 }
 
 int64_t ModelJsonField::as_int() const {
+  // An integer field is written as a JSON integer (save_model writes one): 1e15 or 3.0 is a float in JSON, and a
+  // float would round every integer above 2^53, so it is rejected rather than converted.
+  if (value_->is_number_unsigned() && value_->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    fail("must be an integer of at most " + std::to_string(INT64_MAX) + " (got " + value_->dump() + ")");
   if (value_->is_number_integer()) return value_->get<int64_t>();
-  const double x = as_double();
-  if (x != std::floor(x) || std::fabs(x) > 9.0e15) fail("must be an integer");
-  return static_cast<int64_t>(x);
+  if (value_->is_number_float())
+    fail("must be an integer, written without a fraction or an exponent (got " + value_->dump() + ")");
+  fail("must be an integer (got " + type_name_of(*value_) + ")");
 }
 
 std::string ModelJsonField::as_string() const {
@@ -537,15 +543,120 @@ std::string format_model_json(const json& doc) {
   return os.str();
 }
 
+// ----- parsing
+// -----------------------------------------------------------------------------------------------------
+
+namespace {
+
+/// A char iterator over a text that records, in *consumed, how many characters the reader has taken: nlohmann's
+/// parser gives its callback no positions, but it reads its input one character at a time, in order, so this tells
+/// where an event happened (a key event comes right after the key's closing quote is read).
+class CountingIterator {
+ public:
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  CountingIterator() = default;
+  CountingIterator(const char* at, const char* begin, size_t* consumed) : at_(at), begin_(begin), consumed_(consumed) {}
+  reference operator*() const { return *at_; }
+  CountingIterator& operator++() {
+    ++at_;
+    *consumed_ = static_cast<size_t>(at_ - begin_);
+    return *this;
+  }
+  CountingIterator operator++(int) {
+    CountingIterator old = *this;
+    ++*this;
+    return old;
+  }
+  bool operator==(const CountingIterator& other) const { return at_ == other.at_; }
+
+ private:
+  const char* at_ = nullptr;
+  const char* begin_ = nullptr;
+  size_t* consumed_ = nullptr;
+};
+
+/// "line 3, column 7" of byte `offset` of `text` (both 1-based; columns count bytes, as nlohmann's messages do).
+std::string position_text(const std::string& text, size_t offset) {
+  size_t line = 1, line_start = 0;
+  for (size_t k = 0; k < offset && k < text.size(); ++k)
+    if (text[k] == '\n') {
+      ++line;
+      line_start = k + 1;
+    }
+  return "line " + std::to_string(line) + ", column " + std::to_string(offset - line_start + 1);
+}
+
+/// The offset of the opening quote of the JSON string whose closing quote is at `close`: the nearest quote before it
+/// that is not escaped (preceded by an even number of backslashes).
+size_t opening_quote(const std::string& text, size_t close) {
+  for (size_t k = close; k-- > 0;) {
+    if (text[k] != '"') continue;
+    size_t backslashes = 0;
+    while (backslashes < k && text[k - 1 - backslashes] == '\\') ++backslashes;
+    if (backslashes % 2 == 0) return k;
+  }
+  return close;
+}
+
+}  // namespace
+
+json parse_model_text(const std::string& text, std::string_view source) {
+  const std::string src(source);
+  // nlohmann's lexer takes a NUL byte for the end of its input, so `{…}\0garbage` would parse as `{…}`.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    throw ValueError(src + ": " + position_text(text, nul) + ": a NUL byte is not allowed in a model file");
+  // JSON would keep the last of two equal keys in one object; a model file names each key once. One set of keys per
+  // open object (a model file has few objects: the envelope, params, the optimizer state, mixture components).
+  size_t consumed = 0;
+  std::vector<std::set<std::string>> open_objects;
+  const auto on_event = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      open_objects.pop_back();
+    } else if (event == json::parse_event_t::key) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(key).second)
+        throw ValueError(src + ": " + position_text(text, opening_quote(text, consumed - 1)) + ": duplicate key " +
+                         json(key).dump() + " (a key may appear only once in an object)");
+    }
+    return true;
+  };
+  try {
+    return json::parse(CountingIterator(text.data(), text.data(), &consumed),
+                       CountingIterator(text.data() + text.size(), text.data(), &consumed), on_event);
+  } catch (const json::exception& e) {
+    throw ValueError(src + ": not a valid JSON document: " + e.what());
+  }
+}
+
 // ----- files
 // -------------------------------------------------------------------------------------------------------
 
+namespace {
+/// A path with a NUL byte names a different file (the system reads it up to the NUL): ValueError, as Python's
+/// open() raises.
+void check_model_path(const std::string& path) {
+  const size_t nul = path.find('\0');
+  if (nul == std::string::npos) return;
+  throw ValueError("model file path \"" + path.substr(0, nul) + "\\0...\": contains a NUL byte (at offset " +
+                   std::to_string(nul) + "); a path cannot");
+}
+}  // namespace
+
 void save_model(const AnyDistribution& model, const std::string& path) {
+  check_model_path(path);
   // Serialise first: nothing touches the disk unless the whole document exists.
   write_file_atomically(path, format_model_json(model_to_json(model)), "the model");
 }
 
 AnyDistribution load_model(const std::string& path) {
+  check_model_path(path);
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) throw_io_error(path, "cannot open the model file", errno);
   if (S_ISDIR(info.st_mode))
@@ -557,7 +668,7 @@ AnyDistribution load_model(const std::string& path) {
   if (in.bad()) throw_io_error(path, "cannot read the model file", errno);
   json doc;
   try {
-    doc = json::parse(text.str());
+    doc = parse_model_text(text.str(), path);
   } catch (const json::exception& e) {
     throw ValueError(path + ": not a valid JSON document: " + e.what());
   }

@@ -14,4 +14,9 @@ void OptimizeOptions::validate() const {
   parallel().validate();
 }
 
+void detail::require_rows(Index local_rows, const Communicator* comm) {
+  if (sum_over_ranks(static_cast<double>(local_rows), comm) == 0.0)
+    throw ValueError("optimize: the data has no rows (an empty batch leaves nothing to fit)");
+}
+
 }  // namespace attnmix

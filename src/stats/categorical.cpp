@@ -17,8 +17,8 @@ namespace attnmix {
 namespace {
 constexpr const char* kEncoderWhere = "CategoricalDataEncoder";
 
-std::shared_ptr<const StatLayout> categorical_layout(int64_t K) {
-  return std::make_shared<const StatLayout>(
+std::shared_ptr<const StatLayout> categorical_layout(std::string_view where, int64_t K) {
+  return std::make_shared<const StatLayout>(where, 
       std::vector<FieldSpec>{{"counts", {K}, FieldKind::kCount}});
 }
 
@@ -69,7 +69,7 @@ CategoricalBatch CategoricalEncoder::encode(std::span<const double> ids) const {
 
 CategoricalAccumulator::CategoricalAccumulator(int64_t n_categories,
                                                std::optional<std::string> keys)
-    : FlatAccumulator(categorical_layout(
+    : FlatAccumulator(categorical_layout(kWhere, 
           (check::positive_int(kWhere, "num_categories", n_categories), n_categories))),
       K_(n_categories) {
   set_keys(std::move(keys));

@@ -17,8 +17,8 @@ namespace attnmix {
 namespace {
 constexpr const char* kEncoderWhere = "DiagonalGaussianDataEncoder";
 
-std::shared_ptr<const StatLayout> gaussian_layout(int64_t D) {
-  return std::make_shared<const StatLayout>(std::vector<FieldSpec>{
+std::shared_ptr<const StatLayout> gaussian_layout(std::string_view where, int64_t D) {
+  return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
       {"sum", {D}, FieldKind::kReal},
       {"sum_sq", {D}, FieldKind::kCount},
       {"count", {}, FieldKind::kCount},
@@ -52,11 +52,7 @@ DiagonalGaussianBatch DiagonalGaussianEncoder::encode(Matrix values) const {
   }
   if (values.rows() > 0 && values.cols() <= 0)
     throw ValueError(std::string(kEncoderWhere) + ": observations must have D >= 1 columns");
-  for (Index k = 0; k < values.size(); ++k)
-    if (!std::isfinite(values.data()[k]))
-      throw ValueError(std::string(kEncoderWhere) + ": observation row " +
-                       std::to_string(k / values.cols()) + " must be finite (column " +
-                       std::to_string(k % values.cols()) + ")");
+  check::bounded_rows(kEncoderWhere, "observation", values);
   auto storage = std::make_shared<DiagonalGaussianBatch::Storage>();
   storage->values = std::move(values);
   DiagonalGaussianBatch batch;
@@ -70,7 +66,7 @@ DiagonalGaussianBatch DiagonalGaussianEncoder::encode(Matrix values) const {
 
 DiagonalGaussianAccumulator::DiagonalGaussianAccumulator(int64_t dim,
                                                          std::optional<std::string> keys)
-    : FlatAccumulator(gaussian_layout((check::positive_int(kWhere, "dim", dim), dim))), D_(dim) {
+    : FlatAccumulator(gaussian_layout(kWhere, (check::positive_int(kWhere, "dim", dim), dim))), D_(dim) {
   set_keys(std::move(keys));
 }
 
@@ -107,10 +103,10 @@ void DiagonalGaussianAccumulator::initialize(const DiagonalGaussianBatch& batch,
 
 DiagonalGaussian::DiagonalGaussian(DiagonalGaussianParams params) : params_(std::move(params)) {
   const Index D = params_.mu.size();
-  check::finite_nonempty(kWhere, "mu", {params_.mu.data(), static_cast<size_t>(D)});
+  check::bounded_reals(kWhere, "mu", {params_.mu.data(), static_cast<size_t>(D)});
   check::dimension(kWhere, "length of sigma2", D, params_.sigma2.size());
   for (Index d = 0; d < D; ++d)
-    check::positive_real(kWhere, "sigma2 entry " + std::to_string(d), params_.sigma2[d]);
+    check::variance(kWhere, "sigma2 entry " + std::to_string(d), params_.sigma2[d]);
   inv_sigma2_ = params_.sigma2.cwiseInverse();
   log_norm_ = 0.0;
   for (Index d = 0; d < D; ++d)
@@ -165,7 +161,7 @@ DiagonalGaussianEstimator::DiagonalGaussianEstimator(int64_t dim,
                                                      DiagonalGaussianEstimatorOptions options)
     : D_(dim), options_(std::move(options)) {
   check::positive_int(kWhere, "dim", D_);
-  check::positive_real(kWhere, "min_sigma2", options_.min_sigma2);
+  check::variance(kWhere, "min_sigma2", options_.min_sigma2);
 }
 
 DiagonalGaussian DiagonalGaussianEstimator::estimate(std::optional<double> nobs,

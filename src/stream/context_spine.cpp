@@ -3,6 +3,7 @@
 #include "attnmix/stream/context_spine.hpp"
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/core/sizes.hpp"
 #include "attnmix/stream/rope.hpp"
 #include "eigen_matmul_impl.hpp"
 
@@ -44,6 +45,10 @@ void validate_spine_options(const SpineOptions& o, const char* where) {
     throw ValueError(std::string(where) + ": head_dim = d_model / n_head (" + str(o.d_model / o.n_head) +
                      ") must be even for RoPE");
   }
+  // The parameters must have a size that can exist (a layer holds about 12 d_model² weights).
+  static_cast<void>(checked_product(where, "the token embedding (vocab x d_model)", {o.vocab, o.d_model}));
+  static_cast<void>(
+      checked_product(where, "the layer weights (n_layer x 12 x d_model x d_model)", {o.n_layer, 12, o.d_model, o.d_model}));
   if (o.cp_size != 1) {
     throw ValueError(std::string(where) + ": cp_size must be 1 (context parallelism is not supported; got " +
                      str(o.cp_size) + ")");

@@ -5,12 +5,14 @@
 
 #include "attnmix/core/atomic_file.hpp"
 #include "attnmix/core/errors.hpp"
+#include "attnmix/core/sizes.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <zip.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,10 +22,12 @@
 #include <filesystem>
 #include <limits>
 #include <fstream>
+#include <memory>
 #include <type_traits>
 #include <numbers>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <sstream>
 
 namespace attnmix::lm {
@@ -339,6 +343,61 @@ std::string read_whole_file(const std::string& path) {
   return buffer.str();
 }
 
+// Reads every member of the checkpoint's zip archive to its end, where libzip compares the CRC-32 of the data with
+// the archive's: torch's own reader hands a damaged member over as it is (its miniz is built without the CRC checks),
+// so a flipped bit in a tensor would load as a wrong weight. The archive must also be consistent (ZIP_CHECKCONS: the
+// local and central headers agree) and name each member once. Costs one pass over the bytes, which are in memory.
+void verify_checksums(const std::string& path, const std::string& bytes) {
+  zip_error_t error;
+  zip_error_init(&error);
+  zip_source_t* source = zip_source_buffer_create(bytes.data(), bytes.size(), 0, &error);
+  zip_t* archive = source ? zip_open_from_source(source, ZIP_RDONLY | ZIP_CHECKCONS, &error) : nullptr;
+  if (!archive) {
+    if (source) zip_source_free(source);
+    const bool duplicate = zip_error_code_zip(&error) == ZIP_ER_EXISTS;
+    const std::string reason = zip_error_strerror(&error);
+    zip_error_fini(&error);
+    if (duplicate) bad_checkpoint(path, "the archive names a member twice");
+    bad_checkpoint(path, "the file is not a torch archive with a \"meta\" record (" + reason + ")");
+  }
+  zip_error_fini(&error);
+  const std::unique_ptr<zip_t, decltype(&zip_discard)> guard(archive, &zip_discard);  // frees the source too
+  std::set<std::string> names;
+  std::string block(size_t{1} << 20, '\0');
+  const zip_int64_t n_entries = zip_get_num_entries(archive, 0);
+  for (zip_int64_t i = 0; i < n_entries; ++i) {
+    const char* raw_name = zip_get_name(archive, static_cast<zip_uint64_t>(i), 0);
+    const std::string name = raw_name ? raw_name : "#" + str(i);
+    if (!names.insert(name).second) bad_checkpoint(path, "duplicate member '" + name + "'");
+    zip_file_t* file = zip_fopen_index(archive, static_cast<zip_uint64_t>(i), 0);
+    if (!file) bad_checkpoint(path, "member '" + name + "': " + zip_strerror(archive));
+    const std::unique_ptr<zip_file_t, decltype(&zip_fclose)> file_guard(file, &zip_fclose);
+    zip_int64_t got = 0;
+    while ((got = zip_fread(file, block.data(), block.size())) > 0) {
+    }
+    if (got < 0) {
+      zip_error_t* read_error = zip_file_get_error(file);
+      if (zip_error_code_zip(read_error) == ZIP_ER_CRC) {
+        bad_checkpoint(path, "member '" + name +
+                                 "': CRC-32 mismatch (its data does not match the checksum stored in the archive; the "
+                                 "file is corrupt)");
+      }
+      bad_checkpoint(path, "member '" + name + "': " + zip_error_strerror(read_error));
+    }
+  }
+}
+
+// Every floating-point tensor a checkpoint restores must be finite: a NaN or infinite weight would load and then
+// make every loss NaN and every sample arbitrary ("what": "model parameter 'layers.0.attn.weight'").
+void check_finite(const std::string& path, const std::string& what, const torch::Tensor& t) {
+  if (!t.defined() || !t.is_floating_point() || torch::isfinite(t).all().item<bool>()) return;
+  const auto flat = t.reshape({-1});
+  const int64_t first = torch::logical_not(torch::isfinite(flat)).nonzero().view({-1})[0].item<int64_t>();
+  std::ostringstream value;
+  value << flat[first].item<double>();
+  bad_checkpoint(path, what + " has a non-finite value (" + value.str() + " at flat index " + str(first) + ")");
+}
+
 struct LoadedCheckpoint {
   json meta;
   torch::serialize::InputArchive root;
@@ -346,6 +405,7 @@ struct LoadedCheckpoint {
 
 LoadedCheckpoint open_checkpoint(const std::string& path) {
   const std::string bytes = read_whole_file(path);
+  verify_checksums(path, bytes);
   LoadedCheckpoint c;
   try {
     c.root.load_from(bytes.data(), bytes.size());
@@ -415,6 +475,10 @@ void restore_model(const std::string& path, torch::serialize::InputArchive& root
   const auto loaded = s.model->named_parameters();
   for (const auto& [name, sizes] : expected) {
     check_shape(path, "parameter " + name, loaded[name], sizes);
+    check_finite(path, "model parameter '" + name + "'", loaded[name]);
+  }
+  for (const auto& buffer : s.model->named_buffers()) {
+    check_finite(path, "model buffer '" + buffer.key() + "'", buffer.value());
   }
 }
 
@@ -441,6 +505,8 @@ void read_near_state(const std::string& path, torch::serialize::InputArchive& st
                         (o.model.mechanism == Mechanism::kFull || len <= o.model.window);
       check_shape(path, "state cache k" + std::to_string(l), k, {o.batch, fits ? len : 0, o.model.n_head, head_dim});
       check_shape(path, "state cache v" + std::to_string(l), v, k.sizes());
+      check_finite(path, "state cache k" + std::to_string(l), k);
+      check_finite(path, "state cache v" + std::to_string(l), v);
       near.cache_k[l] = k;
       near.cache_v[l] = v;
     }
@@ -467,6 +533,7 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
     const auto tensor = [&](const std::string& name, torch::Tensor& into, c10::IntArrayRef sizes) {
       if (!state.try_read(name + n, into)) bad_checkpoint(path, "the state has no cluster-bank record " + name + n);
       check_shape(path, "state " + name + n, into, sizes);
+      check_finite(path, "state " + name + n, into);
     };
     tensor("count", bank.count, {B, H, C});
     tensor("mu_k", bank.mu_k, {B, H, C, d});
@@ -518,6 +585,8 @@ void restore_training(const std::string& path, torch::serialize::InputArchive& r
     if (step.toInt() < 1) bad_checkpoint(path, "optimizer step of " + p.key() + " must be >= 1");
     check_shape(path, "optimizer exp_avg of " + p.key(), exp_avg, p.value().sizes());
     check_shape(path, "optimizer exp_avg_sq of " + p.key(), exp_avg_sq, p.value().sizes());
+    check_finite(path, "optimizer exp_avg of '" + p.key() + "'", exp_avg);
+    check_finite(path, "optimizer exp_avg_sq of '" + p.key() + "'", exp_avg_sq);
     auto adam = std::make_unique<torch::optim::AdamWParamState>();
     adam->step(step.toInt());
     adam->exp_avg(exp_avg);
@@ -728,6 +797,16 @@ void validate(const TrainOptions& o) {
   positive("detach_horizon", o.detach_horizon);
   positive("threads", o.threads);
   positive("max_clusters", o.model.max_clusters);
+  // What one step holds must have a size that can exist.
+  const ModelConfig& m = o.model;
+  static_cast<void>(checked_product("lm", "the window cache (n_layer x batch x window x d_model)",
+                                    {m.n_layer, o.batch, m.window, m.d_model}));
+  static_cast<void>(checked_product("lm", "one step's activations (batch x chunk x 4 x d_model)",
+                                    {o.batch, o.chunk, 4, m.d_model}));
+  static_cast<void>(checked_product("lm", "one step's attention scores (batch x n_head x chunk x (chunk + window))",
+                                    {o.batch, m.n_head, o.chunk, 2, std::max(o.chunk, m.window)}));
+  static_cast<void>(checked_product("lm", "the far field (n_layer x batch x max_clusters x 2 x d_model x d_model)",
+                                    {m.n_layer, o.batch, m.max_clusters, 2, m.d_model, m.d_model}));
   if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
   if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
   if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");

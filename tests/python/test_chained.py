@@ -558,8 +558,8 @@ def test_id_validation(rng):
         enc.seq_encode([(good[0], good[1], [1], 2)])  # a query is one id
     with pytest.raises(TypeError):
         enc.seq_encode([([[0, 1], [2]], good[1], 1, 2)])  # ragged nesting
-    with pytest.raises(TypeError):
-        enc.seq_encode([good, ([0, 1], [2, 3], 1, 2)])  # ragged keys across rows
+    with pytest.raises(ValueError, match="keys must all have the same length .*row 1 has 2"):
+        enc.seq_encode([good, ([0, 1], [2, 3], 1, 2)])  # keys of different widths: a shape problem
     with pytest.raises(ValueError):
         enc.seq_encode([(good[0], [0, 1], 1, 2)])  # keys and values of different lengths
     with pytest.raises(ValueError):

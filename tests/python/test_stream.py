@@ -190,6 +190,32 @@ def test_errors_translate_like_the_core_module(kind, python_type):
     assert type(info.value) is python_type
 
 
+def test_one_translation_for_both_modules():
+    """Issue 18: once _stream was loaded, its translator caught the ValueError base of ImpossibleEvidenceError first,
+    so _core's calls raised a plain ValueError without .rows. Both modules now translate alike, with one class."""
+    import attnmix
+    from attnmix import _core, _stream
+
+    assert ex.rope_tables is not None  # an attnmix.experimental function: _stream is loaded
+    for module in (_core, _stream):
+        with pytest.raises(attnmix.ImpossibleEvidenceError) as info:
+            module._raise("ImpossibleEvidenceError", "where", [2, 5])
+        assert type(info.value) is attnmix.ImpossibleEvidenceError and info.value.rows == [2, 5]
+        with pytest.raises(FileNotFoundError, match="where: cannot open"):
+            module._raise("IoError", "where: cannot open", error_number=2)
+        with pytest.raises(ValueError, match="^where$") as plain:
+            module._raise("ValueError", "where")
+        assert type(plain.value) is ValueError
+    # A real impossible-evidence error of a _core call, with _stream loaded.
+    model = attnmix.ResponsibilityAttentionDistribution(
+        np.zeros((2, 1)), np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([0.0, 1.0]))
+    acc = model.estimator().accumulator_factory().make()
+    with pytest.raises(attnmix.ImpossibleEvidenceError) as info:
+        acc.seq_update([(np.array([0, 1]), np.array([0.0]), 0), (np.array([0, 1]), np.array([0.0]), 1)],
+                       np.ones(2), model)
+    assert info.value.rows == [1]
+
+
 # ---- ClusterBank ---------------------------------------------------------------------------------------------
 
 
@@ -659,8 +685,24 @@ def test_language_model_errors(tmp_path):
         ex.train_language_model(tokens, steps=1.5)
     with pytest.raises(TypeError):
         ex.train_language_model(tokens > 3)  # bool ids
-    with pytest.raises(RuntimeError, match="checkpoint"):
+    with pytest.raises(FileNotFoundError, match="missing.ckpt: cannot open the checkpoint"):
         ex.evaluate_language_model(tmp_path / "missing.ckpt", tokens)
+    with pytest.raises(IsADirectoryError, match="cannot open the checkpoint"):
+        ex.evaluate_language_model(tmp_path, tokens)
+    with pytest.raises(FileNotFoundError, match="cannot open the checkpoint"):
+        ex.checkpoint_info(tmp_path / "missing.ckpt")
+    for call in (lambda p: ex.evaluate_language_model(p, tokens), ex.checkpoint_info,
+                 lambda p: ex.generate_language_model(p, [1, 2]),
+                 lambda p: ex.train_language_model(tokens, steps=1, out=p)):
+        with pytest.raises(ValueError, match="contains a NUL byte"):
+            call(str(tmp_path / "m.ckpt") + "\0junk")
+    assert not os.listdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no_such_dir"):  # the checkpoint cannot be written
+        ex.train_language_model(pattern_tokens(), out=tmp_path / "no_such_dir" / "m.ckpt", batch=2, chunk=8,
+                                steps=1, **TINY_MODEL)
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        ex.train_language_model(pattern_tokens(), resume_from=tmp_path / "missing.ckpt", batch=2, chunk=8,
+                                steps=1, **TINY_MODEL)
 
 
 def test_run_recall_returns_a_sane_result():

@@ -525,8 +525,8 @@ def test_vea_id_validation(rng):
         enc.seq_encode([([0, 1, 2], [1], 2)])  # a query is one id
     with pytest.raises(TypeError):
         enc.seq_encode([([[0, 1], [2]], 1, 2)])  # ragged nesting
-    with pytest.raises(TypeError):
-        enc.seq_encode([([0, 1, 2], 1, 2), ([0, 1], 1, 2)])  # ragged contexts across rows
+    with pytest.raises(ValueError, match="contexts must all have the same length .*row 1 has 2"):
+        enc.seq_encode([([0, 1, 2], 1, 2), ([0, 1], 1, 2)])  # contexts of different widths: a shape problem
     with pytest.raises(ValueError):
         enc.seq_encode([([0, 1], 1, 2)] * 2)  # declared N = 3
     with pytest.raises(ValueError):

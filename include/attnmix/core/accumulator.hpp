@@ -45,7 +45,9 @@ struct FieldSpec {
 /// The declared layout of one accumulator: fields in value() order, packed back to back.
 class StatLayout {
  public:
-  explicit StatLayout(std::vector<FieldSpec> fields);
+  /// Each field's size is the checked product of its shape (sizes.hpp), and so is the total.
+  /// @throws ValueError "<where>: statistic <name> (a x b) must have at most 2^48 elements" for a shape too large.
+  StatLayout(std::string_view where, std::vector<FieldSpec> fields);
   [[nodiscard]] const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
   [[nodiscard]] Index flat_size() const noexcept { return flat_size_; }
   [[nodiscard]] bool operator==(const StatLayout& other) const;

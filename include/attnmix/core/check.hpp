@@ -14,8 +14,26 @@
 
 namespace attnmix::check {
 
-/// σ², lr, min_sigma2: finite and > 0.
+/// The largest magnitude of a real coordinate: queries, key means, key tables, embedding means, Gaussian data
+/// and means.
+inline constexpr double kMaxMagnitude = 1e50;
+/// The smallest variance: σ², min_sigma2, the Gaussian's variances. With coordinates within kMaxMagnitude, the
+/// model's constants (1/(2σ²), log σ²) and every ‖y − μ‖²/(2σ²) stay finite, so a finite input never gives NaN or
+/// an overflowed log density.
+inline constexpr double kMinVariance = 1e-100;
+
+/// lr and other step sizes: finite and > 0.
 void positive_real(std::string_view where, std::string_view name, double value);
+/// σ², min_sigma2, a variance entry: finite and in [kMinVariance, ∞).
+void variance(std::string_view where, std::string_view name, double value);
+/// Reals that enter squared distances: every entry finite with |x| ≤ kMaxMagnitude; the array non-empty.
+void bounded_reals(std::string_view where, std::string_view name, std::span<const double> values);
+/// The rows of a data matrix (queries, observations), as bounded_reals: "<where>: <row_name> row 3 must be finite
+/// with magnitude at most 1e+50 (column 1 is 1e+300)".
+void bounded_rows(std::string_view where, std::string_view row_name, const Matrix& values);
+/// Log variances of embeddings: every entry finite with |x| ≤ 2 ln kMaxMagnitude, so that exp(½ x) stays within
+/// kMaxMagnitude and above 1/kMaxMagnitude.
+void log_variances(std::string_view where, std::string_view name, std::span<const double> values);
 /// prior_strength, emission_smoothing: finite and ≥ 0.
 void nonnegative_real(std::string_view where, std::string_view name, double value);
 /// S, N, D, T, L: > 0.

@@ -49,6 +49,13 @@ inline constexpr int kModelSchemaVersion = 1;
 /// model_to_json.
 void save_model(const AnyDistribution& model, const std::string& path);
 
+/// Parses the text of a model file (what load_model reads) into a document. Stricter than JSON itself: a NUL byte
+/// anywhere (JSON parsers stop at one, so what follows it would go unread) and a key that appears twice in one
+/// object (JSON keeps the last silently) are errors.
+/// @throws ValueError "<source>: line L, column C: …" for a NUL byte or a duplicate key (naming it), and
+///         "<source>: not a valid JSON document: …" (with nlohmann's line and column) for malformed JSON.
+[[nodiscard]] nlohmann::json parse_model_text(const std::string& text, std::string_view source);
+
 /// Reads and validates a model file.
 /// @throws std::runtime_error when the file cannot be read; ValueError (naming the file and the
 /// field) on bad
@@ -88,6 +95,7 @@ class ModelJsonField {
   [[nodiscard]] std::vector<ModelJsonField> elements() const;
 
   [[nodiscard]] double as_double() const;
+  /// A JSON integer in int64's range; a float (1e15, 3.0) is rejected naming the field.
   [[nodiscard]] int64_t as_int() const;
   [[nodiscard]] std::string as_string() const;
   /// A 1-D array of numbers.

@@ -121,6 +121,10 @@ inline double sum_over_ranks(double x, const Communicator* comm) {
   comm->sum({&x, 1});
   return x;
 }
+
+/// @throws ValueError "optimize: the data has no rows …" when no rank holds a row (EM would return a model fitted
+/// to nothing). Collective over comm: every rank throws, or none does.
+void require_rows(Index local_rows, const Communicator* comm);
 }  // namespace detail
 
 /// score() of a sharded batch: Σ log p over every rank's rows (agreeing on failures).
@@ -136,14 +140,16 @@ template <class D>
 /// rng_w = Rng(rng.uniform_int(2³¹ − 1)), w_n ~ Bernoulli(init_p) from rng_w, responsibilities from rng.
 /// options.seed is not used; optimize(batch, estimator, options, initialize_model(…, rng)) equals optimize() with a
 /// seed whenever rng = Rng(seed). The Python binding uses it for an rng object supplied by the caller.
+/// @throws ValueError when the data has no rows (detail::require_rows).
 template <class E>
 [[nodiscard]] typename E::distribution_type initialize_model(const typename E::distribution_type::batch_type& batch,
                                                              const E& estimator, const OptimizeOptions& options,
                                                              Rng& rng) {
+  const Communicator* comm = options.communicator;
+  detail::require_rows(batch.n_rows(), comm);
   double p = options.init_p > 0.0 ? options.init_p : 0.1;
   p = std::min(1.0, p);
   Rng rng_w(rng.uniform_int((uint64_t{1} << 31) - 1));
-  const Communicator* comm = options.communicator;
   const Index rows = batch.n_rows();
   auto acc = estimator.make_accumulator();
   double nobs = 0.0;
@@ -220,7 +226,8 @@ template <class E>
   return EmStepper<E>(estimator, batch.n_rows()).step(model, batch, log_p_out, parallel);
 }
 
-/// Fits estimator's family to batch by EM. @throws every validation / impossible-evidence error of the steps.
+/// Fits estimator's family to batch by EM. @throws ValueError when the data has no rows (on every rank), and every
+/// validation / impossible-evidence error of the steps.
 template <class E>
 [[nodiscard]] OptimizeResult<typename E::distribution_type> optimize(
     const typename E::distribution_type::batch_type& batch, const E& estimator, const OptimizeOptions& options,
@@ -231,6 +238,7 @@ template <class E>
   options.validate();
   const ParallelOptions parallel = options.parallel();
   const Communicator* comm = options.communicator;
+  detail::require_rows(batch.n_rows(), comm);  // also with prev_estimate, and before max_its = 0 returns it
   D model = prev_estimate ? std::move(*prev_estimate) : initialize_model(batch, estimator, options);
   OptimizeResult<D> result{model};
   if (options.max_its == 0) return result;

@@ -94,6 +94,7 @@ class ForeignAccumulator : public FlatAccumulator<ForeignAccumulator> {
   using batch_type = ForeignBatch;
   ForeignAccumulator()
       : FlatAccumulator(std::make_shared<const StatLayout>(
+            kWhere,
             std::vector<FieldSpec>{{"x", {}, FieldKind::kCount}})) {}
   void validate(std::string_view where) const { check_entries(where); }
   void initialize(const ForeignBatch& /*batch*/, std::span<const double> /*w*/, Rng& /*rng*/) {}

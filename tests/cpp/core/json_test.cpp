@@ -208,7 +208,7 @@ TEST(ModelJsonTest, NonNumericRaggedAndUnknownEntriesAreNamed) {
   expect_load_error(doc, {"model.json: params.sigma2", "must be a number"});
   doc = valid_ra_document();
   doc["params"]["sigma2"] = -1.0;
-  expect_load_error(doc, {"model.json: params.sigma2", "positive"});
+  expect_load_error(doc, {"model.json: params.sigma2", "must be a finite real >= 1e-100"});
   doc = valid_ra_document();
   doc["params"]["sigma"] = 1.0;
   expect_load_error(doc, {"model.json: params", "unknown field 'sigma'"});
@@ -533,6 +533,119 @@ TEST(ModelJsonTest, VariationalComponentErrorsNameTheirPath) {
   doc = good;
   doc["params"]["components"][0]["params"]["sigma2"] = 0.0;
   expect_load_error(doc, {"model.json: params.components[0].params.sigma2"});
+}
+
+// ----- parsing integrity: NUL bytes, duplicate keys, integers written as floats ----------------------------------
+
+/// The ValueError message of load_model on a file holding `text` ("" and a failure when it loads).
+std::string load_text_error(const TempDir& dir, const std::string& text) {
+  const std::string path = dir.file("model.json");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  try {
+    (void)load_model(path);
+    ADD_FAILURE() << "accepted: " << text.substr(0, 200);
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// "line L, column C" (1-based, bytes) of offset `at` in `text`.
+std::string position_of(const std::string& text, size_t at) {
+  const size_t line = static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+  const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
+  const size_t column = line_start == std::string::npos || at == 0 ? at + 1 : at - line_start;
+  return "line " + std::to_string(line + 1) + ", column " + std::to_string(column);
+}
+
+TEST(ModelJsonTest, ANulByteAnywhereIsAnErrorNamingItsPosition) {
+  const TempDir dir;
+  Rng rng(testing::test_seed(31));
+  const AnyDistribution model(ResponsibilityAttention(random_params(rng, 3, 2, 2, 3)));
+  const std::string text = format_model_json(model_to_json(model));
+  ASSERT_EQ(model_from_json(parse_model_text(text, "m.json"), "m.json").family(), model.family());
+  // After the document (garbage behind a NUL was accepted), and in the middle of it, in place of a space.
+  const std::string trailing = text + std::string("\0 junk {{{", 11);
+  std::string message = load_text_error(dir, trailing);
+  EXPECT_NE(message.find(dir.file("model.json") + ": " + position_of(trailing, text.size()) +
+                         ": a NUL byte is not allowed in a model file"),
+            std::string::npos)
+      << message;
+  std::string inner = text;
+  const size_t space = inner.find(": ", inner.find("\"params\"")) + 1;
+  inner[space] = '\0';
+  message = load_text_error(dir, inner);
+  EXPECT_NE(message.find(position_of(inner, space) + ": a NUL byte"), std::string::npos) << message;
+  EXPECT_NE(message.find("line 5"), std::string::npos) << message;  // "params" is on line 5 of a saved file
+}
+
+TEST(ModelJsonTest, DuplicateKeysAreErrorsNamingTheKeyAndItsPosition) {
+  const TempDir dir;
+  Rng rng(testing::test_seed(32));
+  const std::string text =
+      format_model_json(model_to_json(AnyDistribution(ResponsibilityAttention(random_params(rng, 3, 2, 2, 3)))));
+  // A second "sigma2" in params (the last would win: 5.0 here), a second "family" at the top level.
+  std::string twice = text;
+  const size_t sigma = twice.find("\"sigma2\"");
+  ASSERT_NE(sigma, std::string::npos);
+  twice.insert(sigma, "\"sigma2\": 5.0,\n    ");
+  const size_t second = twice.find("\"sigma2\"", sigma + 1);
+  std::string message = load_text_error(dir, twice);
+  EXPECT_NE(message.find(dir.file("model.json") + ": " + position_of(twice, second) + ": duplicate key \"sigma2\""),
+            std::string::npos)
+      << message;
+  twice = text;
+  twice.insert(twice.find("\"params\""), "\"family\": \"responsibility_attention\", ");
+  message = load_text_error(dir, twice);
+  EXPECT_NE(message.find("duplicate key \"family\""), std::string::npos) << message;
+  // An escaped quote inside the key: the position is that of the key's opening quote.
+  const std::string escaped = "{\"a\\\"b\": 1,\n \"a\\\"b\": 2}";
+  try {
+    (void)parse_model_text(escaped, "x.json");
+    ADD_FAILURE() << "duplicate escaped key accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json: line 2, column 2: duplicate key \"a\\\"b\""), std::string::npos)
+        << e.what();
+  }
+  // The same key in different objects is no duplicate (schema_version at the top and in the optimizer state).
+  EXPECT_NO_THROW((void)parse_model_text("{\"a\": {\"a\": 1}, \"b\": [{\"a\": 1}, {\"a\": 2}]}", "x.json"));
+  // Malformed JSON still names the file and nlohmann's position.
+  try {
+    (void)parse_model_text("{\"a\": 1,\n \"b\" 2}", "x.json");
+    ADD_FAILURE() << "malformed JSON accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json: not a valid JSON document"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelJsonTest, IntegerFieldsWrittenAsFloatsAreRejectedNamingTheField) {
+  const TempDir dir;
+  const json good = valid_vea_document();
+  for (const char* value : {"1e15", "3.0", "1E2", "18446744073709551615"}) {
+    SCOPED_TRACE(value);
+    json doc = good;
+    doc["optimizer_state"]["iteration"] = 7;
+    std::string text = format_model_json(doc);
+    const std::string field = "\"iteration\": 7";
+    const size_t at = text.find(field);
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, field.size(), std::string("\"iteration\": ") + value);
+    const std::string message = load_text_error(dir, text);
+    EXPECT_NE(message.find(dir.file("model.json") + ": optimizer_state.iteration: must be an integer"),
+              std::string::npos)
+        << message;
+  }
+  json doc = good;
+  doc["optimizer_state"]["seed"] = 2.0;
+  expect_load_error(doc, {"model.json: optimizer_state.seed: must be an integer", "2.0"});
+  doc = good;
+  doc["optimizer_state"]["schema_version"] = 1.0;
+  expect_load_error(doc, {"model.json: optimizer_state.schema_version: must be an integer"});
+  doc = good;
+  doc["optimizer_state"]["iteration"] = 12;  // a JSON integer loads
+  EXPECT_EQ(model_from_json(doc, "model.json").get_if<VariationalEmbeddingAttention>()->optimizer_state().iteration,
+            12);
 }
 
 /// nlohmann's number output reads back to the same bits for every double (the 17-significant-digit

@@ -27,6 +27,7 @@ class ScriptAccumulator : public FlatAccumulator<ScriptAccumulator> {
   using batch_type = ScriptBatch;
   ScriptAccumulator()
       : FlatAccumulator(std::make_shared<const StatLayout>(
+            kWhere,
             std::vector<FieldSpec>{{"next", {}, FieldKind::kCount}, {"weight", {}, FieldKind::kCount}})) {}
   void validate(std::string_view) const {}
   void initialize(const ScriptBatch&, std::span<const double> w, Rng&) {
@@ -228,6 +229,37 @@ TEST(OptimizeTest, InvalidOptionsRaise) {
   options = {};
   options.chunk_rows = 0;
   EXPECT_THROW((void)optimize(ScriptBatch{}, ScriptEstimator{&scores, nullptr}, options), ValueError);
+}
+
+/// Issue 18: data with no rows is an error (it used to return a model fitted to nothing), whichever loop, with or
+/// without a previous estimate, even with max_its = 0, and from initialize_model itself.
+TEST(OptimizeTest, DataWithoutRowsRaises) {
+  const std::vector<double> scores{-1.0, -0.5, -0.25};
+  const ScriptEstimator estimator{&scores, nullptr};
+  const ScriptBatch empty{0};
+  const auto expect_no_rows = [](auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no ValueError";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("optimize: the data has no rows"), std::string::npos) << e.what();
+    }
+  };
+  for (const bool fused : {true, false}) {
+    for (const int max_its : {0, 3}) {
+      OptimizeOptions options;
+      options.reuse_estep_ll = fused;
+      options.max_its = max_its;
+      expect_no_rows([&] { (void)optimize(empty, estimator, options); });
+      expect_no_rows([&] { (void)optimize(empty, estimator, options, ScriptModel{0, &scores}); });
+    }
+  }
+  Rng rng(3);
+  expect_no_rows([&] { (void)initialize_model(empty, estimator, OptimizeOptions{}, rng); });
+  // One row still fits.
+  OptimizeOptions two;
+  two.max_its = 2;
+  EXPECT_EQ(optimize(ScriptBatch{1}, estimator, two).model.index, 2);
 }
 
 }  // namespace
