@@ -48,7 +48,9 @@ TEST(LanesTest, ExpLanesIsWithinOneUlpOfGlibc) {
     }
     SCOPED_TRACE("range [" + std::to_string(low) + ", 0]");
     EXPECT_LE(worst, 1);
+#if !defined(__SANITIZE_ADDRESS__)  // the share of identical results depends on the code generated (-O3 here)
     EXPECT_GT(static_cast<double>(identical) / (kVectors * kLanes), 0.9);
+#endif
   }
   const Lanes ends = lanes::exp_lanes(Lanes{0.0, -0.0, -708.0, -1e-300, -0.5, -1.0, -2.0, -700.0});
   EXPECT_EQ(ends[0], 1.0);

@@ -1118,7 +1118,8 @@ TEST_F(CliTest, InitStartsFromTheModelForEveryFamily) {
   const RunResult vea = run("fit --family vea --init '" + data("vea_model.json") + "' --data '" +
                             data("vea_small.jsonl") + "' --max-its 4 --out vea.json");
   ASSERT_EQ(vea.code, 0) << vea.err;
-  const auto* fitted = load_model(path("vea.json")).get_if<VariationalEmbeddingAttention>();
+  const AnyDistribution fitted_model = load_model(path("vea.json"));
+  const auto* fitted = fitted_model.get_if<VariationalEmbeddingAttention>();
   ASSERT_NE(fitted, nullptr);
   EXPECT_GE(fitted->optimizer_state().iteration, 3);  // the fixture's state is at step 3
   EXPECT_EQ(fitted->optimizer_state().seed, 11U);
