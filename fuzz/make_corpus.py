@@ -100,7 +100,7 @@ def npz_seeds():
         write("fuzz_npz", f"npy_v{version[0]}", bytes([FORMAT]) + member)
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-            z.writestr("context.npy", member)
+            z.writestr(zipfile.ZipInfo("context.npy", date_time=(1980, 1, 1, 0, 0, 0)), member)  # reproducible
         write("fuzz_npz", f"npz_v{version[0]}", bytes([FORMAT]) + buf.getvalue())
 
 

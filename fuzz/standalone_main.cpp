@@ -65,6 +65,7 @@ void on_signal(int sig) {
     std::fprintf(stderr, "==standalone== ERROR: timeout: one input ran longer than -timeout\n");
     _exit(70);
   }
+  alarm(0);
   write_artifact("crash");
   signal(sig, SIG_DFL);
   raise(sig);
@@ -218,6 +219,7 @@ int main(int argc, char** argv) {
   __sanitizer_set_death_callback(on_death);
   for (int sig : {SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGILL, SIGALRM}) signal(sig, on_signal);
   std::set_terminate([] {
+    alarm(0);  // the report below (a symbolised stack) may outlast the input's timeout: one finding, not two
     write_artifact("crash");
     std::fprintf(stderr, "==standalone== ERROR: an exception escaped the target\n");
     if (auto e = std::current_exception()) {

@@ -253,6 +253,26 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   throw std::runtime_error(path + ": not a usable attnmix LM checkpoint: " + why);
 }
 
+// libtorch's readers throw c10::Error, and its TorchScript parser (a damaged code/ member of the archive)
+// torch::jit::ErrorReport, which derives from std::exception alone: `f` runs with both reported as a bad checkpoint
+// (`what` and the first line of libtorch's message), while attnmix's own errors (std::runtime_error, among them
+// bad_checkpoint's, and std::invalid_argument) pass unchanged.
+template <class F>
+decltype(auto) reading_archive(const std::string& path, const std::string& what, F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const std::runtime_error&) {
+    throw;
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    message.erase(0, message.find_first_not_of(" \n"));
+    message = message.substr(0, message.find('\n'));
+    bad_checkpoint(path, what + (message.empty() ? "" : " (" + message + ")"));
+  }
+}
+
 // The AdamW moments, one record "p<i>" per parameter in named_parameters() order (absent before its first update).
 // torch's own Optimizer::save keys them by tensor addresses, which change from run to run and make the file bytes
 // (not the values) differ between a resumed and an uninterrupted run; this layout is the same whenever the values are.
@@ -407,16 +427,17 @@ LoadedCheckpoint open_checkpoint(const std::string& path) {
   const std::string bytes = read_whole_file(path);
   verify_checksums(path, bytes);
   LoadedCheckpoint c;
-  try {
+  reading_archive(path, "the file is not a torch archive with a \"meta\" record", [&] {
     c.root.load_from(bytes.data(), bytes.size());
     c10::IValue meta;
     c.root.read("meta", meta);
-    c.meta = json::parse(meta.toStringRef());
-  } catch (const c10::Error&) {
-    bad_checkpoint(path, "the file is not a torch archive with a \"meta\" record");
-  } catch (const json::exception& e) {
-    bad_checkpoint(path, std::string("the meta record is not valid JSON (") + e.what() + ")");
-  }
+    if (!meta.isString()) bad_checkpoint(path, "the meta record is not a string");
+    try {
+      c.meta = json::parse(meta.toStringRef());
+    } catch (const json::exception& e) {
+      bad_checkpoint(path, std::string("the meta record is not valid JSON (") + e.what() + ")");
+    }
+  });
   const auto field = [&](const char* name) -> const json* {
     return c.meta.is_object() && c.meta.contains(name) ? &c.meta.at(name) : nullptr;
   };
@@ -624,12 +645,10 @@ Session<Kind> load_session(const std::string& path, LoadedCheckpoint& c, const T
   read_progress(path, c.meta, s);
   torch::manual_seed(s.options.seed);
   s.model = Kind::make(s.options.model);
-  try {
+  reading_archive(path, "its tensors do not match the model it describes", [&] {
     restore_model(path, c.root, s);
     if (with_training) restore_training(path, c.root, s);
-  } catch (const c10::Error&) {
-    bad_checkpoint(path, "its tensors do not match the model it describes");
-  }
+  });
   return s;
 }
 

@@ -113,6 +113,17 @@ std::vector<Member> tensor_members(const std::string& zip) {
   return out;
 }
 
+/// Updates the member's CRC fields to match its (changed) data.
+void with_crc_fixed(std::string& zip, const Member& m) {
+  const uint32_t crc = crc32_of(zip.data() + m.data, m.size);
+  if (m.descriptor_crc) {
+    set32(zip, m.descriptor_crc, crc);  // the local header's field stays 0, as the writer left it
+  } else {
+    set32(zip, m.local_crc, crc);
+  }
+  set32(zip, m.central_crc, crc);
+}
+
 /// Writes `value` over float k of the member's data (k = npos: over every float of it, since a tensor may view only
 /// part of its storage, e.g. a cache narrowed to the window) and, with fix_crc, updates the CRC fields to match.
 std::string with_float(std::string zip, const Member& m, size_t k, float value, bool fix_crc) {
@@ -121,15 +132,7 @@ std::string with_float(std::string zip, const Member& m, size_t k, float value, 
   const size_t last = k == std::string::npos ? m.size / 4 : k + 1;
   EXPECT_GE(m.size, 4 * last) << m.name;
   for (size_t j = first; j < last; ++j) std::memcpy(zip.data() + m.data + 4 * j, &value, sizeof value);
-  if (fix_crc) {
-    const uint32_t crc = crc32_of(zip.data() + m.data, m.size);
-    if (m.descriptor_crc) {
-      set32(zip, m.descriptor_crc, crc);  // the local header's field stays 0, as the writer left it
-    } else {
-      set32(zip, m.local_crc, crc);
-    }
-    set32(zip, m.central_crc, crc);
-  }
+  if (fix_crc) with_crc_fixed(zip, m);
   return zip;
 }
 
@@ -236,6 +239,27 @@ TEST_F(CheckpointIntegrityTest, AFlippedByteInAnyStoredMemberIsACrcMismatch) {
     expect_error([&] { (void)read_checkpoint_info(file); }, {file, "CRC-32 mismatch"});
   }
   EXPECT_GE(checked, 3);
+}
+
+TEST_F(CheckpointIntegrityTest, ADamagedTorchScriptMemberIsABadCheckpoint) {
+  // The archive's code/*.py members describe the module types; with a type name changed (and the CRC updated),
+  // libtorch's TorchScript parser throws torch::jit::ErrorReport, which is not a c10::Error (found by fuzzing).
+  std::string damaged = bytes_;
+  int changed = 0;
+  for (const Member& m : members_of(bytes_)) {
+    if (m.method != 0 || m.name.find("/code/") == std::string::npos || m.name.rfind(".py") != m.name.size() - 3) {
+      continue;
+    }
+    for (size_t at = damaged.find("Module", m.data); at != std::string::npos && at + 6 <= m.data + m.size;
+         at = damaged.find("Module", at + 6)) {
+      damaged[at] = 'X';
+      ++changed;
+    }
+    with_crc_fixed(damaged, m);
+  }
+  ASSERT_GT(changed, 0);
+  write_file(path("script.ckpt"), damaged);
+  expect_every_reader_fails(path("script.ckpt"), {});
 }
 
 TEST_F(CheckpointIntegrityTest, NonFiniteWeightsAreRejectedNamingTheTensor) {
