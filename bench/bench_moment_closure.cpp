@@ -45,6 +45,7 @@
 //                              --mca_chunk): the top-level libtorch operations per step by name (forward ops and
 //                              backward nodes), {"name": [mca, window]}, and their totals.
 //   --mca_threads=k            at::set_num_threads(k) for everything (default 1, like the PyTorch baseline).
+//   --mca_d_model=d            the model width for every mode (default 32; 2 heads, so head_dim d/2).
 //
 // Run: build-mca-bench/bench/attnmix_bench_moment_closure --benchmark_filter=TrainStep
 //      /usr/bin/python3 bench/compare.py moment-closure --rounds 5
@@ -75,7 +76,6 @@ namespace attnmix {
 namespace {
 
 constexpr int64_t kVocab = bench::kStreamVocab;
-constexpr int64_t kDModel = 32;
 constexpr int64_t kLayers = 2;
 constexpr int64_t kHeads = 2;
 constexpr int64_t kWindow = 16;
@@ -86,11 +86,12 @@ constexpr uint64_t kSeed = 1234;
 constexpr int64_t kPool = 16;  // distinct chunks cycled through by the training benchmarks
 
 int g_threads = 1;
+int64_t g_d_model = 32;  // --mca_d_model
 
 MomentClosureOptions mca_options(double birth_threshold = -2.0, std::optional<double> merge_threshold = {}) {
   MomentClosureOptions o;
   o.vocab = kVocab;
-  o.d_model = kDModel;
+  o.d_model = g_d_model;
   o.n_layer = kLayers;
   o.n_head = kHeads;
   o.window = kWindow;
@@ -103,7 +104,7 @@ MomentClosureOptions mca_options(double birth_threshold = -2.0, std::optional<do
 SpineOptions window_options() {
   SpineOptions o;
   o.vocab = kVocab;
-  o.d_model = kDModel;
+  o.d_model = g_d_model;
   o.n_layer = kLayers;
   o.n_head = kHeads;
   o.window = kWindow;
@@ -499,6 +500,7 @@ int main(int argc, char** argv) {
         if (positive_flag(arg, "--mca_batch", o.batch)) continue;
         if (positive_flag(arg, "--mca_chunk", o.chunk)) continue;
         if (positive_flag(arg, "--mca_threads", threads)) continue;
+        if (positive_flag(arg, "--mca_d_model", attnmix::g_d_model)) continue;
         if (auto v = flag_value(arg, "--mca_birth_threshold")) { o.birth_threshold = std::atof(v->c_str()); continue; }
         if (auto v = flag_value(arg, "--mca_merge_threshold")) { o.merge_threshold = std::atof(v->c_str()); continue; }
         if (auto v = flag_value(arg, "--mca_dtype")) {

@@ -13,6 +13,8 @@ result (machine and revision recorded), or diff a saved result against another (
                                           [--rss-tokens 100000 1000000] [--rss-pytorch] [--out FILE]
   /usr/bin/python3 bench/compare.py moment-closure [--bench-mca build-mca-bench/bench/attnmix_bench_moment_closure]
                                                    [--rounds 5] [--pytorch-window] [--retain-freed-memory] [--out FILE]
+  /usr/bin/python3 bench/compare.py torch-module [--bench-mca build/bench/attnmix_bench_moment_closure]
+                                                 [--python-build build/python] [--d-model 32 128] [--rounds 3]
   /usr/bin/python3 bench/compare.py allreduce [--bench-mpi build-bench/bench/attnmix_bench_mpi] [--ranks 1 2]
                                               [--pieces] [--mca KEY=VALUE] [--out FILE]
 
@@ -40,6 +42,12 @@ BM_WindowTrainStep (chunks 64 and 16) and the PyTorch implementation at the same
 prints the C++/PyTorch and MCA/window tokens-per-second ratios (medians of per-round ratios, wall and CPU time);
 finally one streaming evaluation to 1e6 tokens: per-token time after 1e4 and 1e6 tokens (both ends stepped
 alternately in the same process), state bytes and RSS at both ends.
+
+`torch-module` (issue 19, docs/PERFORMANCE.md) checks that attnmix.torch's MomentClosureAttention, trained from
+Python by pytorch_moment_closure.py's driver (--implementation attnmix), reproduces the C++ step's first losses
+exactly, then times, per round and --d-model, BM_MomentClosureTrainStep, that Python-driven module and the PyTorch
+implementation (order alternating), and prints attnmix.torch/C++, attnmix.torch/PyTorch and C++/PyTorch
+tokens-per-second ratios (medians of per-round ratios).
 """
 import argparse
 import json
@@ -889,6 +897,60 @@ def cmd_moment_closure(args):
             f.write(text + "\n")
 
 
+def cmd_torch_module(args):
+    """attnmix.torch's MomentClosureAttention trained from Python against the C++ training step and the PyTorch
+    implementation, at each --d-model (issue 19)."""
+    global TORCH_RETAIN
+    TORCH_RETAIN = args.retain_freed_memory
+    os.environ["PYTHONPATH"] = os.path.abspath(args.python_build)
+    result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "threads": args.threads, "batch": 8, "window": 16, "chunk": args.chunk, "d_models": args.d_model,
+              "retain_freed_memory": args.retain_freed_memory, "check": {}}
+    for d in args.d_model:
+        # The same seed, data and settings: the Python-driven module must reproduce the C++ losses exactly.
+        cpp = json.loads(subprocess.run([args.bench_mca, f"--mca_check_losses={args.check_steps}",
+                                         f"--mca_d_model={d}", f"--mca_chunk={args.chunk}",
+                                         f"--mca_threads={args.threads}"], capture_output=True, text=True,
+                                        check=True, env=torch_env(args.threads)).stdout)
+        py = run_pytorch_mca(args, "--check", str(args.check_steps), "--implementation", "attnmix", "--d-model",
+                             str(d), "--chunk", str(args.chunk))
+        result["check"][f"d{d}"] = {"cpp": cpp["losses"], "attnmix_torch": py["losses"],
+                                    "identical": cpp["losses"] == py["losses"]}
+        print(f"d_model {d}: losses of the C++ step and attnmix.torch "
+              f"{'identical' if cpp['losses'] == py['losses'] else 'DIFFER'}", file=sys.stderr)
+    sides = ("cpp", "attnmix", "pytorch")
+    rounds = []
+    for r in range(args.rounds):
+        rd = {"loadavg_before": os.getloadavg()}
+        for d in args.d_model:
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                if side == "cpp":
+                    bench_filter = f"^BM_MomentClosureTrainStep/chunk:{args.chunk}/"
+                    runs = run_google_benchmark(
+                        [args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
+                         f"--mca_d_model={d}", f"--benchmark_repetitions={args.repetitions}"],
+                        "torch_module", args.threads, name_of=lambda name: name.split("/min_time")[0])
+                    rd[f"cpp_d{d}"] = next(iter(runs.values()))["items_per_second"]
+                else:
+                    py = run_pytorch_mca(args, "--implementation", side, "--d-model", str(d), "--chunk",
+                                         str(args.chunk), "--reps", str(args.pytorch_reps), "--min-time",
+                                         str(args.min_time))
+                    rd[f"{side}_d{d}"] = py["tokens_per_s"]
+        rd["loadavg_after"] = os.getloadavg()
+        rounds.append(rd)
+        print(f"round {r + 1}: {({k: round(v) if isinstance(v, float) else v for k, v in rd.items()})}",
+              file=sys.stderr)
+    ratios = {}
+    for d in args.d_model:
+        for num, den in (("attnmix", "cpp"), ("attnmix", "pytorch"), ("cpp", "pytorch")):
+            ratios[f"{num}_over_{den}_d{d}"] = statistics.median(rd[f"{num}_d{d}"] / rd[f"{den}_d{d}"] for rd in rounds)
+    result.update(rounds=rounds, ratios=ratios)
+    print(json.dumps(ratios, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -993,6 +1055,22 @@ def main():
                      help="tokens of the streaming evaluation (its early end is 1e4 tokens)")
     mca.add_argument("--out", help="save the result as JSON")
     mca.set_defaults(func=cmd_moment_closure)
+    tm = sub.add_parser("torch-module", help="attnmix.torch's module trained from Python vs the C++ step and PyTorch")
+    tm.add_argument("--bench-mca", default=os.path.join(ROOT, "build", "bench", "attnmix_bench_moment_closure"))
+    tm.add_argument("--python-build", default=os.path.join(ROOT, "build", "python"),
+                    help="the build tree's python directory (holds the attnmix package with attnmix._torch)")
+    tm.add_argument("--d-model", type=int, nargs="+", default=[32, 128])
+    tm.add_argument("--chunk", type=int, default=64)
+    tm.add_argument("--rounds", type=int, default=3)
+    tm.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
+    tm.add_argument("--pytorch-reps", type=int, default=3, help="timed blocks per Python figure")
+    tm.add_argument("--min-time", type=float, default=1.0, help="seconds per timed Python block")
+    tm.add_argument("--threads", type=int, default=1, help="intra-op threads of every side (default 1)")
+    tm.add_argument("--check-steps", type=int, default=10, help="training losses compared")
+    tm.add_argument("--retain-freed-memory", action="store_true",
+                    help="run every program with glibc told to keep freed memory (what the attnmix CLI sets)")
+    tm.add_argument("--out", help="save the result as JSON")
+    tm.set_defaults(func=cmd_torch_module)
     args = parser.parse_args()
     args.func(args)
 

@@ -35,7 +35,12 @@ Modes (each prints one JSON object):
   --stream-tokens N    streaming evaluation (no grad, --batch streams) to N tokens per stream: seconds per token of
                        the first and the last --stream-probe chunks, and the state bytes at both ends
 
+--implementation attnmix runs the same driver (training step, AdamW, data) on attnmix.torch's MomentClosureAttention
+(or SlidingWindowSpine), i.e. attnmix's C++ forward and backward called from Python, for the cost of driving it from
+Python against the C++ benchmark; --d-model sets the width (default 32; always 2 heads).
+
 Usage: /usr/bin/python3 bench/pytorch_moment_closure.py [--batch 8] [--chunk 64] [--reps 5] [--min-time 1.0]
+       [--implementation pytorch|attnmix] [--d-model 32]
        /usr/bin/python3 bench/pytorch_moment_closure.py --check 8 [--dtype float64] [--birth-threshold -2]
        /usr/bin/python3 bench/pytorch_moment_closure.py --stream-tokens 100000 --batch 1
 """
@@ -404,6 +409,9 @@ class MomentClosureAttention(nn.Module):
         self.far_field = far_field  # False: the plain sliding-window spine (SPEC §6) over the same parameters
         self.last_receipts, self.last_misfit = [], 0.0
 
+    def detach(self, state):
+        return state.detach()
+
     def init_state(self, batch_size):
         dtype = self.tok.weight.dtype
         return State([None] * len(self.layers),
@@ -484,10 +492,54 @@ class MomentClosureAttention(nn.Module):
 # ---- drivers ---------------------------------------------------------------------------------------------------
 
 
+class AttnmixMechanism:
+    """attnmix.torch's module (the C++ implementation driven from Python) behind this script's model interface."""
+
+    def __init__(self, args, far_field):
+        import attnmix.torch as at
+
+        if far_field:
+            self.module = at.MomentClosureAttention(VOCAB, d_model=args.d_model, n_layer=LAYERS, n_head=HEADS,
+                                                    window=WINDOW, max_clusters=MAX_CLUSTERS,
+                                                    birth_threshold=args.birth_threshold,
+                                                    merge_threshold=args.merge_threshold)
+        else:
+            self.module = at.SlidingWindowSpine(VOCAB, d_model=args.d_model, n_layer=LAYERS, n_head=HEADS,
+                                                window=WINDOW)
+        self.far_field = far_field
+
+    def double(self):
+        self.module.double()
+        return self
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def init_state(self, batch_size):
+        return self.module.init_state(batch_size)
+
+    def __call__(self, state, x, y):
+        return self.module.step(state, (x, y))
+
+    def detach(self, state):
+        return self.module.detach(state)
+
+    @property
+    def last_receipts(self):
+        return self.module.last_receipts if self.far_field else []
+
+    @property
+    def last_misfit(self):
+        return self.module.last_misfit if self.far_field else 0.0
+
+
 def make(args, far_field=True):
     torch.manual_seed(SEED)
-    model = MomentClosureAttention(birth_threshold=args.birth_threshold, merge_threshold=args.merge_threshold,
-                                   far_field=far_field)
+    if args.implementation == "attnmix":
+        model = AttnmixMechanism(args, far_field)
+    else:
+        model = MomentClosureAttention(d_model=args.d_model, birth_threshold=args.birth_threshold,
+                                       merge_threshold=args.merge_threshold, far_field=far_field)
     if args.dtype == "float64":
         model = model.double()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
@@ -501,7 +553,7 @@ def train_step(model, opt, state, x, y):
     opt.zero_grad()
     (loss / 1).backward()
     opt.step()
-    return state.detach(), value
+    return model.detach(state), value
 
 
 def events(model):
@@ -535,7 +587,8 @@ def bench(args):
         rates.append(n * args.batch * args.chunk / elapsed)
         cpu_rates.append(n * args.batch * args.chunk / (time.process_time() - cpu_start))
     clusters = [list(bank.n_clusters) for bank in state.banks]
-    return {"mode": "train", "implementation": "pytorch", "mechanism": args.mechanism, "torch": torch.__version__,
+    return {"mode": "train", "implementation": args.implementation, "mechanism": args.mechanism,
+            "d_model": args.d_model, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "batch": args.batch, "chunk": args.chunk, "window": WINDOW,
             "tokens_per_s": statistics.median(rates),
             "seconds_per_step": args.batch * args.chunk / statistics.median(rates),
@@ -545,7 +598,8 @@ def bench(args):
 
 def bank_sums(state):
     """Per layer, the sums of count, mu_k, mu_v, sigma_kk and sigma_vk (a far-field fingerprint for the check)."""
-    return [[float(t.detach().double().sum()) for t in bank.tensors()] for bank in state.banks]
+    return [[float(t.detach().double().sum()) for t in (bank.count, bank.mu_k, bank.mu_v, bank.sigma_kk, bank.sigma_vk)]
+            for bank in state.banks]
 
 
 def check(args):
@@ -559,7 +613,7 @@ def check(args):
         eb, em = events(model)
         births.append(eb)
         merges.append(em)
-    return {"mode": "check", "implementation": "pytorch", "dtype": args.dtype, "batch": args.batch, "chunk": args.chunk,
+    return {"mode": "check", "implementation": args.implementation, "dtype": args.dtype, "batch": args.batch, "chunk": args.chunk,
             "birth_threshold": args.birth_threshold, "merge_threshold": args.merge_threshold, "param_sum": param_sum,
             "losses": losses, "births": births, "merges": merges,
             "n_clusters": [list(bank.n_clusters) for bank in state.banks], "bank_sums": bank_sums(state),
@@ -599,6 +653,9 @@ def main():
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per timed block")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--mechanism", choices=["mca", "window"], default="mca")
+    parser.add_argument("--implementation", choices=["pytorch", "attnmix"], default="pytorch",
+                        help="this file's PyTorch implementation, or attnmix.torch's module (C++) driven from here")
+    parser.add_argument("--d-model", type=int, default=D_MODEL)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--birth-threshold", type=float, default=BIRTH_THRESHOLD)
     parser.add_argument("--merge-threshold", type=float, default=None)

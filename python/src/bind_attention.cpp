@@ -97,6 +97,51 @@ py::array predict_proba(const ResponsibilityAttention& m, py::object context, py
   return copy_reals(proba.data(), {proba.rows(), proba.cols()});
 }
 
+/// The rows of a VJP call, validated by the model's encoder (targets 0 when the function has none).
+ResponsibilityAttentionBatch vjp_batch(const ResponsibilityAttention& m, py::handle context,
+                                       py::handle query, py::handle target, const char* where) {
+  IdMatrix contexts = ids_2d(context, where, "context");
+  Matrix queries = reals_2d(query, where, "query");
+  IdVector targets = target.is_none() ? IdVector(IdVector::Zero(contexts.rows()))
+                                      : ids_1d(target, where, "target");
+  return m.encoder().encode(std::move(contexts), std::move(queries), std::move(targets));
+}
+
+/// (∂L/∂query (n, D), ∂L/∂key_means (S, D)) as new arrays.
+py::tuple vjp_out(const ResponsibilityAttentionVjp& v) {
+  return py::make_tuple(copy_reals(v.queries.data(), {v.queries.rows(), v.queries.cols()}),
+                        copy_reals(v.key_means.data(), {v.key_means.rows(), v.key_means.cols()}));
+}
+
+/// _log_density_vjp(context (n,N), query (n,D), target (n,), grad (n,)).
+py::tuple log_density_vjp(const ResponsibilityAttention& m, py::handle context, py::handle query,
+                          py::handle target, py::handle grad) {
+  constexpr const char* where = "ResponsibilityAttentionDistribution._log_density_vjp";
+  if (target.is_none()) throw TypeError(std::string(where) + ": target must be a 1-D id array");
+  const ResponsibilityAttentionBatch batch = vjp_batch(m, context, query, target, where);
+  const Vector g = reals_1d(grad, where, "grad");
+  ResponsibilityAttentionVjp v;
+  {
+    const py::gil_scoped_release release;
+    v = m.log_density_vjp(batch, {g.data(), static_cast<size_t>(g.size())});
+  }
+  return vjp_out(v);
+}
+
+/// _predict_proba_vjp(context (n,N), query (n,D), grad (n,T)).
+py::tuple predict_proba_vjp(const ResponsibilityAttention& m, py::handle context, py::handle query,
+                            py::handle grad) {
+  constexpr const char* where = "ResponsibilityAttentionDistribution._predict_proba_vjp";
+  const ResponsibilityAttentionBatch batch = vjp_batch(m, context, query, py::none(), where);
+  const Matrix g = reals_2d(grad, where, "grad");
+  ResponsibilityAttentionVjp v;
+  {
+    const py::gil_scoped_release release;
+    v = m.predict_proba_vjp(batch, g);
+  }
+  return vjp_out(v);
+}
+
 struct SamplerPy {
   ResponsibilityAttentionSampler sampler;
   py::object dist;
@@ -163,6 +208,25 @@ void bind_distribution(py::module_& m) {
           "context"_a, "query"_a,
           "p(target | context, query) = sum_i a_i B[c_i] with the target-blind attention a: (T,) "
           "for one example, (n, T) for a batch.")
+      .def(
+          "_log_density_vjp",
+          [](const Dist& d, py::object c, py::object y, py::object t, py::object g) {
+            return log_density_vjp(d.model(), c, y, t, g);
+          },
+          "context"_a, "query"_a, "target"_a, "grad"_a,
+          "Private (used by attnmix.torch.em_heads): the vector-Jacobian product of the batch log "
+          "density. For L = sum_n grad[n] log p(query_n, target_n | context_n), returns (dL/dquery "
+          "(n, D), dL/dkey_means (S, D)); context (n, N), query (n, D), target (n,), grad (n,). "
+          "Rows with log p = -inf (impossible evidence) contribute zero.")
+      .def(
+          "_predict_proba_vjp",
+          [](const Dist& d, py::object c, py::object y, py::object g) {
+            return predict_proba_vjp(d.model(), c, y, g);
+          },
+          "context"_a, "query"_a, "grad"_a,
+          "Private (used by attnmix.torch.em_heads): the vector-Jacobian product of predict_proba. "
+          "For L = sum_{n,t} grad[n, t] p(t | context_n, query_n), returns (dL/dquery (n, D), "
+          "dL/dkey_means (S, D)); context (n, N), query (n, D), grad (n, T).")
       .def(
           "sampler",
           [](py::object self, py::object seed) {

@@ -40,6 +40,7 @@
 #include "attnmix/stream/moment_propagation.hpp"
 #include "attnmix/stream/rope.hpp"
 #include "convert.hpp"
+#include "stream_receipts.hpp"
 
 namespace attnmix::python {
 
@@ -150,48 +151,11 @@ py::tuple bank_state(const ClusterBank& b) {
 
 // ---- receipts -----------------------------------------------------------------------------------
 
-/// One stream's receipt with the SPEC §7.6 keys, plus the §7.7 keys when it comes from
-/// ingest_cluster_batch.
-py::dict receipt_out(const StreamReceipt& r, bool ingest) {
-  py::dict out;
-  out["birthed"] = r.birthed;
-  out["birth_incorporated_batch"] = r.birth_incorporated_batch;
-  py::list merged;
-  for (const auto& [i, j] : r.merged) merged.append(py::make_tuple(i, j));
-  out["merged"] = merged;
-  if (!r.merge_distances.empty()) out["merge_distances"] = py::cast(r.merge_distances);
-  py::dict misfit;
-  for (const auto& [c, value] : r.misfit) misfit[py::int_(c)] = value;
-  out["misfit"] = misfit;
-  py::dict outliers;
-  for (const auto& [c, o] : r.per_cluster_outlier_tokens) {
-    outliers[py::int_(c)] =
-        py::dict("k"_a = array_out(o.k), "v"_a = array_out(o.v), "indices"_a = py::cast(o.indices),
-                 "member_indices"_a = py::cast(o.member_indices));
-  }
-  out["per_cluster_outlier_tokens"] = outliers;
-  out["misfit_scalar"] = r.misfit_scalar;
-  if (ingest) {
-    out["soft_update_applied"] = r.soft_update_applied;
-    out["ingested_tokens_per_head"] = py::cast(r.ingested_tokens_per_head);
-    out["expected_ingested_tokens_per_head"] = r.expected_ingested_tokens_per_head;
-    out["count_conserved"] = r.count_conserved;
-  }
-  if (r.accounting) {
-    const auto& a = *r.accounting;
-    out["accounting"] =
-        py::dict("positions_seen"_a = a.positions_seen, "near_tokens"_a = a.near_tokens,
-                 "evicted_tokens"_a = a.evicted_tokens,
-                 "far_tokens_per_head"_a = py::cast(a.far_tokens_per_head),
-                 "expected_far_tokens_per_head"_a = a.expected_far_tokens_per_head,
-                 "overlap_tokens"_a = a.overlap_tokens, "conserved"_a = a.conserved);
-  }
-  return out;
-}
+py::object array_object(const torch::Tensor& t) { return array_out(t); }
 
 py::tuple ingest_out(IngestResult&& result, bool ingest) {
   py::list receipts;
-  for (const auto& r : result.receipts) receipts.append(receipt_out(r, ingest));
+  for (const auto& r : result.receipts) receipts.append(receipt_out(r, ingest, &array_object));
   return py::make_tuple(std::move(result.bank), receipts);
 }
 

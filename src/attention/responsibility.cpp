@@ -343,6 +343,20 @@ void ResponsibilityAttention::check_batch(const ResponsibilityAttentionBatch& ba
 }
 
 namespace {
+/// The target-blind gate of one row, a_i = softmax_i(log π_i − ‖y − K[c_i]‖²/(2σ²)), into a (N): what
+/// predict_proba weighs the emission rows by (and what its gradient differentiates).
+void gate_weights(const Query<0>& y, const int64_t* ctx, const double* K, const double* log_prior, Index N, Index D,
+                  double inv_two_sigma2, double* a) {
+  double max_l = kNegInf;
+  for (Index i = 0; i < N; ++i) {
+    a[i] = log_prior[i] - squared_distance(y, K + ctx[i] * D, D) * inv_two_sigma2;
+    max_l = a[i] > max_l ? a[i] : max_l;
+  }
+  double total = 0.0;
+  for (Index i = 0; i < N; ++i) total += (a[i] = std::exp(a[i] - max_l));
+  for (Index i = 0; i < N; ++i) a[i] /= total;
+}
+
 Tables tables_of(const ResponsibilityAttentionParams& p, const Vector& log_prior, const Matrix& log_emission,
                  double inv_two_sigma2, double gate_const) {
   return {p.key_means.data(), log_emission.data(), log_prior.data(), p.position_prior.size(), p.key_means.cols(),
@@ -404,15 +418,8 @@ Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch
   std::vector<double> a(static_cast<size_t>(N));
   for (Index n = 0; n < batch.n_rows(); ++n) {
     const int64_t* ctx = batch.context(n);
-    const Query<0> y(batch.query(n), D);
-    double max_l = kNegInf;
-    for (Index i = 0; i < N; ++i) {
-      a[i] = log_prior_[i] - squared_distance(y, K + ctx[i] * D, D) * inv_two_sigma2_;
-      max_l = a[i] > max_l ? a[i] : max_l;
-    }
-    double total = 0.0;
-    for (Index i = 0; i < N; ++i) total += (a[i] = std::exp(a[i] - max_l));
-    for (Index i = 0; i < N; ++i) out.row(n) += (a[i] / total) * params_.emission.row(ctx[i]);
+    gate_weights(Query<0>(batch.query(n), D), ctx, K, log_prior_.data(), N, D, inv_two_sigma2_, a.data());
+    for (Index i = 0; i < N; ++i) out.row(n) += a[i] * params_.emission.row(ctx[i]);
   }
   return out;
 }
@@ -420,6 +427,103 @@ Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch
 Matrix ResponsibilityAttention::predict_proba(const IdMatrix& contexts, const Matrix& queries) const {
   return predict_proba(
       encoder().encode(contexts, queries, IdVector::Zero(contexts.rows())));
+}
+
+namespace {
+/// An incoming gradient of a VJP: every entry finite ("<where>: <name> must be finite (entry k is inf)").
+void check_gradient(const char* where, const char* name, std::span<const double> g) {
+  if (!g.empty()) check::finite_nonempty(where, name, g);
+}
+
+/// Row n of a VJP from the weights ω_i = ∂L/∂ℓ_i of its positions: ∂L/∂y_n += Σ_i ω_i g_i and
+/// ∂L/∂K[c_i] −= ω_i g_i, with g_i = (K[c_i] − y)/σ² (one term per position, so a repeated symbol adds up).
+void add_row_vjp(const double* K, const int64_t* ctx, const double* y, const double* omega, Index N, Index D,
+                 double inv_sigma2, double* __restrict grad_y, Matrix& grad_K) {
+  for (Index i = 0; i < N; ++i) {
+    const double w = omega[i] * inv_sigma2;
+    if (w == 0.0) continue;  // zero-weight positions (π_i = 0, B = 0, underflow) add nothing, never 0·∞
+    const double* k = K + ctx[i] * D;
+    double* __restrict gk = grad_K.data() + ctx[i] * D;
+    for (Index d = 0; d < D; ++d) {
+      const double wg = w * (k[d] - y[d]);
+      grad_y[d] += wg;
+      gk[d] -= wg;
+    }
+  }
+}
+}  // namespace
+
+ResponsibilityAttentionVjp ResponsibilityAttention::log_density_vjp(const ResponsibilityAttentionBatch& batch,
+                                                                    std::span<const double> grad_log_p) const {
+  check_batch(batch);
+  check::dimension(kWhere, "log_density_vjp gradient length", batch.n_rows(),
+                   static_cast<Index>(grad_log_p.size()));
+  check_gradient(kWhere, "log_density_vjp gradient", grad_log_p);
+  const Index n_rows = batch.n_rows();
+  const Index N = context_length();
+  const Index D = query_dim();
+  ResponsibilityAttentionVjp out{Matrix::Zero(n_rows, D), Matrix::Zero(n_symbols(), D)};
+  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  const double inv_sigma2 = 1.0 / params_.sigma2;
+  // ∂ log p/∂ℓ_i = r_i: the responsibilities of pass 1 (the bits of log_density), in blocks of rows.
+  constexpr Index kBlockRows = 256;
+  double* r = scratch<2>(static_cast<size_t>(kBlockRows * (N + 1)));  // [rows, N] then log p [rows]
+  double* log_p = r + kBlockRows * N;
+  std::vector<double> omega(static_cast<size_t>(N));
+  dispatch_query_dim(D, [&](auto blocks) {
+    for (Index begin = 0; begin < n_rows; begin += kBlockRows) {
+      const Index count = std::min(kBlockRows, n_rows - begin);
+      responsibilities<decltype(blocks)::value>(m, batch.slice(begin, count), r, log_p, kWhere);
+      for (Index row = 0; row < count; ++row) {
+        const Index n = begin + row;
+        const double g = grad_log_p[static_cast<size_t>(n)];
+        if (g == 0.0 || log_p[row] == kNegInf) continue;  // impossible rows: r = 0, a constant −∞ log density
+        for (Index i = 0; i < N; ++i) omega[static_cast<size_t>(i)] = g * r[row * N + i];
+        add_row_vjp(params_.key_means.data(), batch.context(n), batch.query(n), omega.data(), N, D, inv_sigma2,
+                    out.queries.data() + n * D, out.key_means);
+      }
+    }
+  });
+  return out;
+}
+
+ResponsibilityAttentionVjp ResponsibilityAttention::predict_proba_vjp(const ResponsibilityAttentionBatch& batch,
+                                                                      const Matrix& grad_proba) const {
+  check_batch(batch);
+  check::dimension(kWhere, "predict_proba_vjp gradient rows", batch.n_rows(), grad_proba.rows());
+  check::dimension(kWhere, "predict_proba_vjp gradient columns (T)", n_targets(), grad_proba.cols());
+  check_gradient(kWhere, "predict_proba_vjp gradient", {grad_proba.data(), static_cast<size_t>(grad_proba.size())});
+  const Index N = context_length();
+  const Index D = query_dim();
+  const Index T = n_targets();
+  const double* K = params_.key_means.data();
+  const double inv_sigma2 = 1.0 / params_.sigma2;
+  ResponsibilityAttentionVjp out{Matrix::Zero(batch.n_rows(), D), Matrix::Zero(n_symbols(), D)};
+  std::vector<double> a(static_cast<size_t>(N));
+  std::vector<double> u(static_cast<size_t>(N));
+  for (Index n = 0; n < batch.n_rows(); ++n) {
+    const int64_t* ctx = batch.context(n);
+    const Query<0> y(batch.query(n), D);
+    gate_weights(y, ctx, K, log_prior_.data(), N, D, inv_two_sigma2_, a.data());
+    // ∂L/∂(logit_i) = a_i (u_i − ū), u_i = Σ_t G_t B[c_i, t] (the softmax Jacobian applied to u).
+    const double* G = grad_proba.data() + n * T;
+    double u_bar = 0.0;
+    for (Index i = 0; i < N; ++i) {
+      const double* B = params_.emission.data() + ctx[i] * T;
+      double ui = 0.0;
+      for (Index t = 0; t < T; ++t) ui += G[t] * B[t];
+      u[i] = ui;
+      u_bar += a[i] * ui;
+    }
+    for (Index i = 0; i < N; ++i) a[i] *= u[i] - u_bar;
+    add_row_vjp(K, ctx, y.y, a.data(), N, D, inv_sigma2, out.queries.data() + n * D, out.key_means);
+  }
+  return out;
+}
+
+ResponsibilityAttentionVjp ResponsibilityAttention::predict_proba_vjp(const IdMatrix& contexts, const Matrix& queries,
+                                                                      const Matrix& grad_proba) const {
+  return predict_proba_vjp(encoder().encode(contexts, queries, IdVector::Zero(contexts.rows())), grad_proba);
 }
 
 ResponsibilityAttentionAccumulator ResponsibilityAttention::make_accumulator() const {

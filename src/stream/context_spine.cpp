@@ -4,7 +4,7 @@
 
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/sizes.hpp"
-#include "attnmix/stream/rope.hpp"
+#include "attnmix/stream/self_attention.hpp"
 #include "eigen_matmul_impl.hpp"
 
 #include <cmath>
@@ -19,12 +19,6 @@ void require_positive(const char* where, const char* name, int64_t value) {
   if (value <= 0) {
     throw ValueError(std::string(where) + ": " + name + " must be a positive integer (got " + str(value) + ")");
   }
-}
-
-// The additive attention mask (t, L): 0 where visible, −∞ elsewhere, in dtype.
-torch::Tensor additive_mask(const torch::Tensor& visible, torch::ScalarType dtype) {
-  return torch::zeros(visible.sizes(), torch::TensorOptions().dtype(dtype).device(visible.device()))
-      .masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
 }  // namespace
@@ -114,8 +108,8 @@ SpineLayerImpl::SpineLayerImpl(int64_t d_model) {
   fc2 = register_module("fc2", torch::nn::Linear(4 * d_model, d_model));
 }
 
-torch::Tensor SpineLayerImpl::finish(const torch::Tensor& h, const torch::Tensor& attn_out) {
-  auto out = h + detail::fast_linear(attn_out, proj->weight, proj->bias);
+torch::Tensor SpineLayerImpl::finish(const torch::Tensor& h, const torch::Tensor& attn) {
+  auto out = h + attn;
   const auto hidden = torch::gelu(detail::fast_linear(ln2(out), fc1->weight, fc1->bias));
   return out + detail::fast_linear(hidden, fc2->weight, fc2->bias);
 }
@@ -157,40 +151,6 @@ SpineOutput SlidingWindowSpineImpl::advance(const SlidingWindowState& state, con
   return advance_checked(state, x);
 }
 
-NearFieldGeometry near_field_geometry(int64_t pos, int64_t t, int64_t cache_len, int64_t head_dim,
-                                      std::optional<int64_t> window, torch::ScalarType dtype, torch::Device device) {
-  const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(device);
-  const auto query_positions = torch::arange(pos, pos + t, long_options);
-  const auto key_positions = torch::arange(pos - cache_len, pos + t, long_options);
-  NearFieldGeometry g;
-  g.cache_len = cache_len;
-  g.rope_q = rope_tables(query_positions, head_dim, dtype);
-  g.rope_k = cache_len > 0 ? rope_tables(key_positions, head_dim, dtype) : g.rope_q;
-  g.mask = additive_mask(window_visibility(query_positions, key_positions, window), dtype);
-  g.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  return g;
-}
-
-NearField near_field(SpineLayerImpl& layer, const torch::Tensor& h, const torch::Tensor& cache_k,
-                     const torch::Tensor& cache_v, const NearFieldGeometry& g, int64_t n_head) {
-  const int64_t b = h.size(0);
-  const int64_t t = h.size(1);
-  const int64_t hd = h.size(2) / n_head;
-  const auto qkv = detail::fast_linear(layer.ln1(h), layer.qkv->weight, layer.qkv->bias).view({b, t, 3, n_head, hd});
-  NearField f;
-  f.q = qkv.select(2, 0);
-  f.k_full = qkv.select(2, 1);
-  f.v_full = qkv.select(2, 2);
-  if (g.cache_len > 0) {
-    f.k_full = torch::cat({cache_k, f.k_full}, 1);
-    f.v_full = torch::cat({cache_v, f.v_full}, 1);
-  }
-  const auto q_rot = apply_rope(f.q, g.rope_q).transpose(1, 2);       // (b, H, t, hd)
-  const auto k_rot = apply_rope(f.k_full, g.rope_k).transpose(1, 2);  // (b, H, L, hd)
-  f.scores = detail::fast_bmm(q_rot, k_rot, /*transpose_b=*/true) * g.scale + g.mask;
-  return f;
-}
-
 int64_t checked_cache_length(const SlidingWindowState& state, int64_t b, int64_t n_layer, int64_t n_head,
                              int64_t hd, const char* where) {
   if (b != state.batch_size) {
@@ -225,19 +185,15 @@ SpineOutput SlidingWindowSpineImpl::advance_checked(const SlidingWindowState& st
   auto h = backbone_->tok(x);
   const auto geometry =
       near_field_geometry(state.pos, t, cache_len, head_dim(), options_.window, h.scalar_type(), x.device());
-  const int64_t keep = options_.window ? std::min(*options_.window, cache_len + t) : cache_len + t;
 
   SlidingWindowState next = state;
   for (size_t l = 0; l < backbone_->layers.size(); ++l) {
     auto& layer = *backbone_->layers[l];
-    const auto f = near_field(layer, h, state.cache_k[l], state.cache_v[l], geometry, n_head);
-    const auto weights = torch::softmax(f.scores, -1);
-    const auto out =
-        detail::fast_bmm(weights, f.v_full.transpose(1, 2), false).transpose(1, 2).reshape({b, t, options_.d_model});
-    h = layer.finish(h, out);
-    const int64_t length = f.k_full.size(1);
-    next.cache_k[l] = f.k_full.narrow(1, length - keep, keep);
-    next.cache_v[l] = f.v_full.narrow(1, length - keep, keep);
+    auto attn = window_sublayer(*layer.qkv, *layer.proj, layer.ln1(h), state.cache_k[l], state.cache_v[l], geometry,
+                                n_head);
+    h = layer.finish(h, attn.out);
+    next.cache_k[l] = std::move(attn.cache_k);
+    next.cache_v[l] = std::move(attn.cache_v);
   }
   next.pos = state.pos + t;
   return {std::move(next), backbone_->logits(h)};

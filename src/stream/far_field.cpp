@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <utility>
 
 namespace attnmix::lm {
 namespace {
@@ -25,6 +26,113 @@ struct RecallBatch {
 };
 
 RecallBatch make_batch(Rng& rng, const RecallTaskOptions& task, int64_t batch) {
+  const auto drawn = recall_sequences(rng, task, batch);
+  const auto all = torch::tensor(drawn.tokens, torch::kLong).view({batch, drawn.length});
+  RecallBatch out;
+  out.x = all.narrow(1, 0, drawn.length - 1).contiguous();
+  out.y = all.narrow(1, 1, drawn.length - 1).contiguous();
+  out.answers = torch::tensor(std::vector<int64_t>(drawn.answers.begin(), drawn.answers.end()), torch::kLong)
+                    .view({batch, drawn.length - 1})
+                    .to(torch::kBool);
+  return out;
+}
+
+// Streams the batch through the mechanism in chunks; returns the logits of every position (B, L−1, vocab) and the
+// state bytes at the end.
+template <class M>
+std::pair<torch::Tensor, int64_t> stream(M& mechanism, const torch::Tensor& x, int64_t chunk) {
+  auto state = mechanism.init_state(x.size(0));
+  std::vector<torch::Tensor> logits;
+  for (int64_t start = 0; start < x.size(1); start += chunk) {
+    auto out = mechanism.advance(state, x.narrow(1, start, std::min(chunk, x.size(1) - start)));
+    state = std::move(out.state);
+    logits.push_back(out.logits);
+  }
+  return {torch::cat(logits, 1), state.bytes()};
+}
+
+template <class M>
+RecallResult train_and_evaluate(M& mechanism, const RecallRunOptions& o,
+                                const std::function<void(int64_t, double)>& on_step) {
+  RecallResult result;
+  torch::optim::AdamW optimizer(mechanism.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
+  Rng train_rng = recall_data_rng(o.seed, 0);
+  std::vector<double> losses;
+  const auto start = Clock::now();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const auto batch = make_batch(train_rng, o.task, o.batch);
+    const auto logits = stream(mechanism, batch.x, o.chunk).first;
+    const auto loss = torch::nn::functional::cross_entropy(logits.index({batch.answers}), batch.y.index({batch.answers}));
+    optimizer.zero_grad();
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(mechanism.parameters(), 1.0);
+    optimizer.step();
+    losses.push_back(loss.template item<double>());
+    if (on_step) on_step(step + 1, losses.back());
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto mean = [](auto first, auto last) {
+    return std::accumulate(first, last, 0.0) / static_cast<double>(std::distance(first, last));
+  };
+  const auto k = std::min<size_t>(10, losses.size());
+  result.first_loss = losses.empty() ? 0.0 : mean(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(k));
+  result.last_loss = losses.empty() ? 0.0 : mean(losses.end() - static_cast<std::ptrdiff_t>(k), losses.end());
+
+  torch::NoGradGuard no_grad;
+  Rng eval_rng = recall_data_rng(o.seed, 1);
+  int64_t correct = 0, total = 0;
+  double ce = 0.0;
+  for (int64_t done = 0; done < o.eval_sequences; done += o.batch) {
+    const auto batch = make_batch(eval_rng, o.task, std::min(o.batch, o.eval_sequences - done));
+    const auto logits = stream(mechanism, batch.x, o.chunk).first.index({batch.answers});
+    const auto targets = batch.y.index({batch.answers});
+    correct += logits.argmax(-1).eq(targets).sum().template item<int64_t>();
+    total += targets.size(0);
+    ce += torch::nn::functional::cross_entropy(logits, targets,
+                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+              .template item<double>();
+  }
+  result.accuracy = static_cast<double>(correct) / static_cast<double>(total);
+  result.cross_entropy = ce / static_cast<double>(total);
+  Rng one_rng = recall_data_rng(o.seed, 2);
+  result.state_bytes = stream(mechanism, make_batch(one_rng, o.task, 1).x, o.chunk).second;
+  return result;
+}
+
+void validate(const RecallRunOptions& o) {
+  const auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw ValueError(std::string("recall: ") + name + " must be a positive integer (got " + std::to_string(v) + ")");
+  };
+  validate_recall_task(o.task);
+  positive("chunk", o.chunk);
+  positive("batch", o.batch);
+  positive("steps", o.steps);
+  positive("eval_sequences", o.eval_sequences);
+  positive("threads", o.threads);
+  if (!(o.lr > 0.0)) throw ValueError("recall: lr must be positive");
+}
+
+}  // namespace
+
+int64_t recall_sequence_length(const RecallTaskOptions& t) { return 2 * t.pairs + t.gap + 2 * t.queries; }
+
+void validate_recall_task(const RecallTaskOptions& task) {
+  const auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw ValueError(std::string("recall: ") + name + " must be a positive integer (got " + std::to_string(v) + ")");
+  };
+  positive("keys", task.keys);
+  positive("values", task.values);
+  positive("filler", task.filler);
+  positive("pairs", task.pairs);
+  positive("queries", task.queries);
+  if (task.gap < 0) throw ValueError("recall: gap must be >= 0");
+  if (task.pairs > task.keys) throw ValueError("recall: pairs must not exceed keys (keys are distinct)");
+  if (task.queries > task.pairs) throw ValueError("recall: queries must not exceed pairs");
+}
+
+RecallSequences recall_sequences(Rng& rng, const RecallTaskOptions& task, int64_t batch) {
+  validate_recall_task(task);
+  if (batch <= 0) throw ValueError("recall: batch must be a positive integer (got " + std::to_string(batch) + ")");
   const int64_t length = recall_sequence_length(task);
   std::vector<int64_t> tokens(static_cast<size_t>(batch * length));
   std::vector<uint8_t> answer(static_cast<size_t>(batch * (length - 1)), 0);
@@ -56,101 +164,17 @@ RecallBatch make_batch(Rng& rng, const RecallTaskOptions& task, int64_t batch) {
       answer[static_cast<size_t>(b * (length - 1) + p)] = 1;
     }
   }
-  const auto all = torch::tensor(tokens, torch::kLong).view({batch, length});
-  RecallBatch out;
-  out.x = all.narrow(1, 0, length - 1).contiguous();
-  out.y = all.narrow(1, 1, length - 1).contiguous();
-  out.answers = torch::tensor(std::vector<int64_t>(answer.begin(), answer.end()), torch::kLong)
-                    .view({batch, length - 1})
-                    .to(torch::kBool);
+  RecallSequences out;
+  out.batch = batch;
+  out.length = length;
+  out.tokens = std::move(tokens);
+  out.answers = std::move(answer);
   return out;
 }
 
-// Streams the batch through the mechanism in chunks; returns the logits of every position (B, L−1, vocab) and the
-// state bytes at the end.
-template <class M>
-std::pair<torch::Tensor, int64_t> stream(M& mechanism, const torch::Tensor& x, int64_t chunk) {
-  auto state = mechanism.init_state(x.size(0));
-  std::vector<torch::Tensor> logits;
-  for (int64_t start = 0; start < x.size(1); start += chunk) {
-    auto out = mechanism.advance(state, x.narrow(1, start, std::min(chunk, x.size(1) - start)));
-    state = std::move(out.state);
-    logits.push_back(out.logits);
-  }
-  return {torch::cat(logits, 1), state.bytes()};
+Rng recall_data_rng(uint64_t seed, int64_t stream) {
+  return Rng(derive_seed(seed, SeedPurpose::kData, static_cast<uint64_t>(stream)));
 }
-
-template <class M>
-RecallResult train_and_evaluate(M& mechanism, const RecallRunOptions& o,
-                                const std::function<void(int64_t, double)>& on_step) {
-  RecallResult result;
-  torch::optim::AdamW optimizer(mechanism.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
-  Rng train_rng(derive_seed(o.seed, SeedPurpose::kData, 0));
-  std::vector<double> losses;
-  const auto start = Clock::now();
-  for (int64_t step = 0; step < o.steps; ++step) {
-    const auto batch = make_batch(train_rng, o.task, o.batch);
-    const auto logits = stream(mechanism, batch.x, o.chunk).first;
-    const auto loss = torch::nn::functional::cross_entropy(logits.index({batch.answers}), batch.y.index({batch.answers}));
-    optimizer.zero_grad();
-    loss.backward();
-    torch::nn::utils::clip_grad_norm_(mechanism.parameters(), 1.0);
-    optimizer.step();
-    losses.push_back(loss.template item<double>());
-    if (on_step) on_step(step + 1, losses.back());
-  }
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const auto mean = [](auto first, auto last) {
-    return std::accumulate(first, last, 0.0) / static_cast<double>(std::distance(first, last));
-  };
-  const auto k = std::min<size_t>(10, losses.size());
-  result.first_loss = losses.empty() ? 0.0 : mean(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(k));
-  result.last_loss = losses.empty() ? 0.0 : mean(losses.end() - static_cast<std::ptrdiff_t>(k), losses.end());
-
-  torch::NoGradGuard no_grad;
-  Rng eval_rng(derive_seed(o.seed, SeedPurpose::kData, 1));
-  int64_t correct = 0, total = 0;
-  double ce = 0.0;
-  for (int64_t done = 0; done < o.eval_sequences; done += o.batch) {
-    const auto batch = make_batch(eval_rng, o.task, std::min(o.batch, o.eval_sequences - done));
-    const auto logits = stream(mechanism, batch.x, o.chunk).first.index({batch.answers});
-    const auto targets = batch.y.index({batch.answers});
-    correct += logits.argmax(-1).eq(targets).sum().template item<int64_t>();
-    total += targets.size(0);
-    ce += torch::nn::functional::cross_entropy(logits, targets,
-                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-              .template item<double>();
-  }
-  result.accuracy = static_cast<double>(correct) / static_cast<double>(total);
-  result.cross_entropy = ce / static_cast<double>(total);
-  Rng one_rng(derive_seed(o.seed, SeedPurpose::kData, 2));
-  result.state_bytes = stream(mechanism, make_batch(one_rng, o.task, 1).x, o.chunk).second;
-  return result;
-}
-
-void validate(const RecallRunOptions& o) {
-  const auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) throw ValueError(std::string("recall: ") + name + " must be a positive integer (got " + std::to_string(v) + ")");
-  };
-  positive("keys", o.task.keys);
-  positive("values", o.task.values);
-  positive("filler", o.task.filler);
-  positive("pairs", o.task.pairs);
-  positive("queries", o.task.queries);
-  positive("chunk", o.chunk);
-  positive("batch", o.batch);
-  positive("steps", o.steps);
-  positive("eval_sequences", o.eval_sequences);
-  positive("threads", o.threads);
-  if (o.task.gap < 0) throw ValueError("recall: gap must be >= 0");
-  if (o.task.pairs > o.task.keys) throw ValueError("recall: pairs must not exceed keys (keys are distinct)");
-  if (o.task.queries > o.task.pairs) throw ValueError("recall: queries must not exceed pairs");
-  if (!(o.lr > 0.0)) throw ValueError("recall: lr must be positive");
-}
-
-}  // namespace
-
-int64_t recall_sequence_length(const RecallTaskOptions& t) { return 2 * t.pairs + t.gap + 2 * t.queries; }
 
 RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& o,
                         const std::function<void(int64_t, double)>& on_step) {

@@ -11,6 +11,7 @@
 #include "attnmix/stream/moment_closure.hpp"
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/stream/self_attention.hpp"
 #include "eigen_matmul_impl.hpp"
 
 #include <algorithm>
@@ -86,12 +87,23 @@ torch::Tensor mgf_outputs(const torch::Tensor& q, const ClusterBank& bank, int64
   return linear / std::sqrt(static_cast<double>(d)) + bank.mu_v.narrow(2, 0, n).unsqueeze(1);
 }
 
+// x must have the bank's dtype and device (the products below do not convert).
+void check_like_bank(const torch::Tensor& x, const ClusterBank& bank, const char* where, const char* name) {
+  if (x.scalar_type() != bank.count.scalar_type() || x.device() != bank.count.device()) {
+    throw ValueError(std::string(where) + ": " + name + " must have the bank's dtype " +
+                     std::string(c10::toString(bank.count.scalar_type())) + " and device " +
+                     bank.count.device().str() + " (got " + std::string(c10::toString(x.scalar_type())) + " on " +
+                     x.device().str() + ")");
+  }
+}
+
 void check_against_bank(const torch::Tensor& x, const ClusterBank& bank, const char* where, const char* name) {
   if (!x.defined() || x.dim() != 4 || x.size(0) != bank.batch_size() || x.size(2) != bank.mu_k.size(1) ||
       x.size(3) != bank.mu_k.size(3)) {
     throw ValueError(std::string(where) + ": " + name + " must be (batch " + str(bank.batch_size()) +
                      ", time, heads " + str(bank.mu_k.size(1)) + ", head_dim " + str(bank.mu_k.size(3)) + ")");
   }
+  check_like_bank(x, bank, where, name);
 }
 
 // ---- the detached mirror of one stream's bank -----------------------------------------------------------------
@@ -865,6 +877,7 @@ ClusterBank update_cluster_bank(const ClusterBank& bank, const torch::Tensor& k,
       r.size(3) != bank.max_clusters) {
     throw ValueError("update_cluster_bank: responsibilities must be (batch, time, heads, max_clusters)");
   }
+  check_like_bank(r, bank, "update_cluster_bank", "responsibilities");
   const auto n1 = r.sum(1);                                      // (B, H, C)
   const auto n1_safe = n1.clamp_min(kCountFloor).unsqueeze(-1);  // (B, H, C, 1)
   const auto r_t = r.permute({0, 2, 3, 1});  // (B, H, C, t)
@@ -961,6 +974,64 @@ IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& 
   return result;
 }
 
+// ---- one layer's accounting (SPEC §7.8 steps 2, 6, 7) ---------------------------------------------------------
+
+void check_far_field_accounting(const ClusterBank& bank, int64_t pos, int64_t cache_len, const std::string& label) {
+  const int64_t b = bank.batch_size(), n_head = bank.mu_k.size(1);
+  const auto totals = head_totals(bank.count);
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t h = 0; h < n_head; ++h) {
+      if (!close(totals[static_cast<size_t>(s * n_head + h)], static_cast<double>(pos - cache_len),
+                 static_cast<double>(pos), epsilon_of(bank.count))) {
+        accounting_violation(label + ", stream " + str(s) + ", head " + str(h) + ": far=" +
+                             std::to_string(totals[static_cast<size_t>(s * n_head + h)]) + ", expected " +
+                             str(pos - cache_len));
+      }
+    }
+  }
+}
+
+FarFieldUpdate evict_to_far_field(const ClusterBank& bank, const torch::Tensor& k_evicted,
+                                  const torch::Tensor& v_evicted, int64_t positions_seen, int64_t near_tokens,
+                                  const BirthMergeOptions& options, const std::string& label) {
+  const int64_t b = bank.batch_size(), n_head = bank.mu_k.size(1), evicted = k_evicted.size(1);
+  FarFieldUpdate update;
+  LayerReceipt& layer_receipt = update.receipt;
+  layer_receipt.batch_size = b;
+  if (evicted > 0) {
+    auto ingested = ingest_cluster_batch(bank, k_evicted, v_evicted, options);
+    update.bank = std::move(ingested.bank);
+    layer_receipt.streams = std::move(ingested.receipts);
+  } else {
+    update.bank = bank;
+    layer_receipt.streams.assign(static_cast<size_t>(b), null_receipt(n_head));
+  }
+  // Accounting (post): far tokens = positions seen − near tokens, per stream and head.
+  const auto totals = head_totals(update.bank.count);
+  double misfit_sum = 0.0;
+  for (int64_t s = 0; s < b; ++s) {
+    auto& receipt = layer_receipt.streams[static_cast<size_t>(s)];
+    StreamReceipt::Accounting a;
+    a.positions_seen = positions_seen;
+    a.near_tokens = near_tokens;
+    a.evicted_tokens = evicted;
+    a.far_tokens_per_head.assign(totals.begin() + s * n_head, totals.begin() + (s + 1) * n_head);
+    a.expected_far_tokens_per_head = positions_seen - near_tokens;
+    a.conserved = std::all_of(a.far_tokens_per_head.begin(), a.far_tokens_per_head.end(), [&](double f_) {
+      return close(f_, static_cast<double>(a.expected_far_tokens_per_head), static_cast<double>(positions_seen),
+                   epsilon_of(update.bank.count));
+    });
+    if (!a.conserved) {
+      accounting_violation(label + ", stream " + str(s) + ": far tokens do not equal " +
+                           str(a.expected_far_tokens_per_head));
+    }
+    receipt.accounting = std::move(a);
+    misfit_sum += receipt.misfit_scalar;
+  }
+  layer_receipt.misfit_scalar = misfit_sum / static_cast<double>(b);
+  return update;
+}
+
 // ---- MomentClosureAttention ------------------------------------------------------------------------------------
 
 int64_t MomentClosureState::bytes() const {
@@ -1036,25 +1107,12 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
   const int64_t pos = state.near.pos;
   // Representation receipt (pre): every evicted position is in the bank, exactly once.
   for (size_t l = 0; l < state.banks.size(); ++l) {
-    const auto totals = head_totals(state.banks[l].count);
-    for (int64_t s = 0; s < b; ++s) {
-      for (int64_t h = 0; h < n_head; ++h) {
-        if (!close(totals[static_cast<size_t>(s * n_head + h)], static_cast<double>(pos - cache_len),
-                   static_cast<double>(pos), epsilon_of(state.banks[l].count))) {
-          accounting_violation("layer " + std::to_string(l) + ", stream " + str(s) + ", head " + str(h) + ": far=" +
-                               std::to_string(totals[static_cast<size_t>(s * n_head + h)]) + ", expected " +
-                               str(pos - cache_len));
-        }
-      }
-    }
+    check_far_field_accounting(state.banks[l], pos, cache_len, "layer " + std::to_string(l));
   }
 
   auto h = backbone_->tok(x);
   const auto geometry =
       near_field_geometry(pos, t, cache_len, hd, options_.window, h.scalar_type(), x.device());
-  const int64_t length = cache_len + t;
-  const int64_t keep = std::min(options_.window, length);
-  const int64_t evicted = length - keep;
   BirthMergeOptions ingest_options;
   ingest_options.birth_threshold = options_.birth_threshold;
   ingest_options.merge_threshold = options_.merge_threshold;
@@ -1063,63 +1121,14 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
   std::vector<LayerReceipt> receipts;
   for (size_t l = 0; l < backbone_->layers.size(); ++l) {
     auto& layer = *backbone_->layers[l];
-    const auto f = near_field(layer, h, state.near.cache_k[l], state.near.cache_v[l], geometry, n_head);
-    const auto& bank = state.banks[l];
-    const auto values = f.v_full.transpose(1, 2);  // (b, H, L, hd)
-    torch::Tensor out;
-    if (max_live(bank) > 0) {
-      const auto far = mgf_cluster_attention(f.q, bank);        // out (b,t,n,H,hd), logits (b,t,n,H)
-      const int64_t n = far.logits.size(2);
-      const auto weights = torch::softmax(torch::cat({f.scores, far.logits.permute({0, 3, 1, 2})}, -1), -1);
-      const auto parts = weights.split_with_sizes({length, n}, -1);  // one backward node for both parts
-      const auto near_out = detail::fast_bmm(parts[0], values, false);  // (b, H, t, hd)
-      const auto far_out = detail::fast_bmm(parts[1].unsqueeze(-2),
-                                            far.out.permute({0, 3, 1, 2, 4}), false)
-                               .squeeze(-2);  // (b, H, t, hd)
-      out = (near_out + far_out).transpose(1, 2).reshape({b, t, options_.d_model});
-    } else {
-      out = detail::fast_bmm(torch::softmax(f.scores, -1), values, false)
-                .transpose(1, 2)
-                .reshape({b, t, options_.d_model});
-    }
-    h = layer.finish(h, out);
-    next.near.cache_k[l] = f.k_full.narrow(1, length - keep, keep);
-    next.near.cache_v[l] = f.v_full.narrow(1, length - keep, keep);
-
-    LayerReceipt layer_receipt;
-    layer_receipt.batch_size = b;
-    if (evicted > 0) {
-      auto ingested = ingest_cluster_batch(bank, f.k_full.narrow(1, 0, evicted), f.v_full.narrow(1, 0, evicted),
-                                           ingest_options);
-      next.banks[l] = std::move(ingested.bank);
-      layer_receipt.streams = std::move(ingested.receipts);
-    } else {
-      layer_receipt.streams.assign(static_cast<size_t>(b), null_receipt(n_head));
-    }
-    // Accounting (post): far tokens = positions seen − near tokens, per stream and head.
-    const auto totals = head_totals(next.banks[l].count);
-    double misfit_sum = 0.0;
-    for (int64_t s = 0; s < b; ++s) {
-      auto& receipt = layer_receipt.streams[static_cast<size_t>(s)];
-      StreamReceipt::Accounting a;
-      a.positions_seen = pos + t;
-      a.near_tokens = keep;
-      a.evicted_tokens = evicted;
-      a.far_tokens_per_head.assign(totals.begin() + s * n_head, totals.begin() + (s + 1) * n_head);
-      a.expected_far_tokens_per_head = pos + t - keep;
-      a.conserved = std::all_of(a.far_tokens_per_head.begin(), a.far_tokens_per_head.end(), [&](double f_) {
-        return close(f_, static_cast<double>(a.expected_far_tokens_per_head), static_cast<double>(pos + t),
-                     epsilon_of(next.banks[l].count));
-      });
-      if (!a.conserved) {
-        accounting_violation("layer " + std::to_string(l) + ", stream " + str(s) + ": far tokens do not equal " +
-                             str(a.expected_far_tokens_per_head));
-      }
-      receipt.accounting = std::move(a);
-      misfit_sum += receipt.misfit_scalar;
-    }
-    layer_receipt.misfit_scalar = misfit_sum / static_cast<double>(b);
-    receipts.push_back(std::move(layer_receipt));
+    auto attn = moment_closure_sublayer(*layer.qkv, *layer.proj, layer.ln1(h), state.near.cache_k[l],
+                                        state.near.cache_v[l], state.banks[l], geometry, n_head, ingest_options,
+                                        "layer " + std::to_string(l));
+    h = layer.finish(h, attn.out);
+    next.near.cache_k[l] = std::move(attn.cache_k);
+    next.near.cache_v[l] = std::move(attn.cache_v);
+    next.banks[l] = std::move(*attn.bank);
+    receipts.push_back(std::move(*attn.receipt));
   }
   next.near.pos = pos + t;
   last_misfit_ = 0.0;

@@ -12,8 +12,15 @@
 ///   ℓ_i = log π_i − ‖y − K[c_i]‖² / (2σ²) + gate_const + log B[c_i, t],  gate_const = −(D/2)·log(2πσ²)
 ///   log p(y, t | c) = LSE_i ℓ_i,   r_i = exp(ℓ_i − LSE_j ℓ_j)   (E-step responsibilities)
 /// Prediction: a_i = softmax_i(log π_i − ‖y − K[c_i]‖²/(2σ²)),  p(t | c, y) = Σ_i a_i B[c_i, t].
-/// Cost: O(N·D) per row for log_density and the E-step; O(S·(D+T) + N) for the M-step.
-/// Example: examples/responsibility_attention.cpp
+/// Gradients (for encoders that produce the queries; B, π and σ² held fixed): g_i = (K[c_i] − y)/σ² is
+/// ∂ℓ_i/∂y = −∂ℓ_i/∂K[c_i]. For an incoming gradient G [n] of log p, per row
+///   ∂(G log p)/∂y = G Σ_i r_i g_i,   ∂(G log p)/∂K[s] = −G Σ_{i: c_i = s} r_i g_i;
+/// for an incoming gradient G [n, T] of p(· | c, y), with u_i = Σ_t G_t B[c_i, t] and ū = Σ_j a_j u_j, per row
+///   ∂(G·p)/∂y = Σ_i a_i (u_i − ū) g_i,   ∂(G·p)/∂K[s] = −Σ_{i: c_i = s} a_i (u_i − ū) g_i.
+/// A symbol repeated in a context contributes once per position; key gradients are summed over the rows.
+/// Cost: O(N·D) per row for log_density, the E-step and log_density_vjp; O(N·(D+T)) per row for predict_proba and
+/// predict_proba_vjp; O(S·(D+T) + N) for the M-step.
+/// Example: examples/responsibility_attention.cpp; examples/torch_em_encoder.py (an encoder trained through the VJPs).
 /// Reference: seed 000 (mixle); Brown et al. (1993) IBM alignment EM; Deng et al. (2018) latent alignment.
 #pragma once
 
@@ -141,6 +148,13 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
   int64_t S_, N_, D_, T_;
 };
 
+/// A vector–Jacobian product of a batch function of the queries Y [n, D] and the key means K [S, D]: for the
+/// incoming gradient G of the function's output and L = ⟨G, f(Y, K)⟩, the exact ∂L/∂Y and ∂L/∂K.
+struct ResponsibilityAttentionVjp {
+  Matrix queries;    // [n, D]: row n = ∂L/∂y_n
+  Matrix key_means;  // [S, D]: row s = ∂L/∂K[s]
+};
+
 /// The immutable model. The constructor validates (SPEC.md §2.5) and precomputes log tables.
 class ResponsibilityAttention {
  public:
@@ -173,6 +187,19 @@ class ResponsibilityAttention {
   /// p(t | c, y) [n, T] for contexts [n, N] and queries [n, D] (validated like the encoder).
   [[nodiscard]] Matrix predict_proba(const IdMatrix& contexts, const Matrix& queries) const;
   [[nodiscard]] Matrix predict_proba(const ResponsibilityAttentionBatch& batch) const;
+  /// The vector–Jacobian product of log_density: L = Σ_n grad_log_p[n] log p(y_n, t_n | c_n). A row with
+  /// log p = −∞ (impossible evidence, caused by zero entries of π or B, which do not depend on y or K) contributes
+  /// zero to both gradients: its log density is the constant −∞ around its y and K.
+  /// @throws ValueError on a batch of other dims, or grad_log_p not of length n or not finite.
+  [[nodiscard]] ResponsibilityAttentionVjp log_density_vjp(const ResponsibilityAttentionBatch& batch,
+                                                           std::span<const double> grad_log_p) const;
+  /// The vector–Jacobian product of predict_proba: L = Σ_{n,t} grad_proba[n, t] p(t | c_n, y_n). The batch's targets
+  /// are not used. @throws ValueError on a batch of other dims, or grad_proba not [n, T] or not finite.
+  [[nodiscard]] ResponsibilityAttentionVjp predict_proba_vjp(const ResponsibilityAttentionBatch& batch,
+                                                             const Matrix& grad_proba) const;
+  /// The same for contexts [n, N] and queries [n, D] (validated like the encoder).
+  [[nodiscard]] ResponsibilityAttentionVjp predict_proba_vjp(const IdMatrix& contexts, const Matrix& queries,
+                                                             const Matrix& grad_proba) const;
 
   [[nodiscard]] ResponsibilityAttentionAccumulator make_accumulator() const;
   /// Estimator with this model's dimensions, σ² fixed at this model's σ² and its name.

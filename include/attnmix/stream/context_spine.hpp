@@ -11,7 +11,8 @@
 ///   new cache = the last min(window, c+t) raw rows of K and V (all of them when the window is unbounded)
 /// then logits = ln_f(h) tokᵀ (the head is tied to the embedding) and loss = mean cross-entropy.
 /// RoPE is applied once, at absolute positions, to q and to the raw cached keys (SPEC §10.10), so streaming a
-/// sequence in chunks equals one pass over it whenever the window covers the stream.
+/// sequence in chunks equals one pass over it whenever the window covers the stream. Each layer's attention is
+/// the sublayer of self_attention.hpp.
 /// Cost per chunk and layer: O(b·t·d²) for the projections and O(b·H·t·(c+t)·h_d) for attention; state
 /// O(layers·b·window·d).
 ///
@@ -84,7 +85,8 @@ struct SlidingWindowState {
 torch::Tensor window_visibility(const torch::Tensor& query_positions, const torch::Tensor& key_positions,
                                 std::optional<int64_t> window);
 
-/// One pre-norm Transformer layer's parameters (attention is supplied by the mechanism).
+/// One pre-norm Transformer layer's parameters. The attention sublayer (ln1's output through qkv, attention and
+/// proj) is self_attention.hpp's; the layer adds its output to the residual and runs the MLP.
 struct SpineLayerImpl : torch::nn::Module {
   explicit SpineLayerImpl(int64_t d_model);
   torch::nn::LayerNorm ln1{nullptr};
@@ -94,8 +96,9 @@ struct SpineLayerImpl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr};
   torch::nn::Linear fc2{nullptr};
 
-  /// h + proj(attn_out) followed by the MLP residual: the part of the layer after attention.
-  torch::Tensor finish(const torch::Tensor& h, const torch::Tensor& attn_out);
+  /// h + attn (the sublayer's projected output) followed by the MLP residual: the part of the layer after
+  /// attention.
+  torch::Tensor finish(const torch::Tensor& h, const torch::Tensor& attn);
 };
 TORCH_MODULE(SpineLayer);
 
@@ -112,32 +115,6 @@ struct SpineBackboneImpl : torch::nn::Module {
   torch::Tensor logits(const torch::Tensor& h);
 };
 TORCH_MODULE(SpineBackbone);
-
-/// What every layer of one step shares: the cache length, the RoPE tables of the query positions pos … pos+t−1
-/// and key positions pos−c … pos+t−1, the additive window mask (t, c+t) and the score scale 1/√h_d.
-struct NearFieldGeometry {
-  int64_t cache_len = 0;
-  RopeTables rope_q;
-  RopeTables rope_k;
-  torch::Tensor mask;
-  double scale = 1.0;
-};
-
-NearFieldGeometry near_field_geometry(int64_t pos, int64_t t, int64_t cache_len, int64_t head_dim,
-                                      std::optional<int64_t> window, torch::ScalarType dtype, torch::Device device);
-
-/// One layer's exact near field: the raw query q (b, t, H, h_d), the raw keys and values with the cache prepended
-/// (b, c+t, H, h_d), and the masked scores RoPE(q)·RoPE(K)ᵀ/√h_d + M (b, H, t, c+t).
-struct NearField {
-  torch::Tensor q;
-  torch::Tensor k_full;
-  torch::Tensor v_full;
-  torch::Tensor scores;
-};
-
-/// @param cache_k, cache_v the layer's raw cache (undefined when empty).
-NearField near_field(SpineLayerImpl& layer, const torch::Tensor& h, const torch::Tensor& cache_k,
-                     const torch::Tensor& cache_v, const NearFieldGeometry& geometry, int64_t n_head);
 
 /// Checks a near state against a chunk of batch size b and the spine's sizes and returns the (common) cache length.
 /// @throws ValueError ("batch size" for a batch mismatch; "cache" for an inconsistent cache).

@@ -15,6 +15,7 @@
 /// Each sequence is streamed in chunks of `chunk` tokens with the state carried and backpropagated across chunks.
 #pragma once
 
+#include "attnmix/core/rng.hpp"
 #include "attnmix/stream/language_model.hpp"
 
 #include <cstdint>
@@ -35,6 +36,28 @@ struct RecallTaskOptions {
 
 /// Total sequence length: 2·pairs + gap + 2·queries.
 int64_t recall_sequence_length(const RecallTaskOptions& task);
+
+/// Checks the task: keys, values, filler, pairs and queries positive, gap ≥ 0, pairs ≤ keys (the keys of a
+/// sequence are distinct) and queries ≤ pairs. @throws ValueError naming the field.
+void validate_recall_task(const RecallTaskOptions& task);
+
+/// `batch` sequences of the task, row-major: tokens [batch][length] and answers [batch][length − 1], 1 where the
+/// token after position p is a recalled value (the positions the loss and the accuracy score).
+struct RecallSequences {
+  int64_t batch = 0;
+  int64_t length = 0;
+  std::vector<int64_t> tokens;
+  std::vector<uint8_t> answers;
+};
+
+/// Draws `batch` sequences from rng, one after the other; per sequence: the distinct keys (partial Fisher–Yates),
+/// each pair's value, the filler, then the asked keys (a partial Fisher–Yates over the pairs).
+/// @throws ValueError for an invalid task or a non-positive batch.
+RecallSequences recall_sequences(Rng& rng, const RecallTaskOptions& task, int64_t batch);
+
+/// The generator of run_recall's data for a seed: stream 0 gives the training batches, stream 1 the held-out ones
+/// and stream 2 the one sequence that measures the state; each stream's batches are drawn from it in turn.
+Rng recall_data_rng(uint64_t seed, int64_t stream);
 
 struct RecallRunOptions {
   RecallTaskOptions task;

@@ -134,6 +134,34 @@ IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, co
 IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                                   const BirthMergeOptions& options = {});
 
+/// Per layer, what the last step did: one receipt per stream and the mean misfit over streams.
+struct LayerReceipt {
+  int64_t batch_size = 0;
+  std::vector<StreamReceipt> streams;
+  double misfit_scalar = 0.0;
+};
+
+/// The representation receipt before a step (SPEC §7.8 step 2): at position pos with c tokens in the window, each
+/// stream's bank must hold exactly pos − c tokens per head. `label` names the layer in the message.
+/// @throws StateError ("one-token/one-representation") otherwise.
+void check_far_field_accounting(const ClusterBank& bank, int64_t pos, int64_t cache_len, const std::string& label);
+
+/// What evict_to_far_field returns: the bank after the evicted tokens joined it and the layer's receipt.
+struct FarFieldUpdate {
+  ClusterBank bank;
+  LayerReceipt receipt;
+};
+
+/// SPEC §7.8 steps 6–7 for one layer: the raw keys and values leaving the window, k_evicted and v_evicted
+/// (B, e, H, d), join the bank by ingest_cluster_batch (with e = 0 the bank is unchanged and each stream gets the
+/// null receipt); then each stream's receipt gets its accounting (positions_seen, near_tokens, evicted_tokens = e,
+/// far tokens per head = positions_seen − near_tokens) and the layer's misfit is the mean over streams.
+/// @throws what ingest_cluster_batch throws; StateError ("one-token/one-representation", naming `label`) when the
+///   far tokens do not add up.
+FarFieldUpdate evict_to_far_field(const ClusterBank& bank, const torch::Tensor& k_evicted,
+                                  const torch::Tensor& v_evicted, int64_t positions_seen, int64_t near_tokens,
+                                  const BirthMergeOptions& options, const std::string& label);
+
 /// Sizes and far-field settings of MomentClosureAttention (SPEC §7.8).
 struct MomentClosureOptions {
   int64_t vocab = 256;
@@ -156,20 +184,14 @@ struct MomentClosureState {
   int64_t bytes() const;
 };
 
-/// Per layer, what the last step did: one receipt per stream and the mean misfit over streams.
-struct LayerReceipt {
-  int64_t batch_size = 0;
-  std::vector<StreamReceipt> streams;
-  double misfit_scalar = 0.0;
-};
-
 struct MomentClosureOutput {
   MomentClosureState state;
   torch::Tensor logits;  ///< (b, t, vocab)
 };
 
 /// SPEC §7.8: a ContextMechanism over the spine's parameters (same construction order as SlidingWindowSpine, so a
-/// seed gives both the same initial weights).
+/// seed gives both the same initial weights). Each layer's attention is moment_closure_sublayer
+/// (self_attention.hpp).
 class MomentClosureAttentionImpl : public torch::nn::Module {
  public:
   using state_type = MomentClosureState;

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file self_attention.hpp
+/// The attention sublayer of the streaming models on its own: the one implementation of the attention math that
+/// SlidingWindowSpine and MomentClosureAttention run in every layer, and two torch modules that put it in any
+/// architecture, mapping (h, layer state) → (out, layer state).
+///
+/// For a chunk x (b, t, d) of normalised inputs at absolute positions pos … pos+t−1, a raw cache of c tokens and
+/// h_d = d / H:
+///   q, k, v = split(x Wᵀ + b)                                 W = qkv.weight (3d, d), each (b, t, H, h_d)
+///   K = cache_k ++ k,  V = cache_v ++ v                       key positions pos−c … pos+t−1 (raw, un-rotated)
+///   near_ij = RoPE(q_i, P_i) · RoPE(K_j, P_j) / √h_d + M_ij,  M_ij = 0 iff 0 ≤ P_i − P_j < window, else −∞
+///   far_ic  = logit_c(q_i)  (un-rotated query; moment closure only, for each live cluster c of the stream)
+///   w_i     = softmax([near_i ; far_i])                       one joint softmax over tokens and clusters
+///   out_i   = proj(Σ_j w_ij V_j + Σ_c w_ic out_c(q_i))        proj = Linear(d, d)
+/// with the MGF cluster logits and outputs of moment_closure.hpp. After the chunk the cache keeps the last
+/// keep = min(window, c+t) raw rows (all of them for an unbounded window); moment closure ingests the c+t−keep
+/// evicted rows into the stream's bank (birth/merge, then the differentiable soft update) and checks that every
+/// position seen is represented exactly once, in the window or in the bank.
+/// Cost per chunk: O(b·t·d²) for the projections, O(b·H·t·(c+t)·h_d) near and O(b·H·t·C·h_d²) far. State per
+/// layer: O(b·window·d) for the cache plus O(b·H·C·h_d²) for the bank, independent of the stream's length (an
+/// unbounded window grows with it).
+#pragma once
+
+#include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/moment_closure.hpp"
+#include "attnmix/stream/rope.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace attnmix {
+
+// ---- the shared pieces (every layer of a mechanism, and the modules below) ------------------------------------
+
+/// What every layer of one chunk shares: the chunk (pos, t), the cache length c, the rows kept after it
+/// (keep = min(window, c+t), or c+t when unbounded), the RoPE tables of the query positions pos … pos+t−1 and of
+/// the key positions pos−c … pos+t−1, the additive window mask (t, c+t) and the score scale 1/√h_d.
+struct NearFieldGeometry {
+  int64_t pos = 0;
+  int64_t t = 0;
+  int64_t cache_len = 0;
+  int64_t keep = 0;
+  RopeTables rope_q;
+  RopeTables rope_k;
+  torch::Tensor mask;
+  double scale = 1.0;
+};
+
+NearFieldGeometry near_field_geometry(int64_t pos, int64_t t, int64_t cache_len, int64_t head_dim,
+                                      std::optional<int64_t> window, torch::ScalarType dtype, torch::Device device);
+
+/// One layer's exact near field: the raw query q (b, t, H, h_d), the raw keys and values with the cache prepended
+/// (b, c+t, H, h_d), and the masked scores RoPE(q)·RoPE(K)ᵀ/√h_d + M (b, H, t, c+t).
+struct NearField {
+  torch::Tensor q;
+  torch::Tensor k_full;
+  torch::Tensor v_full;
+  torch::Tensor scores;
+};
+
+/// @param x the normalised input (b, t, d); cache_k, cache_v the layer's raw cache (undefined when empty).
+NearField near_field(torch::nn::LinearImpl& qkv, const torch::Tensor& x, const torch::Tensor& cache_k,
+                     const torch::Tensor& cache_v, const NearFieldGeometry& geometry, int64_t n_head);
+
+/// What one layer's attention sublayer did with a chunk.
+struct SublayerStep {
+  torch::Tensor out;      ///< proj(attention), (b, t, d)
+  torch::Tensor cache_k;  ///< the new raw cache, (b, keep, H, h_d)
+  torch::Tensor cache_v;
+  std::optional<ClusterBank> bank;      ///< moment closure: the bank after the evicted rows joined it
+  std::optional<LayerReceipt> receipt;  ///< moment closure: what ingestion did, with the accounting per stream
+};
+
+/// The sliding-window sublayer (near field only) on a chunk; the inputs are trusted (the callers check them).
+SublayerStep window_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj, const torch::Tensor& x,
+                             const torch::Tensor& cache_k, const torch::Tensor& cache_v,
+                             const NearFieldGeometry& geometry, int64_t n_head);
+
+/// The moment-closure sublayer on a chunk: near field and the far field of `bank` (as it was at the start of the
+/// chunk) through one joint softmax, then the eviction of the rows leaving the cache into the bank
+/// (evict_to_far_field). `label` names the layer in accounting errors.
+/// @throws StateError ("one-token/one-representation") when the accounting fails; what ingest_cluster_batch throws.
+SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj, const torch::Tensor& x,
+                                     const torch::Tensor& cache_k, const torch::Tensor& cache_v,
+                                     const ClusterBank& bank, const NearFieldGeometry& geometry, int64_t n_head,
+                                     const BirthMergeOptions& ingest, const std::string& label);
+
+// ---- the modules ----------------------------------------------------------------------------------------------
+
+/// Sizes of SlidingWindowSelfAttention: d_model % n_head == 0, an even head_dim, a positive window (nullopt:
+/// unbounded, full causal attention, whose cache grows with the stream).
+struct SlidingWindowSelfAttentionOptions {
+  int64_t d_model = 32;
+  int64_t n_head = 2;
+  std::optional<int64_t> window = 64;
+};
+
+/// Sizes and far-field settings of MomentClosureSelfAttention (those of MomentClosureAttention's layers).
+struct MomentClosureSelfAttentionOptions {
+  int64_t d_model = 32;
+  int64_t n_head = 2;
+  int64_t window = 16;
+  int64_t max_clusters = 4;
+  double birth_threshold = -2.0;
+  std::optional<double> merge_threshold;  ///< default 2.65 + 6/√max(n_small, 1)
+};
+
+/// One layer's carried near state: the raw keys and values of the last min(window, pos) tokens (b, c, H, h_d),
+/// undefined while empty; pos = the absolute position of the next token.
+struct WindowLayerState {
+  torch::Tensor cache_k;
+  torch::Tensor cache_v;
+  int64_t pos = 0;
+  int64_t batch_size = 0;
+
+  int64_t bytes() const;
+  WindowLayerState detach() const;
+};
+
+/// One moment-closure layer's carried state: the window and the bank of the tokens evicted from it (per stream,
+/// exactly pos − c tokens per head).
+struct MomentClosureLayerState {
+  WindowLayerState near;
+  ClusterBank bank;
+
+  int64_t bytes() const;
+  /// Stop-gradient on the cache and the bank.
+  MomentClosureLayerState detach() const;
+};
+
+struct SlidingWindowSelfAttentionOutput {
+  torch::Tensor out;  ///< (b, t, d_model)
+  WindowLayerState state;
+};
+
+struct MomentClosureSelfAttentionOutput {
+  torch::Tensor out;  ///< (b, t, d_model)
+  MomentClosureLayerState state;
+  LayerReceipt receipt;  ///< per stream: ingestion and accounting
+};
+
+/// The sliding-window attention sublayer as a module: parameters qkv = Linear(d, 3d) and proj = Linear(d, d)
+/// (registered in that order; libtorch's default initialisation). Differentiable in h, the parameters and the
+/// carried cache.
+class SlidingWindowSelfAttentionImpl : public torch::nn::Module {
+ public:
+  /// @throws ValueError for invalid sizes.
+  explicit SlidingWindowSelfAttentionImpl(const SlidingWindowSelfAttentionOptions& options);
+
+  /// An empty state of batch_size streams. @throws ValueError unless batch_size is positive.
+  WindowLayerState init_state(int64_t batch_size) const;
+  /// Attention of the chunk h (b, t, d_model), which has the parameters' dtype and device, given the state of
+  /// the stream before it (nullopt: an empty state of b streams).
+  /// @throws ValueError for a bad h or a state that does not fit it ("batch size", "cache").
+  SlidingWindowSelfAttentionOutput forward(const torch::Tensor& h,
+                                           const std::optional<WindowLayerState>& state = std::nullopt);
+  WindowLayerState detach(const WindowLayerState& state) const { return state.detach(); }
+
+  const SlidingWindowSelfAttentionOptions& options() const { return options_; }
+  int64_t head_dim() const { return options_.d_model / options_.n_head; }
+
+  torch::nn::Linear qkv{nullptr};
+  torch::nn::Linear proj{nullptr};
+
+ private:
+  SlidingWindowSelfAttentionOptions options_;
+};
+TORCH_MODULE(SlidingWindowSelfAttention);
+
+/// The moment-closure attention sublayer as a module: the window of SlidingWindowSelfAttention plus a bank of at
+/// most max_clusters Gaussian clusters per stream and head over the evicted tokens, attended through the same
+/// softmax. Parameters as SlidingWindowSelfAttention. Gradients reach h, the parameters, the cache and the bank
+/// through the soft-update path; birth and merge decisions and birth statistics carry none.
+class MomentClosureSelfAttentionImpl : public torch::nn::Module {
+ public:
+  /// @throws ValueError for invalid sizes or a non-finite threshold.
+  explicit MomentClosureSelfAttentionImpl(const MomentClosureSelfAttentionOptions& options);
+
+  /// An empty state (empty cache, empty banks) of batch_size streams in the parameters' dtype.
+  /// @throws ValueError unless batch_size is positive.
+  MomentClosureLayerState init_state(int64_t batch_size) const;
+  /// As SlidingWindowSelfAttention::forward; the receipt says what ingestion did.
+  /// @throws ValueError for a bad h or a state that does not fit; StateError ("one-token/one-representation") when
+  ///   the bank does not hold exactly the evicted tokens.
+  MomentClosureSelfAttentionOutput forward(const torch::Tensor& h,
+                                           const std::optional<MomentClosureLayerState>& state = std::nullopt);
+  MomentClosureLayerState detach(const MomentClosureLayerState& state) const { return state.detach(); }
+
+  const MomentClosureSelfAttentionOptions& options() const { return options_; }
+  int64_t head_dim() const { return options_.d_model / options_.n_head; }
+
+  torch::nn::Linear qkv{nullptr};
+  torch::nn::Linear proj{nullptr};
+
+ private:
+  MomentClosureSelfAttentionOptions options_;
+  BirthMergeOptions ingest_;
+};
+TORCH_MODULE(MomentClosureSelfAttention);
+
+}  // namespace attnmix

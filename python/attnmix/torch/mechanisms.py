@@ -1,0 +1,624 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Streaming language models as ``torch.nn.Module``: ``SlidingWindowSpine`` and ``MomentClosureAttention``.
+
+Both read a long token stream chunk by chunk and carry a state between chunks (the *context-mechanism* protocol)::
+
+    import torch
+    from attnmix.torch import MomentClosureAttention, train_tbptt
+
+    torch.manual_seed(0)
+    mech = MomentClosureAttention(vocab=256, d_model=32, n_layer=2, n_head=2, window=16)
+    opt = torch.optim.AdamW(mech.parameters(), lr=3e-3)
+    state = mech.init_state(batch_size=8)
+    for x, y in chunks:                      # x, y: (8, t) int64 tensors, y = x shifted by one token
+        state, loss = mech.step(state, (x, y))
+        opt.zero_grad(); loss.backward(); opt.step()
+        state = mech.detach(state)           # truncated backpropagation through time
+    # or: result = train_tbptt(mech, state, chunks, opt, detach_horizon=2)
+
+**The model.** A pre-norm causal Transformer: ``tok = Embedding(vocab, d_model)``; per layer ``ln1``, ``qkv =
+Linear(d, 3d)`` (split ``[q | k | v]``, head-major), attention, ``proj = Linear(d, d)`` with a residual, ``ln2`` and
+``mlp = Linear(d, 4d) -> GELU -> Linear(4d, d)`` with a residual; then ``ln_f`` and ``head = Linear(d, vocab,
+bias=False)`` tied to ``tok``. Rotary position embeddings (half-split, base 10000) are applied once, at absolute
+positions, to queries and to the raw cached keys, so streaming a sequence in chunks computes what one pass over it
+computes whenever the window covers the stream.
+
+* ``SlidingWindowSpine``: each query sees the raw keys and values of the last ``window`` tokens (``window=None``:
+  every earlier token, full causal attention). State: per layer the cached raw keys and values.
+* ``MomentClosureAttention``: the same window, plus per layer a *cluster bank* summarising the tokens evicted from
+  the window as at most ``max_clusters`` Gaussian clusters per stream and head (see ``attnmix.torch.functional``);
+  each query attends to the window's tokens and the clusters through one softmax. Every stream of a batch has its
+  own bank. Each step checks that every token seen is represented exactly once (``last_receipts``).
+
+**Everything runs in attnmix's C++ implementation** (on libtorch, the library Python torch uses). ``parameters()``
+are the very tensors the C++ forward reads, so any torch optimizer trains them, ``state_dict()`` /
+``load_state_dict()`` read and write them, and ``module.double()`` converts them in place. The parameter names are
+the reference design's (``tok.weight``, ``qkv.0.weight``, ``mlp.0.2.bias``, ``ln_f.weight``, ``head.weight``, ...),
+so its state dicts load. Replace parameter values in place (``load_state_dict``, ``param.data.copy_(...)``), never
+the Parameter objects or the submodules: a step refuses a module whose Parameters or submodules were replaced. The
+loss joins your autograd graph; gradients reach every parameter (and the carried state until ``detach``). CPU only;
+float32 (the default) or float64 (after ``module.double()``); the thread count is ``torch.set_num_threads``.
+Parameters start from libtorch's default initialisation under ``torch.manual_seed``, exactly as ``attnmix lm train
+--seed`` does, and ``from_checkpoint`` loads a model that ``attnmix lm train`` wrote.
+
+**States** are dataclasses of tensors and ints (``SlidingWindowState``, ``MomentClosureState``); they pickle with
+``torch.save``, and so do the modules (a loaded module is rebuilt from its constructor arguments and takes the saved
+parameter values, dtype, ``requires_grad`` flags and training mode; hooks are not saved). A state is never changed
+in place: ``step`` returns a new one.
+
+Errors: a state of the wrong type, a non-tensor chunk element, or a bank that is not a ``ClusterBank`` raise
+TypeError; wrong dtypes, devices, shapes, ids outside the vocabulary, a batch size other than the state's
+("batch size"), or a state made by another model raise ValueError naming the argument; a state whose far field does
+not count every evicted token exactly once raises RuntimeError ("one-token/one-representation").
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from attnmix import _torch
+from attnmix.torch.functional import ClusterBank, _bank, _native
+
+__all__ = [
+    "ContextMechanism",
+    "MomentClosureAttention",
+    "MomentClosureState",
+    "SlidingWindowSpine",
+    "SlidingWindowState",
+    "train_tbptt",
+]
+
+_CPU = torch.device("cpu")
+
+
+@dataclass
+class SlidingWindowState:
+    """What a sliding-window spine carries between chunks.
+
+    ``cache_k[l]``, ``cache_v[l]``: layer ``l``'s cached raw (un-rotated) keys and values, ``(batch, len, n_head,
+    head_dim)`` tensors, or None while the layer has cached nothing; ``pos``: the absolute position of the next
+    token; ``batch_size``: the number of streams; ``n_head`` and ``head_dim``: the model's (None: the model's own);
+    ``device``: the CPU.
+    """
+
+    cache_k: List[Optional[torch.Tensor]]
+    cache_v: List[Optional[torch.Tensor]]
+    pos: int = 0
+    batch_size: int = 1
+    n_head: Optional[int] = None
+    head_dim: Optional[int] = None
+    device: Any = _CPU
+
+
+@dataclass
+class MomentClosureState:
+    """What moment-closure attention carries between chunks.
+
+    ``near``: the exact window (a ``SlidingWindowState``); ``banks``: one ``ClusterBank`` per layer, with one mixture
+    per stream (``count (batch, n_head, max_clusters)``, ..., ``n_clusters`` a list with one int per stream; for
+    ``batch_size == 1`` the one-stream layout of the reference design, ``count (n_head, max_clusters)`` and an int
+    ``n_clusters``, is accepted too, and steps keep the layout they were given); ``batch_size``: the number of
+    streams; ``detach_horizon_clusters``: whether ``detach`` also cuts the banks from the autograd graph (else only
+    the window's caches).
+    """
+
+    near: SlidingWindowState
+    banks: List[ClusterBank]
+    batch_size: int = 1
+    detach_horizon_clusters: bool = True
+
+
+@runtime_checkable
+class ContextMechanism(Protocol):
+    """A mechanism that streams a token sequence in chunks, carrying a state between them (``isinstance`` checks it).
+
+    ``init_state(batch_size, *, device="cpu")`` makes an empty state for ``batch_size`` streams;
+    ``step(state, (x, y)) -> (state, loss)`` runs one chunk (``x``, ``y``: ``(batch, t)`` int64 token ids, ``y`` the
+    targets) and returns the new state and the mean token cross-entropy of the chunk; ``detach(state)`` cuts every
+    carried tensor from the autograd graph.
+    """
+
+    def init_state(self, batch_size: int, *, device: Any = "cpu") -> Any: ...
+
+    def step(self, state: Any, chunk: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[Any, torch.Tensor]: ...
+
+    def detach(self, state: Any) -> Any: ...
+
+
+# ---- argument checks ------------------------------------------------------------------------------------------
+
+
+def _positive_int(value: Any, where: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{where}: {name} must be a positive exact integer (got {value!r})")
+    return int(value)
+
+
+def _finite_real(value: Any, where: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ValueError(f"{where}: {name} must be a finite real number (got {value!r})")
+    return float(value)
+
+
+def _cpu_device(device: Any, where: str) -> torch.device:
+    if device is _CPU:
+        return _CPU
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as error:
+        raise TypeError(f"{where}: device must be a torch.device or a device string (got {device!r})") from error
+    if dev.type != "cpu":
+        raise ValueError(f"{where}: device must be the CPU (got {dev}); attnmix.torch runs on the CPU")
+    return dev
+
+
+def _chunk(chunk: Any, where: str) -> Tuple[Any, Any]:
+    if not isinstance(chunk, tuple) or len(chunk) != 2:
+        raise ValueError(f"{where}: chunk must be an (x, y) tuple of (batch, time) int64 tensors")
+    return chunk
+
+
+def _model_sizes(where: str, vocab, d_model, n_layer, n_head) -> Dict[str, int]:
+    sizes = {
+        "vocab": _positive_int(vocab, where, "vocab"),
+        "d_model": _positive_int(d_model, where, "d_model"),
+        "n_layer": _positive_int(n_layer, where, "n_layer"),
+        "n_head": _positive_int(n_head, where, "n_head"),
+    }
+    if sizes["d_model"] % sizes["n_head"]:
+        raise ValueError(f"{where}: d_model ({sizes['d_model']}) must be divisible by n_head ({sizes['n_head']})")
+    if (sizes["d_model"] // sizes["n_head"]) % 2:
+        raise ValueError(
+            f"{where}: head_dim = d_model / n_head ({sizes['d_model'] // sizes['n_head']}) must be even for RoPE"
+        )
+    return sizes
+
+
+def _checkpoint_path(path: Any, where: str) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{where}: path must be a str or os.PathLike (got {type(path).__name__})")
+    return os.fspath(path)
+
+
+# ---- the modules ----------------------------------------------------------------------------------------------
+
+
+class _Spine(nn.Module):
+    """What both mechanisms share: the C++ module, its parameters under the reference names, state conversions."""
+
+    def _setup(self, config: Dict[str, Any]) -> None:
+        """Builds the C++ module (drawing its initial parameters) and registers its tensors as Parameters."""
+        self._config = dict(config)
+        self._native = self._make_native(self._config)
+        for key, value in self._config.items():
+            setattr(self, key, value)
+        self.head_dim = self.d_model // self.n_head
+        params = dict(self._native.named_parameters())
+        for tensor in params.values():
+            if type(tensor) is torch.Tensor:  # noqa: E721  (make the C++ tensor itself a Parameter, in place)
+                tensor.__class__ = nn.Parameter
+        used = set()
+
+        def take(name: str) -> nn.Parameter:
+            used.add(name)
+            return params[name]
+
+        d, vocab, n_layer = self.d_model, self.vocab, self.n_layer
+
+        # Containers built on the meta device (no memory, no random draws), then given the C++ tensors.
+        def linear(prefix: str, n_in: int, n_out: int) -> nn.Linear:
+            m = nn.Linear(n_in, n_out, device="meta")
+            m.weight = take(prefix + ".weight")
+            m.bias = take(prefix + ".bias")
+            return m
+
+        def norm(prefix: str) -> nn.LayerNorm:
+            m = nn.LayerNorm(d, eps=1e-5, device="meta")
+            m.weight = take(prefix + ".weight")
+            m.bias = take(prefix + ".bias")
+            return m
+
+        layer = [f"backbone.layer{l}." for l in range(n_layer)]
+        self.tok = nn.Embedding(vocab, d, device="meta")
+        self.tok.weight = take("backbone.tok.weight")
+        self.qkv = nn.ModuleList([linear(p + "qkv", d, 3 * d) for p in layer])
+        self.proj = nn.ModuleList([linear(p + "proj", d, d) for p in layer])
+        self.ln1 = nn.ModuleList([norm(p + "ln1") for p in layer])
+        self.ln2 = nn.ModuleList([norm(p + "ln2") for p in layer])
+        self.mlp = nn.ModuleList(
+            [nn.Sequential(linear(p + "fc1", d, 4 * d), nn.GELU(), linear(p + "fc2", 4 * d, d)) for p in layer]
+        )
+        self.ln_f = norm("backbone.ln_f")
+        self.head = nn.Linear(d, vocab, bias=False, device="meta")
+        self.head.weight = self.tok.weight  # tied, as in the reference design (both names are in state_dict())
+        assert used == set(params), "every C++ parameter is registered once"
+        # (registry, name, object) of every Parameter and submodule registration, to refuse a forward on a module
+        # whose Parameters or containers were replaced (the C++ forward would not read the replacements).
+        self._bound = [
+            (registry, name, value)
+            for module in self.modules()
+            for registry in (module._parameters, module._modules)
+            for name, value in registry.items()
+        ]
+        self._receipts: Optional[list] = []  # the last step's receipts, converted on first use (None: not yet)
+        self._misfit: Optional[float] = 0.0
+
+    def _check_bound(self, where: str) -> None:
+        for registry, name, value in self._bound:
+            if registry.get(name) is not value:
+                raise RuntimeError(
+                    f"{where}: {name!r}, a Parameter or submodule of the module, was replaced (now "
+                    f"{type(registry.get(name)).__name__}); the C++ forward reads the tensors made at construction: "
+                    "change values in place (load_state_dict, param.data.copy_(...)) instead"
+                )
+
+    # -- states --
+
+    def _near_native(self, near: Any, where: str, name: str) -> tuple:
+        if not isinstance(near, SlidingWindowState):
+            raise TypeError(f"{where}: {name} must be a SlidingWindowState (got {type(near).__name__})")
+        _cpu_device(near.device, where)
+        return (
+            near.cache_k,
+            near.cache_v,
+            near.pos,
+            near.batch_size,
+            self.n_head if near.n_head is None else near.n_head,
+            self.head_dim if near.head_dim is None else near.head_dim,
+        )
+
+    @staticmethod
+    def _near_state(native: tuple, device: Any) -> SlidingWindowState:
+        cache_k, cache_v, pos, batch_size, n_head, head_dim = native
+        return SlidingWindowState(cache_k, cache_v, pos, batch_size, n_head, head_dim, device)
+
+    # -- pickling: the constructor arguments and the parameter values --
+
+    def __getstate__(self) -> Dict[str, Any]:
+        named = list(self.named_parameters())
+        return {
+            "config": dict(self._config),
+            "dtype": self.tok.weight.dtype,
+            "training": self.training,
+            "parameters": {name: p.detach() for name, p in named},
+            "requires_grad": {name: p.requires_grad for name, p in named},
+            "extra": self._extra_state(),
+        }
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        nn.Module.__init__(self)
+        with torch.random.fork_rng(devices=[]):  # rebuilding must not consume the caller's random stream
+            self._setup(state["config"])
+        if state["dtype"] != self.tok.weight.dtype:
+            self.to(state["dtype"])
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                p.copy_(state["parameters"][name])
+                p.requires_grad_(state["requires_grad"][name])
+        self.train(state["training"])
+        self._restore_extra(state["extra"])
+
+    @classmethod
+    def _from_checkpoint(cls, path: Any, config: Dict[str, Any]) -> "_Spine":
+        with torch.random.fork_rng(devices=[]):  # the weights come from the file
+            model = cls(**config)
+        model._native.load_checkpoint(path)
+        return model
+
+    def _extra_state(self) -> Dict[str, Any]:
+        return {}
+
+    def _restore_extra(self, extra: Dict[str, Any]) -> None:
+        pass
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self._config.items())
+
+    def forward(self, state: Any, x: torch.Tensor) -> Tuple[Any, torch.Tensor]:
+        """Same as ``advance``: ``module(state, x)`` returns ``(state, logits (batch, t, vocab))``."""
+        return self.advance(state, x)
+
+
+class SlidingWindowSpine(_Spine):
+    """A streaming causal Transformer whose queries see the last ``window`` tokens exactly (see the module docs).
+
+    ``SlidingWindowSpine(vocab, *, d_model=32, n_layer=2, n_head=2, window=64, cp_size=1)``: every size a positive
+    integer, ``d_model`` divisible by ``n_head`` with an even ``head_dim = d_model / n_head``; ``window=None`` means
+    full causal attention over every token since ``init_state``; ``cp_size`` (context parallelism) must be 1.
+    ValueError otherwise. Per chunk of ``t`` tokens and layer the cost is ``O(b t d^2 + b t (window + t) d)``; the
+    state holds ``2 n_layer b window d`` numbers.
+    """
+
+    def __init__(
+        self,
+        vocab: int,
+        *,
+        d_model: int = 32,
+        n_layer: int = 2,
+        n_head: int = 2,
+        window: Optional[int] = 64,
+        cp_size: int = 1,
+    ) -> None:
+        super().__init__()
+        w = "SlidingWindowSpine"
+        config: Dict[str, Any] = _model_sizes(w, vocab, d_model, n_layer, n_head)
+        config["window"] = None if window is None else _positive_int(window, w, "window")
+        if _positive_int(cp_size, w, "cp_size") != 1:
+            raise ValueError(f"{w}: cp_size must be 1 (context parallelism is not supported; got {cp_size})")
+        config["cp_size"] = 1
+        self._setup(config)
+
+    @staticmethod
+    def _make_native(c: Dict[str, Any]):
+        return _torch._SlidingWindowSpine(c["vocab"], c["d_model"], c["n_layer"], c["n_head"], c["window"], 1)
+
+    @classmethod
+    def from_checkpoint(cls, path: Any) -> "SlidingWindowSpine":
+        """The model of an ``attnmix lm train`` checkpoint of mechanism "window" or "full" (window=None), with its
+        trained parameters (float32). The file is checked first (format, checksums, options, every parameter's
+        shape and finiteness): OSError for a file that cannot be read, RuntimeError naming the file for a malformed
+        one; ValueError for a moment-closure checkpoint
+        (use ``MomentClosureAttention.from_checkpoint``). The caller's random stream is not consumed."""
+        path = _checkpoint_path(path, "SlidingWindowSpine.from_checkpoint")
+        info = _torch._checkpoint_model(path)
+        if info["mechanism"] not in ("window", "full"):
+            raise ValueError(
+                f"SlidingWindowSpine.from_checkpoint: {path} holds a {info['mechanism']} model; use "
+                "MomentClosureAttention.from_checkpoint"
+            )
+        config = {k: info[k] for k in ("vocab", "d_model", "n_layer", "n_head")}
+        config["window"] = None if info["mechanism"] == "full" else info["window"]
+        return cls._from_checkpoint(path, config)
+
+    def init_state(self, batch_size: int, *, device: Any = "cpu") -> SlidingWindowState:
+        """An empty state for ``batch_size`` streams (a positive integer, else ValueError) on the CPU."""
+        where = "SlidingWindowSpine.init_state"
+        b = _positive_int(batch_size, where, "batch_size")
+        return self._near_state(self._native.init_state(b), _cpu_device(device, where))
+
+    def _checked(self, state: Any, where: str) -> tuple:
+        if not isinstance(state, SlidingWindowState):
+            raise TypeError(f"{where}: state must be a SlidingWindowState (got {type(state).__name__})")
+        self._check_bound(where)
+        return self._near_native(state, where, "state")
+
+    def step(self, state: SlidingWindowState, chunk: Tuple[torch.Tensor, torch.Tensor]):
+        """One chunk ``(x, y)`` (``(batch, t)`` int64 ids in ``[0, vocab)``, ``t >= 1``, ``batch`` the state's):
+        returns ``(new state, loss)``, the loss the mean cross-entropy over the ``batch * t`` positions."""
+        where = "SlidingWindowSpine.step"
+        native = self._checked(state, where)
+        x, y = _chunk(chunk, where)
+        out, loss = self._native.step(native, x, y)
+        return self._near_state(out, state.device), loss
+
+    def advance(self, state: SlidingWindowState, x: torch.Tensor) -> Tuple[SlidingWindowState, torch.Tensor]:
+        """One chunk of inputs ``x`` without targets: ``(new state, logits (batch, t, vocab))``."""
+        where = "SlidingWindowSpine.advance"
+        native = self._checked(state, where)
+        out, logits = self._native.advance(native, x)
+        return self._near_state(out, state.device), logits
+
+    def detach(self, state: SlidingWindowState) -> SlidingWindowState:
+        """The same state with every cached tensor cut from the autograd graph."""
+        where = "SlidingWindowSpine.detach"
+        native = self._checked(state, where)
+        return self._near_state(self._native.detach(native), state.device)
+
+
+class MomentClosureAttention(_Spine):
+    """The sliding window plus a far field of Gaussian clusters over the evicted tokens (see the module docs).
+
+    ``MomentClosureAttention(vocab, *, d_model=32, n_layer=2, n_head=2, window=16, max_clusters=4,
+    birth_threshold=-2.0, merge_threshold=None)``: sizes as for ``SlidingWindowSpine`` (``window`` a positive
+    integer), ``max_clusters`` a positive integer, the thresholds finite (``merge_threshold=None``: the default rule
+    ``2.65 + 6 / sqrt(n)``); ValueError otherwise.
+
+    Per step and layer: the window's exact attention and the clusters' moment-generating-function attention share
+    one softmax; then the tokens that leave the window join the bank (a new cluster when the chunk's mean key is far
+    from every cluster on every head and a slot is free; otherwise a differentiable weighted update), clusters that
+    come close merge, and receipts check that every token seen is represented exactly once. ``last_receipts``: the
+    last step's receipts, one dict per layer, ``{"batch_size", "streams": [one receipt per stream], "misfit_scalar"}``
+    (a stream's receipt: ``birthed``, ``birth_incorporated_batch``, ``merged``, ``misfit``,
+    ``per_cluster_outlier_tokens``, ``misfit_scalar``, ``soft_update_applied``, ``ingested_tokens_per_head``,
+    ``expected_ingested_tokens_per_head``, ``count_conserved`` and ``accounting``); ``last_misfit``: the mean over
+    layers of their ``misfit_scalar`` (0 when nothing was evicted). Where the reference design reads
+    ``mech.last_receipts[l]["birthed"]`` and ``state.banks[l].n_clusters`` (one bank shared by the batch), read
+    ``mech.last_receipts[l]["streams"][b]["birthed"]`` and ``state.banks[l].n_clusters[b]``.
+    """
+
+    def __init__(
+        self,
+        vocab: int,
+        *,
+        d_model: int = 32,
+        n_layer: int = 2,
+        n_head: int = 2,
+        window: int = 16,
+        max_clusters: int = 4,
+        birth_threshold: float = -2.0,
+        merge_threshold: Optional[float] = None,
+    ) -> None:
+        super().__init__()
+        w = "MomentClosureAttention"
+        config: Dict[str, Any] = _model_sizes(w, vocab, d_model, n_layer, n_head)
+        config["window"] = _positive_int(window, w, "window")
+        config["max_clusters"] = _positive_int(max_clusters, w, "max_clusters")
+        config["birth_threshold"] = _finite_real(birth_threshold, w, "birth_threshold")
+        config["merge_threshold"] = (
+            None if merge_threshold is None else _finite_real(merge_threshold, w, "merge_threshold")
+        )
+        self._setup(config)
+
+    @staticmethod
+    def _make_native(c: Dict[str, Any]):
+        return _torch._MomentClosureAttention(
+            c["vocab"],
+            c["d_model"],
+            c["n_layer"],
+            c["n_head"],
+            c["window"],
+            c["max_clusters"],
+            c["birth_threshold"],
+            c["merge_threshold"],
+        )
+
+    @classmethod
+    def from_checkpoint(cls, path: Any) -> "MomentClosureAttention":
+        """The model of an ``attnmix lm train`` checkpoint of mechanism "moment-closure" (its sizes and far-field
+        settings) with its trained parameters (float32). OSError for a file that cannot be read, RuntimeError naming the
+        file for a malformed one;
+        ValueError for a window or full checkpoint (use ``SlidingWindowSpine.from_checkpoint``). The caller's random
+        stream is not consumed."""
+        path = _checkpoint_path(path, "MomentClosureAttention.from_checkpoint")
+        info = _torch._checkpoint_model(path)
+        if info["mechanism"] != "moment-closure":
+            raise ValueError(
+                f"MomentClosureAttention.from_checkpoint: {path} holds a {info['mechanism']} model; use "
+                "SlidingWindowSpine.from_checkpoint"
+            )
+        keys = ("vocab", "d_model", "n_layer", "n_head", "window", "max_clusters", "birth_threshold", "merge_threshold")
+        return cls._from_checkpoint(path, {k: info[k] for k in keys})
+
+    def init_state(self, batch_size: int, *, device: Any = "cpu") -> MomentClosureState:
+        """An empty state for ``batch_size`` streams (a positive integer, else ValueError): empty caches and one empty
+        bank per layer with one mixture per stream, in the parameters' dtype, on the CPU."""
+        where = "MomentClosureAttention.init_state"
+        b = _positive_int(batch_size, where, "batch_size")
+        return self._state(self._native.init_state(b), None, _cpu_device(device, where))
+
+    def _checked(self, state: Any, where: str) -> Tuple[tuple, List[bool]]:
+        if not isinstance(state, MomentClosureState):
+            raise TypeError(f"{where}: state must be a MomentClosureState (got {type(state).__name__})")
+        self._check_bound(where)
+        near = self._near_native(state.near, where, "state.near")
+        if not isinstance(state.banks, (list, tuple)):
+            raise TypeError(f"{where}: state.banks must be a list of ClusterBank (got {type(state.banks).__name__})")
+        banks, one_stream = [], []
+        for bank in state.banks:
+            native, one = _native(bank, where)
+            banks.append(native)
+            one_stream.append(one)
+        return (near, banks, state.batch_size, state.detach_horizon_clusters), one_stream
+
+    def _state(self, native: tuple, one_stream: Optional[List[bool]], device: Any) -> MomentClosureState:
+        near, banks, batch_size, detach_clusters = native
+        if one_stream is None:
+            one_stream = [False] * len(banks)
+        return MomentClosureState(
+            self._near_state(near, device),
+            [_bank(bank, one) for bank, one in zip(banks, one_stream)],
+            batch_size,
+            detach_clusters,
+        )
+
+    def step(self, state: MomentClosureState, chunk: Tuple[torch.Tensor, torch.Tensor]):
+        """One chunk ``(x, y)`` (``(batch, t)`` int64 ids in ``[0, vocab)``, ``t >= 1``, ``batch`` the state's, else
+        ValueError "batch size"): returns ``(new state, loss)``, the loss the mean cross-entropy over the ``batch * t``
+        positions; updates ``last_receipts`` and ``last_misfit``. RuntimeError ("one-token/one-representation")
+        when a bank does not hold exactly the tokens evicted so far."""
+        where = "MomentClosureAttention.step"
+        native, one_stream = self._checked(state, where)
+        x, y = _chunk(chunk, where)
+        out, loss = self._native.step(native, x, y)
+        self._receipts, self._misfit = None, None
+        return self._state(out, one_stream, state.near.device), loss
+
+    def advance(self, state: MomentClosureState, x: torch.Tensor) -> Tuple[MomentClosureState, torch.Tensor]:
+        """One chunk of inputs ``x`` without targets: ``(new state, logits (batch, t, vocab))``; updates the
+        receipts as ``step`` does."""
+        where = "MomentClosureAttention.advance"
+        native, one_stream = self._checked(state, where)
+        out, logits = self._native.advance(native, x)
+        self._receipts, self._misfit = None, None
+        return self._state(out, one_stream, state.near.device), logits
+
+    def detach(self, state: MomentClosureState) -> MomentClosureState:
+        """The same state with the caches (and, when ``state.detach_horizon_clusters``, every bank tensor) cut from
+        the autograd graph."""
+        where = "MomentClosureAttention.detach"
+        native, one_stream = self._checked(state, where)
+        return self._state(self._native.detach(native), one_stream, state.near.device)
+
+    @property
+    def last_receipts(self) -> list:
+        """The last step's receipts, one dict per layer (``[]`` before the first step); see the class docs."""
+        if self._receipts is None:
+            self._receipts = self._native.last_receipts()
+        return self._receipts
+
+    @property
+    def last_misfit(self) -> float:
+        """The mean over layers of the last step's ``misfit_scalar`` (0.0 before the first step)."""
+        if self._misfit is None:
+            self._misfit = self._native.last_misfit()
+        return self._misfit
+
+    def _extra_state(self) -> Dict[str, Any]:
+        return {"receipts": self.last_receipts, "misfit": self.last_misfit}
+
+    def _restore_extra(self, extra: Dict[str, Any]) -> None:
+        self._receipts = extra["receipts"]
+        self._misfit = extra["misfit"]
+
+
+# ---- truncated backpropagation through time -------------------------------------------------------------------
+
+
+def train_tbptt(
+    mechanism: ContextMechanism,
+    state: Any,
+    chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]],
+    opt: torch.optim.Optimizer,
+    *,
+    detach_horizon: int = 1,
+    before_update: Optional[Callable[[int], None]] = None,
+) -> Dict[str, Any]:
+    """Trains on a stream of chunks by truncated backpropagation through time.
+
+    For each chunk: ``state, loss = mechanism.step(state, chunk)``; ``float(loss)`` is recorded and ``loss`` joins a
+    running sum. After every ``detach_horizon`` chunks: ``opt.zero_grad()``, backward of ``sum / count``,
+    ``before_update(k)`` if given (``k`` the 0-based update index: clip gradients or set the learning rate there),
+    ``opt.step()``, ``state = mechanism.detach(state)``, and the sum restarts. A remainder of fewer chunks is flushed
+    the same way at the end. Only the backward graph is cut; the forward state carries on.
+
+    Returns ``{"losses": [float per chunk], "state": final state}``. ValueError unless ``detach_horizon`` is a
+    positive integer; TypeError when ``mechanism`` is not a ``ContextMechanism`` or ``before_update`` not callable.
+    """
+    if isinstance(detach_horizon, bool) or not isinstance(detach_horizon, numbers.Integral) or detach_horizon <= 0:
+        raise ValueError(f"train_tbptt: detach_horizon must be a positive integer (got {detach_horizon!r})")
+    if not isinstance(mechanism, ContextMechanism):
+        raise TypeError(
+            f"train_tbptt: mechanism must have init_state, step and detach (got {type(mechanism).__name__})"
+        )
+    if before_update is not None and not callable(before_update):
+        raise TypeError(f"train_tbptt: before_update must be callable or None (got {type(before_update).__name__})")
+    losses: List[float] = []
+    total: Optional[torch.Tensor] = None
+    count = 0
+    updates = 0
+
+    def update(state: Any) -> Any:
+        opt.zero_grad()
+        (total / count).backward()
+        if before_update is not None:
+            before_update(updates)
+        opt.step()
+        return mechanism.detach(state)
+
+    for chunk in chunks:
+        state, loss = mechanism.step(state, chunk)
+        losses.append(float(loss))
+        total = loss if count == 0 else total + loss
+        count += 1
+        if count == detach_horizon:
+            state = update(state)
+            total, count, updates = None, 0, updates + 1
+    if count:
+        state = update(state)
+    return {"losses": losses, "state": state}
