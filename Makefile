@@ -64,7 +64,8 @@ fuzz-build: deps
 	@# Without ccache: ccache 4.7 with clang-14 fails on src/core/json.cpp with errors at <built-in> lines.
 	@CCACHE_DISABLE=1 cmake --build $(FUZZ_BUILD) -j $(JOBS) --target attnmix_fuzzers
 
-# fuzz_checkpoint (GCC, libtorch). Not yet part of fuzz-gate by default: FUZZ_CHECKPOINT=1 adds it (docs/fuzzing.md).
+# fuzz_checkpoint (GCC, libtorch), part of every fuzz run unless FUZZ_CHECKPOINT=0 (docs/fuzzing.md).
+FUZZ_CHECKPOINT ?= 1
 fuzz-build-gcc: deps
 	@cmake -S . -B $(FUZZ_GCC_BUILD) $(SANITIZE_FLAGS) -DATTNMIX_BUILD_FUZZERS=ON -DATTNMIX_BUILD_TESTS=OFF \
 	  -DATTNMIX_BUILD_CLI=OFF -DATTNMIX_WITH_MPI=OFF -DATTNMIX_WITH_TORCH=ON $(CMAKE_FLAGS) >/dev/null

@@ -10,6 +10,8 @@
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 
+#include <c10/core/CPUAllocator.h>
+#include <malloc.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <zip.h>
@@ -407,9 +409,37 @@ void verify_checksums(const std::string& path, const std::string& bytes) {
   }
 }
 
-// Every floating-point tensor a checkpoint restores must be finite: a NaN or infinite weight would load and then
-// make every loss NaN and every sample arbitrary ("what": "model parameter 'layers.0.attn.weight'").
+// A stored tensor is a view (offset, sizes, strides) of a storage whose length the archive's pickled record states
+// and whose bytes are a separate member, and torch's reader checks neither the view against the stated length nor
+// the stated length against the member it allocated: a tampered record made the first operation on the tensor read
+// past the allocation (found by fuzz_checkpoint: a segmentation fault). Checked before any data is touched: the view
+// against the stated length, and that against the allocation (torch's reader allocates each member with the CPU
+// allocator, i.e. posix_memalign, whose block size malloc_usable_size reports).
+void check_within_storage(const std::string& path, const std::string& what, const torch::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  int64_t last = t.storage_offset();  // the largest element offset the view reaches (any overflow: refused)
+  bool ok = last >= 0 && t.has_storage();
+  for (int64_t d = 0; ok && d < t.dim(); ++d) {
+    int64_t reach = 0;
+    ok = t.stride(d) >= 0 && !__builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) &&
+         !__builtin_add_overflow(last, reach, &last);
+  }
+  int64_t needed = 0;
+  ok = ok && !__builtin_mul_overflow(last + 1, static_cast<int64_t>(t.element_size()), &needed) &&
+       static_cast<int64_t>(t.storage().nbytes()) >= needed;
+  if (ok) {
+    const c10::DataPtr& data = t.storage().data_ptr();
+    ok = data.get() != nullptr && data.get_deleter() == c10::GetCPUAllocator()->raw_deleter() &&
+         malloc_usable_size(data.get()) >= static_cast<size_t>(needed);
+  }
+  if (!ok) bad_checkpoint(path, what + " does not lie inside its stored data (a damaged tensor record)");
+}
+
+// Every floating-point tensor a checkpoint restores must lie inside its stored data and be finite: a NaN or infinite
+// weight would load and then make every loss NaN and every sample arbitrary ("what": "model parameter
+// 'layers.0.attn.weight'").
 void check_finite(const std::string& path, const std::string& what, const torch::Tensor& t) {
+  check_within_storage(path, what, t);
   if (!t.defined() || !t.is_floating_point() || torch::isfinite(t).all().item<bool>()) return;
   const auto flat = t.reshape({-1});
   const int64_t first = torch::logical_not(torch::isfinite(flat)).nonzero().view({-1})[0].item<int64_t>();
@@ -566,6 +596,7 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
     if (live.scalar_type() != torch::kLong || live.sizes() != c10::IntArrayRef{B}) {
       bad_checkpoint(path, "state n_clusters" + n + " must be " + str(B) + " int64 values (one per stream)");
     }
+    check_within_storage(path, "state n_clusters" + n, live);
     const auto live_cpu = live.contiguous();
     bank.n_clusters.assign(live_cpu.data_ptr<int64_t>(), live_cpu.data_ptr<int64_t>() + B);
     try {
