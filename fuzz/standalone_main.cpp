@@ -36,7 +36,11 @@ extern "C" const char* __asan_default_options() {
 namespace {
 
 std::string g_artifact_prefix = "./";
-std::vector<uint8_t> g_current;  // the input being run, written out on a finding
+// The input being run, written out on a finding. Never destroyed: LeakSanitizer's exit-time check may call the
+// death callback after static destructors have run. g_running: a finding outside an input (the exit-time leak
+// check) writes no artifact, since no single input can be named.
+std::vector<uint8_t>& g_current = *new std::vector<uint8_t>;
+bool g_running = false;
 
 uint64_t fnv1a(const std::vector<uint8_t>& bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -57,7 +61,9 @@ void write_artifact(const char* kind) {
   std::fprintf(stderr, "==standalone== %s: input written to %s (%zu bytes)\n", kind, name, g_current.size());
 }
 
-void on_death() { write_artifact("crash"); }
+void on_death() {
+  if (g_running) write_artifact("crash");
+}
 
 void on_signal(int sig) {
   if (sig == SIGALRM) {
@@ -185,9 +191,11 @@ void mutate(std::vector<uint8_t>& x, Rng& rng, const std::vector<std::vector<uin
 
 void run_one(const std::vector<uint8_t>& input, unsigned timeout) {
   g_current = input;
+  g_running = true;
   if (timeout) alarm(timeout);
   LLVMFuzzerTestOneInput(g_current.data(), g_current.size());
   if (timeout) alarm(0);
+  g_running = false;
 }
 
 }  // namespace
