@@ -25,6 +25,17 @@
 namespace attnmix {
 namespace {
 
+/// Options of a moment-closure layer (the thresholds at their defaults).
+MomentClosureSelfAttentionOptions closure_options(int64_t d_model, int64_t n_head, int64_t window,
+                                                  int64_t max_clusters) {
+  MomentClosureSelfAttentionOptions o;
+  o.d_model = d_model;
+  o.n_head = n_head;
+  o.window = window;
+  o.max_clusters = max_clusters;
+  return o;
+}
+
 torch::Tensor tokens(Rng& rng, int64_t b, int64_t t, int64_t vocab) {
   auto x = torch::empty({b, t}, torch::kLong);
   for (int64_t i = 0; i < x.numel(); ++i)
@@ -93,8 +104,7 @@ std::vector<std::string> names(torch::nn::Module& m) {
 TEST(SelfAttentionTest, ModulesRegisterQkvThenProj) {
   SlidingWindowSelfAttention window(
       SlidingWindowSelfAttentionOptions{.d_model = 8, .n_head = 2, .window = 4});
-  MomentClosureSelfAttention closure(
-      MomentClosureSelfAttentionOptions{.d_model = 8, .n_head = 2, .window = 4, .max_clusters = 3});
+  MomentClosureSelfAttention closure(closure_options(8, 2, 4, 3));
   const std::vector<std::string> expected = {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"};
   EXPECT_EQ(names(*window), expected);
   EXPECT_EQ(names(*closure), expected);
@@ -236,8 +246,7 @@ TEST(SelfAttentionTest, ModulesInAModelReproduceSlidingWindowSpine) {
 }
 
 TEST(SelfAttentionTest, ModulesCheckTheirInputs) {
-  MomentClosureSelfAttention layer(
-      MomentClosureSelfAttentionOptions{.d_model = 8, .n_head = 2, .window = 4, .max_clusters = 2});
+  MomentClosureSelfAttention layer(closure_options(8, 2, 4, 2));
   Rng rng(1);
   const auto h = testing::normal_tensor(rng, {2, 3, 8}, torch::kFloat32);
   EXPECT_THROW(layer->forward(h.to(torch::kFloat64)), ValueError);  // dtype
@@ -253,15 +262,9 @@ TEST(SelfAttentionTest, ModulesCheckTheirInputs) {
   wrong_pos.near.pos += 1;  // the bank no longer holds exactly the evicted tokens
   EXPECT_THROW(layer->forward(h, wrong_pos), StateError);
   EXPECT_THROW(layer->init_state(0), ValueError);
-  EXPECT_THROW(MomentClosureSelfAttention(MomentClosureSelfAttentionOptions{
-                   .d_model = 8, .n_head = 3, .window = 4, .max_clusters = 2}),
-               ValueError);
-  EXPECT_THROW(MomentClosureSelfAttention(MomentClosureSelfAttentionOptions{
-                   .d_model = 6, .n_head = 2, .window = 4, .max_clusters = 2}),
-               ValueError);
-  EXPECT_THROW(MomentClosureSelfAttention(MomentClosureSelfAttentionOptions{
-                   .d_model = 8, .n_head = 2, .window = 4, .max_clusters = 0}),
-               ValueError);
+  EXPECT_THROW(MomentClosureSelfAttention(closure_options(8, 3, 4, 2)), ValueError);
+  EXPECT_THROW(MomentClosureSelfAttention(closure_options(6, 2, 4, 2)), ValueError);
+  EXPECT_THROW(MomentClosureSelfAttention(closure_options(8, 2, 4, 0)), ValueError);
   EXPECT_THROW(SlidingWindowSelfAttention(
                    SlidingWindowSelfAttentionOptions{.d_model = 8, .n_head = 2, .window = 0}),
                ValueError);
