@@ -153,8 +153,8 @@ def test_ingest_cluster_batch_counts_every_token_once(gen):
     torch.testing.assert_close(bank.total_per_head(), torch.full((1, 2), 6.0, dtype=torch.float64))
 
 
-def test_attention_law_is_the_exact_linear_push(gen):
-    d, H = 4, 2
+def random_layer_and_law(gen, d):
+    """A Gaussian law (mean, cov) over a layer input of size d and random qkv (W, bias) and proj (P, p) weights."""
     mean = torch.randn(d, generator=gen, dtype=torch.float64)
     a = torch.randn(d, d, generator=gen, dtype=torch.float64)
     cov = a @ a.T + 0.1 * torch.eye(d, dtype=torch.float64)
@@ -162,6 +162,12 @@ def test_attention_law_is_the_exact_linear_push(gen):
     bias = torch.randn(3 * d, generator=gen, dtype=torch.float64)
     P = torch.randn(d, d, generator=gen, dtype=torch.float64)
     p = torch.randn(d, generator=gen, dtype=torch.float64)
+    return mean, cov, W, bias, P, p
+
+
+def test_attention_law_is_the_exact_linear_push(gen):
+    d, H = 4, 2
+    mean, cov, W, bias, P, p = random_layer_and_law(gen, d)
     law, jacobian = at.attention_law((mean, cov), W, bias, P, p, H)
     mu, sigma = W @ mean + bias, W @ cov @ W.T
     hd = d // H
@@ -182,13 +188,7 @@ def test_one_cluster_output_equals_the_attention_law_mean(gen):
     # the mean query, pushed through proj, is the mean of attention_law's output law.
     d, H = 4, 2
     hd = d // H
-    mean = torch.randn(d, generator=gen, dtype=torch.float64)
-    a = torch.randn(d, d, generator=gen, dtype=torch.float64)
-    cov = a @ a.T + 0.1 * torch.eye(d, dtype=torch.float64)
-    W = torch.randn(3 * d, d, generator=gen, dtype=torch.float64)
-    bias = torch.randn(3 * d, generator=gen, dtype=torch.float64)
-    P = torch.randn(d, d, generator=gen, dtype=torch.float64)
-    p = torch.randn(d, generator=gen, dtype=torch.float64)
+    mean, cov, W, bias, P, p = random_layer_and_law(gen, d)
     law, _ = at.attention_law((mean, cov), W, bias, P, p, H)
     mu, sigma = W @ mean + bias, W @ cov @ W.T
     heads = [(slice(h * hd, (h + 1) * hd), slice(d + h * hd, d + (h + 1) * hd), slice(2 * d + h * hd,

@@ -12,6 +12,7 @@
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/stats/mixture.hpp"
 #include "testing/all_close.hpp"
+#include "testing/random_responsibility.hpp"
 
 namespace attnmix {
 namespace {
@@ -20,15 +21,7 @@ using testing::ExpectAllClose;
 
 /// A random valid model with S symbols, N positions, D query dims, T targets.
 ResponsibilityAttention random_model(Index S, Index N, Index D, Index T, Rng& rng, double sigma2 = 0.7) {
-  ResponsibilityAttentionParams p;
-  p.key_means.resize(S, D);
-  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
-  p.emission.resize(S, T);
-  for (Index s = 0; s < S; ++s) rng.dirichlet_ones({p.emission.data() + s * T, static_cast<size_t>(T)});
-  p.position_prior.resize(N);
-  rng.dirichlet_ones({p.position_prior.data(), static_cast<size_t>(N)});
-  p.sigma2 = sigma2;
-  return ResponsibilityAttention(std::move(p));
+  return ResponsibilityAttention(testing::random_responsibility_params(S, N, D, T, rng, sigma2));
 }
 
 /// The reference impossible case of SPEC.md §2.5.

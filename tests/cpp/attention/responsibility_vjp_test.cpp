@@ -12,24 +12,13 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "testing/all_close.hpp"
+#include "testing/random_responsibility.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
-
-/// A random valid model; the emission rows and the prior are Dirichlet(1) draws (all entries positive).
-ResponsibilityAttentionParams random_params(Index S, Index N, Index D, Index T, Rng& rng, double sigma2) {
-  ResponsibilityAttentionParams p;
-  p.key_means.resize(S, D);
-  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
-  p.emission.resize(S, T);
-  for (Index s = 0; s < S; ++s) rng.dirichlet_ones({p.emission.data() + s * T, static_cast<size_t>(T)});
-  p.position_prior.resize(N);
-  rng.dirichlet_ones({p.position_prior.data(), static_cast<size_t>(N)});
-  p.sigma2 = sigma2;
-  return p;
-}
+using testing::random_responsibility_params;
 
 /// Raw rows: contexts drawn with replacement (so symbols repeat), row 0 forced to hold symbol 0 twice; queries near
 /// the keys of the context (so several positions share the responsibility), targets uniform.
@@ -123,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(Dims, ResponsibilityVjpTest,
 TEST_P(ResponsibilityVjpTest, LogDensityVjpMatchesFiniteDifferences) {
   const Dims dims = GetParam();
   Rng rng(testing::test_seed(191));
-  const ResponsibilityAttentionParams p = random_params(dims.S, dims.N, dims.D, dims.T, rng, 0.6);
+  const ResponsibilityAttentionParams p = random_responsibility_params(dims.S, dims.N, dims.D, dims.T, rng, 0.6);
   const Rows rows = random_rows(p, 6, rng);
   const Matrix G = random_gradient(6, 1, rng);
   const ResponsibilityAttentionVjp vjp =
@@ -136,7 +125,7 @@ TEST_P(ResponsibilityVjpTest, LogDensityVjpMatchesFiniteDifferences) {
 TEST_P(ResponsibilityVjpTest, PredictProbaVjpMatchesFiniteDifferences) {
   const Dims dims = GetParam();
   Rng rng(testing::test_seed(192));
-  const ResponsibilityAttentionParams p = random_params(dims.S, dims.N, dims.D, dims.T, rng, 0.6);
+  const ResponsibilityAttentionParams p = random_responsibility_params(dims.S, dims.N, dims.D, dims.T, rng, 0.6);
   const Rows rows = random_rows(p, 6, rng);
   const Matrix G = random_gradient(6, dims.T, rng);
   const ResponsibilityAttention model(p);
@@ -154,7 +143,7 @@ TEST_P(ResponsibilityVjpTest, PredictProbaVjpMatchesFiniteDifferences) {
 /// model in which the second occurrence is a distinct symbol with the same key and emission.
 TEST(ResponsibilityVjpCases, RepeatedSymbolContributesOncePerPosition) {
   Rng rng(testing::test_seed(193));
-  ResponsibilityAttentionParams p = random_params(3, 3, 2, 2, rng, 0.5);
+  ResponsibilityAttentionParams p = random_responsibility_params(3, 3, 2, 2, rng, 0.5);
   ResponsibilityAttentionParams split = p;  // symbol 3 is a copy of symbol 0
   split.key_means.conservativeResize(4, Eigen::NoChange);
   split.key_means.row(3) = p.key_means.row(0);
@@ -230,7 +219,7 @@ TEST(ResponsibilityVjpCases, ImpossibleRowsContributeZero) {
 /// An empty batch gives [0, D] and zero [S, D] gradients.
 TEST(ResponsibilityVjpCases, EmptyBatch) {
   Rng rng(testing::test_seed(194));
-  const ResponsibilityAttention model(random_params(3, 2, 2, 2, rng, 1.0));
+  const ResponsibilityAttention model(random_responsibility_params(3, 2, 2, 2, rng, 1.0));
   const ResponsibilityAttentionBatch empty =
       ResponsibilityAttentionEncoder{}.encode(IdMatrix(0, 2), Matrix(0, 2), IdVector(0));
   const ResponsibilityAttentionVjp a = model.log_density_vjp(empty, {});
@@ -243,7 +232,7 @@ TEST(ResponsibilityVjpCases, EmptyBatch) {
 
 TEST(ResponsibilityVjpCases, InvalidArgumentsThrowValueError) {
   Rng rng(testing::test_seed(195));
-  const ResponsibilityAttentionParams p = random_params(4, 3, 2, 5, rng, 1.0);
+  const ResponsibilityAttentionParams p = random_responsibility_params(4, 3, 2, 5, rng, 1.0);
   const ResponsibilityAttention model(p);
   const Rows rows = random_rows(p, 4, rng);
   const ResponsibilityAttentionBatch batch = encode(rows);
