@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit bench install-python clean lint \
+.PHONY: all deps configure build demo test test-unit bench bench-configure bench-compare install-python clean lint \
         test-sanitize fuzz-build fuzz-build-gcc fuzz-gate fuzz fuzz-replay fuzz-corpus
 
 all: build
@@ -91,10 +91,26 @@ fuzz-corpus: $(FUZZ_BUILDS)
 install-python: build
 	@cmake --install $(BUILD) --component python
 
-bench: deps
-	@cmake -S . -B $(BUILD)-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNMIX_BUILD_BENCHMARKS=ON -DATTNMIX_BUILD_TESTS=OFF >/dev/null
-	@cmake --build $(BUILD)-bench -j $(JOBS) --target attnmix_bench
-	@$(BUILD)-bench/bench/attnmix_bench
+# The Google Benchmark programs (bench/) in $(BUILD)-bench: a Release build without the tests.
+BENCH_BUILD = $(BUILD)-bench
+bench-configure: deps
+	@cmake -S . -B $(BENCH_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNMIX_BUILD_BENCHMARKS=ON -DATTNMIX_BUILD_TESTS=OFF >/dev/null
+
+# `bench` runs attnmix_bench alone. Its NumPy/PyTorch/scipy peers (bench-compare, bench/compare.py) run on OpenBLAS,
+# single-threaded (compare.py --peer-blas reference: on the reference BLAS, the C++ side's libtorch operations too).
+bench: bench-configure
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target attnmix_bench
+	@$(BENCH_BUILD)/bench/attnmix_bench
+
+# The C++ benchmarks against their peers with compare.py's default options: responsibility attention (run), the
+# variational embedding attention, the streaming spine and moment-closure attention (the last two need libtorch).
+COMPARE = /usr/bin/python3 bench/compare.py
+bench-compare: bench-configure
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target attnmix_bench attnmix_bench_spine attnmix_bench_moment_closure
+	@$(COMPARE) run --bench $(BENCH_BUILD)/bench/attnmix_bench
+	@$(COMPARE) variational --bench $(BENCH_BUILD)/bench/attnmix_bench
+	@$(COMPARE) spine --bench-spine $(BENCH_BUILD)/bench/attnmix_bench_spine
+	@$(COMPARE) moment-closure --bench-mca $(BENCH_BUILD)/bench/attnmix_bench_moment_closure
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-bench
+	rm -rf $(BUILD) $(BENCH_BUILD)

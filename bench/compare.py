@@ -18,10 +18,27 @@ result (machine and revision recorded), or diff a saved result against another (
   /usr/bin/python3 bench/compare.py allreduce [--bench-mpi build-bench/bench/attnmix_bench_mpi] [--ranks 1 2]
                                               [--pieces] [--mca KEY=VALUE] [--out FILE]
 
+Every subcommand but `diff` also takes --peer-blas {openblas,reference}.
+
+Both sides of a comparison run in one environment (bench/blas.py): the peers (NumPy, PyTorch, scipy) on Debian's
+OpenBLAS by default, single-threaded (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS = 1, or --threads
+where a subcommand has it), with every processor-specific OpenBLAS/BLAS tuning variable unset so that OpenBLAS picks
+its kernels for this processor. --peer-blas reference puts Debian's reference BLAS and LAPACK first on
+LD_LIBRARY_PATH instead, for the peers and the C++ program alike. attnmix's own hot kernels are hand-written; its
+programs use the BLAS only through libtorch operations (attnmix_bench_spine, attnmix_bench_moment_closure). Every
+result records under "blas" the choice, what the peers reported loading, what each C++ program loads and the unset
+variables, and the summary names each side's BLAS and kernel in one line.
+
+A two-thread or two-rank figure needs two free cores: `run`, `chained`, `assign`, `variational`, `mpi` and
+`allreduce` run blas.two_cores_available() before each round (a busy loop alone, then two at once) and, in a round
+where the two ran at under 90 % of full speed, report that round's two-thread and two-rank figures as not measurable;
+their medians are over the other rounds, and the summary says in how many rounds two cores were free.
+
 `run` alternates the two programs `--rounds` times (the machine is shared and noisy, so only ratios
 measured in the same run are compared) and reports, per program, the median over rounds of each
 round's figure: the C++ figure is Google Benchmark's median real time of BM_EmIteration/threads:k over
-its repetitions, the NumPy figure is numpy_ra_em.py's median over its repetitions.
+its repetitions, the NumPy figure is numpy_ra_em.py's median over its repetitions; the C++ 1-thread/2-thread ratio
+is the median of the per-round ratios.
 
 `mpi` (docs/SCALING.md) runs, in each round, BM_MpiEmIteration under `mpirun -np 1` and `-np 2` (one E-step thread
 per rank, OMP_NUM_THREADS=1) and the single-process BM_EmIteration/threads:1 and /threads:2, and prints the
@@ -58,6 +75,8 @@ import subprocess
 import sys
 import time
 
+import blas
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -87,11 +106,95 @@ def revision():
         return "unknown"
 
 
-def run_cpp(bench, repetitions):
+def fmt(value, suffix=""):
+    """A figure with two decimals (and `suffix`), or the text that stands in for it (not measurable ...)."""
+    return f"{value:.2f}{suffix}" if isinstance(value, (int, float)) else str(value)
+
+
+# ---- One environment for both sides, and the BLAS each side loaded (bench/blas.py) ---------------------------------
+
+# glibc's allocator told to keep freed memory (core/allocator.hpp, what the attnmix CLI sets at start-up); the
+# variational, spine and moment-closure comparisons can run BOTH programs with this setting.
+RETAIN_FREED_MEMORY = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295"
+
+
+def bench_env(args, threads=1, retain=False):
+    """The environment of both sides of a comparison: blas.peer_env(threads, --peer-blas), glibc's allocator keeping
+    freed memory when `retain`."""
+    env = blas.peer_env(threads, args.peer_blas)
+    env.pop("GLIBC_TUNABLES", None)
+    if retain:
+        env["GLIBC_TUNABLES"] = RETAIN_FREED_MEMORY
+    return env
+
+
+PEER_BLAS = {}  # "loaded": the BLAS the first peer of this run reported (blas.loaded_blas()); the others must agree
+
+
+def run_peer(script, options, env):
+    """The JSON output of the peer bench/<script> run under `env`; the BLAS it reports loading is kept for the
+    result (record_blas)."""
+    data = json.loads(subprocess.run(["/usr/bin/python3", os.path.join(HERE, script), *options],
+                                     capture_output=True, text=True, check=True, env=env).stdout)
+    first = PEER_BLAS.setdefault("loaded", data["blas"])
+    if data["blas"] != first:
+        raise RuntimeError(f"the peers of one run loaded different BLAS: {first} and {data['blas']}")
+    return data
+
+
+def blas_line(record):
+    """The BLAS and kernel of each side of a result's "blas" record, in one line."""
+    peers = f"peers ({record['selected']}) {blas.describe(record['peer'])}" if record["peer"] else "no peers"
+    cpp = "; ".join(f"{name} {blas.describe(r)}" for name, r in record["cpp"].items())
+    return f"{peers}; {cpp}"
+
+
+def record_blas(result, args, env, *binaries):
+    """result["blas"]: the --peer-blas choice, what the peers reported loading, what each C++ binary loads under
+    `env` and the tuning variables unset for both sides; printed in one line (stderr)."""
+    result["blas"] = {"selected": args.peer_blas, "peer": PEER_BLAS.get("loaded"),
+                      "cpp": {os.path.basename(b): blas.binary_blas(b, env) for b in binaries},
+                      "unset_variables": blas.tuning_variables()}
+    print(f"BLAS: {blas_line(result['blas'])}", file=sys.stderr)
+
+
+# ---- Two-thread and two-rank figures need two free cores (blas.two_cores_available, before each round) -------------
+
+def two_core_figure(value, cores):
+    """A round's two-thread or two-rank figure, or why it is not measurable in that round."""
+    if cores["available"]:
+        return value
+    return f"not measurable (two busy processes ran at {cores['ratio']:.2f} of full speed)"
+
+
+def median_two_core_figure(figures):
+    """The median of the rounds' two_core_figure values that were measured, or why there is none."""
+    measured = [f for f in figures if not isinstance(f, str)]
+    return statistics.median(measured) if measured else "not measurable in any round"
+
+
+def median_two_core_ratio(rounds, cores_by_round, num, den):
+    """median_two_core_figure of the rounds' rd[num] / rd[den] (a two-thread or two-rank figure)."""
+    return median_two_core_figure([two_core_figure(rd[num] / rd[den], cores)
+                                   for rd, cores in zip(rounds, cores_by_round)])
+
+
+def record_two_cores(result, cores_by_round):
+    """result["two_cores"]: each round's blas.two_cores_available(); in how many rounds two cores were free is
+    printed (stderr)."""
+    available = sum(c["available"] for c in cores_by_round)
+    result["two_cores"] = {"rounds_available": available, "rounds": len(cores_by_round), "by_round": cores_by_round}
+    print(f"two cores available in {available} of {len(cores_by_round)} rounds (two-thread and two-rank figures "
+          f"from the others: not measurable)", file=sys.stderr)
+
+
+# ---- Responsibility attention (bench_em_iteration.cpp vs numpy_ra_em.py) -------------------------------------------
+
+def run_cpp(bench, repetitions, env):
     out = subprocess.run(
         [bench, "--benchmark_filter=^BM_EmIteration/", "--benchmark_format=json",
          f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, env=env).stdout
     result = {}
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
@@ -101,34 +204,37 @@ def run_cpp(bench, repetitions):
     return result
 
 
-def run_numpy(reps):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_ra_em.py"), "--reps", str(reps)],
-                         capture_output=True, text=True, check=True, env=env).stdout
-    data = json.loads(out)
+def run_numpy(reps, env):
+    data = run_peer("numpy_ra_em.py", ["--reps", str(reps)], env)
     return {name: v["median_s"] for name, v in data["variants"].items()}
 
 
 def cmd_run(args):
-    cpp_rounds, np_rounds = [], []
+    env = bench_env(args)
+    cpp_rounds, np_rounds, cores_rounds, two_thread = [], [], [], []
     for r in range(args.rounds):
-        cpp_rounds.append(run_cpp(args.bench, args.repetitions))
-        np_rounds.append(run_numpy(args.numpy_reps))
-        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}", file=sys.stderr)
+        cores_rounds.append(blas.two_cores_available())
+        cpp_rounds.append(run_cpp(args.bench, args.repetitions, env))
+        np_rounds.append(run_numpy(args.numpy_reps, env))
+        two_thread.append(two_core_figure(cpp_rounds[-1][1] / cpp_rounds[-1][2], cores_rounds[-1]))
+        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}  C++ 1 thread / 2 threads "
+              f"{fmt(two_thread[-1])}", file=sys.stderr)
     cpp = {k: statistics.median(rd[k] for rd in cpp_rounds) for k in cpp_rounds[0]}
     npy = {k: statistics.median(rd[k] for rd in np_rounds) for k in np_rounds[0]}
     best_np = min(npy.values())
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "cpp_seconds_by_threads": cpp, "numpy_seconds_by_variant": npy,
-        "rounds": {"cpp": cpp_rounds, "numpy": np_rounds},
+        "rounds": {"cpp": cpp_rounds, "numpy": np_rounds, "cpp_1_thread_over_2_threads": two_thread},
         "ratios": {
             "numpy_chunked_over_cpp_1_thread": npy.get("chunked", float("nan")) / cpp[1],
             "numpy_presorted_over_cpp_1_thread": npy.get("presorted", float("nan")) / cpp[1],
             "numpy_best_over_cpp_1_thread": best_np / cpp[1],
-            "cpp_1_thread_over_2_threads": cpp[1] / cpp[2] if 2 in cpp else float("nan"),
+            "cpp_1_thread_over_2_threads": median_two_core_figure(two_thread),
         },
     }
+    record_two_cores(result, cores_rounds)
+    record_blas(result, args, env, args.bench)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
@@ -143,6 +249,8 @@ def cmd_diff(args):
         cur = json.load(f)
     print(f"baseline {base['revision']} on {base['machine']['cpu']} ({base['date']})")
     print(f"current  {cur['revision']} on {cur['machine']['cpu']} ({cur['date']})")
+    for label, res in (("baseline", base), ("current ", cur)):
+        print(f"{label} BLAS: {blas_line(res['blas']) if 'blas' in res else 'not recorded'}")
     for key in ("cpp_seconds_by_threads", "numpy_seconds_by_variant"):
         for name in sorted(set(base[key]) | set(cur[key])):
             b, c = base[key].get(name), cur[key].get(name)
@@ -151,18 +259,18 @@ def cmd_diff(args):
             else:
                 print(f"  {key}[{name}]: {b * 1e3:9.2f} ms -> {c * 1e3:9.2f} ms  ({c / b:5.2f}x)")
     for name in sorted(set(base["ratios"]) | set(cur["ratios"])):
-        print(f"  ratio {name}: {base['ratios'].get(name, float('nan')):.2f} -> "
-              f"{cur['ratios'].get(name, float('nan')):.2f}")
+        print(f"  ratio {name}: {fmt(base['ratios'].get(name, float('nan')))} -> "
+              f"{fmt(cur['ratios'].get(name, float('nan')))}")
 
 
 # ---- Chained attention (bench_chained.cpp vs numpy_chained_em.py) -------------------------------------------------
 
-def run_cpp_chained(bench, repetitions):
+def run_cpp_chained(bench, repetitions, env):
     """{(hops, threads): median seconds of BM_ChainedEmIteration} from one Google Benchmark run."""
     out = subprocess.run(
         [bench, "--benchmark_filter=^BM_ChainedEmIteration/", "--benchmark_format=json",
          f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, env=env).stdout
     result = {}
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
@@ -174,26 +282,27 @@ def run_cpp_chained(bench, repetitions):
     return result
 
 
-def run_numpy_chained(hops, reps):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_chained_em.py"), "--hops", str(hops),
-                          "--reps", str(reps)], capture_output=True, text=True, check=True, env=env).stdout
-    return {f"L{hops}_{name}": v for name, v in json.loads(out)["median_s"].items()}
+def run_numpy_chained(hops, reps, env):
+    data = run_peer("numpy_chained_em.py", ["--hops", str(hops), "--reps", str(reps)], env)
+    return {f"L{hops}_{name}": v for name, v in data["median_s"].items()}
 
 
 def cmd_chained(args):
+    env = bench_env(args)
     check = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_chained_em.py"), "--check-cpp",
-                            args.bench], capture_output=True, text=True)
+                            args.bench], capture_output=True, text=True, env=env)
     check_ok = check.returncode == 0
     print(f"check against C++: {'pass' if check_ok else 'FAIL'}", file=sys.stderr)
-    cpp_rounds, np_rounds = [], []
+    cpp_rounds, np_rounds, cores_rounds = [], [], []
     for r in range(args.rounds):
-        cpp_rounds.append(run_cpp_chained(args.bench, args.repetitions))
+        cores_rounds.append(blas.two_cores_available())
+        cpp_rounds.append(run_cpp_chained(args.bench, args.repetitions, env))
         npy = {}
         for hops in (2, 3):
-            npy.update(run_numpy_chained(hops, args.numpy_reps))
+            npy.update(run_numpy_chained(hops, args.numpy_reps, env))
         np_rounds.append(npy)
-        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}", file=sys.stderr)
+        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}  two-thread figures "
+              f"{two_core_figure('measured', cores_rounds[-1])}", file=sys.stderr)
     cpp = {k: statistics.median(rd[k] for rd in cpp_rounds) for k in cpp_rounds[0]}
     npy = {k: statistics.median(rd[k] for rd in np_rounds) for k in np_rounds[0]}
     ratios = {}
@@ -202,16 +311,19 @@ def cmd_chained(args):
             key = f"L{hops}_{variant}"
             per_round = [rn[key] / rc[f"L{hops}_t1"] for rc, rn in zip(cpp_rounds, np_rounds)]
             ratios[f"numpy_{variant}_over_cpp_1_thread_L{hops}"] = statistics.median(per_round)
-            per_round = [rn[key] / rc[f"L{hops}_t2"] for rc, rn in zip(cpp_rounds, np_rounds)]
-            ratios[f"numpy_{variant}_over_cpp_2_threads_L{hops}"] = statistics.median(per_round)
-        ratios[f"cpp_1_thread_over_2_threads_L{hops}"] = statistics.median(
-            rc[f"L{hops}_t1"] / rc[f"L{hops}_t2"] for rc in cpp_rounds)
+            per_round = [two_core_figure(rn[key] / rc[f"L{hops}_t2"], cores)
+                         for rc, rn, cores in zip(cpp_rounds, np_rounds, cores_rounds)]
+            ratios[f"numpy_{variant}_over_cpp_2_threads_L{hops}"] = median_two_core_figure(per_round)
+        ratios[f"cpp_1_thread_over_2_threads_L{hops}"] = median_two_core_ratio(cpp_rounds, cores_rounds,
+                                                                              f"L{hops}_t1", f"L{hops}_t2")
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "check_against_cpp": check_ok,
         "cpp_seconds": cpp, "numpy_seconds": npy, "ratios_median_of_rounds": ratios,
         "rounds": {"cpp": cpp_rounds, "numpy": np_rounds},
     }
+    record_two_cores(result, cores_rounds)
+    record_blas(result, args, env, args.bench)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
@@ -224,12 +336,12 @@ def cmd_chained(args):
 SEED_004 = "/work/shared/seeds/004_assignment_tree_experiment.py"
 
 
-def run_cpp_assign(bench, repetitions):
+def run_cpp_assign(bench, repetitions, env):
     """{name: median seconds} and {lap shape: optimal cost} from one Google Benchmark run of BM_Assign*."""
     out = subprocess.run(
         [bench, "--benchmark_filter=^BM_Assign", "--benchmark_format=json",
          f"--benchmark_repetitions={repetitions}"],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, env=env).stdout
     runs, costs = {}, {}  # the median over repetitions is taken here (works with 1 repetition too)
     for b in json.loads(out)["benchmarks"]:
         if b.get("run_type", "iteration") != "iteration":
@@ -250,12 +362,9 @@ def run_cpp_assign(bench, repetitions):
     return {k: statistics.median(v) for k, v in runs.items()}, costs
 
 
-def run_python_assign(seed_script, min_time):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = ["/usr/bin/python3", os.path.join(HERE, "scipy_lap.py"), "--min-time", str(min_time)]
-    if seed_script:
-        cmd += ["--seed-script", seed_script]
-    data = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout)
+def run_python_assign(seed_script, min_time, env):
+    seed = ["--seed-script", seed_script] if seed_script else []
+    data = run_peer("scipy_lap.py", ["--min-time", str(min_time), *seed], env)
     seconds = {f"lap_{k}": v["seconds"] for k, v in data["lap"].items()}
     seconds["frequency_estimate_K128"] = data["frequency_estimate_K128_s"]
     if data["seed_script_s"] is not None:
@@ -264,26 +373,33 @@ def run_python_assign(seed_script, min_time):
 
 
 def cmd_assign(args):
-    cpp_rounds, py_rounds, cost_ok = [], [], True
+    env = bench_env(args)
+    cpp_rounds, py_rounds, cores_rounds, cost_ok = [], [], [], True
     seed_script = args.seed_script if os.path.exists(args.seed_script) else None
     for r in range(args.rounds):
-        cpp, cpp_cost = run_cpp_assign(args.bench, args.repetitions)
-        py, py_cost = run_python_assign(seed_script, args.min_time)
+        cores_rounds.append(blas.two_cores_available())
+        cpp, cpp_cost = run_cpp_assign(args.bench, args.repetitions, env)
+        py, py_cost = run_python_assign(seed_script, args.min_time, env)
         for shape, c in py_cost.items():
             if cpp_cost.get(shape) is None or abs(cpp_cost[shape] - c) > 1e-9 * max(1.0, abs(c)):
                 cost_ok = False
         cpp_rounds.append(cpp)
         py_rounds.append(py)
-        print(f"round {r + 1}: C++ {cpp}  Python {py}", file=sys.stderr)
+        print(f"round {r + 1}: C++ {cpp}  Python {py}  two-thread figures "
+              f"{two_core_figure('measured', cores_rounds[-1])}", file=sys.stderr)
     ratios = {}
     for key in cpp_rounds[0]:
         if key.startswith("lap_") or key == "frequency_estimate_K128":
             ratios[f"scipy_over_cpp_{key}"] = statistics.median(p[key] / c[key] for c, p in zip(cpp_rounds, py_rounds))
     if "experiment" in py_rounds[0]:
         for key in cpp_rounds[0]:
-            if key.startswith("experiment_t"):
+            if key == "experiment_t1":
                 ratios[f"seed_script_over_cpp_{key}"] = statistics.median(
                     p["experiment"] / c[key] for c, p in zip(cpp_rounds, py_rounds))
+            elif key.startswith("experiment_t"):
+                ratios[f"seed_script_over_cpp_{key}"] = median_two_core_figure(
+                    [two_core_figure(p["experiment"] / c[key], cores)
+                     for c, p, cores in zip(cpp_rounds, py_rounds, cores_rounds)])
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "optimal_costs_agree": cost_ok,
@@ -292,6 +408,8 @@ def cmd_assign(args):
         "ratios_median_of_rounds": ratios,
         "rounds": {"cpp": cpp_rounds, "python": py_rounds},
     }
+    record_two_cores(result, cores_rounds)
+    record_blas(result, args, env, args.bench)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
@@ -301,25 +419,14 @@ def cmd_assign(args):
 
 # ---- Variational embedding attention (bench_variational.cpp vs numpy_variational_em.py) ----------------------------
 
-# glibc's allocator told to keep freed memory (core/allocator.hpp, what the attnmix CLI sets at start-up); the
-# comparison is run both with the default allocator and with this setting for BOTH programs.
-RETAIN_FREED_MEMORY = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295"
+# The comparison is run both with the default allocator and with RETAIN_FREED_MEMORY for BOTH programs.
 
-
-def allocator_env(retain):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env.pop("GLIBC_TUNABLES", None)
-    if retain:
-        env["GLIBC_TUNABLES"] = RETAIN_FREED_MEMORY
-    return env
-
-
-def run_cpp_variational(bench, repetitions, retain):
+def run_cpp_variational(bench, repetitions, env):
     """{"t1": s, "t2": s}: median real time of BM_VariationalEmIteration/threads:k from one run."""
     out = subprocess.run(
         [bench, "--benchmark_filter=^BM_VariationalEmIteration/", "--benchmark_format=json",
          f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
-        capture_output=True, text=True, check=True, env=allocator_env(retain)).stdout
+        capture_output=True, text=True, check=True, env=env).stdout
     result = {}
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
@@ -329,38 +436,42 @@ def run_cpp_variational(bench, repetitions, retain):
     return result
 
 
-def run_numpy_variational(reps, retain):
-    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_variational_em.py"), "--reps", str(reps)],
-                         capture_output=True, text=True, check=True, env=allocator_env(retain)).stdout
-    return json.loads(out)["median_s"]
+def run_numpy_variational(reps, env):
+    return run_peer("numpy_variational_em.py", ["--reps", str(reps)], env)["median_s"]
 
 
 def cmd_variational(args):
     check = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "numpy_variational_em.py"), "--check-cpp",
-                            args.bench], capture_output=True, text=True)
+                            args.bench], capture_output=True, text=True, env=bench_env(args))
     check_ok = check.returncode == 0
     print(f"check against C++: {'pass' if check_ok else 'FAIL'}", file=sys.stderr)
-    rounds = []
+    rounds, cores_rounds = [], []
     for r in range(args.rounds):
+        cores_rounds.append(blas.two_cores_available())
         rd = {}
         for retain in (False, True):
             tag = "retain" if retain else "default"
-            cpp = run_cpp_variational(args.bench, args.repetitions, retain)
+            env = bench_env(args, retain=retain)
+            cpp = run_cpp_variational(args.bench, args.repetitions, env)
             rd[f"cpp_t1_{tag}"], rd[f"cpp_t2_{tag}"] = cpp["t1"], cpp["t2"]
-            rd[f"numpy_{tag}"] = run_numpy_variational(args.numpy_reps, retain)
+            rd[f"numpy_{tag}"] = run_numpy_variational(args.numpy_reps, env)
         rounds.append(rd)
-        print(f"round {r + 1}: {rd}", file=sys.stderr)
+        print(f"round {r + 1}: {rd}  two-thread figures {two_core_figure('measured', cores_rounds[-1])}",
+              file=sys.stderr)
     seconds = {k: statistics.median(rd[k] for rd in rounds) for k in rounds[0]}
     ratios = {}
     for tag in ("default", "retain"):
-        for t in ("t1", "t2"):
-            ratios[f"numpy_over_cpp_{t}_{tag}"] = statistics.median(rd[f"numpy_{tag}"] / rd[f"cpp_{t}_{tag}"]
-                                                                   for rd in rounds)
-        ratios[f"cpp_t1_over_t2_{tag}"] = statistics.median(rd[f"cpp_t1_{tag}"] / rd[f"cpp_t2_{tag}"] for rd in rounds)
+        ratios[f"numpy_over_cpp_t1_{tag}"] = statistics.median(rd[f"numpy_{tag}"] / rd[f"cpp_t1_{tag}"]
+                                                              for rd in rounds)
+        ratios[f"numpy_over_cpp_t2_{tag}"] = median_two_core_ratio(rounds, cores_rounds, f"numpy_{tag}",
+                                                                   f"cpp_t2_{tag}")
+        ratios[f"cpp_t1_over_t2_{tag}"] = median_two_core_ratio(rounds, cores_rounds, f"cpp_t1_{tag}", f"cpp_t2_{tag}")
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "check_against_cpp": check_ok, "seconds": seconds, "ratios_median_of_rounds": ratios, "rounds": rounds,
     }
+    record_two_cores(result, cores_rounds)
+    record_blas(result, args, bench_env(args), args.bench)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
@@ -415,7 +526,6 @@ def gbench_medians(path):
 
 def run_mpi_bench(args, ranks, bench_filter, extra=()):
     """Median figures of attnmix_bench_mpi under mpirun -np ranks (one E-step thread per rank)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     out = os.path.join(args.tmpdir, f"mpi_np{ranks}.json")
     cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS"]
     if args.bind:
@@ -425,7 +535,7 @@ def run_mpi_bench(args, ranks, bench_filter, extra=()):
         cmd += ["--mca", key, value]
     cmd += [args.bench_mpi, f"--benchmark_filter={bench_filter}", f"--benchmark_repetitions={args.repetitions}",
             f"--benchmark_out={out}", "--benchmark_out_format=json", "--benchmark_format=console", *extra]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    run = subprocess.run(cmd, capture_output=True, text=True, check=True, env=bench_env(args))
     if not os.path.getsize(out):
         raise RuntimeError(f"{' '.join(cmd)} wrote no results:\n{run.stdout}{run.stderr}")
     return gbench_medians(out)
@@ -436,7 +546,7 @@ def run_single_process(args):
     out = os.path.join(args.tmpdir, "single.json")
     subprocess.run([args.bench, "--benchmark_filter=^BM_EmIteration/", f"--benchmark_repetitions={args.repetitions}",
                     f"--benchmark_out={out}", "--benchmark_out_format=json"],
-                   capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+                   capture_output=True, text=True, check=True, env=bench_env(args, threads=2))
     medians = gbench_medians(out)
     return {f"t{int(name.split('threads:')[1].split('/')[0])}": m["real_time"] for name, m in medians.items()}
 
@@ -448,7 +558,7 @@ def cmd_mpi(args):
     rounds = []
     for r in range(args.rounds):
         busy = wait_until_idle(args.idle_below, args.max_wait) if args.idle_below < 1.0 else cpu_busy(2.0)
-        rd = {"busy_before": busy, "loadavg_before": os.getloadavg()}
+        rd = {"busy_before": busy, "loadavg_before": os.getloadavg(), "two_cores": blas.two_cores_available()}
         order = (1, 2) if r % 2 == 0 else (2, 1)  # alternate, so a slow stretch does not always hit one of them
         for ranks in order:
             medians = run_mpi_bench(args, ranks, em_filter)
@@ -465,25 +575,28 @@ def cmd_mpi(args):
         rd["loadavg_after"] = os.getloadavg()
         rounds.append(rd)
         shown = {k: (round(v * 1e3, 2) if isinstance(v, float) and k[:2] in ("np", "t1", "t2") else v)
-                 for k, v in rd.items() if not k.startswith("phases")}
-        print(f"round {r + 1}: {shown}", file=sys.stderr)
+                 for k, v in rd.items() if not k.startswith(("phases", "two_cores"))}
+        print(f"round {r + 1}: {shown}  two-thread and two-rank figures "
+              f"{two_core_figure('measured', rd['two_cores'])}", file=sys.stderr)
 
     def med(key):
         return statistics.median(rd[key] for rd in rounds)
 
-    ratios = {"np1_over_np2": statistics.median(rd["np1"] / rd["np2"] for rd in rounds)}
+    cores_rounds = [rd["two_cores"] for rd in rounds]
+    ratios = {"np1_over_np2": median_two_core_ratio(rounds, cores_rounds, "np1", "np2")}
     seconds = {"np1": med("np1"), "np2": med("np2")}
     if not args.no_threads:
-        ratios["t1_over_t2"] = statistics.median(rd["t1"] / rd["t2"] for rd in rounds)
-        ratios["t1_over_np2"] = statistics.median(rd["t1"] / rd["np2"] for rd in rounds)
+        ratios["t1_over_t2"] = median_two_core_ratio(rounds, cores_rounds, "t1", "t2")
+        ratios["t1_over_np2"] = median_two_core_ratio(rounds, cores_rounds, "t1", "np2")
         ratios["np1_over_t1"] = statistics.median(rd["np1"] / rd["t1"] for rd in rounds)
         seconds.update({"t1": med("t1"), "t2": med("t2")})
+    met = not isinstance(ratios["np1_over_np2"], str) and ratios["np1_over_np2"] >= 1.7
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "mpirun": subprocess.run([args.mpirun, "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "bind": args.bind or "mpirun default", "repetitions": args.repetitions,
         "seconds_median_of_rounds": seconds, "ratios_median_of_rounds": ratios,
-        "target_np1_over_np2": 1.7, "met": ratios["np1_over_np2"] >= 1.7, "rounds": rounds,
+        "target_np1_over_np2": 1.7, "met": met, "rounds": rounds,
     }
     if args.allreduce:
         sweep = {}
@@ -492,10 +605,12 @@ def cmd_mpi(args):
                 entries = int(name.split("entries:")[1].split("/")[0])
                 sweep.setdefault(f"np{ranks}", {})[entries] = m["real_time"]
         result["allreduce_seconds_by_entries"] = sweep
+    record_two_cores(result, cores_rounds)
+    record_blas(result, args, bench_env(args), args.bench_mpi, *([] if args.no_threads else [args.bench]))
     text = json.dumps(result, indent=1)
     print(text)
-    print(f"1 rank / 2 ranks: {ratios['np1_over_np2']:.2f}x (median of {args.rounds} rounds; target 1.7x: "
-          f"{'met' if result['met'] else 'NOT met'})", file=sys.stderr)
+    print(f"1 rank / 2 ranks: {fmt(ratios['np1_over_np2'], 'x')} (median of the measurable of {args.rounds} rounds; "
+          f"target 1.7x: {'met' if met else 'NOT met'})", file=sys.stderr)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
@@ -507,6 +622,7 @@ def cmd_allreduce(args):
     import tempfile
     args.tmpdir = tempfile.mkdtemp(prefix="attnmix_allreduce_")
     busy = cpu_busy(2.0)
+    cores = blas.two_cores_available()
     result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "busy_before": busy, "mca": args.mca or [], "seconds": {}, "pieces_seconds": {}, "fit": {}}
     for ranks in args.ranks:
@@ -531,11 +647,17 @@ def cmd_allreduce(args):
             result["fit"].setdefault(f"np{ranks}", {})["one_double_s"] = small
     result["busy_after"] = cpu_busy(1.0)
     result["loadavg_after"] = os.getloadavg()
+    multi_rank = [f"np{ranks}" for ranks in args.ranks if ranks > 1]
+    for key in multi_rank:
+        if key in result["fit"]:
+            result["fit"][key] = two_core_figure(result["fit"][key], cores)
+    record_two_cores(result, [cores])
+    record_blas(result, args, bench_env(args), args.bench_mpi)
     text = json.dumps(result, indent=1)
     print(text)
     for key, curve in result["seconds"].items():
-        print(key, " ".join(f"{k}:{t * 1e6:.1f}us({8 * k / t / 1e9:.2f}GB/s)" for k, t in sorted(curve.items())),
-              file=sys.stderr)
+        line = " ".join(f"{k}:{t * 1e6:.1f}us({8 * k / t / 1e9:.2f}GB/s)" for k, t in sorted(curve.items()))
+        print(key, two_core_figure(line, cores) if key in multi_rank else line, file=sys.stderr)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
@@ -546,26 +668,19 @@ def cmd_allreduce(args):
 SPINE_D_MODELS = (32, 256)
 
 
-TORCH_RETAIN = False  # set from --retain-freed-memory (spine and moment-closure)
+def torch_env(args):
+    """bench_env with --threads intra-op threads and --retain-freed-memory (spine, moment-closure, torch-module)."""
+    return bench_env(args, args.threads, args.retain_freed_memory)
 
 
-def torch_env(threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               OPENBLAS_NUM_THREADS=str(threads))
-    env.pop("GLIBC_TUNABLES", None)
-    if TORCH_RETAIN:
-        env["GLIBC_TUNABLES"] = RETAIN_FREED_MEMORY
-    return env
-
-
-def run_google_benchmark(cmd, tag, threads, counters=(), name_of=lambda name: name):
+def run_google_benchmark(cmd, tag, env, counters=(), name_of=lambda name: name):
     """{name_of(run_name): {"real_time": s, "cpu_time": s, "items_per_second": ..., each of `counters` present}}: the
     medians over the repetitions of one Google Benchmark program run (`cmd`, which sets the filter and repetitions)
-    under torch_env(threads). The process's CPU time per iteration is kept too: on a shared machine it moves less."""
+    under `env`. The process's CPU time per iteration is kept too: on a shared machine it moves less."""
     import tempfile
     out = os.path.join(tempfile.gettempdir(), f"attnmix_bench_{os.getpid()}_{tag}.json")
     subprocess.run([*cmd, f"--benchmark_out={out}", "--benchmark_out_format=json"],
-                   capture_output=True, text=True, check=True, env=torch_env(threads))
+                   capture_output=True, text=True, check=True, env=env)
     try:
         with open(out) as f:
             data = json.load(f)
@@ -587,15 +702,12 @@ def run_cpp_spine(args, bench_filter, tag):
     """run_google_benchmark of attnmix_bench_spine: medians over --repetitions, keyed by run name."""
     return run_google_benchmark([args.bench_spine, f"--benchmark_filter={bench_filter}",
                                  f"--spine_threads={args.threads}", f"--benchmark_repetitions={args.repetitions}"],
-                                f"spine_{tag}", args.threads)
+                                f"spine_{tag}", torch_env(args))
 
 
 def run_pytorch_spine(args, *extra):
-    cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_spine.py"), "--threads", str(args.threads), *extra]
-    if args.foreach:
-        cmd.append("--foreach")
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
-                                     env=torch_env(args.threads)).stdout)
+    foreach = ["--foreach"] if args.foreach else []
+    return run_peer("pytorch_spine.py", ["--threads", str(args.threads), *extra, *foreach], torch_env(args))
 
 
 def spine_check(args, d_model):
@@ -603,7 +715,7 @@ def spine_check(args, d_model):
     cpp = json.loads(subprocess.run([args.bench_spine, f"--spine_check_losses={args.check_steps}",
                                      f"--spine_d_model={d_model}", f"--spine_threads={args.threads}"],
                                     capture_output=True, text=True, check=True,
-                                    env=torch_env(args.threads)).stdout)
+                                    env=torch_env(args)).stdout)
     py = run_pytorch_spine(args, "--check", str(args.check_steps), "--d-model", str(d_model))
     rel = max(abs(a - b) / abs(b) for a, b in zip(cpp["losses"], py["losses"]))
     param_rel = abs(cpp["param_sum"] - py["param_sum"]) / max(1e-12, abs(py["param_sum"]))
@@ -632,7 +744,7 @@ class SpineServer:
 def spine_lockstep(args, d_model, steps):
     """Both training steps alive at once and alternated `steps` steps at a time (which goes first alternates), so
     that each pair of blocks sees the same load; per pair the C++/PyTorch ratio of tokens/s (wall and CPU)."""
-    env = torch_env(args.threads)
+    env = torch_env(args)
     cpp = SpineServer([args.bench_spine, f"--spine_serve={d_model}", f"--spine_threads={args.threads}"], env)
     py_cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_spine.py"), "--serve", "--d-model", str(d_model),
               "--threads", str(args.threads)] + (["--foreach"] if args.foreach else [])
@@ -662,13 +774,11 @@ def spine_rss(args, implementation, tokens):
     if implementation == "cpp":
         return json.loads(subprocess.run([args.bench_spine, f"--spine_rss_tokens={tokens}",
                                           f"--spine_threads={args.threads}"], capture_output=True, text=True,
-                                         check=True, env=torch_env(args.threads)).stdout)
+                                         check=True, env=torch_env(args)).stdout)
     return run_pytorch_spine(args, "--rss-tokens", str(tokens))
 
 
 def cmd_spine(args):
-    global TORCH_RETAIN
-    TORCH_RETAIN = args.retain_freed_memory
     result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "threads": args.threads, "adamw_foreach_in_pytorch": args.foreach,
               "retain_freed_memory": args.retain_freed_memory}
@@ -748,6 +858,7 @@ def cmd_spine(args):
     result["targets"] = {"cpp_over_pytorch_d32": ">= 1.5", "cpp_over_pytorch_d256": ">= 1.0",
                          "lockstep_cpp_over_pytorch_d32": ">= 1.5", "lockstep_cpp_over_pytorch_d256": ">= 1.0",
                          "stream_80_over_40": "<= 2.3", "rss_cpp_1e6_over_1e5": "<= 1.10"}
+    record_blas(result, args, torch_env(args), args.bench_spine)
     text = json.dumps(result, indent=1)
     print(text)
     print("  ".join(f"{k} {v:.3f}" for k, v in ratios.items()), file=sys.stderr)
@@ -773,15 +884,13 @@ def run_cpp_mca(args, bench_filter, tag, repetitions):
     return run_google_benchmark(
         [args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
          f"--benchmark_repetitions={repetitions}", "--benchmark_enable_random_interleaving=true"],
-        f"mca_{tag}", args.threads,
+        f"mca_{tag}", torch_env(args),
         counters=("state_bytes", "clusters", "births_per_step", "merges_per_step", "position"),
         name_of=lambda name: name.split("/min_time")[0])
 
 
 def run_pytorch_mca(args, *extra):
-    cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_moment_closure.py"), "--threads", str(args.threads), *extra]
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
-                                     env=torch_env(args.threads)).stdout)
+    return run_peer("pytorch_moment_closure.py", ["--threads", str(args.threads), *extra], torch_env(args))
 
 
 def mca_check(args, dtype, variant):
@@ -789,7 +898,7 @@ def mca_check(args, dtype, variant):
     cpp_extra, py_extra = MCA_CHECKS[variant]
     cpp = json.loads(subprocess.run([args.bench_mca, f"--mca_check_losses={args.check_steps}", f"--mca_dtype={dtype}",
                                      f"--mca_threads={args.threads}", *cpp_extra],
-                                    capture_output=True, text=True, check=True, env=torch_env(args.threads)).stdout)
+                                    capture_output=True, text=True, check=True, env=torch_env(args)).stdout)
     py = run_pytorch_mca(args, "--check", str(args.check_steps), "--dtype", dtype, *py_extra)
     rel = max(abs(a - b) / abs(b) for a, b in zip(cpp["losses"], py["losses"]))
     bank_rel = max(abs(a - b) / max(1.0, abs(b)) for la, lb in zip(cpp["bank_sums"], py["bank_sums"])
@@ -805,8 +914,6 @@ def mca_check(args, dtype, variant):
 
 
 def cmd_moment_closure(args):
-    global TORCH_RETAIN
-    TORCH_RETAIN = args.retain_freed_memory
     result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "threads": args.threads, "batch": 8, "window": 16, "chunks": list(MCA_CHUNKS),
               "retain_freed_memory": args.retain_freed_memory}
@@ -879,7 +986,7 @@ def cmd_moment_closure(args):
         stream = json.loads(subprocess.run([args.bench_mca, f"--mca_stream_tokens={args.stream_tokens}",
                                             "--mca_stream_early=10000", f"--mca_threads={args.threads}"],
                                            capture_output=True, text=True, check=True,
-                                           env=torch_env(args.threads)).stdout)
+                                           env=torch_env(args)).stdout)
         result["stream"] = stream
         print(f"stream: {stream}", file=sys.stderr)
         ratios["stream_s_per_token_late_over_early"] = stream["late_over_early"]
@@ -889,6 +996,7 @@ def cmd_moment_closure(args):
     result["ratios_median_of_rounds"] = ratios
     result["targets"] = {"cpp_over_pytorch_*": ">= 2.0", "cpp_mca_over_cpp_window_*": ">= 0.5",
                          "stream_*_late_over_early": "within 1.10"}
+    record_blas(result, args, torch_env(args), args.bench_mca)
     text = json.dumps(result, indent=1)
     print(text)
     print("  ".join(f"{k} {v:.3f}" for k, v in ratios.items()), file=sys.stderr)
@@ -900,8 +1008,6 @@ def cmd_moment_closure(args):
 def cmd_torch_module(args):
     """attnmix.torch's MomentClosureAttention trained from Python against the C++ training step and the PyTorch
     implementation, at each --d-model (issue 19)."""
-    global TORCH_RETAIN
-    TORCH_RETAIN = args.retain_freed_memory
     os.environ["PYTHONPATH"] = os.path.abspath(args.python_build)
     result = {"machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "threads": args.threads, "batch": 8, "window": 16, "chunk": args.chunk, "d_models": args.d_model,
@@ -911,7 +1017,7 @@ def cmd_torch_module(args):
         cpp = json.loads(subprocess.run([args.bench_mca, f"--mca_check_losses={args.check_steps}",
                                          f"--mca_d_model={d}", f"--mca_chunk={args.chunk}",
                                          f"--mca_threads={args.threads}"], capture_output=True, text=True,
-                                        check=True, env=torch_env(args.threads)).stdout)
+                                        check=True, env=torch_env(args)).stdout)
         py = run_pytorch_mca(args, "--check", str(args.check_steps), "--implementation", "attnmix", "--d-model",
                              str(d), "--chunk", str(args.chunk))
         result["check"][f"d{d}"] = {"cpp": cpp["losses"], "attnmix_torch": py["losses"],
@@ -929,7 +1035,7 @@ def cmd_torch_module(args):
                     runs = run_google_benchmark(
                         [args.bench_mca, f"--benchmark_filter={bench_filter}", f"--mca_threads={args.threads}",
                          f"--mca_d_model={d}", f"--benchmark_repetitions={args.repetitions}"],
-                        "torch_module", args.threads, name_of=lambda name: name.split("/min_time")[0])
+                        "torch_module", torch_env(args), name_of=lambda name: name.split("/min_time")[0])
                     rd[f"cpp_d{d}"] = next(iter(runs.values()))["items_per_second"]
                 else:
                     py = run_pytorch_mca(args, "--implementation", side, "--d-model", str(d), "--chunk",
@@ -945,6 +1051,7 @@ def cmd_torch_module(args):
         for num, den in (("attnmix", "cpp"), ("attnmix", "pytorch"), ("cpp", "pytorch")):
             ratios[f"{num}_over_{den}_d{d}"] = statistics.median(rd[f"{num}_d{d}"] / rd[f"{den}_d{d}"] for rd in rounds)
     result.update(rounds=rounds, ratios=ratios)
+    record_blas(result, args, torch_env(args), args.bench_mca)
     print(json.dumps(ratios, indent=1))
     if args.out:
         with open(args.out, "w") as f:
@@ -954,7 +1061,11 @@ def cmd_torch_module(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run C++ and NumPy back to back")
+    peer_blas = argparse.ArgumentParser(add_help=False)  # every subcommand that runs programs
+    peer_blas.add_argument("--peer-blas", choices=blas.CHOICES, default="openblas",
+                           help="the BLAS of the peers and of the C++ program: Debian's OpenBLAS (default) or the "
+                                "reference BLAS and LAPACK (first on LD_LIBRARY_PATH)")
+    run = sub.add_parser("run", parents=[peer_blas], help="run C++ and NumPy back to back")
     run.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
     run.add_argument("--rounds", type=int, default=3)
     run.add_argument("--repetitions", type=int, default=5, help="Google Benchmark repetitions per round")
@@ -965,14 +1076,16 @@ def main():
     diff.add_argument("baseline")
     diff.add_argument("current")
     diff.set_defaults(func=cmd_diff)
-    chained = sub.add_parser("chained", help="chained attention: C++ vs both NumPy baselines, back to back")
+    chained = sub.add_parser("chained", parents=[peer_blas],
+                             help="chained attention: C++ vs both NumPy baselines, back to back")
     chained.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
     chained.add_argument("--rounds", type=int, default=3)
     chained.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
     chained.add_argument("--numpy-reps", type=int, default=3)
     chained.add_argument("--out", help="save the result as JSON")
     chained.set_defaults(func=cmd_chained)
-    assign = sub.add_parser("assign", help="assignment tree: C++ vs scipy's LAP and the seed-004 script")
+    assign = sub.add_parser("assign", parents=[peer_blas],
+                            help="assignment tree: C++ vs scipy's LAP and the seed-004 script")
     assign.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
     assign.add_argument("--rounds", type=int, default=3)
     assign.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
@@ -980,14 +1093,16 @@ def main():
     assign.add_argument("--seed-script", default=SEED_004, help="seed-004 script (skipped when missing)")
     assign.add_argument("--out", help="save the result as JSON")
     assign.set_defaults(func=cmd_assign)
-    variational = sub.add_parser("variational", help="variational embedding attention: C++ vs NumPy, back to back")
+    variational = sub.add_parser("variational", parents=[peer_blas],
+                                 help="variational embedding attention: C++ vs NumPy, back to back")
     variational.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
     variational.add_argument("--rounds", type=int, default=3)
     variational.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
     variational.add_argument("--numpy-reps", type=int, default=3)
     variational.add_argument("--out", help="save the result as JSON")
     variational.set_defaults(func=cmd_variational)
-    mpi = sub.add_parser("mpi", help="distributed EM: 1 vs 2 MPI ranks and 1 vs 2 threads, back to back")
+    mpi = sub.add_parser("mpi", parents=[peer_blas],
+                         help="distributed EM: 1 vs 2 MPI ranks and 1 vs 2 threads, back to back")
     mpi.add_argument("--bench-mpi", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench_mpi"))
     mpi.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
     mpi.add_argument("--mpirun", default="mpirun")
@@ -1003,7 +1118,8 @@ def main():
     mpi.add_argument("--max-wait", type=float, default=300.0, help="longest wait for --idle-below, seconds")
     mpi.add_argument("--out", help="save the result as JSON")
     mpi.set_defaults(func=cmd_mpi)
-    allreduce = sub.add_parser("allreduce", help="this machine's MPI_Allreduce: latency and bandwidth by size")
+    allreduce = sub.add_parser("allreduce", parents=[peer_blas],
+                               help="this machine's MPI_Allreduce: latency and bandwidth by size")
     allreduce.add_argument("--bench-mpi", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench_mpi"))
     allreduce.add_argument("--mpirun", default="mpirun")
     allreduce.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
@@ -1013,7 +1129,8 @@ def main():
     allreduce.add_argument("--pieces", action="store_true", help="also BM_MpiAllreducePieces")
     allreduce.add_argument("--out", help="save the result as JSON")
     allreduce.set_defaults(func=cmd_allreduce)
-    spine = sub.add_parser("spine", help="streaming LM spine: C++ vs PyTorch training tokens/s, E1-3, peak RSS")
+    spine = sub.add_parser("spine", parents=[peer_blas],
+                           help="streaming LM spine: C++ vs PyTorch training tokens/s, E1-3, peak RSS")
     spine.add_argument("--bench-spine",
                        default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench_spine"))
     spine.add_argument("--pairs", type=int, default=15, help="lock-step block pairs per d_model (0: none)")
@@ -1034,7 +1151,7 @@ def main():
     spine.add_argument("--rss-pytorch", action="store_true", help="also measure pytorch_spine.py's peak RSS")
     spine.add_argument("--out", help="save the result as JSON")
     spine.set_defaults(func=cmd_spine)
-    mca = sub.add_parser("moment-closure",
+    mca = sub.add_parser("moment-closure", parents=[peer_blas],
                          help="moment-closure attention: C++ vs PyTorch and vs the window-only spine, stream 1e4/1e6")
     mca.add_argument("--bench-mca", default=os.path.join(ROOT, "build-mca-bench", "bench",
                                                          "attnmix_bench_moment_closure"))
@@ -1055,7 +1172,8 @@ def main():
                      help="tokens of the streaming evaluation (its early end is 1e4 tokens)")
     mca.add_argument("--out", help="save the result as JSON")
     mca.set_defaults(func=cmd_moment_closure)
-    tm = sub.add_parser("torch-module", help="attnmix.torch's module trained from Python vs the C++ step and PyTorch")
+    tm = sub.add_parser("torch-module", parents=[peer_blas],
+                        help="attnmix.torch's module trained from Python vs the C++ step and PyTorch")
     tm.add_argument("--bench-mca", default=os.path.join(ROOT, "build", "bench", "attnmix_bench_moment_closure"))
     tm.add_argument("--python-build", default=os.path.join(ROOT, "build", "python"),
                     help="the build tree's python directory (holds the attnmix package with attnmix._torch)")

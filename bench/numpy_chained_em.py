@@ -7,8 +7,10 @@ positions (M = 5 pairs), S = T = 30 symbols, L = 2 or 3 hops, sigma2 = 0.1 (fixe
 One iteration = E-step over all rows with unit weights (gates, forward-backward, gamma/xi, the
 statistics of SPEC.md §3.3 scattered with bincount: key_num, key_mass, emission_count, ll, n) +
 M-step (K = key_num / max(key_mass, 1e-9), B = emission_count + 1e-4 row-normalised). Three
-vectorised implementations, all single-core (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = 1, set before
-numpy is imported):
+vectorised implementations, all single-threaded (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS
+= 1 unless the caller sets them, before numpy is imported) on OpenBLAS by default (Debian's libblas.so.3
+alternative; `compare.py chained --peer-blas reference` runs them on the reference BLAS and LAPACK
+instead; the BLAS loaded is in the output under "blas", bench/blas.py):
 
   reference     the reference design's formulation (seed 001, mixle): the whole batch at once, the
                 (n, N, N, S) difference tensor, einsum recursions, statistics scattered with np.add.at
@@ -39,9 +41,9 @@ Usage: /usr/bin/python3 bench/numpy_chained_em.py [--rows 20000] [--hops 2] [--r
 """
 import os
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"
-os.environ["OMP_NUM_THREADS"] = "1"
-os.environ["MKL_NUM_THREADS"] = "1"
+import blas
+
+blas.prepare_peer_process()  # before numpy is imported: single-threaded unless the caller says otherwise
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
@@ -413,6 +415,7 @@ def main():
         "numpy": np.__version__,
         "python": platform.python_version(),
         "threads_env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
+        "blas": blas.loaded_blas(),
     }, indent=1))
 
 

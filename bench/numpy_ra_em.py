@@ -5,8 +5,10 @@ bench/bench_em_iteration.cpp: n = 200000 rows, N = 16, D = 32, S = 256, T = 256,
 
 One iteration = E-step over all rows with unit weights (log-joint, log-softmax, scatter-add of
 key_sum, key_mass, emission_count, position_count, query_sq) + closed-form M-step. Two vectorised
-implementations, both single-core (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = 1, set before numpy
-is imported):
+implementations, both single-threaded (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS = 1
+unless the caller sets them, before numpy is imported) on OpenBLAS by default (Debian's libblas.so.3
+alternative; `compare.py run --peer-blas reference` runs them on the reference BLAS and LAPACK instead;
+the BLAS loaded is in the output under "blas", bench/blas.py):
 
   chunked    self-contained per iteration, rows in chunks of 2048: gather K[c] (chunk, N, D),
              y.K[c] with einsum and the expansion |y|^2 - 2 y.K[c] + |K[c]|^2, log-softmax, and
@@ -23,9 +25,9 @@ Usage: /usr/bin/python3 bench/numpy_ra_em.py [--rows 200000] [--reps 5] [--varia
 """
 import os
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"
-os.environ["OMP_NUM_THREADS"] = "1"
-os.environ["MKL_NUM_THREADS"] = "1"
+import blas
+
+blas.prepare_peer_process()  # before numpy is imported: single-threaded unless the caller says otherwise
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -216,6 +218,7 @@ def main():
         "numpy": np.__version__,
         "python": platform.python_version(),
         "threads_env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
+        "blas": blas.loaded_blas(),
     }, indent=1))
 
 

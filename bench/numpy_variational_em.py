@@ -12,7 +12,10 @@ data term scattered into an (S, D) table, emission and position counts) + the pl
 The implementation is vectorised over row chunks (default 256 rows, its fastest: 128-4096 measured): the (chunk, N, D)
 difference tensor E[q] - E[c_i] is built per chunk, squared norms with einsum, softmax and posterior in
 probability space, and every scatter is one np.bincount over flat indices computed once per data set (not timed,
-like the data). It runs single-core (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = 1, set before numpy is imported).
+like the data). It runs single-threaded (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS = 1 unless the
+caller sets them, before numpy is imported) on OpenBLAS by default (Debian's libblas.so.3 alternative;
+`compare.py variational --peer-blas reference` runs it on the reference BLAS and LAPACK instead; the BLAS loaded is
+in the output under "blas", bench/blas.py).
 Like the C++ kernel's fast path it needs p >= 1e-250 for every row (asserted; it holds for this model).
 
 --check-cpp BENCH runs `BENCH --benchmark_filter=BM_VariationalCheckCase` (bench/bench_variational.cpp), one EM
@@ -26,11 +29,9 @@ Prints one JSON object; `median_s` is the median over the repetitions.
 Usage: /usr/bin/python3 bench/numpy_variational_em.py [--rows 20000] [--reps 3] [--chunk 1024]
        /usr/bin/python3 bench/numpy_variational_em.py --check-cpp build-bench/bench/attnmix_bench
 """
-import os
+import blas
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"
-os.environ["OMP_NUM_THREADS"] = "1"
-os.environ["MKL_NUM_THREADS"] = "1"
+blas.prepare_peer_process()  # before numpy is imported: single-threaded unless the caller says otherwise
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -312,7 +313,7 @@ def main():
             times.append(time.perf_counter() - t0)
     print(json.dumps({"variant": "numpy-chunked", "rows": args.rows, "N": N, "S": S, "D": D, "T": T, "mc": MC,
                       "chunk": args.chunk, "times_s": times, "median_s": statistics.median(times),
-                      "numpy": np.__version__, "python": platform.python_version()}))
+                      "numpy": np.__version__, "python": platform.python_version(), "blas": blas.loaded_blas()}))
 
 
 if __name__ == "__main__":

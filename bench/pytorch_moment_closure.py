@@ -39,14 +39,20 @@ Modes (each prints one JSON object):
 (or SlidingWindowSpine), i.e. attnmix's C++ forward and backward called from Python, for the cost of driving it from
 Python against the C++ benchmark; --d-model sets the width (default 32; always 2 heads).
 
+Threads and BLAS: single-threaded by default (torch.set_num_threads(--threads); OPENBLAS_NUM_THREADS =
+OMP_NUM_THREADS = MKL_NUM_THREADS = 1 unless the caller sets them, before torch is imported); libtorch's matrix
+products run on OpenBLAS by default (Debian's libblas.so.3 alternative; `compare.py ... --peer-blas reference` runs
+them on the reference BLAS and LAPACK instead); every JSON output has the BLAS it loaded under
+"blas" (bench/blas.py).
+
 Usage: /usr/bin/python3 bench/pytorch_moment_closure.py [--batch 8] [--chunk 64] [--reps 5] [--min-time 1.0]
        [--implementation pytorch|attnmix] [--d-model 32]
        /usr/bin/python3 bench/pytorch_moment_closure.py --check 8 [--dtype float64] [--birth-threshold -2]
        /usr/bin/python3 bench/pytorch_moment_closure.py --stream-tokens 100000 --batch 1
 """
-import os
+import blas
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+blas.prepare_peer_process()  # before torch is imported: single-threaded unless the caller says otherwise
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -670,6 +676,7 @@ def main():
         result = stream(args)
     else:
         result = bench(args)
+    result["blas"] = blas.loaded_blas()
     print(json.dumps(result))
 
 

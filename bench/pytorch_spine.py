@@ -17,6 +17,12 @@ RoPE cos/sin tables and the mask are built from the positions (the C++ spine cac
 Problem (bench_spine.cpp): vocab 256, 2 layers, 2 heads, window 64, batch 8, chunk 64; token (row r, position p) =
 lehmer(lehmer((48271 p + 1000003 r + 1) mod M)) mod vocab, lehmer(h) = 48271 h mod M, M = 2^31 - 1.
 
+Threads and BLAS: single-threaded by default (torch.set_num_threads(--threads); OPENBLAS_NUM_THREADS =
+OMP_NUM_THREADS = MKL_NUM_THREADS = 1 unless the caller sets them, before torch is imported); libtorch's matrix
+products run on OpenBLAS by default (Debian's libblas.so.3 alternative; `compare.py ... --peer-blas reference` runs
+them on the reference BLAS and LAPACK instead); every JSON output but --serve's has the BLAS it loaded under
+"blas" (bench/blas.py).
+
 Modes (output: JSON):
   (default)          tokens/s of the training step at --d-model in steady state (the cache already holds a full
                      window; 3 warm-up steps; chunks cycle through 16 pre-built ones), median over --reps timed
@@ -31,9 +37,9 @@ Usage: /usr/bin/python3 bench/pytorch_spine.py [--d-model 32] [--reps 5] [--min-
        /usr/bin/python3 bench/pytorch_spine.py --check 8 [--d-model 32]
        /usr/bin/python3 bench/pytorch_spine.py --rss-tokens 1000000
 """
-import os
+import blas
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+blas.prepare_peer_process()  # before torch is imported: single-threaded unless the caller says otherwise
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -238,6 +244,7 @@ def main():
         result = rss(args)
     else:
         result = bench(args)
+    result["blas"] = blas.loaded_blas()
     print(json.dumps(result))
 
 

@@ -6,19 +6,29 @@ frequency estimate (K = 128 on 16 x 15) and, with --seed-script, the seed-004 ex
   /usr/bin/python3 bench/scipy_lap.py [--min-time 0.3] [--seed-script PATH]
 
 Prints JSON: {"lap": {"16x15": {"seconds": median per call, "cost": optimal cost}, ...},
-"frequency_estimate_K128_s": ..., "seed_script_s": wall seconds or null}.
-"""
-import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
+"frequency_estimate_K128_s": ..., "seed_script_s": wall seconds or null, "blas": the BLAS numpy loaded}.
 
-import numpy as np
-from scipy.optimize import linear_sum_assignment
+Single-threaded (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS = 1 unless the caller sets them, before
+numpy is imported) on OpenBLAS by default (Debian's libblas.so.3 alternative; `compare.py assign --peer-blas
+reference` runs it on the reference BLAS and LAPACK instead; bench/blas.py); the seed script runs in this process's
+environment. linear_sum_assignment itself calls no BLAS.
+"""
+import os
+
+import blas
+
+blas.prepare_peer_process()  # before numpy is imported: single-threaded unless the caller says otherwise
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from scipy.optimize import linear_sum_assignment  # noqa: E402
 
 SHAPES = [(16, 15), (16, 16), (64, 64), (256, 256), (1024, 1024)]
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -63,10 +73,8 @@ def frequency_estimate(cost, tau, K, rng):
 
 def run_seed_script(path):
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         t0 = time.perf_counter()
-        subprocess.run(["/usr/bin/python3", os.path.abspath(path)], cwd=tmp, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(["/usr/bin/python3", os.path.abspath(path)], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
         return time.perf_counter() - t0
 
 
@@ -87,6 +95,7 @@ def main():
     rng = np.random.default_rng(1)
     out["frequency_estimate_K128_s"] = time_call(lambda: frequency_estimate(cost, 1.7, 128, rng), args.min_time)
     out["seed_script_s"] = run_seed_script(args.seed_script) if args.seed_script else None
+    out["blas"] = blas.loaded_blas()
     json.dump(out, sys.stdout, indent=1)
     print()
 

@@ -9,6 +9,9 @@ packages=(
   python3 python3-numpy python3-dev python3-pybind11 pybind11-dev python3-pytest python3-scipy
   libopenmpi-dev openmpi-bin
   libtorch-dev python3-torch
+  # The optimized BLAS that NumPy, PyTorch and attnmix's own libtorch operations load through Debian's libblas.so.3
+  # alternative (the reference BLAS stays in blas/ and lapack/; bench/blas.py, compare.py --peer-blas).
+  libopenblas0-pthread
   clang-14 libclang-rt-14-dev  # the fuzz targets: libFuzzer and the sanitizer runtimes of clang (docs/fuzzing.md)
 )
 
