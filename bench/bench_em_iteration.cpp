@@ -7,6 +7,8 @@
 // The NumPy baseline bench/numpy_ra_em.py draws the same distributions (other random streams).
 //
 //   BM_EmIteration/threads:{1,2}   EmStepper::step on all 200000 rows (what one optimize() iteration costs)
+//   BM_EmIterationMixed/threads:{1,2}  the same with the mixed-precision E-step (docs/mixed_precision.md)
+//   BM_Pass1/mixed:{0,1}           log_density on all rows, one thread: pass 1 alone, float64 and mixed
 //   BM_EmStepFresh                 threads:1 through em_step, which allocates its weights and accumulator per call
 //   BM_EmIterationChunkRows/<c>/<t> the same with chunk_rows = c (the default is 1024) on t threads
 //   BM_EStep/<rows>                parallel_accumulate on the first <rows> rows, one thread (size sweep)
@@ -51,6 +53,8 @@ struct Problem {
   ResponsibilityAttention model = make_model(rng);
   ResponsibilityAttentionBatch batch = make_batch(model, kRows, rng);
   ResponsibilityAttentionEstimator estimator = model.estimator();
+  ResponsibilityAttention mixed_model{model.params(), Precision::kMixed};
+  ResponsibilityAttentionEstimator mixed_estimator = mixed_model.estimator();
 };
 
 const Problem& problem() {
@@ -67,21 +71,42 @@ const ResponsibilityAttentionBatch& sweep_batch() {
   return batch;
 }
 
-void BM_EmIteration(benchmark::State& state) {
+void run_em_iteration(benchmark::State& state, const ResponsibilityAttention& model,
+                      const ResponsibilityAttentionEstimator& estimator) {
   const Problem& p = problem();
   const ParallelOptions parallel{static_cast<int>(state.range(0)), 1024};
   std::vector<double> log_p(static_cast<size_t>(kRows));
-  EmStepper stepper(p.estimator, kRows);  // as optimize() runs its iterations
+  EmStepper stepper(estimator, kRows);  // as optimize() runs its iterations
   for (auto _ : state) {
-    ResponsibilityAttention next = stepper.step(p.model, p.batch, log_p, parallel);
+    ResponsibilityAttention next = stepper.step(model, p.batch, log_p, parallel);
     benchmark::DoNotOptimize(next.params().key_means.data());
     benchmark::DoNotOptimize(log_p.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows);
   state.counters["threads"] = static_cast<double>(state.range(0));
 }
+
+void BM_EmIteration(benchmark::State& state) { run_em_iteration(state, problem().model, problem().estimator); }
 BENCHMARK(BM_EmIteration)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->MinTime(2.0);
+
+void BM_EmIterationMixed(benchmark::State& state) {
+  run_em_iteration(state, problem().mixed_model, problem().mixed_estimator);
+}
+BENCHMARK(BM_EmIterationMixed)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->MinTime(2.0);
+
+void BM_Pass1(benchmark::State& state) {
+  const Problem& p = problem();
+  const ResponsibilityAttention& model = state.range(0) != 0 ? p.mixed_model : p.model;
+  std::vector<double> log_p(static_cast<size_t>(kRows));
+  for (auto _ : state) {
+    model.log_density(p.batch, log_p);
+    benchmark::DoNotOptimize(log_p.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows);
+}
+BENCHMARK(BM_Pass1)->ArgName("mixed")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 /// BM_EmIteration/threads:1 through the free em_step, which allocates the unit weights and the accumulator
 /// (2.2 MB) on every call: the difference is the cost of faulting that memory in again (docs/PERFORMANCE.md).

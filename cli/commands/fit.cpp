@@ -48,7 +48,7 @@ const std::vector<FitFamily>& fit_families() {
       {{"responsibility", "ra"},
        &prepare_responsibility_fit,
        {&FitArgs::text_opt, &FitArgs::tokens_opt, &FitArgs::query_dim_opt,
-        &FitArgs::estimate_sigma2_opt, &FitArgs::min_sigma2_opt},
+        &FitArgs::estimate_sigma2_opt, &FitArgs::min_sigma2_opt, &FitArgs::precision_opt},
        false},
       {{"chained", "ca"}, &prepare_chained_fit, {&FitArgs::hops_opt}, false},
       {{"variational", "vea"},
@@ -262,6 +262,9 @@ int run_fit(const FitArgs& args) {
       << "\n";
   if (comm) out << "  processes       " << processes_text(args, input.train_counts) << "\n";
   out << "  dimensions      " << input.dims_summary << "\n";
+  if (given(args.precision_opt))
+    out << "  precision       " << args.precision
+        << (args.precision == "mixed" ? " (float distances and exponentials, double sums and M-step)\n" : "\n");
   if (init) out << "  started from    " << init_description(*init) << "\n";
   out << "  iterations      " << fit->n_iterations << " run; ";
   if (converged) {
@@ -414,6 +417,12 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
           ->check(CLI::PositiveNumber);
   args->estimate_sigma2_opt = cmd->add_flag("--estimate-sigma2", args->estimate_sigma2,
                                             "Learn sigma^2 in the M-step (responsibility)");
+  args->precision_opt =
+      cmd->add_option("--precision", args->precision,
+                      "Arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials "
+                      "in float, every sum and the M-step in double; faster, log-likelihood within about 1e-6 "
+                      "relative; responsibility; default: float64)")
+          ->check(CLI::IsMember({"float64", "mixed"}));
   args->min_sigma2_opt = cmd->add_option("--min-sigma2", args->min_sigma2,
                                          "Floor for a learned sigma^2 (responsibility; default: " +
                                              format_short(ra.min_sigma2) + ")")

@@ -44,6 +44,7 @@ struct FitArgs {
   double lr = 0.0, prior_strength = 0.0;
   int64_t mc = 0, anneal_iters = 0;
   bool estimate_sigma2 = false;
+  std::string precision = "float64";  // --precision: the E-step's arithmetic (core/precision.hpp)
   std::string init;          // --init MODEL.json ("" when absent)
   OptimizeOptions optimize;  // the library's EM-loop defaults
   std::string delta;         // "none" or a number; initialised from optimize.delta
@@ -61,6 +62,7 @@ struct FitArgs {
   CLI::Option* emission_smoothing_opt = nullptr;
   CLI::Option* min_sigma2_opt = nullptr;
   CLI::Option* estimate_sigma2_opt = nullptr;
+  CLI::Option* precision_opt = nullptr;
   CLI::Option* text_opt = nullptr;
   CLI::Option* tokens_opt = nullptr;
   CLI::Option* embed_dim_opt = nullptr;

@@ -140,6 +140,7 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
   if (given(args.min_sigma2_opt)) options.min_sigma2 = args.min_sigma2;
   options.estimate_sigma2 = args.estimate_sigma2;
+  options.precision = parse_precision(args.precision, "--precision");
   const RaDims& d = input.dims;
   const auto S = d.n_symbols->value, N = d.context_length->value, D = d.query_dim->value,
              T = d.n_targets->value;

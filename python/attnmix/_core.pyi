@@ -2,7 +2,7 @@
 """Type stubs of attnmix._core, the compiled part of attnmix (SPEC.md §1.10, §2.4, §3.4, §4.5, §4.6, §5)."""
 from collections.abc import Iterator, MutableMapping, Sequence
 from os import PathLike
-from typing import Any, TextIO, overload
+from typing import Any, Literal, TextIO, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -86,12 +86,14 @@ class Estimator:
 
 class ResponsibilityAttentionDistribution(Distribution):
     def __init__(self, key_means: ArrayLike, emission: ArrayLike, position_prior: ArrayLike | None = None,
-                 sigma2: float = 1.0, name: str | None = None) -> None: ...
+                 sigma2: float = 1.0, name: str | None = None, *,
+                 precision: Literal["float64", "mixed"] = "float64") -> None: ...
     key_means: npt.NDArray[np.float64]
     emission: npt.NDArray[np.float64]
     position_prior: npt.NDArray[np.float64]
     log_position_prior: npt.NDArray[np.float64]
     sigma2: float
+    precision: Literal["float64", "mixed"]
     gate_const: float
     name: str | None
     num_symbols: int
@@ -120,12 +122,13 @@ class ResponsibilityAttentionEstimator(Estimator):
     def __init__(self, num_symbols: int, context_length: int, query_dim: int, num_targets: int, *,
                  sigma2: float = 1.0, estimate_sigma2: bool = False, min_sigma2: float = 1e-6,
                  emission_smoothing: float = 1e-6, pseudo_count: float | None = None, name: str | None = None,
-                 keys: str | None = None) -> None: ...
+                 keys: str | None = None, precision: Literal["float64", "mixed"] = "float64") -> None: ...
     num_symbols: int
     context_length: int
     query_dim: int
     num_targets: int
     sigma2: float
+    precision: Literal["float64", "mixed"]
     estimate_sigma2: bool
     min_sigma2: float
     emission_smoothing: float

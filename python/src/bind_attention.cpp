@@ -32,7 +32,7 @@ py::object optional_int(const std::optional<int64_t>& v) {
 }
 
 Dist make_distribution(py::object key_means, py::object emission, py::object position_prior,
-                       py::object sigma2, py::object name) {
+                       py::object sigma2, py::object name, py::object precision) {
   ResponsibilityAttentionParams p;
   p.key_means = reals_2d(key_means, kDist, "key_means");
   p.emission = reals_2d(emission, kDist, "emission");
@@ -40,7 +40,8 @@ Dist make_distribution(py::object key_means, py::object emission, py::object pos
     p.position_prior = reals_1d(position_prior, kDist, "position_prior");
   p.sigma2 = real_number(sigma2, kDist, "sigma2");
   p.name = name_arg(name, kDist);
-  return Dist(AnyDistribution(ResponsibilityAttention(std::move(p))));  // validates (SPEC.md §2.5)
+  const Precision arithmetic = precision_arg(precision, kDist);
+  return Dist(AnyDistribution(ResponsibilityAttention(std::move(p), arithmetic)));  // validates (SPEC.md §2.5)
 }
 
 ResponsibilityAttentionAccumulator make_accumulator(py::object S, py::object N, py::object D,
@@ -51,21 +52,23 @@ ResponsibilityAttentionAccumulator make_accumulator(py::object S, py::object N, 
           optional_str(keys, where, "keys")};
 }
 
-/// key_means, emission, position_prior, sigma2, name: the constructor's arguments (pickling, repr).
+/// key_means, emission, position_prior, sigma2, name, precision: the constructor's arguments (pickling).
 py::tuple params_of(const ResponsibilityAttention& m) {
   const ResponsibilityAttentionParams& p = m.params();
   return py::make_tuple(copy_reals(p.key_means.data(), {p.key_means.rows(), p.key_means.cols()}),
                         copy_reals(p.emission.data(), {p.emission.rows(), p.emission.cols()}),
                         copy_reals(p.position_prior.data(), {p.position_prior.size()}),
-                        py::float_(p.sigma2), name_to_python(p.name));
+                        py::float_(p.sigma2), name_to_python(p.name),
+                        py::str(std::string(precision_name(m.precision()))));
 }
 
 std::string describe(const ResponsibilityAttention& m) {
   const py::str format(
-      "ResponsibilityAttentionDistribution(S=%d, N=%d, D=%d, T=%d, sigma2=%r, name=%r)");
+      "ResponsibilityAttentionDistribution(S=%d, N=%d, D=%d, T=%d, sigma2=%r, name=%r%s)");
+  const std::string precision = m.precision() == Precision::kMixed ? ", precision='mixed'" : "";
   return py::str(format.attr("__mod__")(
       py::make_tuple(m.n_symbols(), m.context_length(), m.query_dim(), m.n_targets(),
-                     py::float_(m.sigma2()), name_to_python(m.params().name))));
+                     py::float_(m.sigma2()), name_to_python(m.params().name), precision)));
 }
 
 /// predict_proba(context, query): (T,) for a 1-D context, (n, T) for a batch.
@@ -169,7 +172,7 @@ void bind_distribution(py::module_& m) {
       "z ~ pi, y ~ N(K[c_z], sigma2 I), t ~ B[c_z].")
       .def(py::init(&make_distribution), "key_means"_a, "emission"_a,
            "position_prior"_a = py::none(), "sigma2"_a = ResponsibilityAttentionParams{}.sigma2,
-           "name"_a = py::none())
+           "name"_a = py::none(), py::kw_only(), "precision"_a = "float64")
       .def_property_readonly("key_means",
                              [](py::object self) {
                                const Matrix& k =
@@ -195,6 +198,8 @@ void bind_distribution(py::module_& m) {
                              })
       .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); })
       .def_property_readonly("gate_const", [](const Dist& d) { return d.model().gate_const(); })
+      .def_property_readonly("precision",
+                             [](const Dist& d) { return std::string(precision_name(d.model().precision())); })
       .def_property_readonly("name",
                              [](const Dist& d) { return name_to_python(d.model().params().name); })
       .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); })
@@ -240,9 +245,11 @@ void bind_distribution(py::module_& m) {
       .def("__repr__", [](const Dist& d) { return describe(d.model()); })
       .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
                       [](const py::tuple& t) {
-                        if (t.size() != 5)
+                        if (t.size() != 5 && t.size() != 6)
                           throw ValueError("ResponsibilityAttentionDistribution: bad pickle state");
-                        return make_distribution(t[0], t[1], t[2], t[3], t[4]);
+                        // Five entries: a pickle written before precision existed (float64).
+                        return make_distribution(t[0], t[1], t[2], t[3], t[4],
+                                                 t.size() == 6 ? py::object(t[5]) : py::str("float64"));
                       }));
 
   py::class_<SamplerPy>(
@@ -274,7 +281,7 @@ void bind_estimator(py::module_& m) {
       .def(py::init([](py::object S, py::object N, py::object D, py::object T, py::object sigma2,
                        py::object estimate_sigma2, py::object min_sigma2,
                        py::object emission_smoothing, py::object pseudo_count, py::object name,
-                       py::object keys) {
+                       py::object keys, py::object precision) {
              constexpr const char* where = "ResponsibilityAttentionEstimator";
              const int64_t s = positive_int(S, where, "num_symbols");
              const int64_t n = positive_int(N, where, "context_length");
@@ -288,6 +295,7 @@ void bind_estimator(py::module_& m) {
                  nonnegative_real(emission_smoothing, where, "emission_smoothing");
              o.name = name_arg(name, where);
              o.keys = optional_str(keys, where, "keys");
+             o.precision = precision_arg(precision, where);
              py::object pseudo = pseudo_count_arg(pseudo_count, where);
              return Est(AnyEstimator(ResponsibilityAttentionEstimator(s, n, d, t, std::move(o))),
                         std::move(pseudo));
@@ -296,7 +304,7 @@ void bind_estimator(py::module_& m) {
            "sigma2"_a = defaults.sigma2, "estimate_sigma2"_a = defaults.estimate_sigma2,
            "min_sigma2"_a = defaults.min_sigma2,
            "emission_smoothing"_a = defaults.emission_smoothing, "pseudo_count"_a = py::none(),
-           "name"_a = py::none(), "keys"_a = py::none())
+           "name"_a = py::none(), "keys"_a = py::none(), "precision"_a = "float64")
       .def_property_readonly("num_symbols", [](const Est& e) { return e.estimator().n_symbols(); })
       .def_property_readonly("context_length",
                              [](const Est& e) { return e.estimator().context_length(); })
@@ -312,6 +320,9 @@ void bind_estimator(py::module_& m) {
           [](const Est& e) { return e.estimator().options().emission_smoothing; })
       .def_property_readonly(
           "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
+      .def_property_readonly(
+          "precision",
+          [](const Est& e) { return std::string(precision_name(e.estimator().options().precision)); })
       .def_property_readonly("keys", [](const Est& e) -> py::object {
         const auto& keys = e.estimator().options().keys;
         return keys ? py::object(py::str(*keys)) : py::none();

@@ -581,6 +581,12 @@ std::optional<std::string> optional_str(py::handle obj, std::string_view where,
   return obj.cast<std::string>();
 }
 
+Precision precision_arg(py::handle obj, std::string_view where) {
+  if (!PyUnicode_Check(obj.ptr()))
+    throw TypeError(prefix(where, "precision") + " must be 'float64' or 'mixed' (got " + type_name(obj) + ")");
+  return parse_precision(obj.cast<std::string>(), where);
+}
+
 std::string name_arg(py::handle obj, std::string_view where) {
   return optional_str(obj, where, "name").value_or("");
 }

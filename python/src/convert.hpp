@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnmix/core/precision.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/types.hpp"
 
@@ -115,6 +116,8 @@ using BoolMatrix = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 /// None or a str (name, keys).
 [[nodiscard]] std::optional<std::string> optional_str(py::handle obj, std::string_view where,
                                                       std::string_view name);
+/// precision: the str "float64" or "mixed" (anything else → TypeError or ValueError).
+[[nodiscard]] Precision precision_arg(py::handle obj, std::string_view where);
 /// The library stores "no name" as the empty string.
 [[nodiscard]] std::string name_arg(py::handle obj, std::string_view where);
 [[nodiscard]] py::object name_to_python(const std::string& name);

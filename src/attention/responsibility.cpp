@@ -24,6 +24,8 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "lanes_impl.hpp"
+#include "prefetch_impl.hpp"
+#include "responsibility_mixed_impl.hpp"
 
 namespace attnmix {
 
@@ -53,18 +55,6 @@ inline double horizontal_min(Lanes a) {
   double m = a[0];
   for (int j = 1; j < kLanes; ++j) m = a[j] < m ? a[j] : m;
   return m;
-}
-
-/// Rows ahead of the one being processed whose query and context lines are requested early: the hardware
-/// prefetcher alone leaves the first access of each 256-byte query row waiting for memory (docs/PERFORMANCE.md).
-constexpr Index kPrefetchRows = 6;
-
-/// Requests the cache lines of bytes [p, p + size) (a hint; it changes no result). Always inlined: GCC drops
-/// __builtin_prefetch from an out-of-line helper it deems pure.
-[[gnu::always_inline]] inline void prefetch_lines(const void* p, Index size) {
-  constexpr Index kCacheLine = 64;
-  const char* bytes = static_cast<const char*>(p);
-  for (Index b = 0; b < size; b += kCacheLine) __builtin_prefetch(bytes + b);
 }
 
 // ---- Row kernels -----------------------------------------------------------------------------------------------
@@ -309,9 +299,19 @@ decltype(auto) dispatch_query_dim(Index D, F&& f) {
   }
 }
 
+/// Pass 1 in the model's precision: the float tables when given (mixed), the float64 kernels otherwise.
+Index pass_one(const Tables& m, const ResponsibilityFloatTables* mixed, const ResponsibilityAttentionBatch& batch,
+               double* __restrict r, double* __restrict log_p, const char* where) {
+  if (mixed != nullptr) return mixed_responsibilities(*mixed, batch, r, log_p, where);
+  return dispatch_query_dim(m.D, [&](auto blocks) {
+    return responsibilities<decltype(blocks)::value>(m, batch, r, log_p, where);
+  });
+}
+
 }  // namespace
 
-ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams params) : params_(std::move(params)) {
+ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams params, Precision precision)
+    : params_(std::move(params)), precision_(precision) {
   const Matrix& K = params_.key_means;
   if (K.rows() == 0 || K.cols() == 0)
     throw ValueError(std::string(kWhere) + ": key_means must be a non-empty 2-D array (got " +
@@ -328,6 +328,9 @@ ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams p
   log_emission_ = params_.emission.array().log();
   inv_two_sigma2_ = 1.0 / (2.0 * params_.sigma2);
   gate_const_ = -0.5 * static_cast<double>(query_dim()) * std::log(2.0 * std::numbers::pi * params_.sigma2);
+  if (precision_ == Precision::kMixed)
+    float_tables_ = std::make_shared<const ResponsibilityFloatTables>(params_, log_prior_, log_emission_,
+                                                                      inv_two_sigma2_, gate_const_);
 }
 
 void ResponsibilityAttention::check_batch(const ResponsibilityAttentionBatch& batch) const {
@@ -371,12 +374,10 @@ void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& ba
   // Blocks of rows keep the responsibility scratch small; rows are independent, so blocking changes no bits.
   constexpr Index kBlockRows = 256;
   double* r = scratch<2>(static_cast<size_t>(kBlockRows * m.N));
-  dispatch_query_dim(m.D, [&](auto blocks) {
-    for (Index begin = 0; begin < batch.n_rows(); begin += kBlockRows) {
-      const Index count = std::min(kBlockRows, batch.n_rows() - begin);
-      responsibilities<decltype(blocks)::value>(m, batch.slice(begin, count), r, out.data() + begin, kWhere);
-    }
-  });
+  for (Index begin = 0; begin < batch.n_rows(); begin += kBlockRows) {
+    const Index count = std::min(kBlockRows, batch.n_rows() - begin);
+    pass_one(m, float_tables_.get(), batch.slice(begin, count), r, out.data() + begin, kWhere);
+  }
 }
 
 void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& batch, std::span<const double> w,
@@ -395,17 +396,14 @@ void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& bat
   // Pass 1: responsibilities of every row into r [n, N]; impossible rows collected before any statistic changes.
   double* r = scratch<2>(static_cast<size_t>(n_rows * (m.N + 1)));
   double* log_p = log_p_out.empty() ? r + n_rows * m.N : log_p_out.data();
-  dispatch_query_dim(m.D, [&](auto blocks) {
-    constexpr Index kBlocks = decltype(blocks)::value;
-    if (responsibilities<kBlocks>(m, batch, r, log_p, kWhere) > 0) {
-      std::vector<int64_t> impossible;
-      for (Index n = 0; n < n_rows; ++n)
-        if (log_p[n] == kNegInf && w[n] > 0.0) impossible.push_back(n);
-      if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));
-    }
-    // Pass 2: scatter-add (a symbol repeated in a context contributes once per position).
-    scatter<kBlocks>(m, batch, w.data(), r, acc);
-  });
+  if (pass_one(m, float_tables_.get(), batch, r, log_p, kWhere) > 0) {
+    std::vector<int64_t> impossible;
+    for (Index n = 0; n < n_rows; ++n)
+      if (log_p[n] == kNegInf && w[n] > 0.0) impossible.push_back(n);
+    if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));
+  }
+  // Pass 2 (float64 in either precision): scatter-add (a symbol repeated in a context contributes once per position).
+  dispatch_query_dim(m.D, [&](auto blocks) { scatter<decltype(blocks)::value>(m, batch, w.data(), r, acc); });
 }
 
 Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch& batch) const {
@@ -470,20 +468,18 @@ ResponsibilityAttentionVjp ResponsibilityAttention::log_density_vjp(const Respon
   double* r = scratch<2>(static_cast<size_t>(kBlockRows * (N + 1)));  // [rows, N] then log p [rows]
   double* log_p = r + kBlockRows * N;
   std::vector<double> omega(static_cast<size_t>(N));
-  dispatch_query_dim(D, [&](auto blocks) {
-    for (Index begin = 0; begin < n_rows; begin += kBlockRows) {
-      const Index count = std::min(kBlockRows, n_rows - begin);
-      responsibilities<decltype(blocks)::value>(m, batch.slice(begin, count), r, log_p, kWhere);
-      for (Index row = 0; row < count; ++row) {
-        const Index n = begin + row;
-        const double g = grad_log_p[static_cast<size_t>(n)];
-        if (g == 0.0 || log_p[row] == kNegInf) continue;  // impossible rows: r = 0, a constant −∞ log density
-        for (Index i = 0; i < N; ++i) omega[static_cast<size_t>(i)] = g * r[row * N + i];
-        add_row_vjp(params_.key_means.data(), batch.context(n), batch.query(n), omega.data(), N, D, inv_sigma2,
-                    out.queries.data() + n * D, out.key_means);
-      }
+  for (Index begin = 0; begin < n_rows; begin += kBlockRows) {
+    const Index count = std::min(kBlockRows, n_rows - begin);
+    pass_one(m, float_tables_.get(), batch.slice(begin, count), r, log_p, kWhere);
+    for (Index row = 0; row < count; ++row) {
+      const Index n = begin + row;
+      const double g = grad_log_p[static_cast<size_t>(n)];
+      if (g == 0.0 || log_p[row] == kNegInf) continue;  // impossible rows: r = 0, a constant −∞ log density
+      for (Index i = 0; i < N; ++i) omega[static_cast<size_t>(i)] = g * r[row * N + i];
+      add_row_vjp(params_.key_means.data(), batch.context(n), batch.query(n), omega.data(), N, D, inv_sigma2,
+                  out.queries.data() + n * D, out.key_means);
     }
-  });
+  }
   return out;
 }
 
@@ -534,6 +530,7 @@ ResponsibilityAttentionEstimator ResponsibilityAttention::estimator() const {
   ResponsibilityAttentionEstimatorOptions options;
   options.sigma2 = params_.sigma2;
   options.name = params_.name;
+  options.precision = precision_;
   return {n_symbols(), context_length(), query_dim(), n_targets(), options};
 }
 

@@ -147,7 +147,7 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional
       p.sigma2 = std::max(scatter / (static_cast<double>(D_) * m_tot), options_.min_sigma2);
     }
   }
-  return ResponsibilityAttention(std::move(p));
+  return ResponsibilityAttention(std::move(p), options_.precision);
 }
 
 ResponsibilityAttentionSampler::ResponsibilityAttentionSampler(ResponsibilityAttention model, uint64_t seed)

@@ -402,3 +402,46 @@ def test_accumulator_constructors_and_factory():
     est = ResponsibilityAttentionEstimator(3, 2, 4, 5, name="e", keys="k")
     assert isinstance(est.accumulator_factory(), ResponsibilityAttentionAccumulatorFactory)
     assert est.accumulator_factory().make().name == "e"
+
+
+# ---- mixed precision (docs/mixed_precision.md) --------------------------------------------------------------------
+
+
+def test_mixed_precision_log_density_is_within_float_rounding(rng):
+    model = random_model(rng, S=9, N=20, D=40, T=7, sigma2=10.0)
+    mixed = ResponsibilityAttentionDistribution(model.key_means, model.emission, model.position_prior, 10.0,
+                                                precision="mixed")
+    assert (model.precision, mixed.precision) == ("float64", "mixed")
+    assert str(mixed).endswith("name=None, precision='mixed')")
+    data = model_data(model, 200, seed=4)
+    for ctx, y, t in data[:20]:
+        assert mixed.log_density((ctx, y, t)) == pytest.approx(direct_log_density(model, ctx, y, t), abs=2e-5)
+
+
+def test_mixed_precision_fit_matches_float64_and_is_thread_count_invariant():
+    data, _ = recall_task(3000, np.random.default_rng(8))
+    fits = {}
+    for precision, threads in (("float64", 1), ("mixed", 1), ("mixed", 2)):
+        est = ResponsibilityAttentionEstimator(S, N, D, T, sigma2=0.3, precision=precision)
+        assert est.precision == precision
+        model = optimize(data, est, max_its=8, delta=None, rng=np.random.default_rng(1), num_threads=threads,
+                         out=io.StringIO())
+        assert model.precision == precision and model.estimator().precision == precision
+        fits[precision, threads] = model
+    exact, mixed, mixed2 = fits["float64", 1], fits["mixed", 1], fits["mixed", 2]
+    for field in ("key_means", "emission", "position_prior"):
+        np.testing.assert_array_equal(getattr(mixed2, field), getattr(mixed, field))
+        np.testing.assert_allclose(getattr(mixed, field), getattr(exact, field), rtol=1e-4, atol=1e-6)
+    copy = pickle.loads(pickle.dumps(mixed))
+    assert copy.precision == "mixed"
+    np.testing.assert_array_equal(copy.key_means, mixed.key_means)
+
+
+def test_precision_must_be_a_known_name():
+    with pytest.raises(ValueError, match=r"precision must be 'float64' or 'mixed' \(got 'float32'\)"):
+        ResponsibilityAttentionEstimator(S, N, D, T, precision="float32")
+    with pytest.raises(TypeError, match="precision must be 'float64' or 'mixed'"):
+        ResponsibilityAttentionEstimator(S, N, D, T, precision=32)
+    with pytest.raises(TypeError):
+        ResponsibilityAttentionDistribution(np.zeros((2, 1)), np.full((2, 2), 0.5), np.full(2, 0.5), 1.0, None,
+                                            "mixed")  # keyword-only

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "attnmix/core/accumulator.hpp"
+#include "attnmix/core/precision.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/types.hpp"
 
@@ -40,6 +41,7 @@ namespace attnmix {
 class ResponsibilityAttentionEncoder;
 class ResponsibilityAttentionEstimator;
 class ResponsibilityAttentionSampler;
+struct ResponsibilityFloatTables;
 
 /// An immutable, validated batch of RA observations: contexts [n, N] ids, queries [n, D], targets [n].
 /// Slices share storage (O(1)); only the encoder (and the sampler, which draws valid rows) creates batches.
@@ -166,8 +168,10 @@ class ResponsibilityAttention {
   static constexpr const char* kFamily = "responsibility_attention";
   static constexpr const char* kWhere = "ResponsibilityAttentionDistribution";
 
+  /// precision: the arithmetic of log_density, the E-step and log_density_vjp (core/precision.hpp; mixed builds
+  /// float copies of K, log B and log π, O(S·(D + T) + N)). predict_proba and its VJP are float64 in either.
   /// @throws TypeError/ValueError on invalid parameters.
-  explicit ResponsibilityAttention(ResponsibilityAttentionParams params);
+  explicit ResponsibilityAttention(ResponsibilityAttentionParams params, Precision precision = Precision::kFloat64);
 
   [[nodiscard]] const ResponsibilityAttentionParams& params() const noexcept { return params_; }
   [[nodiscard]] int64_t n_symbols() const noexcept { return params_.key_means.rows(); }
@@ -175,6 +179,7 @@ class ResponsibilityAttention {
   [[nodiscard]] int64_t n_targets() const noexcept { return params_.emission.cols(); }
   [[nodiscard]] int64_t context_length() const noexcept { return params_.position_prior.size(); }
   [[nodiscard]] double sigma2() const noexcept { return params_.sigma2; }
+  [[nodiscard]] Precision precision() const noexcept { return precision_; }
   [[nodiscard]] double gate_const() const noexcept { return gate_const_; }
   [[nodiscard]] const Vector& log_position_prior() const noexcept { return log_prior_; }
 
@@ -202,7 +207,7 @@ class ResponsibilityAttention {
                                                              const Matrix& grad_proba) const;
 
   [[nodiscard]] ResponsibilityAttentionAccumulator make_accumulator() const;
-  /// Estimator with this model's dimensions, σ² fixed at this model's σ² and its name.
+  /// Estimator with this model's dimensions, σ² fixed at this model's σ², its name and its precision.
   [[nodiscard]] ResponsibilityAttentionEstimator estimator() const;
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
   [[nodiscard]] ResponsibilityAttentionSampler sampler(uint64_t seed) const;
@@ -215,6 +220,8 @@ class ResponsibilityAttention {
   Matrix log_emission_;  // [S, T]
   double inv_two_sigma2_ = 0.0;
   double gate_const_ = 0.0;
+  Precision precision_ = Precision::kFloat64;
+  std::shared_ptr<const ResponsibilityFloatTables> float_tables_;  // mixed only
 };
 
 /// Options of the M-step (SPEC.md §2.3); the single source of the defaults.
@@ -225,6 +232,8 @@ struct ResponsibilityAttentionEstimatorOptions {
   double emission_smoothing = 1e-6;
   std::string name;
   std::optional<std::string> keys;
+  /// The precision of the models estimate() returns (their E-steps; core/precision.hpp).
+  Precision precision = Precision::kFloat64;
 };
 
 /// The M-step: const and stateless.

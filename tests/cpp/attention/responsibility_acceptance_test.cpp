@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility-attention acceptance rows of SPEC.md §9.2 that fit models (label: slow).
+// Responsibility-attention acceptance rows of SPEC.md §9.2 that fit models (label: slow), in both precisions
+// (docs/mixed_precision.md): the mixed-precision E-step must pass every one of them too.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "attnmix/attention/recall_task.hpp"
 #include "attnmix/attention/responsibility.hpp"
@@ -13,13 +15,23 @@
 namespace attnmix {
 namespace {
 
-ResponsibilityAttentionEstimator recall_estimator(ResponsibilityAttentionEstimatorOptions options = {}) {
-  if (options.sigma2 == 1.0) options.sigma2 = 0.5;
-  return {16, 6, 16, 16, options};
-}
+class ResponsibilityAttentionAcceptanceTest : public ::testing::TestWithParam<Precision> {
+ protected:
+  /// The estimator options of the precision under test.
+  [[nodiscard]] static ResponsibilityAttentionEstimatorOptions options_of_precision() {
+    ResponsibilityAttentionEstimatorOptions options;
+    options.precision = GetParam();
+    return options;
+  }
+  [[nodiscard]] static ResponsibilityAttentionEstimator recall_estimator() {
+    ResponsibilityAttentionEstimatorOptions options = options_of_precision();
+    options.sigma2 = 0.5;
+    return {16, 6, 16, 16, options};
+  }
+};
 
 /// RA-5: EM recovers addressing: accuracy > 0.85; argmax_t B[s] = f(s) and argmax_d K[s] = s for every symbol.
-TEST(ResponsibilityAttentionAcceptanceTest, EmRecoversAddressing) {
+TEST_P(ResponsibilityAttentionAcceptanceTest, EmRecoversAddressing) {
   const uint64_t seed = testing::test_seed(2);
   const RecallTask task = make_recall_task(4000, 1500, seed);
   OptimizeOptions options;
@@ -39,7 +51,7 @@ TEST(ResponsibilityAttentionAcceptanceTest, EmRecoversAddressing) {
 }
 
 /// RA-6: beats the position-only baseline argmax_t Σ_i π_i B[c_i, t] by more than 3×.
-TEST(ResponsibilityAttentionAcceptanceTest, BeatsPositionOnlyBaseline) {
+TEST_P(ResponsibilityAttentionAcceptanceTest, BeatsPositionOnlyBaseline) {
   const uint64_t seed = testing::test_seed(3);
   const RecallTask task = make_recall_task(3000, 2000, seed);
   OptimizeOptions options;
@@ -53,7 +65,7 @@ TEST(ResponsibilityAttentionAcceptanceTest, BeatsPositionOnlyBaseline) {
 }
 
 /// RA-9: learned σ²: truth 0.7, keys 2·N(0,1), B = I, 6000 samples, initial 1.0, 40 its → |σ² − 0.7| < 0.07.
-TEST(ResponsibilityAttentionAcceptanceTest, LearnsSigma2) {
+TEST_P(ResponsibilityAttentionAcceptanceTest, LearnsSigma2) {
   const uint64_t seed = testing::test_seed(4);
   const Index S = 16, N = 6, D = 16;
   Rng rng(seed);
@@ -64,7 +76,7 @@ TEST(ResponsibilityAttentionAcceptanceTest, LearnsSigma2) {
   truth.position_prior = Vector::Constant(N, 1.0 / static_cast<double>(N));
   truth.sigma2 = 0.7;
   const ResponsibilityAttentionBatch data = ResponsibilityAttention(truth).sampler(seed).sample(6000);
-  ResponsibilityAttentionEstimatorOptions est;
+  ResponsibilityAttentionEstimatorOptions est = options_of_precision();
   est.sigma2 = 1.0;
   est.estimate_sigma2 = true;
   OptimizeOptions options;
@@ -76,7 +88,7 @@ TEST(ResponsibilityAttentionAcceptanceTest, LearnsSigma2) {
 
 /// RA-12: Markov(1) text, V = 8, N = 4, σ² = 0.3, 6000 train, one-hot queries: accuracy beats the unigram
 /// predictor by 0.03 and is within 0.04 of the bigram-optimal accuracy.
-TEST(ResponsibilityAttentionAcceptanceTest, MarkovTextApproachesBigramOptimum) {
+TEST_P(ResponsibilityAttentionAcceptanceTest, MarkovTextApproachesBigramOptimum) {
   const uint64_t seed = testing::test_seed(5);
   const int64_t V = 8, N = 4;
   Rng rng(seed);
@@ -93,7 +105,7 @@ TEST(ResponsibilityAttentionAcceptanceTest, MarkovTextApproachesBigramOptimum) {
   const std::vector<int64_t> test_tokens = generate(4000 + N);
   const auto train = sequence_to_triples(train_tokens, N, V);
   const auto test = sequence_to_triples(test_tokens, N, V);
-  ResponsibilityAttentionEstimatorOptions est;
+  ResponsibilityAttentionEstimatorOptions est = options_of_precision();
   est.sigma2 = 0.3;
   OptimizeOptions options;
   options.max_its = 40;
@@ -118,6 +130,12 @@ TEST(ResponsibilityAttentionAcceptanceTest, MarkovTextApproachesBigramOptimum) {
   EXPECT_GT(acc, unigram_acc + 0.03) << "unigram " << unigram_acc << " seed " << seed;
   EXPECT_LT(std::fabs(acc - bigram), 0.04) << "acc " << acc << " bigram " << bigram << " seed " << seed;
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, ResponsibilityAttentionAcceptanceTest,
+                         ::testing::Values(Precision::kFloat64, Precision::kMixed),
+                         [](const ::testing::TestParamInfo<Precision>& param) {
+                           return std::string(precision_name(param.param));
+                         });
 
 }  // namespace
 }  // namespace attnmix

@@ -264,6 +264,37 @@ TEST_F(CliTest, ValidationDataAddsTheValidationField) {
   EXPECT_TRUE(contains(fit.out, "on 40 rows of valid.jsonl")) << fit.out;
 }
 
+/// --precision mixed fits the model float64 fits to float rounding (log-likelihood per row printed alike to about
+/// five digits), says so in the summary, and applies to responsibility attention only.
+TEST_F(CliTest, MixedPrecisionFitsTheFloat64Model) {
+  sample_rows("train.jsonl", 400, 6);
+  const RunResult exact = run("fit --data train.jsonl --out exact.json --max-its 6 --delta none");
+  ASSERT_EQ(exact.code, 0) << exact.err;
+  const RunResult mixed =
+      run("fit --data train.jsonl --out mixed.json --max-its 6 --delta none --precision mixed --threads 2");
+  ASSERT_EQ(mixed.code, 0) << mixed.err;
+  EXPECT_TRUE(contains(mixed.out, "precision       mixed (float distances")) << mixed.out;
+  EXPECT_FALSE(contains(exact.out, "precision ")) << exact.out;
+  const auto per_row = [](const std::string& out) {
+    const size_t at = out.find("log-likelihood  ");
+    return at == std::string::npos ? std::nan("") : std::stod(out.substr(at + 16));
+  };
+  EXPECT_NEAR(per_row(mixed.out), per_row(exact.out), 1e-4 * std::abs(per_row(exact.out))) << mixed.out;
+  const auto* a = load_model(path("exact.json")).get_if<ResponsibilityAttention>();
+  const auto* b = load_model(path("mixed.json")).get_if<ResponsibilityAttention>();
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_LT((a->params().key_means - b->params().key_means).cwiseAbs().maxCoeff(), 1e-4);
+
+  const RunResult bad = run("fit --data train.jsonl --out m.json --precision float32");
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "--precision")) << bad.err;
+  write_transitive("chained.jsonl", 50, 3);
+  const RunResult chained = run("fit --family ca --data chained.jsonl --out m.json --precision mixed");
+  EXPECT_EQ(chained.code, 1) << chained.err;
+  EXPECT_TRUE(contains(chained.err, "--precision")) << chained.err;
+  EXPECT_FALSE(fs::exists(path("m.json")));
+}
+
 TEST_F(CliTest, StrictExitsThreeWhenNotConvergedAndWritesNothing) {
   sample_rows("train.jsonl", 100, 5);
   const RunResult strict = run("fit --data train.jsonl --out model.json --max-its 1 --strict");
