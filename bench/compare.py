@@ -34,11 +34,13 @@ A two-thread or two-rank figure needs two free cores: `run`, `chained`, `assign`
 where the two ran at under 90 % of full speed, report that round's two-thread and two-rank figures as not measurable;
 their medians are over the other rounds, and the summary says in how many rounds two cores were free.
 
-`run` alternates the two programs `--rounds` times (the machine is shared and noisy, so only ratios
-measured in the same run are compared) and reports, per program, the median over rounds of each
-round's figure: the C++ figure is Google Benchmark's median real time of BM_EmIteration/threads:k over
-its repetitions, the NumPy figure is numpy_ra_em.py's median over its repetitions; the C++ 1-thread/2-thread ratio
-is the median of the per-round ratios.
+`run` alternates the C++ program and the peers `--rounds` times (the machine is shared and noisy, so only ratios
+measured in the same run are compared) and reports, per program, the median over rounds of each round's figure: the
+C++ figures are Google Benchmark's median real times of BM_EmIteration/threads:k and BM_EmIterationMixed/threads:k
+(the float64 and the mixed-precision E-step) over its repetitions, the peers' are numpy_ra_em.py's two variants and
+pytorch_ra_em.py's float64 and float32 iterations, each the median over --numpy-reps repetitions. The ratios (peer
+over C++ one thread, per precision; the slowest of them; float64 over mixed; one thread over two) are medians of the
+per-round ratios.
 
 `mpi` (docs/SCALING.md) runs, in each round, BM_MpiEmIteration under `mpirun -np 1` and `-np 2` (one E-step thread
 per rank, OMP_NUM_THREADS=1) and the single-process BM_EmIteration/threads:1 and /threads:2, and prints the
@@ -191,47 +193,58 @@ def record_two_cores(result, cores_by_round):
 # ---- Responsibility attention (bench_em_iteration.cpp vs numpy_ra_em.py) -------------------------------------------
 
 def run_cpp(bench, repetitions, env):
+    """{"float64": {threads: s}, "mixed": {threads: s}}: BM_EmIteration and BM_EmIterationMixed medians."""
     out = subprocess.run(
-        [bench, "--benchmark_filter=^BM_EmIteration/", "--benchmark_format=json",
+        [bench, "--benchmark_filter=^BM_EmIteration(Mixed)?/", "--benchmark_format=json",
          f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
         capture_output=True, text=True, check=True, env=env).stdout
-    result = {}
+    result = {"float64": {}, "mixed": {}}
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
+            precision = "mixed" if b["run_name"].startswith("BM_EmIterationMixed/") else "float64"
             threads = int(b["run_name"].split("threads:")[1].split("/")[0])
             unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
-            result[threads] = b["real_time"] * unit
+            result[precision][threads] = b["real_time"] * unit
     return result
 
 
-def run_numpy(reps, env):
-    data = run_peer("numpy_ra_em.py", ["--reps", str(reps)], env)
-    return {name: v["median_s"] for name, v in data["variants"].items()}
+def run_ra_peers(reps, env):
+    """{peer: median seconds per iteration}: numpy_ra_em.py's variants and pytorch_ra_em.py's dtypes."""
+    numpy = run_peer("numpy_ra_em.py", ["--reps", str(reps)], env)
+    torch = run_peer("pytorch_ra_em.py", ["--reps", str(reps)], env)
+    peers = {f"numpy_{name}": v["median_s"] for name, v in numpy["variants"].items()}
+    peers.update({f"pytorch_{name}": v["median_s"] for name, v in torch["variants"].items()})
+    return peers
 
 
 def cmd_run(args):
     env = bench_env(args)
-    cpp_rounds, np_rounds, cores_rounds, two_thread = [], [], [], []
+    cpp_rounds, peer_rounds, cores_rounds, two_thread = [], [], [], []
     for r in range(args.rounds):
         cores_rounds.append(blas.two_cores_available())
         cpp_rounds.append(run_cpp(args.bench, args.repetitions, env))
-        np_rounds.append(run_numpy(args.numpy_reps, env))
-        two_thread.append(two_core_figure(cpp_rounds[-1][1] / cpp_rounds[-1][2], cores_rounds[-1]))
-        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  NumPy {np_rounds[-1]}  C++ 1 thread / 2 threads "
-              f"{fmt(two_thread[-1])}", file=sys.stderr)
-    cpp = {k: statistics.median(rd[k] for rd in cpp_rounds) for k in cpp_rounds[0]}
-    npy = {k: statistics.median(rd[k] for rd in np_rounds) for k in np_rounds[0]}
-    best_np = min(npy.values())
+        peer_rounds.append(run_ra_peers(args.numpy_reps, env))
+        two_thread.append({p: two_core_figure(cpp_rounds[-1][p][1] / cpp_rounds[-1][p][2], cores_rounds[-1])
+                           for p in ("float64", "mixed")})
+        print(f"round {r + 1}: C++ {cpp_rounds[-1]}  peers {peer_rounds[-1]}  C++ 1 thread / 2 threads "
+              f"{ {p: fmt(v) for p, v in two_thread[-1].items()} }", file=sys.stderr)
+    cpp = {p: {k: statistics.median(rd[p][k] for rd in cpp_rounds) for k in cpp_rounds[0][p]}
+           for p in ("float64", "mixed")}
+    peers = {k: statistics.median(rd[k] for rd in peer_rounds) for k in peer_rounds[0]}
+    # Ratios: median over rounds of each round's peer / C++ one-thread time.
+    ratios = {f"{peer}_over_cpp_{p}_1_thread": statistics.median(rd[peer] / cd[p][1]
+                                                                  for rd, cd in zip(peer_rounds, cpp_rounds))
+              for peer in peers for p in ("float64", "mixed")}
+    for p in ("float64", "mixed"):
+        ratios[f"slowest_peer_ratio_{p}"] = min(v for k, v in ratios.items() if k.endswith(f"_cpp_{p}_1_thread"))
+        ratios[f"cpp_{p}_1_thread_over_2_threads"] = median_two_core_figure([t[p] for t in two_thread])
+    ratios["cpp_float64_over_mixed_1_thread"] = statistics.median(cd["float64"][1] / cd["mixed"][1]
+                                                                  for cd in cpp_rounds)
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "cpp_seconds_by_threads": cpp, "numpy_seconds_by_variant": npy,
-        "rounds": {"cpp": cpp_rounds, "numpy": np_rounds, "cpp_1_thread_over_2_threads": two_thread},
-        "ratios": {
-            "numpy_chunked_over_cpp_1_thread": npy.get("chunked", float("nan")) / cpp[1],
-            "numpy_presorted_over_cpp_1_thread": npy.get("presorted", float("nan")) / cpp[1],
-            "numpy_best_over_cpp_1_thread": best_np / cpp[1],
-            "cpp_1_thread_over_2_threads": median_two_core_figure(two_thread),
-        },
+        "cpp_seconds_by_precision_and_threads": cpp, "peer_seconds": peers,
+        "rounds": {"cpp": cpp_rounds, "peers": peer_rounds, "cpp_1_thread_over_2_threads": two_thread},
+        "ratios": ratios,
     }
     record_two_cores(result, cores_rounds)
     record_blas(result, args, env, args.bench)
@@ -240,6 +253,14 @@ def cmd_run(args):
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+
+
+def run_seconds(result):
+    """{name: seconds} of a saved `run` result: the C++ figures by precision and threads, then the peers'."""
+    seconds = {f"cpp_{p}_{k}_threads": v for p, by_threads in result["cpp_seconds_by_precision_and_threads"].items()
+               for k, v in by_threads.items()}
+    seconds.update(result["peer_seconds"])
+    return seconds
 
 
 def cmd_diff(args):
@@ -251,13 +272,13 @@ def cmd_diff(args):
     print(f"current  {cur['revision']} on {cur['machine']['cpu']} ({cur['date']})")
     for label, res in (("baseline", base), ("current ", cur)):
         print(f"{label} BLAS: {blas_line(res['blas']) if 'blas' in res else 'not recorded'}")
-    for key in ("cpp_seconds_by_threads", "numpy_seconds_by_variant"):
-        for name in sorted(set(base[key]) | set(cur[key])):
-            b, c = base[key].get(name), cur[key].get(name)
-            if b is None or c is None:
-                print(f"  {key}[{name}]: {b} -> {c}")
-            else:
-                print(f"  {key}[{name}]: {b * 1e3:9.2f} ms -> {c * 1e3:9.2f} ms  ({c / b:5.2f}x)")
+    base_seconds, cur_seconds = run_seconds(base), run_seconds(cur)
+    for name in sorted(set(base_seconds) | set(cur_seconds)):
+        b, c = base_seconds.get(name), cur_seconds.get(name)
+        if b is None or c is None:
+            print(f"  {name}: {b} -> {c}")
+        else:
+            print(f"  {name}: {b * 1e3:9.2f} ms -> {c * 1e3:9.2f} ms  ({c / b:5.2f}x)")
     for name in sorted(set(base["ratios"]) | set(cur["ratios"])):
         print(f"  ratio {name}: {fmt(base['ratios'].get(name, float('nan')))} -> "
               f"{fmt(cur['ratios'].get(name, float('nan')))}")
@@ -1065,11 +1086,11 @@ def main():
     peer_blas.add_argument("--peer-blas", choices=blas.CHOICES, default="openblas",
                            help="the BLAS of the peers and of the C++ program: Debian's OpenBLAS (default) or the "
                                 "reference BLAS and LAPACK (first on LD_LIBRARY_PATH)")
-    run = sub.add_parser("run", parents=[peer_blas], help="run C++ and NumPy back to back")
+    run = sub.add_parser("run", parents=[peer_blas], help="run C++ and its NumPy and PyTorch peers back to back")
     run.add_argument("--bench", default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench"))
     run.add_argument("--rounds", type=int, default=3)
     run.add_argument("--repetitions", type=int, default=5, help="Google Benchmark repetitions per round")
-    run.add_argument("--numpy-reps", type=int, default=5)
+    run.add_argument("--numpy-reps", type=int, default=5, help="repetitions of each peer per round")
     run.add_argument("--out", help="save the result as JSON (a baseline for `diff`)")
     run.set_defaults(func=cmd_run)
     diff = sub.add_parser("diff", help="compare two saved results")
