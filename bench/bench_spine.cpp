@@ -101,8 +101,8 @@ void BM_SpineTrainStep(benchmark::State& st) {
   st.counters["cache_len"] = static_cast<double>(state.cache_k[0].size(1));
   st.counters["threads"] = at::get_num_threads();
 }
-BENCHMARK(BM_SpineTrainStep)->ArgName("d_model")->Arg(32)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime()
-    ->MinTime(1.0);
+BENCHMARK(BM_SpineTrainStep)->ArgName("d_model")->Arg(32)->Arg(128)->Arg(256)->Arg(512)
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
 void BM_SpineStream(benchmark::State& st) {
   at::set_num_threads(g_threads);

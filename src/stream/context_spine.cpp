@@ -5,7 +5,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/sizes.hpp"
 #include "attnmix/stream/self_attention.hpp"
-#include "eigen_matmul_impl.hpp"
+#include "dense_products_impl.hpp"
 
 #include <cmath>
 #include <string>

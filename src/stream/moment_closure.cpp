@@ -12,7 +12,7 @@
 
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/self_attention.hpp"
-#include "eigen_matmul_impl.hpp"
+#include "dense_products_impl.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/sizes.hpp"
 #include "attnmix/stream/rope.hpp"
-#include "eigen_matmul_impl.hpp"
+#include "dense_products_impl.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,17 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Eigen products behind the spine and moment-closure attention (src/stream/eigen_matmul.cpp): values and
-// gradients on strided operands (permuted, narrowed, expanded, stepped, broadcast) against torch::matmul and
-// torch::linear, i.e. libtorch's own kernels and autograd formulas as the independent oracle.
+// The dense products behind the spine and moment-closure attention (src/stream/dense_products.cpp), on each of their
+// kernels (OpenBLAS and Eigen): values and gradients on strided operands (permuted, narrowed, expanded, stepped,
+// broadcast) against torch::matmul and torch::linear, i.e. libtorch's own kernels and autograd formulas as the
+// independent oracle; the kernel detection; OpenBLAS's results independent of its thread count.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "attnmix/core/rng.hpp"
-#include "stream/eigen_matmul_impl.hpp"
+#include "stream/dense_products_impl.hpp"
 #include "testing/all_close.hpp"
 #include "testing/torch_values.hpp"
 
@@ -78,21 +81,31 @@ std::vector<Case> strided_cases(Rng& rng, torch::ScalarType dtype) {
   return cases;
 }
 
-TEST(EigenMatmulTest, StridedBatchedProductsMatchTorchInFloat64) {
+/// Runs each test on one kernel, restoring the detected one afterwards.
+class DenseProductsTest : public ::testing::TestWithParam<detail::GemmKernel> {
+ protected:
+  void SetUp() override { previous_ = detail::set_gemm_kernel(GetParam()); }
+  void TearDown() override { detail::set_gemm_kernel(previous_); }
+
+ private:
+  detail::GemmKernel previous_ = detail::GemmKernel::kEigen;
+};
+
+TEST_P(DenseProductsTest, StridedBatchedProductsMatchTorchInFloat64) {
   const uint64_t seed = testing::test_seed(901);
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);
   for (const auto& c : strided_cases(rng, torch::kFloat64)) check(c, 1e-12, 1e-12);
 }
 
-TEST(EigenMatmulTest, StridedBatchedProductsMatchTorchInFloat32) {
+TEST_P(DenseProductsTest, StridedBatchedProductsMatchTorchInFloat32) {
   const uint64_t seed = testing::test_seed(902);
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);
   for (const auto& c : strided_cases(rng, torch::kFloat32)) check(c, 1e-5, 1e-5);
 }
 
-TEST(EigenMatmulTest, LinearOnStridedOperandsMatchesTorchLinear) {
+TEST_P(DenseProductsTest, LinearOnStridedOperandsMatchesTorchLinear) {
   const uint64_t seed = testing::test_seed(903);
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);
@@ -114,6 +127,51 @@ TEST(EigenMatmulTest, LinearOnStridedOperandsMatchesTorchLinear) {
     }
     for (size_t i = 0; i < results[0].size(); ++i) ExpectAllClose(results[0][i], results[1][i], 1e-12, 1e-12);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, DenseProductsTest,
+                         ::testing::Values(detail::GemmKernel::kEigen, detail::GemmKernel::kBlas),
+                         [](const ::testing::TestParamInfo<detail::GemmKernel>& param) {
+                           return std::string(param.param == detail::GemmKernel::kBlas ? "blas" : "eigen");
+                         });
+
+/// The process's BLAS, when it is OpenBLAS (libopenblas.so.0 loaded), null otherwise.
+void* loaded_openblas() { return dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD); }
+
+/// The products run on OpenBLAS exactly when the process loaded it (scripts/install-deps.sh installs it).
+TEST(DenseProductsKernelTest, DetectsOpenBlas) {
+  void* openblas = loaded_openblas();
+  const detail::GemmKernel chosen = detail::set_gemm_kernel(detail::GemmKernel::kEigen);
+  detail::set_gemm_kernel(chosen);
+  EXPECT_EQ(chosen == detail::GemmKernel::kBlas, openblas != nullptr);
+  if (openblas != nullptr) dlclose(openblas);
+}
+
+/// The spine's product shapes give the same bits with one and with two OpenBLAS threads (it splits the output, not
+/// the inner dimension), so a training step does not depend on OPENBLAS_NUM_THREADS.
+TEST(DenseProductsKernelTest, OpenBlasResultsDoNotDependOnItsThreadCount) {
+  void* openblas = loaded_openblas();
+  if (openblas == nullptr) GTEST_SKIP() << "this process's BLAS is not OpenBLAS";
+  using SetThreads = void (*)(int);
+  using GetThreads = int (*)();
+  const auto set_threads = reinterpret_cast<SetThreads>(dlsym(openblas, "openblas_set_num_threads"));
+  const auto get_threads = reinterpret_cast<GetThreads>(dlsym(openblas, "openblas_get_num_threads"));
+  ASSERT_TRUE(set_threads != nullptr && get_threads != nullptr);
+  const int threads_before = get_threads();
+  const detail::GemmKernel previous = detail::set_gemm_kernel(detail::GemmKernel::kBlas);
+  Rng rng(testing::test_seed(904));
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{512, 128, 384}, {512, 512, 2048}, {96, 32, 512}}) {
+    const auto a = normal_tensor(rng, {m, k}, torch::kFloat32), b = normal_tensor(rng, {n, k}, torch::kFloat32);
+    torch::Tensor products[2];
+    for (const int threads : {1, 2}) {
+      set_threads(threads);
+      products[threads - 1] = detail::fast_linear(a, b, torch::Tensor());
+    }
+    EXPECT_TRUE(torch::equal(products[0], products[1])) << m << "x" << k << "x" << n;
+  }
+  set_threads(threads_before);
+  detail::set_gemm_kernel(previous);
+  dlclose(openblas);
 }
 
 }  // namespace

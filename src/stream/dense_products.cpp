@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Eigen matrix products with analytic backward; see eigen_matmul_impl.hpp.
+// Dense matrix products with analytic backward, on OpenBLAS or Eigen; see dense_products_impl.hpp.
 #define EIGEN_DONT_PARALLELIZE
-#include "eigen_matmul_impl.hpp"
+#include "dense_products_impl.hpp"
+
+#include <cblas.h>
+#include <dlfcn.h>
 
 #include <Eigen/Core>
-
+#include <algorithm>
+#include <atomic>
+#include <climits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +37,75 @@ struct Operand {
   const T* data;
   int64_t rows, cols, rs, cs;
 };
+
+// ---- The BLAS path --------------------------------------------------------------------------------------------------
+
+// OpenBLAS when the libblas.so.3 that provides cblas_sgemm in this process also provides openblas_get_config
+// (a symbol of OpenBLAS alone; dlsym on the library's handle searches its dependencies, libopenblas.so.0).
+GemmKernel detect_kernel() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) == 0 || info.dli_fname == nullptr) return GemmKernel::kEigen;
+  void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (library == nullptr) return GemmKernel::kEigen;
+  const bool openblas = dlsym(library, "openblas_get_config") != nullptr;
+  dlclose(library);
+  return openblas ? GemmKernel::kBlas : GemmKernel::kEigen;
+}
+
+std::atomic<GemmKernel>& kernel_setting() {
+  static std::atomic<GemmKernel> kernel{detect_kernel()};
+  return kernel;
+}
+
+// A matrix as CBLAS reads it in row-major order: op(X) = X (kNoTrans, rows `ld` apart) or the transpose of a
+// row-major matrix (kTrans: X's columns `ld` apart).
+template <class T>
+struct BlasOperand {
+  const T* data;
+  int ld;
+  CBLAS_TRANSPOSE trans;
+};
+
+// x as a BLAS operand: in place when one axis is contiguous and the other's stride covers it, else a row-major copy
+// in `scratch`. False when a dimension does not fit BLAS's int.
+template <class T>
+bool blas_operand(Operand<T> x, std::vector<T>& scratch, BlasOperand<T>& out) {
+  if (x.rows > INT_MAX || x.cols > INT_MAX || x.rs > INT_MAX || x.cs > INT_MAX) return false;
+  if (x.cols == 1) x.cs = 1;       // a stride along an axis of length 1 is never used
+  if (x.rows == 1) x.rs = x.cols;  // … so any leading dimension ≥ the width serves
+  if (x.cs == 1 && x.rs >= x.cols) {
+    out = {x.data, static_cast<int>(std::max<int64_t>(x.rs, 1)), CblasNoTrans};
+  } else if (x.rs == 1 && x.cs >= x.rows) {
+    out = {x.data, static_cast<int>(std::max<int64_t>(x.cs, 1)), CblasTrans};
+  } else {
+    scratch.resize(static_cast<size_t>(x.rows * x.cols));
+    for (int64_t i = 0; i < x.rows; ++i) {
+      for (int64_t j = 0; j < x.cols; ++j) scratch[static_cast<size_t>(i * x.cols + j)] = x.data[i * x.rs + j * x.cs];
+    }
+    out = {scratch.data(), static_cast<int>(std::max<int64_t>(x.cols, 1)), CblasNoTrans};
+  }
+  return true;
+}
+
+void blas_gemm(const BlasOperand<float>& a, const BlasOperand<float>& b, int m, int n, int k, float* c) {
+  cblas_sgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0F, a.data, a.ld, b.data, b.ld, 0.0F, c, std::max(n, 1));
+}
+void blas_gemm(const BlasOperand<double>& a, const BlasOperand<double>& b, int m, int n, int k, double* c) {
+  cblas_dgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0, a.data, a.ld, b.data, b.ld, 0.0, c, std::max(n, 1));
+}
+
+// C (m × n, row-major, contiguous) = A B on the BLAS; false (nothing written) when a dimension exceeds BLAS's int.
+template <class T>
+bool blas_product(const Operand<T>& a, const Operand<T>& b, T* c, std::vector<T>& scratch_a,
+                  std::vector<T>& scratch_b) {
+  if (a.rows > INT_MAX || b.cols > INT_MAX || a.cols > INT_MAX) return false;
+  BlasOperand<T> op_a{}, op_b{};
+  if (!blas_operand(a, scratch_a, op_a) || !blas_operand(b, scratch_b, op_b)) return false;
+  blas_gemm(op_a, op_b, static_cast<int>(a.rows), static_cast<int>(b.cols), static_cast<int>(a.cols), c);
+  return true;
+}
+
+// ---- The Eigen path -------------------------------------------------------------------------------------------------
 
 // Calls f with an Eigen map of x: row-major when its columns are contiguous, column-major when its rows are, and
 // otherwise a row-major copy in `scratch`. Maps with an outer stride go straight into Eigen's GEMM without a copy.
@@ -76,6 +150,7 @@ torch::Tensor batched(const torch::Tensor& a, bool ta, const torch::Tensor& b, b
   auto out = torch::empty(sizes, a.options());
   int64_t count = 1;
   for (int64_t i = 0; i < lead; ++i) count *= a.size(i);
+  const bool on_blas = gemm_kernel() == GemmKernel::kBlas;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "attnmix_fast_bmm", [&] {
     auto* po = out.data_ptr<scalar_t>();
     std::vector<scalar_t> scratch_a, scratch_b;
@@ -86,10 +161,14 @@ torch::Tensor batched(const torch::Tensor& a, bool ta, const torch::Tensor& b, b
         offset_a += index[static_cast<size_t>(axis)] * a.stride(axis);
         offset_b += index[static_cast<size_t>(axis)] * b.stride(axis);
       }
-      Eigen::Map<RowMajor<scalar_t>> C(po + i * m * n, m, n);
-      with_map(operand<scalar_t>(a, offset_a, ta), scratch_a, [&](const auto& A) {
-        with_map(operand<scalar_t>(b, offset_b, tb), scratch_b, [&](const auto& B) { C.noalias() = A * B; });
-      });
+      const auto op_a = operand<scalar_t>(a, offset_a, ta);
+      const auto op_b = operand<scalar_t>(b, offset_b, tb);
+      if (!on_blas || !blas_product(op_a, op_b, po + i * m * n, scratch_a, scratch_b)) {
+        Eigen::Map<RowMajor<scalar_t>> C(po + i * m * n, m, n);
+        with_map(op_a, scratch_a, [&](const auto& A) {
+          with_map(op_b, scratch_b, [&](const auto& B) { C.noalias() = A * B; });
+        });
+      }
       for (int64_t axis = lead - 1; axis >= 0; --axis) {  // next multi-index, last axis fastest
         if (++index[static_cast<size_t>(axis)] < a.size(axis)) break;
         index[static_cast<size_t>(axis)] = 0;
@@ -144,6 +223,10 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
 };
 
 }  // namespace
+
+GemmKernel gemm_kernel() { return kernel_setting().load(std::memory_order_relaxed); }
+
+GemmKernel set_gemm_kernel(GemmKernel kernel) { return kernel_setting().exchange(kernel); }
 
 torch::Tensor fast_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!eligible(x, weight)) {
