@@ -13,6 +13,8 @@
 //                                 zero_grad, backward, AdamW step, detach) in steady state: the state already
 //                                 holds a full window (cache 64 + chunk 64 = 128 keys per query block). The chunks
 //                                 cycle through 16 pre-built ones. items = tokens (batch · chunk).
+//   BM_DenseProduct/kernel:k/m/k/n  one float32 product (m × k)(k × n) of the spine's shapes on each kernel of
+//                                 src/stream/dense_products.cpp (kernel 0 Eigen, 1 the BLAS): how the kernel is chosen
 //   BM_SpineStream/chunks:n       E1-3: train_tbptt over n chunks from an empty state (d_model 32), wall clock
 //                                 (after an untimed warm-up over 3 chunks). A bounded state makes 80 chunks cost
 //                                 about twice 40 (SPEC §9.6: ≤ 2.3×).
@@ -47,6 +49,7 @@
 #include <vector>
 
 #include "attnmix/stream/context_spine.hpp"
+#include "stream/dense_products_impl.hpp"  // white-box: the two product kernels (src/ is on this target's path)
 #include "stream_workload.hpp"
 
 namespace attnmix {
@@ -103,6 +106,30 @@ void BM_SpineTrainStep(benchmark::State& st) {
 }
 BENCHMARK(BM_SpineTrainStep)->ArgName("d_model")->Arg(32)->Arg(128)->Arg(256)->Arg(512)
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+
+void BM_DenseProduct(benchmark::State& st) {
+  const auto kernel = st.range(0) != 0 ? detail::GemmKernel::kBlas : detail::GemmKernel::kEigen;
+  const detail::GemmKernel previous = detail::set_gemm_kernel(kernel);
+  torch::manual_seed(kSeed);
+  const auto x = torch::randn({st.range(1), st.range(2)});
+  const auto w = torch::randn({st.range(3), st.range(2)});  // linear's (out, in) weight: x wᵀ
+  torch::NoGradGuard no_grad;
+  for (auto _ : st) benchmark::DoNotOptimize(detail::fast_linear(x, w, torch::Tensor()).data_ptr());
+  detail::set_gemm_kernel(previous);
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(st.range(1) * st.range(2) * st.range(3)),
+                                              benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+// (tokens, in, out) of the spine's projections at d_model 32 … 512 (qkv 3d, proj d, fc1 4d, fc2 back to d, the tied
+// head 256) and a per-head attention product (64 queries, head width, 128 keys).
+BENCHMARK(BM_DenseProduct)->ArgNames({"kernel", "m", "k", "n"})
+    ->ArgsProduct({{0, 1}, {512}, {32}, {96, 256}})
+    ->ArgsProduct({{0, 1}, {512}, {128}, {384, 512}})
+    ->ArgsProduct({{0, 1}, {512}, {512}, {128}})
+    ->ArgsProduct({{0, 1}, {512}, {256}, {768, 1024}})
+    ->ArgsProduct({{0, 1}, {512}, {512}, {1536, 2048}})
+    ->ArgsProduct({{0, 1}, {512}, {2048}, {512}})
+    ->ArgsProduct({{0, 1}, {64}, {16, 64, 256}, {128}})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 void BM_SpineStream(benchmark::State& st) {
   at::set_num_threads(g_threads);

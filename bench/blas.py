@@ -8,8 +8,10 @@ started with those first on LD_LIBRARY_PATH loads them instead (libtorch too: it
 libopenblas.so.0 is only loaded as a dependency of the OpenBLAS libblas.so.3). The dynamic loader reads
 LD_LIBRARY_PATH once, when a process starts, so the BLAS is chosen by whoever starts the process (peer_env).
 
-attnmix's own hot kernels are hand-written (Eigen/vector code); its binaries use the BLAS only through libtorch
-operations (attnmix_bench_spine, attnmix_bench_moment_closure, attnmix.torch); attnmix_bench links none.
+attnmix's E-step kernels are hand-written (vector code, no BLAS). Its binaries that link libtorch use the BLAS for
+libtorch's operations and for the spine's and moment closure's dense products, which call CBLAS directly when the
+BLAS is OpenBLAS and run on Eigen otherwise (src/stream/dense_products_impl.hpp): attnmix_bench_spine,
+attnmix_bench_moment_closure, attnmix.torch; attnmix_bench links none.
 """
 import ctypes
 import json
@@ -26,7 +28,8 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 # Processor-specific OpenBLAS/BLAS settings (OPENBLAS_CORETYPE, OPENBLAS_VERBOSE, GOTOBLAS_*, this machine's
 # NVPL_BLAS_DEBUG_CPU_TYPE, ...): unset, so that OpenBLAS picks its kernels for this processor by itself.
 TUNING_PREFIXES = ("OPENBLAS_", "GOTOBLAS_", "GOTO_", "NVPL_BLAS_")
-KERNELS = "attnmix's hot kernels are hand-written (Eigen/vector code); the BLAS serves libtorch operations only"
+KERNELS = ("attnmix's E-step kernels are hand-written; the BLAS serves libtorch operations and the dense products of "
+           "the spine and moment closure (CBLAS on OpenBLAS, Eigen otherwise)")
 TWO_CORES_THRESHOLD = 0.9  # two busy processes each at >= 90 % of one alone: two cores are free
 
 
@@ -136,8 +139,8 @@ def binary_blas(binary, env):
     linked = linked_libraries(binary, env)
     record = blas_record(sorted(p for p in linked.values() if is_blas_library(p)), openblas_info_under(env))
     uses_torch = any(name.startswith("libtorch") for name in linked)
-    return {"binary": os.path.abspath(binary), "used_by": "libtorch operations" if uses_torch else "none",
-            "kernels": KERNELS, **record}
+    used_by = "libtorch operations and dense products" if uses_torch else "none"
+    return {"binary": os.path.abspath(binary), "used_by": used_by, "kernels": KERNELS, **record}
 
 
 def describe(record):
@@ -153,7 +156,7 @@ def describe(record):
         text = ", ".join(record["libraries"]) or "no BLAS"
     if "used_by" not in record:
         return text
-    return f"{text} in libtorch operations" if record["used_by"] != "none" else f"{text} (hand-written kernels only)"
+    return f"{text} in {record['used_by']}" if record["used_by"] != "none" else f"{text} (hand-written kernels only)"
 
 
 # ---- Thread honesty -----------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ round and the load average.
 
 `spine` (issue 8, docs/PERFORMANCE.md) first compares the first training losses of attnmix_bench_spine and
 pytorch_spine.py (same seed and data; they agree when the relative difference is at most 1e-4), then runs, in each
-round, BM_SpineTrainStep and pytorch_spine.py back to back at d_model 32, then at 256 (which program goes first
+round, BM_SpineTrainStep and pytorch_spine.py back to back at d_model 32, 128, 256 and 512 (which program goes first
 alternates), and BM_SpineStream (E1-3), and prints the C++/PyTorch tokens-per-second ratios, by wall clock and by
 process CPU time, and the 80/40-chunk ratio (medians of per-round ratios); finally the peak RSS of a streaming
 evaluation over each --rss-tokens count, each in a fresh process.
@@ -686,7 +686,7 @@ def cmd_allreduce(args):
 
 # ---- Streaming LM spine (bench_spine.cpp vs pytorch_spine.py, issue 8) --------------------------------------------
 
-SPINE_D_MODELS = (32, 256)
+SPINE_D_MODELS = (32, 128, 256, 512)
 
 
 def torch_env(args):
@@ -1156,7 +1156,8 @@ def main():
                        default=os.path.join(ROOT, "build-bench", "bench", "attnmix_bench_spine"))
     spine.add_argument("--pairs", type=int, default=15, help="lock-step block pairs per d_model (0: none)")
     spine.add_argument("--steps-d32", type=int, default=10, help="training steps per lock-step block at d_model 32")
-    spine.add_argument("--steps-d256", type=int, default=1, help="training steps per lock-step block at d_model 256")
+    spine.add_argument("--steps-d256", type=int, default=1,
+                       help="training steps per lock-step block at d_model 128 and above")
     spine.add_argument("--rounds", type=int, default=3, help="rounds of the Google Benchmark programs (0: none)")
     spine.add_argument("--repetitions", type=int, default=3, help="Google Benchmark repetitions per round")
     spine.add_argument("--pytorch-reps", type=int, default=3, help="pytorch_spine.py timed blocks per round")
