@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))
 
 import attnmix  # noqa: E402
 from attnmix import ResponsibilityAttentionDistribution, ResponsibilityAttentionEstimator, optimize  # noqa: E402
-from helpers import D, N, S, T, accuracy, recall_task  # noqa: E402
+from helpers import D, N, S, T, accuracy, markov_text, recall_task  # noqa: E402
 
 import numpy_ra_em  # noqa: E402
 
@@ -91,16 +91,9 @@ def learned_sigma2(rng):
     return {"one_e_step": one_e_step(model, data), "fit": fit}
 
 
-def markov_text(rng):
+def markov_problem(rng):
     V, context = 8, 4
-    transition = rng.dirichlet(np.ones(V), size=V)
-
-    def generate(length):
-        tokens = [int(rng.integers(V))]
-        for _ in range(length - 1):
-            tokens.append(int(rng.choice(V, p=transition[tokens[-1]])))
-        return tokens
-
+    _, generate = markov_text(rng, V)
     def arrays(triples):
         return (np.array([c for c, _, _ in triples]), np.array([q for _, q, _ in triples]),
                 np.array([t for _, _, t in triples]))
@@ -118,7 +111,7 @@ def main():
     args = parser.parse_args()
     rng = np.random.default_rng(20240611)
     print(json.dumps({"benchmark_workload": benchmark_workload(args.rows), "RA-5 recall": recall(rng),
-                      "RA-9 learned sigma2": learned_sigma2(rng), "RA-12 Markov text": markov_text(rng)}, indent=1))
+                      "RA-9 learned sigma2": learned_sigma2(rng), "RA-12 Markov text": markov_problem(rng)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "attnmix/core/types.hpp"
@@ -159,6 +160,15 @@ inline void log_in_place(double* x, Index n) {
     Eigen::internal::pstore(pad, Eigen::internal::plog(Eigen::internal::pload<Packet>(pad)));
     for (Index j = 0; j < n - k; ++j) x[k + j] = pad[j];
   }
+}
+
+/// The end of an E-step pass 1: on entry log_p[n] holds Σ_i exp(ℓ_i − max_of_row[n]) of row n (any placeholder for a
+/// row whose max is −∞); on return log p = max + log Σ + gate_const, −∞ for those impossible rows. Logs on packets.
+inline void log_p_from_sums(double* log_p, const double* max_of_row, Index n_rows, double gate_const) {
+  log_in_place(log_p, n_rows);
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  for (Index n = 0; n < n_rows; ++n)
+    log_p[n] = max_of_row[n] == kNegInf ? kNegInf : max_of_row[n] + log_p[n] + gate_const;
 }
 
 }  // namespace attnmix::lanes

@@ -7,7 +7,8 @@
 // addresses or on the thread that runs it: reductions over lanes have one written-out order, exp runs on whole
 // 8-lane vectors (exp_lanes) and log on whole Eigen packets (never Eigen's array loops, which switch between scalar
 // and packet code by alignment), and the kernels specialised for D = 8, 16, 24, 32, 48, 64 perform the operations
-// of the run-time-D kernel (checked bitwise).
+// of the run-time-D kernel (checked bitwise). The mixed-precision pass 1 (docs/mixed_precision.md) is in
+// responsibility_mixed.cpp; pass 2 is float64 in either precision.
 #include <Eigen/Core>
 #include <algorithm>
 #include <bit>
@@ -38,7 +39,6 @@ using lanes::horizontal_sums;
 using lanes::kLanes;
 using lanes::Lanes;
 using lanes::load;
-using lanes::log_in_place;
 using lanes::scratch;
 using lanes::store;
 using LaneMask = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
@@ -224,9 +224,7 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
     for (Index i = 0; i < N; ++i) r_row[i] = e[i] * inv_total;
     log_p[n] = total;
   }
-  log_in_place(log_p, n_rows);
-  for (Index n = 0; n < n_rows; ++n)
-    log_p[n] = max_of_row[n] == kNegInf ? kNegInf : max_of_row[n] + log_p[n] + m.gate_const;
+  lanes::log_p_from_sums(log_p, max_of_row, n_rows, m.gate_const);
   return n_impossible;
 }
 

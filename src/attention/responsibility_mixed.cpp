@@ -154,11 +154,7 @@ Index responsibilities(const ResponsibilityFloatTables& m, const ResponsibilityA
     for (; i < N; ++i) r_row[i] = static_cast<double>(l_row[i]) * inv_total;
     log_p[n] = total;
   }
-  lanes::log_in_place(log_p, n_rows);
-  for (Index n = 0; n < n_rows; ++n)
-    log_p[n] = max_of_row[n] == -std::numeric_limits<double>::infinity()
-                   ? -std::numeric_limits<double>::infinity()
-                   : max_of_row[n] + log_p[n] + m.gate_const;
+  lanes::log_p_from_sums(log_p, max_of_row, n_rows, m.gate_const);
   return n_impossible;
 }
 

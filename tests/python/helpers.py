@@ -28,6 +28,20 @@ def as_triples(data):
     return [(c, y, int(t)) for c, y, t in zip(contexts, queries, targets)]
 
 
+def markov_text(rng, vocabulary):
+    """RA-12's Markov(1) text: a transition matrix with Dirichlet(1) rows and generate(length), a token list drawn
+    from it (first token uniform)."""
+    transition = rng.dirichlet(np.ones(vocabulary), size=vocabulary)
+
+    def generate(length):
+        tokens = [int(rng.integers(vocabulary))]
+        for _ in range(length - 1):
+            tokens.append(int(rng.choice(vocabulary, p=transition[tokens[-1]])))
+        return tokens
+
+    return transition, generate
+
+
 def accuracy(proba, targets):
     return float(np.mean(np.argmax(proba, axis=1) == targets))
 

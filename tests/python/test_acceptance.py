@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnmix import ResponsibilityAttentionDistribution, ResponsibilityAttentionEstimator, optimize, sequence_to_triples
-from helpers import D, N, S, T, accuracy, as_triples, recall_task
+from helpers import D, N, S, T, accuracy, as_triples, markov_text, recall_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("precision", ["float64", "mixed"])]
 
@@ -55,14 +55,7 @@ def test_markov_text_approaches_bigram_optimum(rng, precision):
     """RA-12: Markov(1) text, V = 8, N = 4, sigma2 = 0.3, 6000 training triples with one-hot queries: accuracy beats
     the unigram predictor by 0.03 and is within 0.04 of the bigram-optimal accuracy."""
     V, context = 8, 4
-    transition = rng.dirichlet(np.ones(V), size=V)
-
-    def generate(length):
-        tokens = [int(rng.integers(V))]
-        for _ in range(length - 1):
-            tokens.append(int(rng.choice(V, p=transition[tokens[-1]])))
-        return tokens
-
+    transition, generate = markov_text(rng, V)
     train = sequence_to_triples(generate(6000 + context), context, num_symbols=V)
     test = sequence_to_triples(generate(4000 + context), context, num_symbols=V)
     assert len(train) == 6000
