@@ -420,8 +420,8 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
   args->precision_opt =
       cmd->add_option("--precision", args->precision,
                       "Arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials "
-                      "in float, every sum and the M-step in double; faster, log-likelihood within about 1e-6 "
-                      "relative; responsibility; default: float64)")
+                      "in float, every sum and the M-step in double; the log-likelihood agrees with float64 to "
+                      "about 8 digits; docs/mixed_precision.md; responsibility; default: float64)")
           ->check(CLI::IsMember({"float64", "mixed"}));
   args->min_sigma2_opt = cmd->add_option("--min-sigma2", args->min_sigma2,
                                          "Floor for a learned sigma^2 (responsibility; default: " +
