@@ -280,8 +280,10 @@ TEST_F(CliTest, MixedPrecisionFitsTheFloat64Model) {
     return at == std::string::npos ? std::nan("") : std::stod(out.substr(at + 16));
   };
   EXPECT_NEAR(per_row(mixed.out), per_row(exact.out), 1e-4 * std::abs(per_row(exact.out))) << mixed.out;
-  const auto* a = load_model(path("exact.json")).get_if<ResponsibilityAttention>();
-  const auto* b = load_model(path("mixed.json")).get_if<ResponsibilityAttention>();
+  const AnyDistribution exact_model = load_model(path("exact.json"));
+  const AnyDistribution mixed_model = load_model(path("mixed.json"));
+  const auto* a = exact_model.get_if<ResponsibilityAttention>();
+  const auto* b = mixed_model.get_if<ResponsibilityAttention>();
   ASSERT_TRUE(a != nullptr && b != nullptr);
   EXPECT_LT((a->params().key_means - b->params().key_means).cwiseAbs().maxCoeff(), 1e-4);
 
