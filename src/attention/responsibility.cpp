@@ -202,10 +202,7 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
   Index n_impossible = 0;
   for (Index n = 0; n < n_rows; ++n) {
     double* r_row = r + n * N;
-    if (n + kPrefetchRows < n_rows) {
-      prefetch_lines(batch.query(n + kPrefetchRows), m.D * Index{sizeof(double)});
-      prefetch_lines(batch.context(n + kPrefetchRows), N * Index{sizeof(int64_t)});
-    }
+    prefetch_rows_ahead(batch, n);
     const Query<kBlocks> y(batch.query(n), m.D);
     double lowest = 0.0;
     const double max_l = log_joint_row(m, batch.context(n), y, batch.target(n), r_row, lowest);

@@ -115,10 +115,7 @@ Index responsibilities(const ResponsibilityFloatTables& m, const ResponsibilityA
   Index n_impossible = 0;
   for (Index n = 0; n < n_rows; ++n) {
     double* r_row = r + n * N;
-    if (n + kPrefetchRows < n_rows) {
-      prefetch_lines(batch.query(n + kPrefetchRows), m.D * Index{sizeof(double)});
-      prefetch_lines(batch.context(n + kPrefetchRows), N * Index{sizeof(int64_t)});
-    }
+    prefetch_rows_ahead(batch, n);
     round_query(batch.query(n), m.D, m.padded_D, y_row);
     const FloatQuery<kBlocks> y(y_row);
     fl::LaneMask bad{};
