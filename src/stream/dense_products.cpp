@@ -9,7 +9,9 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <climits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -40,16 +42,29 @@ struct Operand {
 
 // ---- The BLAS path --------------------------------------------------------------------------------------------------
 
-// OpenBLAS when the libblas.so.3 that provides cblas_sgemm in this process also provides openblas_get_config
-// (a symbol of OpenBLAS alone; dlsym on the library's handle searches its dependencies, libopenblas.so.0).
+// OpenBLAS when the libblas.so.3 that provides cblas_sgemm in this process is OpenBLAS (it alone has
+// openblas_get_corename; dlsym on the library's handle searches its dependencies, libopenblas.so.0) and the core it
+// chose has AVX2 or AVX-512 kernels. An OpenBLAS that does not know the processor falls back to generic SSE kernels
+// ("Prescott": OpenBLAS 0.3.21 on Sapphire Rapids), 4-5x slower than Eigen at every spine shape (BM_DenseProduct,
+// docs/PERFORMANCE.md), so Eigen serves then. The choice depends on the machine alone, never on a timing.
+bool vector_core(std::string core) {
+  std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* fast : {"haswell", "skylakex", "cooperlake", "sapphirerapids", "zen"}) {
+    if (core == fast) return true;
+  }
+  return false;
+}
+
 GemmKernel detect_kernel() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) == 0 || info.dli_fname == nullptr) return GemmKernel::kEigen;
   void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (library == nullptr) return GemmKernel::kEigen;
-  const bool openblas = dlsym(library, "openblas_get_config") != nullptr;
+  using CoreName = const char* (*)();
+  const auto corename = reinterpret_cast<CoreName>(dlsym(library, "openblas_get_corename"));
+  const bool fast = corename != nullptr && corename() != nullptr && vector_core(corename());
   dlclose(library);
-  return openblas ? GemmKernel::kBlas : GemmKernel::kEigen;
+  return fast ? GemmKernel::kBlas : GemmKernel::kEigen;
 }
 
 std::atomic<GemmKernel>& kernel_setting() {
