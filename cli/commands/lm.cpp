@@ -57,7 +57,8 @@ const LmPlugin& lm_plugin() {
       if (!p || p->version != kLmPluginVersion || p->train_request_size != sizeof(LmTrainRequest) ||
           p->eval_request_size != sizeof(LmEvalRequest) ||
           p->generate_request_size != sizeof(LmGenerateRequest) ||
-          p->recall_request_size != sizeof(LmRecallRequest))
+          p->recall_request_size != sizeof(LmRecallRequest) ||
+          p->memory_bench_request_size != sizeof(LmMemoryBenchRequest))
         throw std::runtime_error("the language-model plugin " + path +
                                  " does not match this attnmix executable; rebuild both");
       return p;
@@ -160,9 +161,11 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--resume", r.resume, "Continue training this checkpoint")->type_name("CKPT");
   cmd->add_option("--mechanism", args->mechanism,
                   "Attention: window (the last --window tokens, bounded state), full (every "
-                  "token since the start of the pass) or moment-closure (the window plus a "
-                  "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7)")
-      ->check(CLI::IsMember({"window", "full", "moment-closure"}))
+                  "token since the start of the pass), moment-closure (the window plus a "
+                  "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7) or "
+                  "linear (causal linear attention: running sums over every token, no window, "
+                  "bounded state)")
+      ->check(CLI::IsMember({"window", "full", "moment-closure", "linear"}))
       ->capture_default_str();
   cmd->add_option("--window", o.model.window,
                   "Tokens a query sees exactly (window and moment-closure)")
@@ -267,52 +270,10 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
   });
 }
 
-void add_recall(CLI::App* lm_cmd, int& exit_code) {
-  auto r = std::make_shared<LmRecallRequest>();
-  lm::RecallRunOptions& o = r->options;
-  o.steps = kDefaultRecallSteps;
-  r->mechanisms = {"window", "moment-closure", "full"};
-  CLI::App* cmd = lm_cmd->add_subcommand(
-      "recall",
-      "What the far field is for: associative recall beyond the window, and held-out bits per "
-      "byte, for window, moment-closure and full attention");
-  cmd->footer(
-      "Recall task: each sequence stores --pairs key-value pairs, then --gap filler tokens, then "
-      "asks --queries of the keys again; the model must name each one's value. With --gap at "
-      "least --window - 1 every pair has left the window before the first query: window "
-      "attention can only guess (chance 1/--values), full attention can look back, "
-      "moment-closure must recall through its far-field clusters. Every mechanism starts from "
-      "the same parameters and sees the same sequences; the table gives the accuracy and "
-      "cross-entropy at the answers of --eval-sequences fresh sequences, the state carried at the "
-      "end of one sequence, and the training time.\n"
-      "Then (unless --text-steps 0) each mechanism trains as `lm train` would (8 streams, "
-      "--text-steps steps of --text-chunk bytes, --text-lr) with the same model flags, on "
-      "--text with its last --holdout held out, and the held-out bits per byte are compared.\n"
-      "Exit codes: 0 ok, 1 usage, 2 data/validation error. See "
-      "docs/far-field.md.");
-  cmd->add_option("--mechanisms", r->mechanisms, "Mechanisms to compare, in order")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"window", "moment-closure", "full"}))
-      ->capture_default_str();
-  cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--values", o.task.values, "Value tokens (chance accuracy is 1/values)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--filler", o.task.filler, "Filler tokens")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--pairs", o.task.pairs, "Key-value pairs per sequence (at most --keys)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--queries", o.task.queries, "Keys asked per sequence (at most --pairs)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--gap", o.task.gap, "Filler tokens between the last pair and the first query")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--window", o.window, "Tokens a query sees exactly (window, moment-closure)")
+/// The model and training flags of `lm recall` and `lm memory-bench` (lm::RecallRunOptions).
+void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
+  cmd->add_option("--window", o.window,
+                  "Tokens a query sees exactly (window, moment-closure; linear and full have none)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--chunk", o.chunk, "Tokens per streamed chunk")
@@ -345,10 +306,59 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--eval-sequences", o.eval_sequences, "Held-out sequences scored")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of the parameters and the sequences")
-      ->capture_default_str();
   cmd->add_option("--threads", o.threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+void add_recall(CLI::App* lm_cmd, int& exit_code) {
+  auto r = std::make_shared<LmRecallRequest>();
+  lm::RecallRunOptions& o = r->options;
+  o.steps = kDefaultRecallSteps;
+  r->mechanisms = {"window", "moment-closure", "linear", "full"};
+  CLI::App* cmd = lm_cmd->add_subcommand(
+      "recall",
+      "What the far field is for: associative recall beyond the window, and held-out bits per "
+      "byte, for window, moment-closure, linear and full attention");
+  cmd->footer(
+      "Recall task: each sequence stores --pairs key-value pairs, then --gap filler tokens, then "
+      "asks --queries of the keys again; the model must name each one's value. With --gap at "
+      "least --window - 1 every pair has left the window before the first query: window "
+      "attention can only guess (chance 1/--values), full attention can look back, "
+      "moment-closure must recall through its far-field clusters and linear attention through "
+      "its running sums. Every mechanism starts from "
+      "the same parameters and sees the same sequences; the table gives the accuracy and "
+      "cross-entropy at the answers of --eval-sequences fresh sequences, the state carried at the "
+      "end of one sequence, and the training time.\n"
+      "Then (unless --text-steps 0) each mechanism trains as `lm train` would (8 streams, "
+      "--text-steps steps of --text-chunk bytes, --text-lr) with the same model flags, on "
+      "--text with its last --holdout held out, and the held-out bits per byte are compared.\n"
+      "Exit codes: 0 ok, 1 usage, 2 data/validation error. See "
+      "docs/far-field.md.");
+  cmd->add_option("--mechanisms", r->mechanisms, "Mechanisms to compare, in order")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"window", "moment-closure", "linear", "full"}))
+      ->capture_default_str();
+  cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--values", o.task.values, "Value tokens (chance accuracy is 1/values)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--filler", o.task.filler, "Filler tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--pairs", o.task.pairs, "Key-value pairs per sequence (at most --keys)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--queries", o.task.queries, "Keys asked per sequence (at most --pairs)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gap", o.task.gap, "Filler tokens between the last pair and the first query")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  add_recall_model_flags(cmd, o);
+  cmd->add_option("--seed", o.seed, "Seed of the parameters and the sequences")
       ->capture_default_str();
   cmd->add_option(
          "--text", r->text,
@@ -375,6 +385,73 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
     if (r->mechanisms.empty()) throw UsageError("--mechanisms needs at least one mechanism");
     r->options.threads = capped_threads(r->options.threads);
     exit_code = lm_plugin().recall(*r);
+  });
+}
+
+void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
+  auto r = std::make_shared<LmMemoryBenchRequest>();
+  lm::MemoryBenchOptions& b = r->options;
+  b.training.steps = kDefaultRecallSteps;
+  CLI::App* cmd = lm_cmd->add_subcommand(
+      "memory-bench",
+      "How much each mechanism remembers: accuracy against the distance to the evidence, the "
+      "load on the memory and the state carried");
+  cmd->footer(
+      "For every task setting, mechanism and seed, trains a fresh model (the same initial "
+      "parameters and sequences for every mechanism of a seed) and scores --eval-sequences fresh "
+      "sequences at their answers. Tasks: recall (--pairs key-value pairs, --gap filler tokens, "
+      "then every key asked again), mqar (multi-query associative recall: --mqar-pairs pairs, then "
+      "the queries spread over a sequence of each --mqar-lengths) and passkey (a 5-digit key hidden "
+      "at a random depth in filler text of each --passkey-lengths bytes, asked at the end). The "
+      "table gives per case the mean accuracy over the seeds (with its range when several), the "
+      "answer cross-entropy, chance, the state one stream carries at the end of a sequence, the "
+      "training time and the share of full attention's gain over the window that the mechanism "
+      "recovers. --json FILE writes every run and case.\n"
+      "Exit codes: 0 ok, 1 usage, 2 data/validation error. See docs/far-field.md.");
+  cmd->add_option("--mechanisms", b.mechanisms, "Mechanisms to compare, in order")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"window", "moment-closure", "linear", "full"}))
+      ->capture_default_str();
+  cmd->add_option("--tasks", b.tasks, "Tasks to run, in order")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"recall", "mqar", "passkey"}))
+      ->capture_default_str();
+  cmd->add_option("--gaps", b.recall_gaps, "recall: filler tokens between the pairs and the queries")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--pairs", b.recall_pairs, "recall: key-value pairs per sequence (all asked)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--keys", b.training.task.keys, "recall: distinct key tokens (at least the pairs)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--values", b.training.task.values, "recall: value tokens (chance 1/values)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--mqar-lengths", b.mqar_lengths, "mqar: tokens per sequence (even, at least 4 x pairs)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--mqar-pairs", b.mqar_pairs, "mqar: key-value pairs per sequence (all asked)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--passkey-lengths", b.passkey_lengths, "passkey: bytes per sequence")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seeds", b.seeds, "Seeds of the parameters and the sequences (one run each)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--json", r->json, "Also write every run and case to this file (JSON)")
+      ->type_name("FILE");
+  add_recall_model_flags(cmd, b.training);
+  cmd->callback([r, &exit_code] {
+    if (!std::isfinite(r->options.training.birth_threshold))
+      throw UsageError("--birth-threshold must be a finite number");
+    r->options.training.threads = capped_threads(r->options.training.threads);
+    exit_code = lm_plugin().memory_bench(*r);
   });
 }
 
@@ -418,7 +495,7 @@ void add_lm_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "lm",
       "Streaming byte-level language models (SPEC §6-7): train, eval, generate; recall (the far "
-      "field against the window)");
+      "field against the window); memory-bench (memory against distance, load and state)");
 #ifdef ATTNMIX_LM_PLUGIN
   cmd->require_subcommand(1);
 #else
@@ -432,6 +509,7 @@ void add_lm_command(CLI::App& app, int& exit_code) {
   add_eval(cmd, exit_code);
   add_generate(cmd, exit_code);
   add_recall(cmd, exit_code);
+  add_memory_bench(cmd, exit_code);
 }
 
 void demo_streaming_language_model(std::ostream& out) {

@@ -19,6 +19,7 @@
 
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/memory_benchmark.hpp"
 
 namespace attnmix::cli {
 
@@ -66,10 +67,16 @@ struct LmRecallRequest {
   double holdout = kDefaultHoldout;     ///< in (0, 1)
 };
 
+/// `lm memory-bench`: the memory benchmark (lm::run_memory_benchmark) as a table and, with --json, a file.
+struct LmMemoryBenchRequest {
+  lm::MemoryBenchOptions options;  ///< the library's defaults with the flags applied
+  std::string json;                ///< --json (empty: no file)
+};
+
 /// The steps `lm recall` trains each mechanism for unless --steps says otherwise.
 inline constexpr int64_t kDefaultRecallSteps = 400;
 
-inline constexpr int kLmPluginVersion = 2;
+inline constexpr int kLmPluginVersion = 3;
 
 /// What the plugin exports. Each command returns its exit code or throws.
 struct LmPlugin {
@@ -78,10 +85,12 @@ struct LmPlugin {
   size_t eval_request_size = sizeof(LmEvalRequest);
   size_t generate_request_size = sizeof(LmGenerateRequest);
   size_t recall_request_size = sizeof(LmRecallRequest);
+  size_t memory_bench_request_size = sizeof(LmMemoryBenchRequest);
   int (*train)(const LmTrainRequest&) = nullptr;
   int (*eval)(const LmEvalRequest&) = nullptr;
   int (*generate)(const LmGenerateRequest&) = nullptr;
   int (*recall)(const LmRecallRequest&) = nullptr;
+  int (*memory_bench)(const LmMemoryBenchRequest&) = nullptr;
   void (*demo)(std::ostream&) = nullptr;  ///< the demo's section (demo_lm.cpp)
 };
 

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/memory_benchmark.hpp"
 #include "cli_support.hpp"
 #include "commands/lm_plugin.hpp"
 #include "commands/lm_support.hpp"
@@ -174,6 +176,8 @@ std::string mechanism_text(const lm::ModelConfig& m) {
              " per layer and head (birth threshold " + num(m.birth_threshold) +
              ", merge threshold " +
              (m.merge_threshold ? num(*m.merge_threshold) : std::string("2.65 + 6/sqrt(n)")) + ")";
+    case lm::Mechanism::kLinear:
+      return "causal linear attention over every token since the start of the pass (running sums, no window)";
     case lm::Mechanism::kWindow:
       break;
   }
@@ -386,6 +390,9 @@ int run_train(const LmTrainRequest& args) {
     case lm::Mechanism::kMomentClosure:
       out << "bounded: the keys and values of the last " << o.model.window << " tokens and "
           << o.model.max_clusters << " cluster slots per layer)";
+      break;
+    case lm::Mechanism::kLinear:
+      out << "bounded: the running sums of every layer and head, whatever the stream's length)";
       break;
     case lm::Mechanism::kWindow:
       out << "bounded: the keys and values of the last " << o.model.window << " tokens per layer)";
@@ -653,6 +660,98 @@ int run_recall(const LmRecallRequest& r) {
   return kExitOk;
 }
 
+// ---- lm memory-bench -----------------------------------------------------------------------------
+
+nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const lm::MemoryBenchReport& report) {
+  using nlohmann::json;
+  const lm::RecallRunOptions& t = o.training;
+  json out = {{"model", {{"d_model", t.d_model}, {"n_layer", t.n_layer}, {"n_head", t.n_head},
+                         {"window", t.window}, {"chunk", t.chunk}, {"max_clusters", t.max_clusters},
+                         {"birth_threshold", t.birth_threshold}}},
+              {"training", {{"steps", t.steps}, {"batch", t.batch}, {"lr", t.lr},
+                            {"eval_sequences", t.eval_sequences}, {"threads", t.threads}}},
+              {"runs", json::array()},
+              {"cases", json::array()}};
+  for (const auto& run : report.runs) {
+    const lm::RecallResult& r = run.result;
+    out["runs"].push_back({{"task", run.task}, {"setting", run.setting}, {"mechanism", r.mechanism},
+                           {"seed", run.seed}, {"accuracy", r.accuracy}, {"cross_entropy", r.cross_entropy},
+                           {"first_loss", r.first_loss}, {"last_loss", r.last_loss},
+                           {"state_bytes", r.state_bytes}, {"seconds", r.seconds}});
+  }
+  for (const auto& c : report.cases) {
+    out["cases"].push_back({{"task", c.task}, {"setting", c.setting}, {"mechanism", c.mechanism},
+                            {"seeds", c.seeds}, {"accuracy", c.accuracy}, {"accuracy_min", c.accuracy_min},
+                            {"accuracy_max", c.accuracy_max}, {"cross_entropy", c.cross_entropy},
+                            {"chance", c.chance}, {"state_bytes", c.state_bytes}, {"seconds", c.seconds},
+                            {"share_of_full_gain", c.share_of_full_gain ? json(*c.share_of_full_gain)
+                                                                        : json(nullptr)}});
+  }
+  return out;
+}
+
+int run_memory_bench(const LmMemoryBenchRequest& r) {
+  std::ostream& out = std::cout;
+  const lm::MemoryBenchOptions& o = r.options;
+  lm::validate(o);  // before anything trains or is written
+  if (!r.json.empty()) check_output_path(r.json, "the benchmark results", {}, "--json");
+  const lm::RecallRunOptions& t = o.training;
+  out << "Memory benchmark (docs/far-field.md)\n"
+      << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
+      << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
+      << t.window << " (window, moment-closure), up to " << t.max_clusters << " clusters (moment-closure)\n"
+      << "  training  " << t.steps << " steps of " << t.batch << " sequences per run (AdamW lr " << num(t.lr)
+      << ", loss at the answers only), " << t.threads << (t.threads == 1 ? " thread" : " threads") << "\n"
+      << "  scoring   " << t.eval_sequences << " fresh sequences per run\n\n"
+      << std::flush;
+  ProgressBar bar(std::cerr);
+  int64_t steps_done = 0;
+  auto start = std::chrono::steady_clock::now();
+  const auto report = lm::run_memory_benchmark(
+      o,
+      [&](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
+        bar.finish();
+        std::cerr << "run " << index << "/" << total << ": " << run.task << " (" << run.setting << "), "
+                  << run.result.mechanism << ", seed " << run.seed << "\n";
+        start = std::chrono::steady_clock::now();
+        steps_done = 0;
+      },
+      [&](int64_t step, double loss) {
+        lm::Progress p;
+        p.step = step;
+        p.steps = t.steps;
+        p.loss = loss;
+        p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        p.eta_seconds = p.elapsed_seconds / static_cast<double>(step) * static_cast<double>(t.steps - step);
+        steps_done = step;
+        bar.update(p);
+      });
+  bar.finish();
+  out << "Results (accuracy at the answers, mean over " << o.seeds.size()
+      << (o.seeds.size() == 1 ? " seed" : " seeds") << "; share: of full attention's gain over the window)\n"
+      << "  " << pad("task", 9) << pad("setting", 22) << pad("mechanism", 16) << right("accuracy", 9)
+      << right("range", 14) << right("answer CE", 11) << right("chance", 8) << right("state bytes", 13)
+      << right("train s", 9) << right("share", 8) << "\n";
+  for (const auto& c : report.cases) {
+    const std::string range =
+        c.seeds > 1 ? fixed(c.accuracy_min, 3) + "-" + fixed(c.accuracy_max, 3) : std::string("-");
+    out << "  " << pad(c.task, 9) << pad(c.setting, 22) << pad(c.mechanism, 16) << right(fixed(c.accuracy, 3), 9)
+        << right(range, 14) << right(fixed(c.cross_entropy, 3), 11) << right(fixed(c.chance, 4), 8)
+        << right(std::to_string(c.state_bytes), 13) << right(fixed(c.seconds, 1), 9)
+        << right(c.share_of_full_gain ? fixed(100.0 * *c.share_of_full_gain, 0) + "%" : std::string("-"), 8)
+        << "\n";
+  }
+  out << "  (state bytes: what one stream carries at the end of one sequence; window, moment-closure and "
+         "linear stay at that size however long the stream, full attention grows with every token. share: "
+         "shown where window and full attention ran on the case and full attention beat the window)\n";
+  if (!r.json.empty()) {
+    write_file_atomically(r.json, memory_bench_json(o, report).dump(2) + "\n", "the benchmark results");
+    out << "  wrote " << r.json << " (" << report.runs.size() << " runs, " << report.cases.size() << " cases)\n";
+  }
+  out << std::flush;
+  return kExitOk;
+}
+
 }  // namespace
 
 }  // namespace attnmix::cli
@@ -670,6 +769,7 @@ extern "C" const attnmix::cli::LmPlugin* attnmix_lm_plugin() {
     p.eval = &attnmix::cli::run_eval;
     p.generate = &attnmix::cli::run_generate;
     p.recall = &attnmix::cli::run_recall;
+    p.memory_bench = &attnmix::cli::run_memory_bench;
     p.demo = &attnmix::cli::demo_lm_section;
     return p;
   }();

@@ -11,7 +11,8 @@ The pure functions of moment-closure attention, on float64 arrays::
 
 ``attention_law``, RoPE (``rope_tables``, ``apply_rope``, ``rotate_half``), and the streaming language models on
 token arrays: ``train_language_model``, ``evaluate_language_model``, ``generate_language_model``,
-``checkpoint_info`` and the far-field recall experiment ``run_recall``, each returning plain dicts.
+``checkpoint_info``, the far-field recall experiment ``run_recall`` and the memory benchmark
+``run_memory_benchmark``, each returning plain dicts.
 
 Everything runs in the compiled extension ``attnmix._stream``, which links libtorch (but needs no Python torch). It
 is imported on first use of a name, never by ``import attnmix`` or by importing this module; it exists only when
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # for type checkers only: at run time the names load on first
         checkpoint_info,
         cluster_responsibilities,
         default_generate_options,
+        default_memory_bench_options,
         default_recall_options,
         default_train_options,
         empty_cluster_bank,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:  # for type checkers only: at run time the names load on first
         mgf_cluster_attention,
         rope_tables,
         rotate_half,
+        run_memory_benchmark,
         run_recall,
         train_language_model,
         update_cluster_bank,
@@ -55,6 +58,7 @@ __all__ = [
     "checkpoint_info",
     "cluster_responsibilities",
     "default_generate_options",
+    "default_memory_bench_options",
     "default_recall_options",
     "default_train_options",
     "empty_cluster_bank",
@@ -64,6 +68,7 @@ __all__ = [
     "mgf_cluster_attention",
     "rope_tables",
     "rotate_half",
+    "run_memory_benchmark",
     "run_recall",
     "train_language_model",
     "update_cluster_bank",

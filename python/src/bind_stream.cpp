@@ -36,6 +36,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/memory_benchmark.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/moment_propagation.hpp"
 #include "attnmix/stream/rope.hpp"
@@ -254,6 +255,25 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
     return value.is_none() ? T{} : T{real_number(value, where, name)};
   } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
     return value.is_none() ? T{} : T{integer(value, where, name)};
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<int64_t>> ||
+                       std::is_same_v<T, std::vector<uint64_t>>) {
+    if (PyUnicode_Check(value.ptr()) || !PySequence_Check(value.ptr())) {
+      throw TypeError(std::string(where) + ": " + std::string(name) + " must be a list (got " + type_name(value) +
+                      ")");
+    }
+    T out;
+    for (const py::handle item : py::reinterpret_borrow<py::sequence>(value)) {
+      if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+        if (!PyUnicode_Check(item.ptr())) {
+          throw TypeError(std::string(where) + ": " + std::string(name) + " must hold str (got " + type_name(item) +
+                          ")");
+        }
+        out.push_back(item.cast<std::string>());
+      } else {
+        out.push_back(option_in<typename T::value_type>(item, where, name));
+      }
+    }
+    return out;
   } else if constexpr (std::is_same_v<T, lm::Mechanism> || std::is_same_v<T, lm::Schedule>) {
     if (!PyUnicode_Check(value.ptr())) {
       throw TypeError(std::string(where) + ": " + std::string(name) + " must be a str (got " +
@@ -360,6 +380,35 @@ const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
   return fields;
 }
 
+const std::vector<OptionField<lm::MemoryBenchOptions>>& memory_bench_fields() {
+  using O = lm::MemoryBenchOptions;
+  static const std::vector<OptionField<O>> fields = {
+      ATTNMIX_OPTION(O, "mechanisms", mechanisms),
+      ATTNMIX_OPTION(O, "tasks", tasks),
+      ATTNMIX_OPTION(O, "recall_gaps", recall_gaps),
+      ATTNMIX_OPTION(O, "recall_pairs", recall_pairs),
+      ATTNMIX_OPTION(O, "keys", training.task.keys),
+      ATTNMIX_OPTION(O, "values", training.task.values),
+      ATTNMIX_OPTION(O, "mqar_lengths", mqar_lengths),
+      ATTNMIX_OPTION(O, "mqar_pairs", mqar_pairs),
+      ATTNMIX_OPTION(O, "passkey_lengths", passkey_lengths),
+      ATTNMIX_OPTION(O, "seeds", seeds),
+      ATTNMIX_OPTION(O, "d_model", training.d_model),
+      ATTNMIX_OPTION(O, "n_layer", training.n_layer),
+      ATTNMIX_OPTION(O, "n_head", training.n_head),
+      ATTNMIX_OPTION(O, "window", training.window),
+      ATTNMIX_OPTION(O, "chunk", training.chunk),
+      ATTNMIX_OPTION(O, "max_clusters", training.max_clusters),
+      ATTNMIX_OPTION(O, "birth_threshold", training.birth_threshold),
+      ATTNMIX_OPTION(O, "batch", training.batch),
+      ATTNMIX_OPTION(O, "steps", training.steps),
+      ATTNMIX_OPTION(O, "lr", training.lr),
+      ATTNMIX_OPTION(O, "eval_sequences", training.eval_sequences),
+      ATTNMIX_OPTION(O, "threads", training.threads),
+  };
+  return fields;
+}
+
 #undef ATTNMIX_OPTION
 
 /// Options with the keyword arguments applied over the C++ defaults; an unknown name → TypeError,
@@ -425,7 +474,47 @@ py::dict recall_out(const lm::RecallResult& r) {
                   "seconds"_a = r.seconds);
 }
 
+py::dict memory_bench_out(const lm::MemoryBenchReport& report) {
+  py::list runs;
+  for (const auto& run : report.runs) {
+    py::dict r = recall_out(run.result);
+    r["task"] = run.task;
+    r["setting"] = run.setting;
+    r["seed"] = run.seed;
+    runs.append(r);
+  }
+  py::list cases;
+  for (const auto& c : report.cases) {
+    cases.append(py::dict("task"_a = c.task, "setting"_a = c.setting, "mechanism"_a = c.mechanism,
+                          "seeds"_a = c.seeds, "accuracy"_a = c.accuracy, "accuracy_min"_a = c.accuracy_min,
+                          "accuracy_max"_a = c.accuracy_max, "cross_entropy"_a = c.cross_entropy,
+                          "chance"_a = c.chance, "state_bytes"_a = c.state_bytes, "seconds"_a = c.seconds,
+                          "share_of_full_gain"_a = py::cast(c.share_of_full_gain)));
+  }
+  return py::dict("runs"_a = runs, "cases"_a = cases);
+}
+
 // ---- docstrings ---------------------------------------------------------------------------------
+
+constexpr const char* kMemoryBenchDoc =
+    R"(The memory benchmark (stream/memory_benchmark.hpp): how much each mechanism remembers against the
+distance to the evidence, the load on the memory and the state it carries.
+
+For every task setting, mechanism and seed a fresh model trains and is scored at the answers of
+eval_sequences fresh sequences; every mechanism of a seed starts from the same backbone parameters
+and sees the same sequences. Tasks: "recall" (each of recall_pairs key-value pairs, each of
+recall_gaps filler tokens, then every key asked), "mqar" (multi-query associative recall: mqar_pairs
+pairs, queries spread over sequences of each of mqar_lengths tokens) and "passkey" (a 5-digit key at
+a random depth in filler text of each of passkey_lengths bytes, asked at the end).
+Keyword options (defaults: default_memory_bench_options()): mechanisms, tasks, recall_gaps,
+recall_pairs, keys, values, mqar_lengths, mqar_pairs, passkey_lengths, seeds (lists where plural),
+and the model and training settings of run_recall (d_model, n_layer, n_head, window, chunk,
+max_clusters, birth_threshold, batch, steps, lr, eval_sequences, threads).
+on_run(index, total, task, setting, mechanism, seed) is called before each run.
+Returns {"runs": [run_recall's dict plus task, setting, seed], "cases": [{task, setting, mechanism,
+seeds, accuracy (mean), accuracy_min, accuracy_max, cross_entropy, chance, state_bytes, seconds,
+share_of_full_gain (None unless window and full ran and full beat the window)}]}. ValueError for
+invalid options, before anything trains.)";
 
 constexpr const char* kClusterBankDoc =
     R"(One layer's far-field mixtures, one per stream (SPEC.md §7.3).
@@ -459,8 +548,8 @@ grow by exactly t.)";
 constexpr const char* kTrainDoc =
     R"(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
 
-Keyword options (defaults: default_train_options()): mechanism ("window", "full" or
-"moment-closure"), vocab, d_model, n_layer, n_head, window, max_clusters, birth_threshold,
+Keyword options (defaults: default_train_options()): mechanism ("window", "full",
+"moment-closure" or "linear"), vocab, d_model, n_layer, n_head, window, max_clusters, birth_threshold,
 merge_threshold, batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
 "cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
 final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
@@ -471,7 +560,7 @@ tokens; RuntimeError for a bad checkpoint or a non-finite loss.)";
 constexpr const char* kRecallDoc =
     R"(Trains and evaluates one mechanism on the far-field recall task (stream/far_field.hpp).
 
-mechanism: "window", "moment-closure" or "full".
+mechanism: "window", "moment-closure", "linear" or "full".
 Keyword options (defaults: default_recall_options()): keys, values, filler, pairs, queries, gap,
 d_model, n_layer, n_head, window, chunk, max_clusters, birth_threshold, batch, steps, lr,
 eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
@@ -790,6 +879,32 @@ void bind_stream(py::module_& m) {
         return recall_out(result);
       },
       py::arg("mechanism"), py::kw_only(), py::arg("on_step") = py::none(), kRecallDoc);
+
+  m.def(
+      "default_memory_bench_options",
+      [] { return options_out(lm::MemoryBenchOptions{}, memory_bench_fields()); },
+      "The keyword options of run_memory_benchmark and their defaults.");
+  m.def(
+      "run_memory_benchmark",
+      [](const py::object& on_run, const py::kwargs& kwargs) {
+        constexpr std::string_view w = "run_memory_benchmark";
+        const auto options = options_from(kwargs, memory_bench_fields(), w);
+        require_callable(on_run, w, "on_run");
+        lm::MemoryBenchProgress report;
+        if (!on_run.is_none()) {
+          report = [callback = py::handle(on_run)](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
+            py::gil_scoped_acquire acquire;
+            callback(index, total, run.task, run.setting, run.result.mechanism, run.seed);
+          };
+        }
+        lm::MemoryBenchReport result;
+        {
+          py::gil_scoped_release release;
+          result = lm::run_memory_benchmark(options, report);
+        }
+        return memory_bench_out(result);
+      },
+      py::kw_only(), py::arg("on_run") = py::none(), kMemoryBenchDoc);
 }
 
 }  // namespace attnmix::python

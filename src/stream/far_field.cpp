@@ -5,6 +5,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 
 #include <torch/torch.h>
@@ -25,8 +26,8 @@ struct RecallBatch {
   torch::Tensor answers;  // (B, L−1) bool: the positions whose target is a recalled value
 };
 
-RecallBatch make_batch(Rng& rng, const RecallTaskOptions& task, int64_t batch) {
-  const auto drawn = recall_sequences(rng, task, batch);
+RecallBatch make_batch(Rng& rng, const SequenceTask& task, int64_t batch) {
+  const auto drawn = task.draw(rng, batch);
   const auto all = torch::tensor(drawn.tokens, torch::kLong).view({batch, drawn.length});
   RecallBatch out;
   out.x = all.narrow(1, 0, drawn.length - 1).contiguous();
@@ -52,7 +53,7 @@ std::pair<torch::Tensor, int64_t> stream(M& mechanism, const torch::Tensor& x, i
 }
 
 template <class M>
-RecallResult train_and_evaluate(M& mechanism, const RecallRunOptions& o,
+RecallResult train_and_evaluate(M& mechanism, const SequenceTask& task, const RecallRunOptions& o,
                                 const std::function<void(int64_t, double)>& on_step) {
   RecallResult result;
   torch::optim::AdamW optimizer(mechanism.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
@@ -60,7 +61,7 @@ RecallResult train_and_evaluate(M& mechanism, const RecallRunOptions& o,
   std::vector<double> losses;
   const auto start = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
-    const auto batch = make_batch(train_rng, o.task, o.batch);
+    const auto batch = make_batch(train_rng, task, o.batch);
     const auto logits = stream(mechanism, batch.x, o.chunk).first;
     const auto loss = torch::nn::functional::cross_entropy(logits.index({batch.answers}), batch.y.index({batch.answers}));
     optimizer.zero_grad();
@@ -83,7 +84,7 @@ RecallResult train_and_evaluate(M& mechanism, const RecallRunOptions& o,
   int64_t correct = 0, total = 0;
   double ce = 0.0;
   for (int64_t done = 0; done < o.eval_sequences; done += o.batch) {
-    const auto batch = make_batch(eval_rng, o.task, std::min(o.batch, o.eval_sequences - done));
+    const auto batch = make_batch(eval_rng, task, std::min(o.batch, o.eval_sequences - done));
     const auto logits = stream(mechanism, batch.x, o.chunk).first.index({batch.answers});
     const auto targets = batch.y.index({batch.answers});
     correct += logits.argmax(-1).eq(targets).sum().template item<int64_t>();
@@ -95,15 +96,16 @@ RecallResult train_and_evaluate(M& mechanism, const RecallRunOptions& o,
   result.accuracy = static_cast<double>(correct) / static_cast<double>(total);
   result.cross_entropy = ce / static_cast<double>(total);
   Rng one_rng = recall_data_rng(o.seed, 2);
-  result.state_bytes = stream(mechanism, make_batch(one_rng, o.task, 1).x, o.chunk).second;
+  result.state_bytes = stream(mechanism, make_batch(one_rng, task, 1).x, o.chunk).second;
   return result;
 }
 
-void validate(const RecallRunOptions& o) {
+}  // namespace
+
+void validate_training(const RecallRunOptions& o) {
   const auto positive = [](const char* name, int64_t v) {
     if (v <= 0) throw ValueError(std::string("recall: ") + name + " must be a positive integer (got " + std::to_string(v) + ")");
   };
-  validate_recall_task(o.task);
   positive("chunk", o.chunk);
   positive("batch", o.batch);
   positive("steps", o.steps);
@@ -111,8 +113,6 @@ void validate(const RecallRunOptions& o) {
   positive("threads", o.threads);
   if (!(o.lr > 0.0)) throw ValueError("recall: lr must be positive");
 }
-
-}  // namespace
 
 int64_t recall_sequence_length(const RecallTaskOptions& t) { return 2 * t.pairs + t.gap + 2 * t.queries; }
 
@@ -176,25 +176,31 @@ Rng recall_data_rng(uint64_t seed, int64_t stream) {
   return Rng(derive_seed(seed, SeedPurpose::kData, static_cast<uint64_t>(stream)));
 }
 
-RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& o,
-                        const std::function<void(int64_t, double)>& on_step) {
-  validate(o);
+SequenceTask recall_task(const RecallTaskOptions& task) {
+  validate_recall_task(task);
+  return {"recall", task.keys + task.values + task.filler,
+          [task](Rng& rng, int64_t batch) { return recall_sequences(rng, task, batch); }};
+}
+
+RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask& task, const RecallRunOptions& o,
+                               const std::function<void(int64_t, double)>& on_step) {
+  validate_training(o);
+  if (task.vocab <= 0 || !task.draw) throw ValueError("recall: the task needs a positive vocabulary and a generator");
   at::set_num_threads(o.threads);
-  const int64_t vocab = o.task.keys + o.task.values + o.task.filler;
   torch::manual_seed(o.seed);
   RecallResult result;
   if (mechanism == "window" || mechanism == "full") {
     SpineOptions s;
-    s.vocab = vocab;
+    s.vocab = task.vocab;
     s.d_model = o.d_model;
     s.n_layer = o.n_layer;
     s.n_head = o.n_head;
     s.window = mechanism == "full" ? std::nullopt : std::optional<int64_t>(o.window);
     SlidingWindowSpine spine(s);
-    result = train_and_evaluate(*spine, o, on_step);
+    result = train_and_evaluate(*spine, task, o, on_step);
   } else if (mechanism == "moment-closure") {
     MomentClosureOptions m;
-    m.vocab = vocab;
+    m.vocab = task.vocab;
     m.d_model = o.d_model;
     m.n_layer = o.n_layer;
     m.n_head = o.n_head;
@@ -202,12 +208,26 @@ RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& o,
     m.max_clusters = o.max_clusters;
     m.birth_threshold = o.birth_threshold;
     MomentClosureAttention mca(m);
-    result = train_and_evaluate(*mca, o, on_step);
+    result = train_and_evaluate(*mca, task, o, on_step);
+  } else if (mechanism == "linear") {
+    LinearAttentionOptions l;
+    l.vocab = task.vocab;
+    l.d_model = o.d_model;
+    l.n_layer = o.n_layer;
+    l.n_head = o.n_head;
+    LinearAttentionSpine linear(l);
+    result = train_and_evaluate(*linear, task, o, on_step);
   } else {
-    throw ValueError("recall: mechanism must be \"window\", \"moment-closure\" or \"full\" (got \"" + mechanism + "\")");
+    throw ValueError("recall: mechanism must be \"window\", \"moment-closure\", \"linear\" or \"full\" (got \"" +
+                     mechanism + "\")");
   }
   result.mechanism = mechanism;
   return result;
+}
+
+RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& o,
+                        const std::function<void(int64_t, double)>& on_step) {
+  return run_sequence_task(mechanism, recall_task(o.task), o, on_step);
 }
 
 }  // namespace attnmix::lm

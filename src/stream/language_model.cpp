@@ -8,6 +8,7 @@
 #include "attnmix/core/sizes.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 
 #include <c10/core/CPUAllocator.h>
@@ -58,7 +59,17 @@ SpineOptions spine_options(const ModelConfig& m) {
   o.d_model = m.d_model;
   o.n_layer = m.n_layer;
   o.n_head = m.n_head;
-  o.window = m.mechanism == Mechanism::kFull ? std::nullopt : std::optional<int64_t>(m.window);
+  o.window = m.mechanism == Mechanism::kFull || m.mechanism == Mechanism::kLinear ? std::nullopt
+                                                                                   : std::optional<int64_t>(m.window);
+  return o;
+}
+
+LinearAttentionOptions linear_options(const ModelConfig& m) {
+  LinearAttentionOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
   return o;
 }
 
@@ -75,9 +86,10 @@ MomentClosureOptions moment_options(const ModelConfig& m) {
   return o;
 }
 
-// ---- the two kinds of mechanism --------------------------------------------------------------------------------
+// ---- the kinds of mechanism ------------------------------------------------------------------------------------
 // Training, evaluation and sampling are templates over a kind: the module, its carried state, how it is built and
-// how its state is checkpointed. window and full share the spine; moment-closure adds a cluster bank per layer.
+// how its state is checkpointed. window and full share the spine; moment-closure adds a cluster bank per layer;
+// linear replaces the cache by running sums.
 
 struct SpineKind {
   using Module = SlidingWindowSpine;
@@ -95,10 +107,19 @@ struct MomentKind {
   static constexpr bool kHasFarField = true;
 };
 
-// Calls f(SpineKind{}) or f(MomentKind{}); both must return the same type.
+struct LinearKind {
+  using Module = LinearAttentionSpine;
+  using Impl = LinearAttentionSpineImpl;
+  using State = LinearAttentionState;
+  static Module make(const ModelConfig& m) { return LinearAttentionSpine(linear_options(m)); }
+  static constexpr bool kHasFarField = false;
+};
+
+// Calls f(SpineKind{}), f(MomentKind{}) or f(LinearKind{}); all must return the same type.
 template <class F>
 decltype(auto) with_kind(Mechanism mechanism, F&& f) {
   if (mechanism == Mechanism::kMomentClosure) return f(MomentKind{});
+  if (mechanism == Mechanism::kLinear) return f(LinearKind{});
   return f(SpineKind{});
 }
 
@@ -329,6 +350,18 @@ void write_state(torch::serialize::OutputArchive& state, const MomentClosureStat
   }
 }
 
+// linear: pos, batch_size and per layer the running sums sum_kv<l>, sum_k<l> (float64) and the shift row last_x<l>.
+void write_state(torch::serialize::OutputArchive& state, const LinearAttentionState& s) {
+  state.write("pos", c10::IValue(s.pos));
+  state.write("batch_size", c10::IValue(s.batch_size));
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    const std::string n = std::to_string(l);
+    state.write("sum_kv" + n, s.layers[l].sum_kv);
+    state.write("sum_k" + n, s.layers[l].sum_k);
+    state.write("last_x" + n, s.layers[l].last_x);
+  }
+}
+
 template <class Kind>
 void save_checkpoint(const std::string& path, const Session<Kind>& s) {
   torch::serialize::OutputArchive root;
@@ -508,12 +541,14 @@ std::string shape_text(c10::IntArrayRef sizes) {
 // replaces a parameter by the stored tensor whatever its shape, so a tampered archive would otherwise load and fail
 // later, deep inside a forward pass.
 void check_shape(const std::string& path, const std::string& what, const torch::Tensor& t,
-                 c10::IntArrayRef expected) {
+                 c10::IntArrayRef expected, torch::ScalarType dtype = torch::kFloat) {
   if (!t.defined() || t.sizes() != expected) {
     bad_checkpoint(path, what + " has shape " + (t.defined() ? shape_text(t.sizes()) : std::string("(none)")) +
                              ", the model it describes needs " + shape_text(expected));
   }
-  if (t.scalar_type() != torch::kFloat) bad_checkpoint(path, what + " must be float32");
+  if (t.scalar_type() != dtype) {
+    bad_checkpoint(path, what + " must be " + (dtype == torch::kDouble ? "float64" : "float32"));
+  }
 }
 
 template <class Kind>
@@ -534,8 +569,8 @@ void restore_model(const std::string& path, torch::serialize::InputArchive& root
 }
 
 // pos, batch_size and the caches of the near field (the whole state of window and full).
-void read_near_state(const std::string& path, torch::serialize::InputArchive& state, const TrainOptions& o,
-                     SlidingWindowState& near) {
+// The state's pos (checked >= 0) after checking its batch_size against the options.
+int64_t read_position(const std::string& path, torch::serialize::InputArchive& state, const TrainOptions& o) {
   c10::IValue pos;
   c10::IValue batch_size;
   state.read("pos", pos);
@@ -544,7 +579,12 @@ void read_near_state(const std::string& path, torch::serialize::InputArchive& st
     bad_checkpoint(path, "state batch_size " + str(batch_size.toInt()) + " differs from options.batch " + str(o.batch));
   }
   if (pos.toInt() < 0) bad_checkpoint(path, "state pos must be >= 0 (got " + str(pos.toInt()) + ")");
-  near.pos = pos.toInt();
+  return pos.toInt();
+}
+
+void read_near_state(const std::string& path, torch::serialize::InputArchive& state, const TrainOptions& o,
+                     SlidingWindowState& near) {
+  near.pos = read_position(path, state, o);
   const int64_t head_dim = o.model.d_model / o.model.n_head;
   for (size_t l = 0; l < near.cache_k.size(); ++l) {
     torch::Tensor k;
@@ -567,6 +607,33 @@ void read_near_state(const std::string& path, torch::serialize::InputArchive& st
 void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<SpineKind>& s) {
   s.state = s.model->init_state(s.options.batch);
   read_near_state(path, state, s.options, s.state);
+}
+
+// linear: every layer's sums and shift row, with their shapes, dtypes and finite values; the sums of k features
+// are sums of positive terms, so none may be negative.
+void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<LinearKind>& s) {
+  const auto& o = s.options;
+  s.state = s.model->init_state(o.batch);
+  s.state.pos = read_position(path, state, o);
+  const int64_t B = o.batch, H = o.model.n_head, d = o.model.d_model / o.model.n_head;
+  for (size_t l = 0; l < s.state.layers.size(); ++l) {
+    const std::string n = std::to_string(l);
+    auto& layer = s.state.layers[l];
+    const auto tensor = [&](const std::string& name, torch::Tensor& into, c10::IntArrayRef sizes,
+                            torch::ScalarType dtype) {
+      torch::Tensor read;  // undefined: try_read would otherwise write into `into`'s storage and dtype
+      if (!state.try_read(name + n, read)) bad_checkpoint(path, "the state has no record " + name + n);
+      check_shape(path, "state " + name + n, read, sizes, dtype);
+      check_finite(path, "state " + name + n, read);
+      into = read;
+    };
+    tensor("sum_kv", layer.sum_kv, {B, H, d, d}, torch::kDouble);
+    tensor("sum_k", layer.sum_k, {B, H, d}, torch::kDouble);
+    tensor("last_x", layer.last_x, {B, o.model.d_model}, torch::kFloat);
+    if (layer.sum_k.lt(0).any().item<bool>()) {
+      bad_checkpoint(path, "state sum_k" + n + " holds a negative value (a sum of positive features cannot)");
+    }
+  }
 }
 
 // The near field, then every layer's bank: shapes, the bank invariants of validate_cluster_bank (a live prefix in

@@ -728,3 +728,50 @@ def test_run_recall_returns_a_sane_result():
     assert len(steps) == 3 and all(math.isfinite(loss) for _, loss in steps)
     with pytest.raises(ValueError):
         ex.run_recall("attention", steps=1)
+
+
+def test_run_recall_trains_linear_attention():
+    result = ex.run_recall("linear", d_model=16, n_layer=1, chunk=8, gap=8, batch=4, steps=2, eval_sequences=8)
+    assert result["mechanism"] == "linear"
+    # one layer, 2 heads of 8: S (2 x 8 x 8) and Z (2 x 8) in float64, the shift row (16) in float32
+    assert result["state_bytes"] == (2 * 8 * 8 + 2 * 8) * 8 + 16 * 4
+
+
+def test_run_memory_benchmark_reports_every_case():
+    seen = []
+    report = ex.run_memory_benchmark(
+        on_run=lambda *run: seen.append(run),
+        mechanisms=["window", "linear", "full"],
+        tasks=["recall", "mqar"],
+        recall_gaps=[12],
+        recall_pairs=[1, 2],
+        mqar_lengths=[16],
+        mqar_pairs=2,
+        seeds=[3, 4],
+        d_model=8,
+        n_layer=1,
+        chunk=8,
+        batch=2,
+        steps=1,
+        eval_sequences=4,
+    )
+    assert len(report["runs"]) == 3 * 3 * 2 and len(seen) == 18
+    assert seen[0] == (1, 18, "recall", "gap 12, pairs 1", "window", 3)
+    assert seen[-1] == (18, 18, "mqar", "length 16, pairs 2", "full", 4)
+    assert [c["mechanism"] for c in report["cases"][:3]] == ["window", "linear", "full"]
+    for case in report["cases"]:
+        assert case["seeds"] == 2
+        assert case["accuracy_min"] <= case["accuracy"] <= case["accuracy_max"]
+        runs = [r for r in report["runs"] if (r["task"], r["setting"], r["mechanism"]) ==
+                (case["task"], case["setting"], case["mechanism"])]
+        assert case["accuracy"] == pytest.approx(sum(r["accuracy"] for r in runs) / 2)
+        share = case["share_of_full_gain"]
+        assert share is None or (case["mechanism"] != "full" or share == pytest.approx(1.0))
+    defaults = ex.default_memory_bench_options()
+    assert defaults["recall_gaps"] == [24, 64, 256, 1024] and defaults["mechanisms"][2] == "linear"
+    with pytest.raises(ValueError, match="unknown task"):
+        ex.run_memory_benchmark(tasks=["sorting"])
+    with pytest.raises(TypeError, match="must be a list"):
+        ex.run_memory_benchmark(seeds=3)
+    with pytest.raises(ValueError, match="mqar: length"):
+        ex.run_memory_benchmark(tasks=["mqar"], mqar_lengths=[30], mqar_pairs=16)

@@ -77,7 +77,7 @@ struct RecallRunOptions {
 };
 
 struct RecallResult {
-  std::string mechanism;          ///< "window", "moment-closure" or "full"
+  std::string mechanism;          ///< "window", "moment-closure", "linear" or "full"
   double accuracy = 0.0;          ///< held-out recall accuracy (argmax at answer positions)
   double cross_entropy = 0.0;     ///< held-out mean cross-entropy at answer positions (nats)
   double first_loss = 0.0;        ///< mean training loss of the first 10 steps
@@ -86,8 +86,29 @@ struct RecallResult {
   double seconds = 0.0;           ///< training time
 };
 
-/// Trains and evaluates one mechanism ("window", "moment-closure" or "full") on the recall task. Every mechanism
-/// gets the same initial parameters (same seed and construction order) and the same training sequences.
+/// Checks the model and training settings (not the task): chunk, batch, steps, eval_sequences and threads positive,
+/// lr positive. @throws ValueError naming the field.
+void validate_training(const RecallRunOptions& options);
+
+/// A task to train and evaluate on: its vocabulary and how it draws `batch` sequences from a generator.
+struct SequenceTask {
+  std::string name;
+  int64_t vocab = 0;
+  std::function<RecallSequences(Rng& rng, int64_t batch)> draw;
+};
+
+/// The recall task of `task` as a SequenceTask (vocabulary keys + values + filler).
+/// @throws ValueError for an invalid task.
+SequenceTask recall_task(const RecallTaskOptions& task);
+
+/// Trains and evaluates one mechanism on `task` with the model and training settings of `options` (its `task`
+/// field unused): run_recall for any task. @throws ValueError for invalid options or an unknown mechanism.
+RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask& task, const RecallRunOptions& options,
+                               const std::function<void(int64_t step, double loss)>& on_step = {});
+
+/// Trains and evaluates one mechanism ("window", "moment-closure", "linear" or "full") on the recall task. Every
+/// mechanism gets the same initial parameters of the shared backbone (same seed and construction order; linear's
+/// token shifts start at zero) and the same training sequences.
 /// @throws ValueError for invalid options or an unknown mechanism.
 RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& options,
                         const std::function<void(int64_t step, double loss)>& on_step = {});

@@ -3,7 +3,8 @@
 /// Training, evaluating and sampling a streaming language model (SPEC §6-7) from token arrays and checkpoint files.
 /// This interface has no libtorch types, so the CLI and other callers compile without libtorch headers; the
 /// implementation (src/stream/language_model.cpp, target attnmix::torch) drives the mechanisms of context_spine.hpp
-/// (window, full) and moment_closure.hpp (moment-closure: the window plus a far-field cluster bank per layer).
+/// (window, full), moment_closure.hpp (moment-closure: the window plus a far-field cluster bank per layer) and
+/// linear_attention.hpp (linear: running sums over the whole stream, no window).
 /// The option structs and the name helpers are header-only: a caller that only parses options needs no libtorch.
 ///
 /// Training data layout: the token array is cut into `batch` contiguous streams of equal length L; step s feeds
@@ -34,15 +35,17 @@ enum class Mechanism {
   kWindow,         ///< sliding-window attention over the last `window` tokens
   kFull,           ///< unbounded causal attention (the quality reference)
   kMomentClosure,  ///< the window plus a bounded far field: a Gaussian cluster bank per layer (SPEC §7)
+  kLinear,         ///< causal linear attention over the whole stream: running sums, no window
 };
 
-/// "window", "full" or "moment-closure". @throws ValueError for other names.
+/// "window", "full", "moment-closure" or "linear". @throws ValueError for other names.
 inline Mechanism parse_mechanism(std::string_view name) {
   if (name == "window") return Mechanism::kWindow;
   if (name == "full") return Mechanism::kFull;
   if (name == "moment-closure") return Mechanism::kMomentClosure;
-  throw ValueError("mechanism must be \"window\", \"full\" or \"moment-closure\" (got \"" + std::string(name) +
-                   "\")");
+  if (name == "linear") return Mechanism::kLinear;
+  throw ValueError("mechanism must be \"window\", \"full\", \"moment-closure\" or \"linear\" (got \"" +
+                   std::string(name) + "\")");
 }
 inline std::string mechanism_name(Mechanism mechanism) {
   switch (mechanism) {
@@ -50,6 +53,8 @@ inline std::string mechanism_name(Mechanism mechanism) {
       return "full";
     case Mechanism::kMomentClosure:
       return "moment-closure";
+    case Mechanism::kLinear:
+      return "linear";
     case Mechanism::kWindow:
       break;
   }
@@ -63,7 +68,7 @@ struct ModelConfig {
   int64_t d_model = 32;
   int64_t n_layer = 2;
   int64_t n_head = 2;
-  int64_t window = 64;  ///< ignored by kFull
+  int64_t window = 64;  ///< ignored by kFull and kLinear
   // The far field of kMomentClosure (SPEC §7.6, §7.8); the other mechanisms ignore these (validate() still checks
   // them) and their checkpoints do not store them.
   int64_t max_clusters = 4;               ///< clusters per layer, stream and head (positive)

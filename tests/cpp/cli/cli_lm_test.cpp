@@ -3,6 +3,7 @@
 // (ATTNMIX_CLI) runs in a fresh temporary directory per test on a generated text. A tiny model
 // (d_model 8, one layer, 2 streams of 16 bytes) keeps each run to a fraction of a second.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,7 +79,8 @@ class CliLmTest : public testing::CliFixture {
 // ---- usage -------------------------------------------------------------------------------------
 
 TEST_F(CliLmTest, HelpExitsZeroForEverySubcommand) {
-  for (const char* command : {"lm ", "lm train ", "lm eval ", "lm generate ", "lm recall "}) {
+  for (const char* command :
+       {"lm ", "lm train ", "lm eval ", "lm generate ", "lm recall ", "lm memory-bench "}) {
     const RunResult r = run(std::string(command) + "--help");
     EXPECT_EQ(r.code, 0) << command << r.err;
     EXPECT_TRUE(contains(r.out, "Usage")) << command;
@@ -413,6 +415,42 @@ TEST_F(CliLmTest, RecallRunsEveryMechanism) {
   EXPECT_EQ(heads.code, 2);
   EXPECT_TRUE(contains(heads.err, "n_head")) << heads.err;
   EXPECT_EQ(run("lm recall --text nowhere.txt").code, 2);
+}
+
+/// A tiny `lm memory-bench` over every task and mechanism: one table row per case, progress per run, and the JSON
+/// file with every run and case; bad options fail before anything trains or is written.
+TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
+  const RunResult r = run(
+      "lm memory-bench --steps 1 --batch 2 --eval-sequences 2 --d-model 8 --n-layer 1 --gaps 20 --pairs 2 "
+      "--mqar-lengths 16 --mqar-pairs 2 --passkey-lengths 160 --seeds 0,1 --json bench.json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"Memory benchmark", "recall", "gap 20, pairs 2", "mqar", "length 16, pairs 2", "passkey",
+                        "length 160", "window ", "moment-closure ", "linear ", "full ", "state bytes", "share",
+                        "wrote bench.json (24 runs, 12 cases)"})
+    EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
+  EXPECT_TRUE(contains(r.err, "run 24/24: passkey (length 160), full, seed 1")) << r.err;
+  const auto json = nlohmann::json::parse(read_text(path("bench.json")));
+  ASSERT_EQ(json.at("runs").size(), 24U);
+  ASSERT_EQ(json.at("cases").size(), 12U);
+  for (const auto& c : json.at("cases")) {
+    EXPECT_EQ(c.at("seeds"), 2);
+    EXPECT_GE(c.at("accuracy").get<double>(), 0.0);
+    EXPECT_LE(c.at("accuracy").get<double>(), 1.0);
+    EXPECT_GT(c.at("state_bytes").get<int64_t>(), 0);
+  }
+  EXPECT_EQ(json.at("cases")[0].at("chance").get<double>(), 0.0625);
+  EXPECT_EQ(json.at("cases")[11].at("chance").get<double>(), 0.1);
+  // Errors: usage (1), and options that do not fit (2) before any training or any file.
+  EXPECT_EQ(run("lm memory-bench --tasks recall,sorting").code, 1);
+  EXPECT_EQ(run("lm memory-bench --mechanisms window,mixture").code, 1);
+  const RunResult mqar = run("lm memory-bench --tasks mqar --mqar-lengths 30 --mqar-pairs 16 --json bad.json");
+  EXPECT_EQ(mqar.code, 2);
+  EXPECT_TRUE(contains(mqar.err, "mqar: length must be even and at least 4 x pairs")) << mqar.err;
+  EXPECT_FALSE(contains(mqar.err, "run 1/")) << mqar.err;
+  const RunResult passkey = run("lm memory-bench --tasks passkey --passkey-lengths 20");
+  EXPECT_EQ(passkey.code, 2);
+  EXPECT_TRUE(contains(passkey.err, "passkey: length must be at least")) << passkey.err;
+  EXPECT_FALSE(fs::exists(path("bad.json")));
 }
 
 /// --checkpoint-every writes the checkpoint during the run; the end result is the same file.

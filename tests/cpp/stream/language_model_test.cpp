@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -23,6 +24,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "testing/all_close.hpp"
 
@@ -558,32 +560,25 @@ TEST_F(LanguageModelTest, MomentClosureResumeIsBitwiseIdentical) {
   EXPECT_EQ(*info.model.merge_threshold, 1.5);
 }
 
-/// Rewrites a one-layer moment-closure checkpoint, passing every state tensor through `edit`
-/// (which may change it, or return false to leave the record out).
-void rewrite_moment_checkpoint(
-    const std::string& from, const std::string& to,
-    const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+/// Rewrites a checkpoint through `model` (a module of the checkpoint's architecture, which loads and re-saves the
+/// parameters), passing every state tensor named in `keys` through `edit` (which may change it, or return false to
+/// leave the record out).
+void rewrite_checkpoint(const std::string& from, const std::string& to, torch::nn::Module& model,
+                        const std::vector<std::string>& keys,
+                        const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
   torch::serialize::InputArchive in;
   in.load_from(from);
   c10::IValue meta;
   in.read("meta", meta);
-  const auto options = nlohmann::json::parse(meta.toStringRef()).at("options");
-  MomentClosureOptions m;
-  m.d_model = options.at("d_model").get<int64_t>();
-  m.n_layer = 1;
-  m.n_head = options.at("n_head").get<int64_t>();
-  m.window = options.at("window").get<int64_t>();
-  m.max_clusters = options.at("max_clusters").get<int64_t>();
-  MomentClosureAttention model(m);
   torch::serialize::InputArchive params;
   in.read("model", params);
-  model->load(params);
+  model.load(params);
   torch::serialize::InputArchive state_in;
   in.read("state", state_in);
   torch::serialize::OutputArchive out;
   out.write("meta", meta);
   torch::serialize::OutputArchive params_out;
-  model->save(params_out);
+  model.save(params_out);
   out.write("model", params_out);
   torch::serialize::OutputArchive optimizer;  // no moments: as before the first update
   out.write("optimizer", optimizer);
@@ -593,14 +588,37 @@ void rewrite_moment_checkpoint(
     state_in.read(key, v);
     state.write(key, v);
   }
-  for (const char* key :
-       {"k0", "v0", "count0", "mu_k0", "mu_v0", "sigma_kk0", "sigma_vk0", "n_clusters0"}) {
+  for (const std::string& key : keys) {
     torch::Tensor t;
     ASSERT_TRUE(state_in.try_read(key, t)) << key;
     if (edit(key, t)) state.write(key, t);
   }
   out.write("state", state);
   out.save_to(to);
+}
+
+nlohmann::json stored_options(const std::string& checkpoint) {
+  torch::serialize::InputArchive in;
+  in.load_from(checkpoint);
+  c10::IValue meta;
+  in.read("meta", meta);
+  return nlohmann::json::parse(meta.toStringRef()).at("options");
+}
+
+/// rewrite_checkpoint for a one-layer moment-closure checkpoint.
+void rewrite_moment_checkpoint(
+    const std::string& from, const std::string& to,
+    const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+  const auto options = stored_options(from);
+  MomentClosureOptions m;
+  m.d_model = options.at("d_model").get<int64_t>();
+  m.n_layer = 1;
+  m.n_head = options.at("n_head").get<int64_t>();
+  m.window = options.at("window").get<int64_t>();
+  m.max_clusters = options.at("max_clusters").get<int64_t>();
+  MomentClosureAttention model(m);
+  rewrite_checkpoint(from, to, *model,
+                     {"k0", "v0", "count0", "mu_k0", "mu_v0", "sigma_kk0", "sigma_vk0", "n_clusters0"}, edit);
 }
 
 /// Damaged banks are reported when the checkpoint is loaded, naming the record or the layer.
@@ -675,6 +693,104 @@ TEST_F(LanguageModelTest, MomentClosureEvaluationReportsClusterStatistics) {
   EXPECT_TRUE(evaluate(trained("w.ckpt"), tokens, 8, 1).far_field.empty());
 }
 
+// ---- linear attention ---------------------------------------------------------------------------
+
+TrainOptions tiny_linear_options() {
+  TrainOptions o = tiny_options();
+  o.model.mechanism = Mechanism::kLinear;
+  return o;
+}
+
+/// A linear-attention run stopped at step 6 (its running sums saved in float64) resumes to the losses and the
+/// checkpoint bytes of the uninterrupted run.
+TEST_F(LanguageModelTest, LinearResumeIsBitwiseIdentical) {
+  TrainOptions o = tiny_linear_options();
+  o.detach_horizon = 2;
+  const auto whole = train(o, corpus_, "", path("whole.ckpt"));
+  ASSERT_EQ(whole.losses.size(), 12U);
+  EXPECT_LT(std::accumulate(whole.losses.end() - 3, whole.losses.end(), 0.0),
+            std::accumulate(whole.losses.begin(), whole.losses.begin() + 3, 0.0));
+  o.checkpoint_every = 6;
+  int copies = 0;
+  (void)train(o, corpus_, "", path("run.ckpt"), [&](const Progress& p) {
+    if (p.step == 6) copies += fs::copy_file(path("run.ckpt"), path("step6.ckpt")) ? 1 : 0;
+  });
+  ASSERT_EQ(copies, 1);
+  o.checkpoint_every = 0;
+  const auto resumed = train(o, corpus_, path("step6.ckpt"), path("resumed.ckpt"));
+  EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
+  EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
+  EXPECT_EQ(read_checkpoint_info(path("resumed.ckpt")).model.mechanism, Mechanism::kLinear);
+  // One layer: S (2 heads x 4 x 4) and Z (2 x 4) in float64 and the shift row (8 floats), per stream.
+  EXPECT_EQ(whole.state_bytes, o.batch * ((2 * 4 * 4 + 2 * 4) * 8 + 8 * 4));
+  EXPECT_TRUE(whole.far_field.empty());
+}
+
+/// Linear attention streams: the chunk size changes the result only by the float32 rounding of the products, and
+/// the state's size is the same whatever the text's length.
+TEST_F(LanguageModelTest, LinearEvaluationDoesNotDependOnTheChunkSize) {
+  const std::string ckpt = trained("l.ckpt", tiny_linear_options());
+  const auto tokens = make_corpus(150, seed_ + 7);
+  const Evaluation a = evaluate(ckpt, tokens, 7, 1);
+  const Evaluation b = evaluate(ckpt, tokens, 1000, 1);
+  EXPECT_NEAR(a.mean_cross_entropy, b.mean_cross_entropy, 1e-6 * b.mean_cross_entropy);  // float32 products
+  EXPECT_EQ(a.state_bytes, b.state_bytes);
+  EXPECT_EQ(evaluate(ckpt, make_corpus(40, seed_), 7, 1).state_bytes, a.state_bytes);
+  GenerateOptions g;
+  g.tokens = 10;
+  EXPECT_EQ(generate(ckpt, byte_tokens("the "), g), generate(ckpt, byte_tokens("the "), g));
+}
+
+/// Damaged running sums are reported when the checkpoint is loaded, naming the record.
+TEST_F(LanguageModelTest, LinearCheckpointSumsAreChecked) {
+  TrainOptions o = tiny_linear_options();
+  o.steps = 4;
+  train(o, corpus_, "", path("good.ckpt"));
+  o.steps = 6;
+  const auto rewrite = [&](const std::string& name,
+                           const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    const auto options = stored_options(path("good.ckpt"));
+    LinearAttentionOptions l;
+    l.d_model = options.at("d_model").get<int64_t>();
+    l.n_layer = 1;
+    l.n_head = options.at("n_head").get<int64_t>();
+    LinearAttentionSpine model(l);
+    rewrite_checkpoint(path("good.ckpt"), path(name), *model, {"sum_kv0", "sum_k0", "last_x0"}, edit);
+    return path(name);
+  };
+  EXPECT_EQ(train(o, corpus_, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
+                .losses.size(),
+            2U);
+  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
+                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    SCOPED_TRACE(name);
+    const std::string file = rewrite(name, edit);
+    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
+    fragments.insert(fragments.end(), why.begin(), why.end());
+    expect_throw_with<std::runtime_error>([&] { train(o, corpus_, file, ""); }, fragments);
+  };
+  expect_bad("missing.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor&) { return k != "sum_kv0"; });
+  expect_bad("dtype.ckpt", {"sum_k0", "float64"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "sum_k0") t = t.to(torch::kFloat);
+    return true;
+  });
+  expect_bad("shape.ckpt", {"last_x0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "last_x0") t = t.narrow(-1, 0, 2).contiguous();
+    return true;
+  });
+  expect_bad("negative.ckpt", {"sum_k0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "sum_k0") t = -t - 1.0;
+    return true;
+  });
+  expect_bad("nan.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "sum_kv0") {
+      t = t.contiguous().clone();
+      t.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
+    }
+    return true;
+  });
+}
+
 TEST_F(LanguageModelTest, ValidateNamesTheField) {
   EXPECT_NO_THROW(validate(TrainOptions{}));
   const auto expect_field = [](const std::string& field, auto change) {
@@ -721,6 +837,10 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
   EXPECT_EQ(mechanism_name(parse_mechanism("window")), "window");
   EXPECT_EQ(parse_mechanism("moment-closure"), Mechanism::kMomentClosure);
   EXPECT_EQ(mechanism_name(Mechanism::kMomentClosure), "moment-closure");
+  EXPECT_EQ(mechanism_name(parse_mechanism("linear")), "linear");
+  TrainOptions linear = full;  // and by linear attention
+  linear.model.mechanism = Mechanism::kLinear;
+  EXPECT_NO_THROW(validate(linear));
   EXPECT_EQ(parse_schedule("constant"), Schedule::kConstant);
   EXPECT_EQ(schedule_name(parse_schedule("cosine")), "cosine");
   expect_throw_with<ValueError>([] { (void)parse_mechanism("mixture"); }, {"mixture"});

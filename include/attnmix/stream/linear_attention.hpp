@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file linear_attention.hpp
+/// LinearAttentionSpine: the spine of context_spine.hpp with every layer's softmax attention replaced by causal
+/// linear attention over the whole stream (Katharopoulos et al. 2020, "Transformers are RNNs"): no window, and a
+/// carried state whose size does not grow with the stream.
+///
+/// Per layer, for the chunk's normalised input x (b, t, d) and the layer's state (S₀, Z₀, x₋₁), with h_d = d / H:
+///   q, k, v = split(x Wᵀ + b)                       W = qkv.weight (3d, d), each (b, t, H, h_d)
+///   k_i   += (U x_{i−1})                             token shift: x₋₁ = the previous chunk's last row (0 at the start)
+///   φ(z)   = elu(z) + 1                              positive features
+///   S_i    = S₀ + Σ_{j ≤ i} φ(k_j) v_jᵀ              (h_d × h_d) per head
+///   Z_i    = Z₀ + Σ_{j ≤ i} φ(k_j)                   (h_d) per head
+///   out_i  = proj( S_iᵀ φ(q_i) / (φ(q_i) · Z_i + ε) ),  ε = 1e-6
+/// S and Z are float64 running sums, added token by token in stream order (a sequential scan) from exact products of
+/// float32 factors, so a chunk continues the sums exactly where the previous one stopped; streaming a sequence in
+/// chunks equals one pass up to the float32 rounding of the dense products, whose result for a row depends on how
+/// many rows one call multiplies (not bit for bit).
+/// The token shift U = Linear(d, d, no bias) starts at zero: it lets a token's key carry the token before it, which
+/// associative recall needs (a value is found through the key just before it) and which causal linear attention,
+/// having no positions, cannot otherwise form; it is the shortest of the causal convolutions H3 and Based put next to
+/// linear attention. Every other parameter is the spine's, built in the spine's order, so a seed gives the window,
+/// full and moment-closure models the same initial weights.
+/// Cost per chunk and layer: O(b·t·d²) for the projections and O(b·t·H·h_d²) for attention; state per layer
+/// b·H·(h_d² + h_d) float64 plus b·d float32, independent of the stream's length.
+#pragma once
+
+#include "attnmix/stream/context_spine.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace attnmix {
+
+/// Sizes of LinearAttentionSpine: every size positive, d_model % n_head == 0 (no window: the state is the sums).
+struct LinearAttentionOptions {
+  int64_t vocab = 256;
+  int64_t d_model = 32;
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+};
+
+/// One layer's carried state: the running sums of every token seen so far and the last normalised input row.
+struct LinearAttentionLayerState {
+  torch::Tensor sum_kv;  ///< S = Σ φ(k) vᵀ, (b, H, h_d, h_d) float64 (key index before value index)
+  torch::Tensor sum_k;   ///< Z = Σ φ(k), (b, H, h_d) float64
+  torch::Tensor last_x;  ///< the layer's normalised input at the previous token, (b, d); zero at the start
+};
+
+struct LinearAttentionState {
+  std::vector<LinearAttentionLayerState> layers;
+  int64_t pos = 0;  ///< tokens seen (the absolute position of the next one)
+  int64_t batch_size = 0;
+
+  /// Bytes held by the sums and the shift rows.
+  int64_t bytes() const;
+};
+
+struct LinearAttentionOutput {
+  LinearAttentionState state;
+  torch::Tensor logits;  ///< (b, t, vocab)
+};
+
+/// One layer's linear attention on a chunk (before the residual): proj(attention) (b, t, d) and the layer's state
+/// after it. The inputs are trusted (the module checks them).
+struct LinearAttentionSublayerStep {
+  torch::Tensor out;
+  LinearAttentionLayerState state;
+};
+LinearAttentionSublayerStep linear_attention_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj,
+                                                      torch::nn::LinearImpl& shift, const torch::Tensor& x,
+                                                      const LinearAttentionLayerState& state, int64_t n_head);
+
+/// A ContextMechanism: the spine's backbone (SpineBackbone, same construction order) with linear attention in each
+/// layer, plus one token-shift Linear per layer (registered after the backbone, zero-initialised).
+class LinearAttentionSpineImpl : public torch::nn::Module {
+ public:
+  using state_type = LinearAttentionState;
+
+  /// @throws ValueError for invalid sizes (naming the field).
+  explicit LinearAttentionSpineImpl(const LinearAttentionOptions& options);
+
+  /// Zero sums for batch_size streams, in the parameters' dtype for last_x. @throws ValueError unless positive.
+  LinearAttentionState init_state(int64_t batch_size, torch::Device device = torch::kCPU) const;
+  /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit
+  ///   (batch size, layers, shapes or dtypes).
+  LinearAttentionOutput advance(const LinearAttentionState& state, const torch::Tensor& x);
+  MechanismStep<LinearAttentionState> step(const LinearAttentionState& state, const torch::Tensor& x,
+                                           const torch::Tensor& y);
+  /// Stop-gradient on every carried tensor.
+  LinearAttentionState detach(const LinearAttentionState& state) const;
+
+  const LinearAttentionOptions& options() const { return options_; }
+  int64_t head_dim() const { return options_.d_model / options_.n_head; }
+  SpineBackbone& backbone() { return backbone_; }
+  /// The token shifts, one per layer.
+  const std::vector<torch::nn::Linear>& shifts() const { return shifts_; }
+
+ private:
+  LinearAttentionOutput advance_checked(const LinearAttentionState& state, const torch::Tensor& x);
+  void check_state(const LinearAttentionState& state, int64_t b, const char* where) const;
+
+  LinearAttentionOptions options_;
+  SpineBackbone backbone_{nullptr};
+  std::vector<torch::nn::Linear> shifts_;
+};
+TORCH_MODULE(LinearAttentionSpine);
+
+static_assert(ContextMechanism<LinearAttentionSpineImpl>);
+
+}  // namespace attnmix

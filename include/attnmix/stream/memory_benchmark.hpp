@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file memory_benchmark.hpp
+/// The memory benchmark: how much each mechanism remembers, against the distance to the evidence, the load on the
+/// memory and the state it carries. Torch-free interface (the runs train the mechanisms of far_field.hpp).
+///
+/// The sweep, for each mechanism and seed (every mechanism starts from the same backbone parameters and sees the
+/// same sequences for a seed):
+///   recall   far_field.hpp's associative recall at every gap × pairs (queries = pairs: every pair is asked);
+///   mqar     multi-query associative recall (memory_tasks.hpp) at every length, with mqar_pairs pairs;
+///   passkey  the byte-level passkey (memory_tasks.hpp) at every length.
+/// Each case reports accuracy and cross-entropy at the answers (mean over seeds, with the smallest and largest
+/// accuracy), the state carried at the end of one sequence, the training time, the chance accuracy, and — where the
+/// window and full attention ran on the same case — the share of full attention's gain over the window that the
+/// mechanism recovers, (acc − acc_window) / (acc_full − acc_window).
+#pragma once
+
+#include "attnmix/stream/far_field.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace attnmix::lm {
+
+struct MemoryBenchOptions {
+  std::vector<std::string> mechanisms = {"window", "moment-closure", "linear", "full"};
+  std::vector<std::string> tasks = {"recall", "mqar", "passkey"};
+  std::vector<int64_t> recall_gaps = {24, 64, 256, 1024};
+  std::vector<int64_t> recall_pairs = {1, 4, 16};
+  std::vector<int64_t> mqar_lengths = {64, 128, 256, 512};
+  int64_t mqar_pairs = 16;
+  std::vector<int64_t> passkey_lengths = {1024, 4096};
+  std::vector<uint64_t> seeds = {0};
+  /// Model and training settings of every run (its task and seed fields are set per run).
+  RecallRunOptions training;
+};
+
+/// Checks the options (every list non-empty where its task runs, known mechanisms and tasks, valid tasks) before
+/// anything trains. @throws ValueError naming the field.
+void validate(const MemoryBenchOptions& options);
+
+/// One training run.
+struct MemoryBenchRun {
+  std::string task;     ///< "recall", "mqar" or "passkey"
+  std::string setting;  ///< e.g. "gap 256, pairs 4", "length 256, pairs 16", "length 4096"
+  uint64_t seed = 0;
+  RecallResult result;
+};
+
+/// One case: a task setting and a mechanism, over the seeds.
+struct MemoryBenchCase {
+  std::string task;
+  std::string setting;
+  std::string mechanism;
+  int64_t seeds = 0;
+  double accuracy = 0.0;  ///< mean over the seeds
+  double accuracy_min = 0.0;
+  double accuracy_max = 0.0;
+  double cross_entropy = 0.0;  ///< mean over the seeds (nats at the answers)
+  double chance = 0.0;         ///< accuracy of a uniform guess
+  int64_t state_bytes = 0;     ///< at the end of one sequence
+  double seconds = 0.0;        ///< mean training time
+  std::optional<double> share_of_full_gain;  ///< needs window and full on the case, and full above the window
+};
+
+struct MemoryBenchReport {
+  std::vector<MemoryBenchRun> runs;
+  std::vector<MemoryBenchCase> cases;  ///< in sweep order: task, setting, then the mechanisms' order
+};
+
+/// Called before each run: its 1-based index, the total number of runs and the run (without a result yet).
+using MemoryBenchProgress = std::function<void(int64_t index, int64_t total, const MemoryBenchRun& run)>;
+
+/// Runs the sweep; on_step, if set, is called after every training step of every run.
+/// @throws ValueError for invalid options (before any run).
+MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& options, const MemoryBenchProgress& on_run = {},
+                                       const std::function<void(int64_t step, double loss)>& on_step = {});
+
+}  // namespace attnmix::lm
