@@ -705,8 +705,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
       << "  scoring   " << t.eval_sequences << " fresh sequences per run\n\n"
       << std::flush;
   ProgressBar bar(std::cerr);
-  int64_t steps_done = 0;
   auto start = std::chrono::steady_clock::now();
+  double tokens_per_step = 0.0;
   const auto report = lm::run_memory_benchmark(
       o,
       [&](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
@@ -714,7 +714,7 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
         std::cerr << "run " << index << "/" << total << ": " << run.task << " (" << run.setting << "), "
                   << run.result.mechanism << ", seed " << run.seed << "\n";
         start = std::chrono::steady_clock::now();
-        steps_done = 0;
+        tokens_per_step = static_cast<double>(t.batch * (run.length - 1));
       },
       [&](int64_t step, double loss) {
         lm::Progress p;
@@ -723,7 +723,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
         p.loss = loss;
         p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         p.eta_seconds = p.elapsed_seconds / static_cast<double>(step) * static_cast<double>(t.steps - step);
-        steps_done = step;
+        p.tokens_per_second =
+            p.elapsed_seconds > 0 ? tokens_per_step * static_cast<double>(step) / p.elapsed_seconds : 0.0;
         bar.update(p);
       });
   bar.finish();

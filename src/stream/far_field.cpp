@@ -178,7 +178,7 @@ Rng recall_data_rng(uint64_t seed, int64_t stream) {
 
 SequenceTask recall_task(const RecallTaskOptions& task) {
   validate_recall_task(task);
-  return {"recall", task.keys + task.values + task.filler,
+  return {"recall", task.keys + task.values + task.filler, recall_sequence_length(task),
           [task](Rng& rng, int64_t batch) { return recall_sequences(rng, task, batch); }};
 }
 

@@ -53,7 +53,7 @@ std::vector<Setting> settings(const MemoryBenchOptions& o) {
       t.length = length;
       validate_mqar_task(t);
       out.push_back({"mqar", "length " + str(length) + ", pairs " + str(t.pairs), 1.0 / static_cast<double>(t.values),
-                     {"mqar", mqar_vocab(t), [t](Rng& rng, int64_t batch) { return mqar_sequences(rng, t, batch); }}});
+                     {"mqar", mqar_vocab(t), t.length, [t](Rng& rng, int64_t batch) { return mqar_sequences(rng, t, batch); }}});
     }
   }
   if (runs("passkey")) {
@@ -62,7 +62,7 @@ std::vector<Setting> settings(const MemoryBenchOptions& o) {
       t.length = length;
       validate_passkey_task(t);
       out.push_back({"passkey", "length " + str(length), 0.1,
-                     {"passkey", 256, [t](Rng& rng, int64_t batch) { return passkey_sequences(rng, t, batch); }}});
+                     {"passkey", 256, t.length, [t](Rng& rng, int64_t batch) { return passkey_sequences(rng, t, batch); }}});
     }
   }
   return out;
@@ -130,7 +130,7 @@ MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& o, const Memory
     const size_t first_run = report.runs.size();
     for (const std::string& mechanism : o.mechanisms) {
       for (const uint64_t seed : o.seeds) {
-        MemoryBenchRun run{setting.task, setting.label, seed, {}};
+        MemoryBenchRun run{setting.task, setting.label, setting.sequences.length, seed, {}};
         run.result.mechanism = mechanism;
         if (on_run) on_run(++index, total, run);
         RecallRunOptions training = o.training;

@@ -94,6 +94,7 @@ void validate_training(const RecallRunOptions& options);
 struct SequenceTask {
   std::string name;
   int64_t vocab = 0;
+  int64_t length = 0;  ///< tokens per sequence
   std::function<RecallSequences(Rng& rng, int64_t batch)> draw;
 };
 

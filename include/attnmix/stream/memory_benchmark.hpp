@@ -45,6 +45,7 @@ void validate(const MemoryBenchOptions& options);
 struct MemoryBenchRun {
   std::string task;     ///< "recall", "mqar" or "passkey"
   std::string setting;  ///< e.g. "gap 256, pairs 4", "length 256, pairs 16", "length 4096"
+  int64_t length = 0;   ///< tokens per sequence
   uint64_t seed = 0;
   RecallResult result;
 };
