@@ -96,6 +96,9 @@ bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+/// Every --mechanism(s) value (lm::parse_mechanism's names).
+const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear", "full"};
+
 /// The flags of the moment-closure far field: meaningless for window and full attention.
 constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
                                           "--merge-threshold"};
@@ -165,7 +168,7 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7) or "
                   "linear (causal linear attention: running sums over every token, no window, "
                   "bounded state)")
-      ->check(CLI::IsMember({"window", "full", "moment-closure", "linear"}))
+      ->check(CLI::IsMember(kMechanismNames))
       ->capture_default_str();
   cmd->add_option("--window", o.model.window,
                   "Tokens a query sees exactly (window and moment-closure)")
@@ -337,7 +340,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       "docs/far-field.md.");
   cmd->add_option("--mechanisms", r->mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
-      ->check(CLI::IsMember({"window", "moment-closure", "linear", "full"}))
+      ->check(CLI::IsMember(kMechanismNames))
       ->capture_default_str();
   cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
       ->check(CLI::PositiveNumber)
@@ -410,7 +413,7 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
       "Exit codes: 0 ok, 1 usage, 2 data/validation error. See docs/far-field.md.");
   cmd->add_option("--mechanisms", b.mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
-      ->check(CLI::IsMember({"window", "moment-closure", "linear", "full"}))
+      ->check(CLI::IsMember(kMechanismNames))
       ->capture_default_str();
   cmd->add_option("--tasks", b.tasks, "Tasks to run, in order")
       ->delimiter(',')
