@@ -96,12 +96,12 @@ bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-/// Every --mechanism(s) value (lm::parse_mechanism's names).
+/// Every --mechanism value of lm train (lm::parse_mechanism's names).
 const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear", "full"};
 
 /// The flags of the moment-closure far field: meaningless for window and full attention.
 constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
-                                          "--merge-threshold"};
+                                          "--merge-threshold", "--outliers"};
 
 int run_train(TrainArgs& args, const CLI::App* cmd) {
   LmTrainRequest& r = args.request;
@@ -186,6 +186,12 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "moment-closure: two clusters closer than this (RMS standardised distance of "
                   "their key means) merge (default: 2.65 + 6/sqrt(n) for the smaller count n)")
       ->type_name("FLOAT");
+  cmd->add_option("--outliers", o.model.outlier_capacity,
+                  "moment-closure: per layer, stream and cluster, keep this many of the evicted "
+                  "tokens the cluster predicts worst exactly (int8) and attend to them beside the "
+                  "clusters (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--d-model", o.model.d_model, "Width of the model")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -297,6 +303,11 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
   cmd->add_option("--birth-threshold", o.birth_threshold,
                   "moment-closure: the cluster-birth threshold")
       ->capture_default_str();
+  cmd->add_option("--outliers", o.outlier_capacity,
+                  "moment-closure+outliers: the worst-fitting evicted tokens kept exactly (int8) per "
+                  "layer, stream and cluster")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per training step")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -328,7 +339,8 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       "asks --queries of the keys again; the model must name each one's value. With --gap at "
       "least --window - 1 every pair has left the window before the first query: window "
       "attention can only guess (chance 1/--values), full attention can look back, "
-      "moment-closure must recall through its far-field clusters and linear attention through "
+      "moment-closure must recall through its far-field clusters (moment-closure+outliers also "
+      "through the --outliers worst-fitting evicted tokens it keeps exactly) and linear attention through "
       "its running sums. Every mechanism starts from "
       "the same parameters and sees the same sequences; the table gives the accuracy and "
       "cross-entropy at the answers of --eval-sequences fresh sequences, the state carried at the "
@@ -340,7 +352,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       "docs/far-field.md.");
   cmd->add_option("--mechanisms", r->mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
-      ->check(CLI::IsMember(kMechanismNames))
+      ->check(CLI::IsMember(lm::kSequenceMechanisms))
       ->capture_default_str();
   cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
       ->check(CLI::PositiveNumber)
@@ -413,7 +425,7 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
       "Exit codes: 0 ok, 1 usage, 2 data/validation error. See docs/far-field.md.");
   cmd->add_option("--mechanisms", b.mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
-      ->check(CLI::IsMember(kMechanismNames))
+      ->check(CLI::IsMember(lm::kSequenceMechanisms))
       ->capture_default_str();
   cmd->add_option("--tasks", b.tasks, "Tasks to run, in order")
       ->delimiter(',')

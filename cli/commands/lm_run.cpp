@@ -141,6 +141,7 @@ const std::vector<FixedFlag>& fixed_flags() {
                                         : std::string("the default rule");
        },
        true},
+      {"--outliers", "outlier_capacity", [](O o) { return text_of(o.model.outlier_capacity); }, true},
   };
   return flags;
 }
@@ -175,7 +176,10 @@ std::string mechanism_text(const lm::ModelConfig& m) {
              (m.max_clusters == 1 ? " cluster" : " clusters") +
              " per layer and head (birth threshold " + num(m.birth_threshold) +
              ", merge threshold " +
-             (m.merge_threshold ? num(*m.merge_threshold) : std::string("2.65 + 6/sqrt(n)")) + ")";
+             (m.merge_threshold ? num(*m.merge_threshold) : std::string("2.65 + 6/sqrt(n)")) + ")" +
+             (m.outlier_capacity > 0 ? ", plus the " + std::to_string(m.outlier_capacity) +
+                                           " worst-fitting evicted tokens per cluster kept exactly (int8)"
+                                     : std::string());
     case lm::Mechanism::kLinear:
       return "causal linear attention over every token since the start of the pass (running sums, no window)";
     case lm::Mechanism::kWindow:
@@ -466,15 +470,9 @@ int run_generate(const LmGenerateRequest& args) {
 
 /// `lm train`'s options for one mechanism of the text comparison: the recall model's sizes, window,
 /// far field, seed and threads, the --text-* settings; lm train's defaults otherwise.
-lm::TrainOptions text_options(const LmRecallRequest& r, lm::Mechanism mechanism) {
+lm::TrainOptions text_options(const LmRecallRequest& r, const std::string& mechanism) {
   lm::TrainOptions o;
-  o.model.mechanism = mechanism;
-  o.model.d_model = r.options.d_model;
-  o.model.n_layer = r.options.n_layer;
-  o.model.n_head = r.options.n_head;
-  o.model.window = r.options.window;
-  o.model.max_clusters = r.options.max_clusters;
-  o.model.birth_threshold = r.options.birth_threshold;
+  o.model = lm::sequence_model_config(mechanism, r.options);
   o.chunk = r.text_chunk > 0 ? r.text_chunk : r.options.chunk;
   o.steps = r.text_steps;
   o.lr = r.text_lr;
@@ -509,9 +507,9 @@ int run_recall(const LmRecallRequest& r) {
   const std::string path = r.text.empty() ? std::string(kDefaultCorpus) : r.text;
   if (r.text_steps > 0) {
     for (const std::string& name : r.mechanisms)
-      lm::validate(text_options(r, lm::parse_mechanism(name)));
+      lm::validate(text_options(r, name));
     corpus = read_lm_corpus(path, r.holdout);
-    const lm::TrainOptions t = text_options(r, lm::Mechanism::kWindow);
+    const lm::TrainOptions t = text_options(r, "window");
     const int64_t needed = t.batch * (t.chunk + 1);
     if (static_cast<int64_t>(corpus->train.size()) < needed)
       throw ValueError(path + ": " + std::to_string(corpus->train.size()) +
@@ -542,7 +540,8 @@ int run_recall(const LmRecallRequest& r) {
       << (o.n_layer == 1 ? " layer, " : " layers, ") << o.n_head
       << (o.n_head == 1 ? " head" : " heads") << ", chunks of " << o.chunk
       << " tokens; moment-closure: up to " << o.max_clusters
-      << " clusters per layer and head, birth threshold " << num(o.birth_threshold) << "\n"
+      << " clusters per layer and head, birth threshold " << num(o.birth_threshold)
+      << "; moment-closure+outliers: " << o.outlier_capacity << " stored outliers per cluster\n"
       << "  training  " << o.steps << " steps of " << o.batch << " sequences (AdamW lr "
       << num(o.lr) << ", loss at the answers only), seed " << o.seed << ", " << o.threads
       << (o.threads == 1 ? " thread" : " threads") << "\n"
@@ -614,7 +613,7 @@ int run_recall(const LmRecallRequest& r) {
   out << std::flush;
 
   if (r.text_steps == 0) return kExitOk;
-  const lm::TrainOptions shown = text_options(r, lm::Mechanism::kWindow);
+  const lm::TrainOptions shown = text_options(r, "window");
   out << "\nHeld-out text: " << path << " (" << corpus->train.size()
       << " bytes for training, the last " << corpus->heldout.size()
       << " held out); each mechanism trains " << shown.steps << " steps of " << shown.batch
@@ -633,7 +632,7 @@ int run_recall(const LmRecallRequest& r) {
     t.mechanism = name;
     try {
       t.summary = lm::train(
-          text_options(r, lm::parse_mechanism(name)), corpus->train, "", "",
+          text_options(r, name), corpus->train, "", "",
           [&bar](const lm::Progress& p) { bar.update(p); }, corpus->heldout);
     } catch (...) {
       bar.finish();
@@ -699,7 +698,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   out << "Memory benchmark (docs/far-field.md)\n"
       << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
       << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
-      << t.window << " (window, moment-closure), up to " << t.max_clusters << " clusters (moment-closure)\n"
+      << t.window << " (window, moment-closure), up to " << t.max_clusters << " clusters (moment-closure), "
+      << t.outlier_capacity << " stored outliers per cluster (moment-closure+outliers)\n"
       << "  training  " << t.steps << " steps of " << t.batch << " sequences per run (AdamW lr " << num(t.lr)
       << ", loss at the answers only), " << t.threads << (t.threads == 1 ? " thread" : " threads") << "\n"
       << "  scoring   " << t.eval_sequences << " fresh sequences per run\n\n"

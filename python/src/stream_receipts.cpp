@@ -22,7 +22,7 @@ py::dict receipt_out(const StreamReceipt& r, bool ingest, TensorOut tensor_out) 
   py::dict outliers;
   for (const auto& [c, o] : r.per_cluster_outlier_tokens) {
     outliers[py::int_(c)] = py::dict("k"_a = tensor_out(o.k), "v"_a = tensor_out(o.v),
-                                     "indices"_a = py::cast(o.indices),
+                                     "indices"_a = py::cast(o.indices), "residuals"_a = py::cast(o.residuals),
                                      "member_indices"_a = py::cast(o.member_indices));
   }
   out["per_cluster_outlier_tokens"] = outliers;

@@ -111,7 +111,17 @@ void validate_training(const RecallRunOptions& o) {
   positive("steps", o.steps);
   positive("eval_sequences", o.eval_sequences);
   positive("threads", o.threads);
+  positive("outlier_capacity", o.outlier_capacity);
   if (!(o.lr > 0.0)) throw ValueError("recall: lr must be positive");
+}
+
+void check_sequence_mechanism(const std::string& mechanism) {
+  if (std::find(kSequenceMechanisms.begin(), kSequenceMechanisms.end(), mechanism) != kSequenceMechanisms.end()) {
+    return;
+  }
+  std::string known;
+  for (const auto& name : kSequenceMechanisms) known += (known.empty() ? "\"" : ", \"") + name + "\"";
+  throw ValueError("mechanism must be one of " + known + " (got \"" + mechanism + "\")");
 }
 
 int64_t recall_sequence_length(const RecallTaskOptions& t) { return 2 * t.pairs + t.gap + 2 * t.queries; }
@@ -182,9 +192,25 @@ SequenceTask recall_task(const RecallTaskOptions& task) {
           [task](Rng& rng, int64_t batch) { return recall_sequences(rng, task, batch); }};
 }
 
+ModelConfig sequence_model_config(const std::string& mechanism, const RecallRunOptions& o) {
+  check_sequence_mechanism(mechanism);
+  const bool outliers = mechanism == "moment-closure+outliers";
+  ModelConfig m;
+  m.mechanism = outliers ? Mechanism::kMomentClosure : parse_mechanism(mechanism);
+  m.d_model = o.d_model;
+  m.n_layer = o.n_layer;
+  m.n_head = o.n_head;
+  m.window = o.window;
+  m.max_clusters = o.max_clusters;
+  m.birth_threshold = o.birth_threshold;
+  m.outlier_capacity = outliers ? o.outlier_capacity : 0;
+  return m;
+}
+
 RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask& task, const RecallRunOptions& o,
                                const std::function<void(int64_t, double)>& on_step) {
   validate_training(o);
+  check_sequence_mechanism(mechanism);
   if (task.vocab <= 0 || !task.draw) throw ValueError("recall: the task needs a positive vocabulary and a generator");
   at::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
@@ -198,7 +224,7 @@ RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask&
     s.window = mechanism == "full" ? std::nullopt : std::optional<int64_t>(o.window);
     SlidingWindowSpine spine(s);
     result = train_and_evaluate(*spine, task, o, on_step);
-  } else if (mechanism == "moment-closure") {
+  } else if (mechanism == "moment-closure" || mechanism == "moment-closure+outliers") {
     MomentClosureOptions m;
     m.vocab = task.vocab;
     m.d_model = o.d_model;
@@ -207,9 +233,10 @@ RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask&
     m.window = o.window;
     m.max_clusters = o.max_clusters;
     m.birth_threshold = o.birth_threshold;
+    m.outlier_capacity = mechanism == "moment-closure" ? 0 : o.outlier_capacity;
     MomentClosureAttention mca(m);
     result = train_and_evaluate(*mca, task, o, on_step);
-  } else if (mechanism == "linear") {
+  } else {
     LinearAttentionOptions l;
     l.vocab = task.vocab;
     l.d_model = o.d_model;
@@ -217,9 +244,6 @@ RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask&
     l.n_head = o.n_head;
     LinearAttentionSpine linear(l);
     result = train_and_evaluate(*linear, task, o, on_step);
-  } else {
-    throw ValueError("recall: mechanism must be \"window\", \"moment-closure\", \"linear\" or \"full\" (got \"" +
-                     mechanism + "\")");
   }
   result.mechanism = mechanism;
   return result;

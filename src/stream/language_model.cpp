@@ -83,6 +83,7 @@ MomentClosureOptions moment_options(const ModelConfig& m) {
   o.max_clusters = m.max_clusters;
   o.birth_threshold = m.birth_threshold;
   o.merge_threshold = m.merge_threshold;
+  o.outlier_capacity = m.outlier_capacity;
   return o;
 }
 
@@ -186,6 +187,7 @@ json to_json(const TrainOptions& o) {
     j["max_clusters"] = o.model.max_clusters;
     j["birth_threshold"] = o.model.birth_threshold;
     j["merge_threshold"] = o.model.merge_threshold ? json(*o.model.merge_threshold) : json(nullptr);
+    j["outlier_capacity"] = o.model.outlier_capacity;
   }
   return j;
 }
@@ -234,6 +236,9 @@ TrainOptions options_from_json(const json& j) {
     o.model.birth_threshold = option_field<double>(j, "birth_threshold");
     if (j.contains("merge_threshold") && !j.at("merge_threshold").is_null()) {
       o.model.merge_threshold = option_field<double>(j, "merge_threshold");
+    }
+    if (j.contains("outlier_capacity")) {  // absent from checkpoints written before the outlier store
+      o.model.outlier_capacity = option_field<int64_t>(j, "outlier_capacity");
     }
   }
   return o;
@@ -347,6 +352,18 @@ void write_state(torch::serialize::OutputArchive& state, const MomentClosureStat
     state.write("sigma_kk" + n, bank.sigma_kk);
     state.write("sigma_vk" + n, bank.sigma_vk);
     state.write("n_clusters" + n, torch::tensor(bank.n_clusters, torch::kLong));
+  }
+  for (size_t l = 0; l < s.stores.size(); ++l) {  // moment closure + outliers
+    const OutlierStore& store = s.stores[l];
+    const std::string n = std::to_string(l);
+    const std::vector<int64_t> slots{store.batch_size(), store.slots()};
+    for (const auto& [name, q] : {std::pair<const char*, const QuantizedKv*>{"store_k", &store.k}, {"store_v", &store.v}}) {
+      state.write(name + std::string("_codes") + n, q->codes);
+      state.write(name + std::string("_low") + n, q->low);
+      state.write(name + std::string("_scale") + n, q->scale);
+    }
+    state.write("store_owner" + n, torch::tensor(store.owner, torch::kLong).view(slots));
+    state.write("store_residual" + n, torch::tensor(store.residual, torch::kDouble).view(slots));
   }
 }
 
@@ -547,7 +564,11 @@ void check_shape(const std::string& path, const std::string& what, const torch::
                              ", the model it describes needs " + shape_text(expected));
   }
   if (t.scalar_type() != dtype) {
-    bad_checkpoint(path, what + " must be " + (dtype == torch::kDouble ? "float64" : "float32"));
+    const char* name = dtype == torch::kDouble ? "float64"
+                       : dtype == torch::kFloat ? "float32"
+                       : dtype == torch::kChar  ? "int8"
+                                                : "int64";
+    bad_checkpoint(path, what + " must be " + name);
   }
 }
 
@@ -636,6 +657,57 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
   }
 }
 
+// One layer's outlier store (moment closure + outliers): int8 codes and float32 row scales of the store's shape,
+// finite non-negative scales, an owner per slot that is free (−1) or a live cluster of its stream, at most
+// capacity slots per cluster, finite non-negative residuals, and free slots that are all zero.
+void read_outlier_store(const std::string& path, torch::serialize::InputArchive& state, size_t layer,
+                        const ClusterBank& bank, OutlierStore& store) {
+  const std::string n = std::to_string(layer);
+  const int64_t B = store.batch_size(), S = store.slots(), H = store.k.codes.size(2), d = store.k.codes.size(3);
+  const auto record = [&](const std::string& name, c10::IntArrayRef sizes, torch::ScalarType dtype) {
+    torch::Tensor read;
+    if (!state.try_read(name + n, read)) bad_checkpoint(path, "the state has no outlier-store record " + name + n);
+    check_shape(path, "state " + name + n, read, sizes, dtype);
+    check_within_storage(path, "state " + name + n, read);
+    if (read.is_floating_point()) check_finite(path, "state " + name + n, read);
+    return read.contiguous();
+  };
+  for (const auto& [name, q] : {std::pair<const char*, QuantizedKv*>{"store_k", &store.k}, {"store_v", &store.v}}) {
+    q->codes = record(name + std::string("_codes"), {B, S, H, d}, torch::kChar);
+    q->low = record(name + std::string("_low"), {B, S, H}, torch::kFloat);
+    q->scale = record(name + std::string("_scale"), {B, S, H}, torch::kFloat);
+    if (q->scale.lt(0).any().item<bool>()) {
+      bad_checkpoint(path, "state " + std::string(name) + "_scale" + n + " holds a negative scale");
+    }
+  }
+  const auto owner = record("store_owner", {B, S}, torch::kLong);
+  const auto residual = record("store_residual", {B, S}, torch::kDouble);
+  store.owner.assign(owner.data_ptr<int64_t>(), owner.data_ptr<int64_t>() + B * S);
+  store.residual.assign(residual.data_ptr<double>(), residual.data_ptr<double>() + B * S);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> per_cluster(static_cast<size_t>(bank.n_clusters[static_cast<size_t>(b)]), 0);
+    for (int64_t slot = 0; slot < S; ++slot) {
+      const int64_t c = store.owner[static_cast<size_t>(b * S + slot)];
+      const double r = store.residual[static_cast<size_t>(b * S + slot)];
+      const std::string where = "state store_owner" + n + " (stream " + str(b) + ", slot " + str(slot) + ")";
+      if (c < -1 || c >= static_cast<int64_t>(per_cluster.size())) {
+        bad_checkpoint(path, where + " names cluster " + str(c) + ", which the stream's bank does not hold");
+      }
+      if (c >= 0 && ++per_cluster[static_cast<size_t>(c)] > store.capacity) {
+        bad_checkpoint(path, where + ": cluster " + str(c) + " holds more than outlier_capacity " +
+                                 str(store.capacity) + " tokens");
+      }
+      if (!(r >= 0.0)) bad_checkpoint(path, "state store_residual" + n + " holds a negative residual");
+      const bool clear = store.k.codes[b][slot].eq(0).all().item<bool>() &&
+                         store.v.codes[b][slot].eq(0).all().item<bool>() && store.k.low[b][slot].eq(0).all().item<bool>() &&
+                         store.v.low[b][slot].eq(0).all().item<bool>() &&
+                         store.k.scale[b][slot].eq(0).all().item<bool>() &&
+                         store.v.scale[b][slot].eq(0).all().item<bool>() && r == 0.0;
+      if (c < 0 && !clear) bad_checkpoint(path, where + " is free but not all zero");
+    }
+  }
+}
+
 // The near field, then every layer's bank: shapes, the bank invariants of validate_cluster_bank (a live prefix in
 // [0, max_clusters] per stream, all-zero slots beyond it, finite values, non-negative counts and variances), and
 // counts that represent every evicted position exactly once (SPEC §7.8 step 2), so that a damaged bank is reported
@@ -682,6 +754,7 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
                                " evicted tokens of every stream and head (pos minus the cached tokens)");
     }
   }
+  for (size_t l = 0; l < s.state.stores.size(); ++l) read_outlier_store(path, state, l, s.state.banks[l], s.state.stores[l]);
 }
 
 template <class Kind>
@@ -914,6 +987,10 @@ void validate(const TrainOptions& o) {
   positive("detach_horizon", o.detach_horizon);
   positive("threads", o.threads);
   positive("max_clusters", o.model.max_clusters);
+  if (o.model.outlier_capacity < 0) {
+    throw ValueError("lm: outlier_capacity must be a non-negative integer (got " + str(o.model.outlier_capacity) +
+                     ")");
+  }
   // What one step holds must have a size that can exist.
   const ModelConfig& m = o.model;
   static_cast<void>(checked_product("lm", "the window cache (n_layer x batch x window x d_model)",
@@ -924,6 +1001,10 @@ void validate(const TrainOptions& o) {
                                     {o.batch, m.n_head, o.chunk, 2, std::max(o.chunk, m.window)}));
   static_cast<void>(checked_product("lm", "the far field (n_layer x batch x max_clusters x 2 x d_model x d_model)",
                                     {m.n_layer, o.batch, m.max_clusters, 2, m.d_model, m.d_model}));
+  static_cast<void>(checked_product("lm", "the outlier stores (n_layer x batch x max_clusters x outlier_capacity x "
+                                          "2 x d_model)",
+                                    {m.n_layer, o.batch, m.max_clusters, std::max<int64_t>(m.outlier_capacity, 1), 2,
+                                     m.d_model}));
   if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
   if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
   if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");

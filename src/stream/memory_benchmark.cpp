@@ -97,7 +97,7 @@ void validate(const MemoryBenchOptions& o) {
   if (o.mechanisms.empty()) throw ValueError("memory-bench: mechanisms must not be empty");
   for (const auto& m : o.mechanisms) {
     try {
-      (void)parse_mechanism(m);  // the one list of mechanism names
+      check_sequence_mechanism(m);
     } catch (const ValueError& e) {
       throw ValueError(std::string("memory-bench: mechanisms: ") + e.what());
     }

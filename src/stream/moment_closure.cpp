@@ -522,6 +522,9 @@ void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int6
       auto& out = receipt.per_cluster_outlier_tokens[c];
       std::vector<int64_t> rows(order.size());
       std::transform(order.begin(), order.end(), rows.begin(), [&](int64_t i) { return row0 + i; });
+      out.residuals.resize(order.size());
+      std::transform(order.begin(), order.end(), out.residuals.begin(),
+                     [&](int64_t i) { return resid[static_cast<size_t>(i * n + c)]; });
       out.indices = std::move(order);
       out.member_indices = std::move(members);
       pending.push_back({&out, std::move(rows)});
@@ -1037,6 +1040,7 @@ FarFieldUpdate evict_to_far_field(const ClusterBank& bank, const torch::Tensor& 
 int64_t MomentClosureState::bytes() const {
   int64_t total = near.bytes();
   for (const auto& b : banks) total += b.bytes();
+  for (const auto& s : stores) total += s.bytes();
   return total;
 }
 
@@ -1054,6 +1058,10 @@ MomentClosureAttentionImpl::MomentClosureAttentionImpl(const MomentClosureOption
   }
   if (!std::isfinite(options_.birth_threshold)) {
     throw ValueError("MomentClosureAttention: birth_threshold must be finite");
+  }
+  if (options_.outlier_capacity < 0) {
+    throw ValueError("MomentClosureAttention: outlier_capacity must be a non-negative integer (got " +
+                     str(options_.outlier_capacity) + ")");
   }
   if (options_.merge_threshold && !std::isfinite(*options_.merge_threshold)) {
     throw ValueError("MomentClosureAttention: merge_threshold must be finite when given");
@@ -1076,6 +1084,10 @@ MomentClosureState MomentClosureAttentionImpl::init_state(int64_t batch_size, to
   const auto options = torch::TensorOptions().dtype(backbone_->tok->weight.scalar_type()).device(device);
   for (int64_t l = 0; l < options_.n_layer; ++l) {
     state.banks.push_back(empty_cluster_bank(batch_size, options_.n_head, options_.max_clusters, head_dim(), options));
+    if (options_.outlier_capacity > 0) {
+      state.stores.push_back(empty_outlier_store(batch_size, options_.n_head, options_.max_clusters, head_dim(),
+                                                 options_.outlier_capacity));
+    }
   }
   state.batch_size = batch_size;
   return state;
@@ -1103,6 +1115,18 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
       throw ValueError(std::string(where) + ": a cluster bank's batch size or layout does not match the chunk");
     }
   }
+  const bool with_store = options_.outlier_capacity > 0;
+  if (static_cast<int64_t>(state.stores.size()) != (with_store ? options_.n_layer : 0)) {
+    throw ValueError(std::string(where) + ": the state must hold one outlier store per layer when outlier_capacity > 0"
+                                          " and none otherwise");
+  }
+  for (const auto& store : state.stores) {
+    if (store.batch_size() != b || store.capacity != options_.outlier_capacity ||
+        store.slots() != options_.max_clusters * options_.outlier_capacity || store.k.codes.size(2) != n_head ||
+        store.k.codes.size(3) != hd) {
+      throw ValueError(std::string(where) + ": an outlier store's batch size or layout does not match the chunk");
+    }
+  }
   const int64_t cache_len = checked_cache_length(state.near, b, options_.n_layer, n_head, hd, where);
   const int64_t pos = state.near.pos;
   // Representation receipt (pre): every evicted position is in the bank, exactly once.
@@ -1123,11 +1147,12 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
     auto& layer = *backbone_->layers[l];
     auto attn = moment_closure_sublayer(*layer.qkv, *layer.proj, layer.ln1(h), state.near.cache_k[l],
                                         state.near.cache_v[l], state.banks[l], geometry, n_head, ingest_options,
-                                        "layer " + std::to_string(l));
+                                        "layer " + std::to_string(l), with_store ? &state.stores[l] : nullptr);
     h = layer.finish(h, attn.out);
     next.near.cache_k[l] = std::move(attn.cache_k);
     next.near.cache_v[l] = std::move(attn.cache_v);
     next.banks[l] = std::move(*attn.bank);
+    if (with_store) next.stores[l] = std::move(*attn.store);
     receipts.push_back(std::move(*attn.receipt));
   }
   next.near.pos = pos + t;

@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace attnmix {
 namespace {
@@ -27,25 +28,43 @@ torch::Tensor additive_mask(const torch::Tensor& visible, torch::ScalarType dtyp
       .masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
-// The attention (before proj) of one layer: near tokens only, or near tokens and the bank's live clusters through
-// one softmax. (b, t, d).
-torch::Tensor attend(const NearField& f, const ClusterBank* bank) {
+// The attention (before proj) of one layer: near tokens only, or near tokens, the bank's live clusters and the
+// store's tokens through one softmax. (b, t, d).
+torch::Tensor attend(const NearField& f, const ClusterBank* bank, const OutlierStore* store) {
   const int64_t b = f.q.size(0), t = f.q.size(1), d = f.q.size(2) * f.q.size(3);
   const int64_t length = f.k_full.size(1);
   const auto values = f.v_full.transpose(1, 2);  // (b, H, L, hd)
   const bool far = bank != nullptr && std::any_of(bank->n_clusters.begin(), bank->n_clusters.end(),
                                                   [](int64_t n) { return n > 0; });
-  if (!far) {
+  const bool kept = store != nullptr && std::any_of(store->owner.begin(), store->owner.end(),
+                                                    [](int64_t c) { return c >= 0; });
+  if (!far && !kept) {
     return detail::fast_bmm(torch::softmax(f.scores, -1), values, false).transpose(1, 2).reshape({b, t, d});
   }
-  const auto clusters = mgf_cluster_attention(f.q, *bank);  // out (b,t,n,H,hd), logits (b,t,n,H)
-  const int64_t n = clusters.logits.size(2);
-  const auto weights = torch::softmax(torch::cat({f.scores, clusters.logits.permute({0, 3, 1, 2})}, -1), -1);
-  const auto parts = weights.split_with_sizes({length, n}, -1);  // one backward node for both parts
-  const auto near_out = detail::fast_bmm(parts[0], values, false);  // (b, H, t, hd)
-  const auto far_out =
-      detail::fast_bmm(parts[1].unsqueeze(-2), clusters.out.permute({0, 3, 1, 2, 4}), false).squeeze(-2);
-  return (near_out + far_out).transpose(1, 2).reshape({b, t, d});
+  std::vector<torch::Tensor> logits = {f.scores};
+  std::vector<int64_t> sizes = {length};
+  ClusterAttention clusters;
+  if (far) {
+    clusters = mgf_cluster_attention(f.q, *bank);  // out (b,t,n,H,hd), logits (b,t,n,H)
+    logits.push_back(clusters.logits.permute({0, 3, 1, 2}));
+    sizes.push_back(clusters.logits.size(2));
+  }
+  OutlierAttention stored;
+  if (kept) {
+    stored = outlier_attention(f.q, *store);  // logits (b,t,S,H), values (b,S,H,hd)
+    logits.push_back(stored.logits.permute({0, 3, 1, 2}));
+    sizes.push_back(stored.logits.size(2));
+  }
+  const auto weights = torch::softmax(torch::cat(logits, -1), -1);
+  const auto parts = weights.split_with_sizes(sizes, -1);  // one backward node for every part
+  auto out = detail::fast_bmm(parts[0], values, false);  // (b, H, t, hd)
+  if (far) {
+    out = out + detail::fast_bmm(parts[1].unsqueeze(-2), clusters.out.permute({0, 3, 1, 2, 4}), false).squeeze(-2);
+  }
+  if (kept) {
+    out = out + detail::fast_bmm(parts.back(), stored.values.transpose(1, 2), false);
+  }
+  return out.transpose(1, 2).reshape({b, t, d});
 }
 
 // proj(attention) and the new cache: the part both sublayers share.
@@ -184,18 +203,28 @@ SublayerStep window_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& 
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, const NearFieldGeometry& g,
                              int64_t n_head) {
   const auto f = near_field(qkv, x, cache_k, cache_v, g, n_head);
-  return project_and_keep(proj, f, attend(f, nullptr), g);
+  return project_and_keep(proj, f, attend(f, nullptr, nullptr), g);
 }
 
 SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj, const torch::Tensor& x,
                                      const torch::Tensor& cache_k, const torch::Tensor& cache_v,
                                      const ClusterBank& bank, const NearFieldGeometry& g, int64_t n_head,
-                                     const BirthMergeOptions& ingest, const std::string& label) {
+                                     const BirthMergeOptions& ingest, const std::string& label,
+                                     const OutlierStore* store) {
   const auto f = near_field(qkv, x, cache_k, cache_v, g, n_head);
-  auto step = project_and_keep(proj, f, attend(f, &bank), g);
+  auto step = project_and_keep(proj, f, attend(f, &bank, store), g);
   const int64_t evicted = f.k_full.size(1) - g.keep;
   auto update = evict_to_far_field(bank, f.k_full.narrow(1, 0, evicted), f.v_full.narrow(1, 0, evicted), g.pos + g.t,
                                    g.keep, ingest, label);
+  if (store != nullptr) {
+    auto kept = quantize_cluster_outliers(*store, update.receipt.streams, update.bank.n_clusters);
+    for (size_t b = 0; b < update.receipt.streams.size(); ++b) {
+      auto& accounting = update.receipt.streams[b].accounting;
+      if (accounting) accounting->overlap_tokens = kept.store.held(static_cast<int64_t>(b));
+    }
+    step.store = std::move(kept.store);
+    update.receipt.outliers = kept.receipt;
+  }
   step.bank = std::move(update.bank);
   step.receipt = std::move(update.receipt);
   return step;

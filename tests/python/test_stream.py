@@ -479,7 +479,7 @@ def test_receipts_hold_the_spec_keys(rng):
         assert isinstance(r["misfit_scalar"], float) and r["count_conserved"]
         for c, tokens in r["per_cluster_outlier_tokens"].items():
             assert isinstance(c, int) and c in r["misfit"]
-            assert set(tokens) == {"k", "v", "indices", "member_indices"}
+            assert set(tokens) == {"k", "v", "indices", "residuals", "member_indices"}
             assert tokens["k"].shape == tokens["v"].shape == (len(tokens["indices"]), 2, 2)
 
 
@@ -735,6 +735,30 @@ def test_run_recall_trains_linear_attention():
     assert result["mechanism"] == "linear"
     # one layer, 2 heads of 8: S (2 x 8 x 8) and Z (2 x 8) in float64, the shift row (16) in float32
     assert result["state_bytes"] == (2 * 8 * 8 + 2 * 8) * 8 + 16 * 4
+
+
+def test_run_recall_trains_moment_closure_with_outliers():
+    kwargs = dict(d_model=16, n_layer=1, chunk=8, gap=8, batch=4, steps=2, eval_sequences=8, max_clusters=2)
+    plain = ex.run_recall("moment-closure", **kwargs)
+    kept = ex.run_recall("moment-closure+outliers", outlier_capacity=3, **kwargs)
+    assert kept["mechanism"] == "moment-closure+outliers"
+    # one layer, 2 clusters x 3 slots of int8 k and v (2 heads x 8) with two float32 scales per row
+    assert kept["state_bytes"] - plain["state_bytes"] == 2 * (2 * 3 * 2 * 8 + 2 * 2 * 3 * 2 * 4)
+    assert ex.default_recall_options()["outlier_capacity"] == 8
+    with pytest.raises(ValueError, match="outlier_capacity"):
+        ex.run_recall("moment-closure+outliers", outlier_capacity=0, **kwargs)
+    with pytest.raises(ValueError, match="moment-closure\\+outliers"):
+        ex.run_recall("moment-closure+extras", **kwargs)
+
+
+def test_ingestion_receipts_report_outlier_residuals(rng):
+    bank = ex.empty_cluster_bank(batch_size=1, n_head=2, max_clusters=2, head_dim=4)
+    k, v = rng.standard_normal((1, 12, 2, 4)), rng.standard_normal((1, 12, 2, 4))
+    _, receipts = ex.ingest_cluster_batch(bank, k, v, birth_threshold=-2.0, outlier_top_k=3)
+    for outliers in receipts[0]["per_cluster_outlier_tokens"].values():
+        residuals = outliers["residuals"]
+        assert len(residuals) == len(outliers["indices"]) <= 3
+        assert residuals == sorted(residuals, reverse=True) and min(residuals) >= 0.0
 
 
 def test_run_memory_benchmark_reports_every_case():

@@ -394,3 +394,24 @@ def test_bad_arguments_raise_naming_them(gen):
 def test_import_attnmix_alone_never_imports_torch():
     code = "import sys, attnmix; assert 'torch' not in sys.modules; import attnmix.torch; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_quantize_kv_cache_round_trips_within_half_a_step():
+    torch.manual_seed(3)
+    x = torch.randn(2, 5, 2, 8, dtype=torch.float64) * 2.0
+    q = at.quantize_kv_cache(x)
+    assert q.codes.dtype == torch.int8 and q.codes.shape == x.shape and q.low.shape == (2, 5, 2)
+    # the codes from the formula, computed here in float64 from the stored float32 low and scale
+    low, scale = q.low.double().unsqueeze(-1), q.scale.double().unsqueeze(-1)
+    expected = torch.round((x - low) / scale).clamp(0, 255) - 128
+    assert torch.equal(q.codes.double(), expected)
+    x_hat = at.dequantize_kv_cache(q, torch.float64)
+    assert x_hat.dtype == torch.float64
+    assert bool(((x_hat - x).abs() <= scale / 2 + 1e-6).all())
+    assert torch.equal(at.dequantize_kv_cache(at.quantize_kv_cache(torch.full((3, 4), 1.5))), torch.full((3, 4), 1.5))
+    with pytest.raises(ValueError, match="non-finite"):
+        at.quantize_kv_cache(torch.tensor([[1.0, float("inf")]]))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        at.quantize_kv_cache(torch.ones(2, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="low and scale"):
+        at.dequantize_kv_cache(at.QuantizedKv(q.codes, q.low[:1], q.scale))

@@ -59,6 +59,13 @@ RecallSequences recall_sequences(Rng& rng, const RecallTaskOptions& task, int64_
 /// and stream 2 the one sequence that measures the state; each stream's batches are drawn from it in turn.
 Rng recall_data_rng(uint64_t seed, int64_t stream);
 
+/// The mechanisms run_sequence_task trains: lm's four and "moment-closure+outliers", moment closure with an outlier
+/// store of RecallRunOptions::outlier_capacity tokens per cluster (kv_quantization.hpp).
+inline const std::vector<std::string> kSequenceMechanisms = {"window", "moment-closure", "moment-closure+outliers",
+                                                             "linear", "full"};
+/// @throws ValueError naming the known mechanisms unless `mechanism` is one of them.
+void check_sequence_mechanism(const std::string& mechanism);
+
 struct RecallRunOptions {
   RecallTaskOptions task;
   int64_t d_model = 32;
@@ -67,6 +74,7 @@ struct RecallRunOptions {
   int64_t window = 16;
   int64_t chunk = 16;
   int64_t max_clusters = 4;      ///< moment-closure only
+  int64_t outlier_capacity = 8;   ///< moment-closure+outliers: tokens per cluster kept exactly (positive)
   double birth_threshold = -2.0;  ///< moment-closure only
   int64_t batch = 32;             ///< sequences per step
   int64_t steps = 300;
@@ -76,8 +84,13 @@ struct RecallRunOptions {
   int threads = 1;
 };
 
+/// The lm model of a sequence mechanism with the sizes of `options` (vocab: ModelConfig's, the 256 bytes):
+/// "moment-closure+outliers" is moment-closure with outlier_capacity = options.outlier_capacity.
+/// @throws ValueError for an unknown mechanism.
+ModelConfig sequence_model_config(const std::string& mechanism, const RecallRunOptions& options);
+
 struct RecallResult {
-  std::string mechanism;          ///< "window", "moment-closure", "linear" or "full"
+  std::string mechanism;          ///< one of kSequenceMechanisms
   double accuracy = 0.0;          ///< held-out recall accuracy (argmax at answer positions)
   double cross_entropy = 0.0;     ///< held-out mean cross-entropy at answer positions (nats)
   double first_loss = 0.0;        ///< mean training loss of the first 10 steps

@@ -11,8 +11,8 @@
 /// every stream the chunk at offset (s mod P)·chunk, where P = ⌊(L − 1)/chunk⌋ chunks make one pass; x is the
 /// chunk, y the same tokens shifted by one. At the start of every pass the carried state is reset. Updates follow
 /// truncated BPTT (SPEC §6.5) with AdamW, gradient-norm clipping and a constant or cosine learning rate.
-/// Checkpoints (model, optimizer, carried state — for moment-closure the near caches and every cluster-bank
-/// tensor —, step, corpus fingerprint) are written atomically; resuming from a checkpoint saved after step s
+/// Checkpoints (model, optimizer, carried state — for moment-closure the near caches, every cluster-bank tensor
+/// and the outlier stores —, step, corpus fingerprint) are written atomically; resuming from a checkpoint saved after step s
 /// continues exactly as the uninterrupted run would (bitwise, same thread count), as long as s is a multiple of
 /// detach_horizon (a run's remainder is flushed before saving, SPEC §6.5) and the total number of steps is
 /// unchanged (the cosine schedule depends on it). docs/lm.md describes the format.
@@ -74,6 +74,7 @@ struct ModelConfig {
   int64_t max_clusters = 4;               ///< clusters per layer, stream and head (positive)
   double birth_threshold = -2.0;          ///< a chunk whose best cluster logit is below this on every head births
   std::optional<double> merge_threshold;  ///< cluster distance below which two merge; default 2.65 + 6/√n
+  int64_t outlier_capacity = 0;  ///< per layer, stream and cluster, worst-fitting evicted tokens kept exactly; 0: none
 };
 
 enum class Schedule { kConstant, kCosine };

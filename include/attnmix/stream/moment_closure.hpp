@@ -15,6 +15,7 @@
 #pragma once
 
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/kv_quantization.hpp"
 
 #include <torch/torch.h>
 
@@ -80,6 +81,7 @@ struct OutlierTokens {
   torch::Tensor k;               ///< (n_out, H, d)
   torch::Tensor v;               ///< (n_out, H, d)
   std::vector<int64_t> indices;  ///< token indices within the stream, largest residual first
+  std::vector<double> residuals;  ///< their residual norms (head mean), in the same order
   std::vector<int64_t> member_indices;  ///< every member token of the cluster, ascending
 };
 
@@ -134,11 +136,25 @@ IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, co
 IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                                   const BirthMergeOptions& options = {});
 
+struct OutlierStoreUpdate {
+  OutlierStore store;
+  OutlierStoreReceipt receipt;
+};
+
+/// Closes the moment-closure storage seam (the outlier store of kv_quantization.hpp): the outliers of one ingestion (one StreamReceipt per stream, with the bank
+/// after it, whose n_clusters says how many clusters each stream has) enter the store. Slot owners first follow the
+/// receipt's merges (j merged into i, then the last cluster moved into j); then each cluster keeps the `capacity`
+/// largest residuals among its stored tokens and its new outliers (ties: the stored token stays).
+/// @throws ValueError when the receipts do not fit the store (count, heads, head_dim).
+OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const std::vector<StreamReceipt>& receipts,
+                                             const std::vector<int64_t>& n_clusters);
+
 /// Per layer, what the last step did: one receipt per stream and the mean misfit over streams.
 struct LayerReceipt {
   int64_t batch_size = 0;
   std::vector<StreamReceipt> streams;
   double misfit_scalar = 0.0;
+  std::optional<OutlierStoreReceipt> outliers;  ///< with an outlier store: what its update did
 };
 
 /// The representation receipt before a step (SPEC §7.8 step 2): at position pos with c tokens in the window, each
@@ -172,15 +188,17 @@ struct MomentClosureOptions {
   int64_t max_clusters = 4;
   double birth_threshold = -2.0;
   std::optional<double> merge_threshold;
+  int64_t outlier_capacity = 0;  ///< per layer, stream and cluster, outliers kept exactly (int8); 0: no store
 };
 
 struct MomentClosureState {
   SlidingWindowState near;
   std::vector<ClusterBank> banks;  ///< one per layer
+  std::vector<OutlierStore> stores;  ///< one per layer when outlier_capacity > 0, else none
   int64_t batch_size = 0;
   bool detach_horizon_clusters = true;  ///< detach() also stop-grads the banks
 
-  /// Bytes held by the caches and the banks.
+  /// Bytes held by the caches, the banks and the stores.
   int64_t bytes() const;
 };
 

@@ -10,8 +10,9 @@
 ///   K = cache_k ++ k,  V = cache_v ++ v                       key positions pos−c … pos+t−1 (raw, un-rotated)
 ///   near_ij = RoPE(q_i, P_i) · RoPE(K_j, P_j) / √h_d + M_ij,  M_ij = 0 iff 0 ≤ P_i − P_j < window, else −∞
 ///   far_ic  = logit_c(q_i)  (un-rotated query; moment closure only, for each live cluster c of the stream)
-///   w_i     = softmax([near_i ; far_i])                       one joint softmax over tokens and clusters
-///   out_i   = proj(Σ_j w_ij V_j + Σ_c w_ic out_c(q_i))        proj = Linear(d, d)
+///   kept_is = q_i · k̂_s / √h_d  (moment closure with an outlier store: each stored token s, kv_quantization.hpp)
+///   w_i     = softmax([near_i ; far_i ; kept_i])              one joint softmax over tokens and clusters
+///   out_i   = proj(Σ_j w_ij V_j + Σ_c w_ic out_c(q_i) + Σ_s w_is v̂_s)        proj = Linear(d, d)
 /// with the MGF cluster logits and outputs of moment_closure.hpp. After the chunk the cache keeps the last
 /// keep = min(window, c+t) raw rows (all of them for an unbounded window); moment closure ingests the c+t−keep
 /// evicted rows into the stream's bank (birth/merge, then the differentiable soft update) and checks that every
@@ -22,6 +23,7 @@
 #pragma once
 
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/kv_quantization.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/rope.hpp"
 
@@ -72,6 +74,7 @@ struct SublayerStep {
   torch::Tensor cache_v;
   std::optional<ClusterBank> bank;      ///< moment closure: the bank after the evicted rows joined it
   std::optional<LayerReceipt> receipt;  ///< moment closure: what ingestion did, with the accounting per stream
+  std::optional<OutlierStore> store;    ///< moment closure with a store: the store after the outliers joined it
 };
 
 /// The sliding-window sublayer (near field only) on a chunk; the inputs are trusted (the callers check them).
@@ -79,14 +82,17 @@ SublayerStep window_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& 
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v,
                              const NearFieldGeometry& geometry, int64_t n_head);
 
-/// The moment-closure sublayer on a chunk: near field and the far field of `bank` (as it was at the start of the
-/// chunk) through one joint softmax, then the eviction of the rows leaving the cache into the bank
-/// (evict_to_far_field). `label` names the layer in accounting errors.
+/// The moment-closure sublayer on a chunk: near field, the far field of `bank` and the tokens of `store` (if given;
+/// both as they were at the start of the chunk) through one joint softmax, then the eviction of the rows leaving
+/// the cache into the bank (evict_to_far_field) and of the ingestion's outliers into the store
+/// (quantize_cluster_outliers; each stream's accounting reports the stored copies as overlap tokens). `label`
+/// names the layer in accounting errors.
 /// @throws StateError ("one-token/one-representation") when the accounting fails; what ingest_cluster_batch throws.
 SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj, const torch::Tensor& x,
                                      const torch::Tensor& cache_k, const torch::Tensor& cache_v,
                                      const ClusterBank& bank, const NearFieldGeometry& geometry, int64_t n_head,
-                                     const BirthMergeOptions& ingest, const std::string& label);
+                                     const BirthMergeOptions& ingest, const std::string& label,
+                                     const OutlierStore* store = nullptr);
 
 // ---- the modules ----------------------------------------------------------------------------------------------
 

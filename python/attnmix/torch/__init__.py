@@ -8,7 +8,8 @@ float64.
 
 * Functional far-field operations (``attnmix.torch.functional``): ``ClusterBank``, ``empty_cluster_bank``,
   ``mgf_cluster_attention``, ``cluster_responsibilities``, ``update_cluster_bank``, ``birth_and_merge``,
-  ``ingest_cluster_batch``, ``attention_law``, ``rope_tables``, ``apply_rope``, ``rotate_half``.
+  ``ingest_cluster_batch``, ``attention_law``, ``rope_tables``, ``apply_rope``, ``rotate_half``, and int8 keys and
+  values: ``quantize_kv_cache``, ``dequantize_kv_cache``.
 * Streaming language models (``attnmix.torch.mechanisms``): ``SlidingWindowSpine``, ``MomentClosureAttention``,
   their states, and ``train_tbptt``.
 * Attention layers for your own architectures (``attnmix.torch.layers``): ``SlidingWindowSelfAttention``,

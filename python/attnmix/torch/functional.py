@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -39,13 +39,16 @@ from attnmix import _torch
 __all__ = [
     "E2_UNAVAILABLE_PIECES",
     "ClusterBank",
+    "QuantizedKv",
     "apply_rope",
     "attention_law",
     "birth_and_merge",
     "cluster_responsibilities",
+    "dequantize_kv_cache",
     "empty_cluster_bank",
     "ingest_cluster_batch",
     "mgf_cluster_attention",
+    "quantize_kv_cache",
     "rope_tables",
     "rotate_half",
     "update_cluster_bank",
@@ -193,6 +196,31 @@ def update_cluster_bank(
         _tokens(responsibilities, "update_cluster_bank", "responsibilities", one_stream),
     )
     return _bank(out, one_stream)
+
+
+class QuantizedKv(NamedTuple):
+    """Int8 codes of a tensor with one affine scale per row (the last dimension): ``codes`` (int8, the tensor's
+    shape), ``low`` and ``scale`` (float32, the shape without its last dimension)."""
+
+    codes: torch.Tensor
+    low: torch.Tensor
+    scale: torch.Tensor
+
+
+def quantize_kv_cache(x: torch.Tensor) -> QuantizedKv:
+    """Affine int8 quantisation of keys or values ``x`` (float32 or float64, any shape), row by row.
+
+    Per row: ``low = min``, ``scale = (max - min) / 255``, ``code = round((x - low) / scale) - 128``; the
+    reconstruction ``low + (code + 128) * scale`` is within ``scale / 2`` of ``x`` (a constant row is exact).
+    Storage: one byte per value plus 8 bytes per row. Carries no gradient. ValueError for a non-finite value.
+    """
+    return QuantizedKv(*_torch._quantize_kv_cache(x))
+
+
+def dequantize_kv_cache(q: QuantizedKv, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The reconstruction of ``quantize_kv_cache`` in ``dtype`` (float32 or float64)."""
+    codes, low, scale = q
+    return _torch._dequantize_kv_cache(codes, low, scale, dtype)
 
 
 def _ingestion(function, name, bank, k, v, birth_threshold, merge_threshold, outlier_top_k):

@@ -15,6 +15,7 @@
 #include "../convert.hpp"
 #include "../stream_receipts.hpp"
 #include "attnmix/core/errors.hpp"
+#include "attnmix/stream/kv_quantization.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/moment_propagation.hpp"
 #include "attnmix/stream/rope.hpp"
@@ -111,6 +112,25 @@ void bind_functional(py::module_& m) {
       out = update_cluster_bank(bank, k, v, r);
     }
     return bank_to_tuple(out);
+  });
+
+  m.def("_quantize_kv_cache", [](const py::object& x_obj) {
+    const auto x = real_tensor_arg(x_obj, "quantize_kv_cache", "x");
+    QuantizedKv q;
+    {
+      py::gil_scoped_release release;
+      q = quantize_kv_cache(x);
+    }
+    return py::make_tuple(tensor_object(q.codes), tensor_object(q.low), tensor_object(q.scale));
+  });
+
+  m.def("_dequantize_kv_cache", [](const py::object& codes, const py::object& low, const py::object& scale,
+                                   const py::object& dtype) {
+    constexpr std::string_view w = "dequantize_kv_cache";
+    const QuantizedKv q{tensor_arg(codes, w, "codes"), tensor_arg(low, w, "low"), tensor_arg(scale, w, "scale")};
+    const auto type = dtype_arg(dtype, w, "dtype");
+    py::gil_scoped_release release;
+    return dequantize_kv_cache(q, type);
   });
 
   bind_ingestion(m, "_birth_and_merge", &birth_and_merge, /*ingest=*/false);

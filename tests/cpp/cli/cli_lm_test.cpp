@@ -368,6 +368,37 @@ TEST_F(CliLmTest, MomentClosureTrainEvalResume) {
   EXPECT_EQ(g.out.size(), 3U + 12U + 1U);
 }
 
+/// --outliers: train says what it keeps, a resumed run continues it byte for byte, a conflicting --outliers is
+/// refused; recall compares moment closure with and without the store (text runs included).
+TEST_F(CliLmTest, MomentClosureWithOutliers) {
+  const auto mca = [this](const std::string& extra) {
+    return run(
+        "lm train --text text.txt --d-model 8 --n-layer 1 --n-head 2 --batch 2 --chunk 16 "
+        "--lr 0.01 --seed 2 --mechanism moment-closure --window 4 --max-clusters 3 --outliers 2 "
+        "--schedule constant " +
+        extra);
+  };
+  const RunResult r = mca("--steps 6 --out whole.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "plus the 2 worst-fitting evicted tokens per cluster kept exactly (int8)")) << r.out;
+  ASSERT_EQ(mca("--steps 3 --out part.ckpt").code, 0);
+  ASSERT_EQ(mca("--resume part.ckpt --steps 6 --out resumed.ckpt").code, 0);
+  EXPECT_EQ(read_text(path("resumed.ckpt")), read_text(path("whole.ckpt")));
+  const RunResult conflict = run("lm train --text text.txt --resume part.ckpt --steps 6 --outliers 3");
+  EXPECT_EQ(conflict.code, 2);
+  EXPECT_TRUE(contains(conflict.err, "outlier_capacity = 2")) << conflict.err;
+  const RunResult window = train("--outliers 2");
+  EXPECT_EQ(window.code, 1);
+  EXPECT_TRUE(contains(window.err, "--outliers applies only to --mechanism moment-closure")) << window.err;
+  EXPECT_EQ(train("--mechanism moment-closure --outliers -1").code, 1);
+
+  const RunResult recall = run(
+      "lm recall --mechanisms moment-closure,moment-closure+outliers --outliers 2 --steps 2 --batch 2 "
+      "--eval-sequences 4 --d-model 8 --n-layer 1 --gap 20 --text text.txt --text-steps 2 --text-chunk 8");
+  ASSERT_EQ(recall.code, 0) << recall.err;
+  EXPECT_TRUE(contains(recall.out, "moment-closure+outliers")) << recall.out;
+}
+
 TEST_F(CliLmTest, MomentClosureFlagErrors) {
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters 0").code, 1);
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters x").code, 1);

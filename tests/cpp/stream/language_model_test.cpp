@@ -608,7 +608,8 @@ nlohmann::json stored_options(const std::string& checkpoint) {
 /// rewrite_checkpoint for a one-layer moment-closure checkpoint.
 void rewrite_moment_checkpoint(
     const std::string& from, const std::string& to,
-    const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    const std::function<bool(const std::string&, torch::Tensor&)>& edit,
+    const std::vector<std::string>& extra_keys = {}) {
   const auto options = stored_options(from);
   MomentClosureOptions m;
   m.d_model = options.at("d_model").get<int64_t>();
@@ -617,8 +618,9 @@ void rewrite_moment_checkpoint(
   m.window = options.at("window").get<int64_t>();
   m.max_clusters = options.at("max_clusters").get<int64_t>();
   MomentClosureAttention model(m);
-  rewrite_checkpoint(from, to, *model,
-                     {"k0", "v0", "count0", "mu_k0", "mu_v0", "sigma_kk0", "sigma_vk0", "n_clusters0"}, edit);
+  std::vector<std::string> keys{"k0", "v0", "count0", "mu_k0", "mu_v0", "sigma_kk0", "sigma_vk0", "n_clusters0"};
+  keys.insert(keys.end(), extra_keys.begin(), extra_keys.end());
+  rewrite_checkpoint(from, to, *model, keys, edit);
 }
 
 /// Damaged banks are reported when the checkpoint is loaded, naming the record or the layer.
@@ -664,6 +666,75 @@ TEST_F(LanguageModelTest, MomentClosureCheckpointBanksAreChecked) {
                if (k == "sigma_kk0") t = -t;
                return true;
              });
+}
+
+/// Moment closure with an outlier store resumes bit for bit; the store travels with the checkpoint and counts in
+/// the state's bytes.
+TEST_F(LanguageModelTest, MomentClosureOutliersResumeIsBitwiseIdentical) {
+  TrainOptions o = tiny_moment_options();
+  o.model.outlier_capacity = 2;
+  o.detach_horizon = 2;
+  const auto whole = train(o, corpus_, "", path("whole.ckpt"));
+  o.checkpoint_every = 6;
+  int copies = 0;
+  (void)train(o, corpus_, "", path("run.ckpt"), [&](const Progress& p) {
+    if (p.step == 6) copies += fs::copy_file(path("run.ckpt"), path("step6.ckpt")) ? 1 : 0;
+  });
+  ASSERT_EQ(copies, 1);
+  o.checkpoint_every = 0;
+  const auto resumed = train(o, corpus_, path("step6.ckpt"), path("resumed.ckpt"));
+  EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
+  EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
+  EXPECT_EQ(read_checkpoint_info(path("resumed.ckpt")).model.outlier_capacity, 2);
+  o.model.outlier_capacity = 0;
+  const auto plain = train(o, corpus_, "", "");
+  // One layer, 2 streams: 3 clusters x 2 slots of int8 k and v (2 heads x 4) plus two float32 scales per row.
+  EXPECT_EQ(whole.state_bytes - plain.state_bytes, 2 * 2 * (3 * 2 * 2 * 4 + 2 * 3 * 2 * 2 * 4));
+  EXPECT_NE(whole.losses.back(), plain.losses.back());
+}
+
+/// Damaged outlier stores are reported when the checkpoint is loaded, naming the record.
+TEST_F(LanguageModelTest, MomentClosureCheckpointStoresAreChecked) {
+  TrainOptions o = tiny_moment_options();
+  o.model.outlier_capacity = 2;
+  o.steps = 4;
+  train(o, corpus_, "", path("good.ckpt"));
+  o.steps = 6;
+  const std::vector<std::string> store_keys{"store_k_codes0", "store_k_low0", "store_k_scale0", "store_v_codes0",
+                                            "store_v_low0",   "store_v_scale0", "store_owner0", "store_residual0"};
+  rewrite_moment_checkpoint(path("good.ckpt"), path("same.ckpt"),
+                            [](const std::string&, torch::Tensor&) { return true; }, store_keys);
+  EXPECT_EQ(train(o, corpus_, path("same.ckpt"), "").losses.size(), 2U);
+  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
+                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    SCOPED_TRACE(name);
+    rewrite_moment_checkpoint(path("good.ckpt"), path(name), edit, store_keys);
+    std::vector<std::string> fragments{path(name), "not a usable attnmix LM checkpoint"};
+    fragments.insert(fragments.end(), why.begin(), why.end());
+    expect_throw_with<std::runtime_error>([&] { train(o, corpus_, path(name), ""); }, fragments);
+  };
+  expect_bad("missing.ckpt", {"store_owner0"}, [](const std::string& k, torch::Tensor&) { return k != "store_owner0"; });
+  expect_bad("dtype.ckpt", {"store_k_codes0", "int8"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "store_k_codes0") t = t.to(torch::kFloat);
+    return true;
+  });
+  expect_bad("owner.ckpt", {"store_owner0", "names cluster 7"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "store_owner0") t = torch::full_like(t, 7);
+    return true;
+  });
+  expect_bad("full.ckpt", {"store_owner0", "more than outlier_capacity 2"},
+             [](const std::string& k, torch::Tensor& t) {
+               if (k == "store_owner0") t = torch::zeros_like(t);
+               return true;
+             });
+  expect_bad("scale.ckpt", {"store_v_scale0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "store_v_scale0") t = -t - 1.0;
+    return true;
+  });
+  expect_bad("free.ckpt", {"store_owner0", "free but not all zero"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "store_owner0") t = torch::full_like(t, -1);
+    return true;
+  });
 }
 
 /// evaluate() reports the far field per layer; sampling works through it; window checkpoints

@@ -1,0 +1,229 @@
+// SPDX-License-Identifier: Apache-2.0
+// Int8 keys and values and the outlier store of moment closure; see include/attnmix/stream/kv_quantization.hpp.
+#include "attnmix/stream/kv_quantization.hpp"
+
+#include "attnmix/core/errors.hpp"
+#include "attnmix/stream/moment_closure.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace attnmix {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+int64_t tensor_bytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// Row-wise affine quantisation of a float64 tensor whose values are known to be finite.
+QuantizedKv quantize_rows(const torch::Tensor& x64) {
+  const auto low = std::get<0>(x64.min(-1, /*keepdim=*/true));
+  const auto high = std::get<0>(x64.max(-1, /*keepdim=*/true));
+  const auto scale = ((high - low) / 255.0).to(torch::kFloat).to(torch::kDouble);  // the stored scale
+  const auto low32 = low.to(torch::kFloat).to(torch::kDouble);
+  // Codes from the stored (float32) low and scale, so that x̂ is the nearest grid point of what is stored.
+  const auto steps = torch::where(scale > 0, (x64 - low32) / scale.clamp_min(std::numeric_limits<double>::min()),
+                                  torch::zeros_like(x64));
+  QuantizedKv q;
+  q.codes = (steps.round().clamp(0.0, 255.0) - 128.0).to(torch::kChar);
+  q.low = low32.squeeze(-1).to(torch::kFloat);
+  q.scale = scale.squeeze(-1).to(torch::kFloat);
+  return q;
+}
+
+// Keeps slot `slot` of stream b of the destination from row `row` of the source (both stores' layouts).
+void copy_slot(QuantizedKv& into, int64_t b, int64_t slot, const QuantizedKv& from, int64_t row) {
+  into.codes[b][slot].copy_(from.codes[row]);
+  into.low[b][slot].copy_(from.low[row]);
+  into.scale[b][slot].copy_(from.scale[row]);
+}
+
+void clear_slot(QuantizedKv& q, int64_t b, int64_t slot) {
+  q.codes[b][slot].zero_();
+  q.low[b][slot].zero_();
+  q.scale[b][slot].zero_();
+}
+
+QuantizedKv clone(const QuantizedKv& q) { return {q.codes.clone(), q.low.clone(), q.scale.clone()}; }
+
+// One candidate for a cluster's slots: a stored slot (slot ≥ 0) or a new outlier (row of the stream's outliers).
+struct Candidate {
+  double residual;
+  int64_t slot;  // −1 for a new token
+  int64_t row;   // new tokens: the row in the gathered outliers
+};
+
+}  // namespace
+
+int64_t QuantizedKv::bytes() const { return tensor_bytes(codes) + tensor_bytes(low) + tensor_bytes(scale); }
+
+QuantizedKv quantize_kv_cache(const torch::Tensor& x) {
+  const std::string where = "quantize_kv_cache";
+  if (!x.defined() || x.dim() < 1 || x.size(-1) < 1) {
+    throw ValueError(where + ": x must be a tensor with at least one dimension and a non-empty last dimension");
+  }
+  if (!x.is_floating_point()) {
+    throw ValueError(where + ": x must be floating point (got " + std::string(c10::toString(x.scalar_type())) + ")");
+  }
+  const auto x64 = x.detach().to(torch::kDouble);
+  if (!torch::isfinite(x64).all().item<bool>()) throw ValueError(where + ": x holds a non-finite value");
+  return quantize_rows(x64);
+}
+
+torch::Tensor dequantize_kv_cache(const QuantizedKv& q, torch::ScalarType dtype) {
+  const std::string where = "dequantize_kv_cache";
+  if (!q.codes.defined() || !q.low.defined() || !q.scale.defined() || q.codes.scalar_type() != torch::kChar ||
+      q.codes.dim() < 1) {
+    throw ValueError(where + ": codes must be an int8 tensor with low and scale beside it");
+  }
+  const auto rows = q.codes.sizes().slice(0, static_cast<size_t>(q.codes.dim() - 1));
+  if (q.low.sizes() != rows || q.scale.sizes() != rows) {
+    throw ValueError(where + ": low and scale must have the codes' shape without its last dimension");
+  }
+  const auto codes = q.codes.to(torch::kDouble) + 128.0;
+  return (q.low.to(torch::kDouble).unsqueeze(-1) + codes * q.scale.to(torch::kDouble).unsqueeze(-1)).to(dtype);
+}
+
+int64_t OutlierStore::held(int64_t b) const {
+  const auto first = owner.begin() + b * slots();
+  return std::count_if(first, first + slots(), [](int64_t c) { return c >= 0; });
+}
+
+int64_t OutlierStore::bytes() const { return k.bytes() + v.bytes(); }
+
+OutlierStore empty_outlier_store(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,
+                                 int64_t capacity) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch_size", batch_size},
+                                    {"n_head", n_head},
+                                    {"max_clusters", max_clusters},
+                                    {"head_dim", head_dim},
+                                    {"capacity", capacity}}) {
+    if (value <= 0) {
+      throw ValueError(std::string("empty_outlier_store: ") + name + " must be a positive integer (got " +
+                       str(value) + ")");
+    }
+  }
+  const int64_t slots = max_clusters * capacity;
+  const auto empty = [&] {
+    return QuantizedKv{torch::zeros({batch_size, slots, n_head, head_dim}, torch::kChar),
+                       torch::zeros({batch_size, slots, n_head}, torch::kFloat),
+                       torch::zeros({batch_size, slots, n_head}, torch::kFloat)};
+  };
+  OutlierStore store;
+  store.k = empty();
+  store.v = empty();
+  store.owner.assign(static_cast<size_t>(batch_size * slots), -1);
+  store.residual.assign(static_cast<size_t>(batch_size * slots), 0.0);
+  store.capacity = capacity;
+  return store;
+}
+
+OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const std::vector<StreamReceipt>& receipts,
+                                             const std::vector<int64_t>& n_clusters) {
+  const std::string where = "quantize_cluster_outliers";
+  const int64_t B = store.batch_size(), S = store.slots();
+  if (static_cast<int64_t>(receipts.size()) != B || static_cast<int64_t>(n_clusters.size()) != B) {
+    throw ValueError(where + ": need one receipt and one cluster count per stream (" + str(B) + ")");
+  }
+  OutlierStoreUpdate out;
+  out.store = store;
+  out.store.k = clone(store.k);
+  out.store.v = clone(store.v);
+  OutlierStore& s = out.store;
+  OutlierStoreReceipt& r = out.receipt;
+  for (int64_t b = 0; b < B; ++b) {
+    const StreamReceipt& receipt = receipts[static_cast<size_t>(b)];
+    int64_t* owner = s.owner.data() + b * S;
+    double* residual = s.residual.data() + b * S;
+    // Merges renumber the clusters: (i, j) moves j's tokens to i and the last live cluster into slot j.
+    int64_t live = n_clusters[static_cast<size_t>(b)] + static_cast<int64_t>(receipt.merged.size());
+    for (const auto& [i, j] : receipt.merged) {
+      const int64_t last = --live;
+      for (int64_t slot = 0; slot < S; ++slot) {
+        if (owner[slot] == j) owner[slot] = i;
+        else if (owner[slot] == last && j != last) owner[slot] = j;
+      }
+    }
+    const auto free_slot = [&](int64_t slot) {
+      owner[slot] = -1;
+      residual[slot] = 0.0;
+      clear_slot(s.k, b, slot);
+      clear_slot(s.v, b, slot);
+    };
+    for (int64_t slot = 0; slot < S; ++slot) {  // a cluster that no longer exists keeps nothing
+      if (owner[slot] >= n_clusters[static_cast<size_t>(b)]) {
+        free_slot(slot);
+        ++r.evicted;
+      }
+    }
+    for (int64_t c = 0; c < n_clusters[static_cast<size_t>(b)]; ++c) {
+      std::vector<Candidate> candidates;
+      for (int64_t slot = 0; slot < S; ++slot) {
+        if (owner[slot] == c) candidates.push_back({residual[slot], slot, -1});
+      }
+      const auto found = receipt.per_cluster_outlier_tokens.find(c);
+      const OutlierTokens* fresh = found == receipt.per_cluster_outlier_tokens.end() ? nullptr : &found->second;
+      const int64_t n_fresh = fresh ? static_cast<int64_t>(fresh->residuals.size()) : 0;
+      if (n_fresh == 0 && static_cast<int64_t>(candidates.size()) <= s.capacity) continue;
+      if (fresh && (fresh->k.dim() != 3 || fresh->k.size(0) != n_fresh || fresh->k.size(1) != s.k.codes.size(2) ||
+                    fresh->k.size(2) != s.k.codes.size(3) || fresh->v.sizes() != fresh->k.sizes())) {
+        throw ValueError(where + ": the outliers of stream " + str(b) + ", cluster " + str(c) +
+                         " do not fit the store's heads and head_dim");
+      }
+      for (int64_t row = 0; row < n_fresh; ++row) candidates.push_back({fresh->residuals[static_cast<size_t>(row)], -1, row});
+      r.offered += n_fresh;
+      std::stable_sort(candidates.begin(), candidates.end(),
+                       [](const Candidate& a, const Candidate& z) { return a.residual > z.residual; });
+      const auto keep = static_cast<size_t>(std::min<int64_t>(s.capacity, static_cast<int64_t>(candidates.size())));
+      for (size_t i = keep; i < candidates.size(); ++i) {
+        if (candidates[i].slot >= 0) {
+          free_slot(candidates[i].slot);
+          ++r.evicted;
+        }
+      }
+      std::vector<int64_t> rows;
+      for (size_t i = 0; i < keep; ++i) {
+        if (candidates[i].slot < 0) rows.push_back(candidates[i].row);
+      }
+      if (rows.empty()) continue;
+      const auto index = torch::tensor(rows, torch::kLong);
+      const auto k64 = fresh->k.detach().to(torch::kCPU, torch::kDouble).index_select(0, index);
+      const auto v64 = fresh->v.detach().to(torch::kCPU, torch::kDouble).index_select(0, index);
+      const auto qk = quantize_rows(k64);
+      const auto qv = quantize_rows(v64);
+      const double error = std::max((dequantize_kv_cache(qk, torch::kDouble) - k64).abs().max().item<double>(),
+                                    (dequantize_kv_cache(qv, torch::kDouble) - v64).abs().max().item<double>());
+      r.max_reconstruction_error = std::max(r.max_reconstruction_error, error);
+      int64_t slot = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        while (owner[slot] >= 0) ++slot;  // a free slot exists: clusters ≤ max_clusters, each ≤ capacity
+        owner[slot] = c;
+        residual[slot] = fresh->residuals[static_cast<size_t>(rows[i])];
+        copy_slot(s.k, b, slot, qk, static_cast<int64_t>(i));
+        copy_slot(s.v, b, slot, qv, static_cast<int64_t>(i));
+        ++r.stored;
+      }
+    }
+    r.held += s.held(b);
+  }
+  r.bytes = s.bytes();
+  return out;
+}
+
+OutlierAttention outlier_attention(const torch::Tensor& q, const OutlierStore& store) {
+  const auto k_hat = dequantize_kv_cache(store.k, q.scalar_type()).to(q.device());
+  const auto visible =
+      torch::tensor(store.owner, torch::kLong).ge(0).view({store.batch_size(), 1, store.slots(), 1}).to(q.device());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const auto logits = torch::einsum("bthd,bshd->btsh", {q, k_hat}) * scale;
+  OutlierAttention out;
+  out.logits = logits.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  out.values = dequantize_kv_cache(store.v, q.scalar_type()).to(q.device());
+  return out;
+}
+
+}  // namespace attnmix
