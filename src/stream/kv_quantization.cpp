@@ -35,17 +35,16 @@ QuantizedKv quantize_rows(const torch::Tensor& x64) {
   return q;
 }
 
-// Keeps slot `slot` of stream b of the destination from row `row` of the source (both stores' layouts).
-void copy_slot(QuantizedKv& into, int64_t b, int64_t slot, const QuantizedKv& from, int64_t row) {
-  into.codes[b][slot].copy_(from.codes[row]);
-  into.low[b][slot].copy_(from.low[row]);
-  into.scale[b][slot].copy_(from.scale[row]);
+// The store's rows flat_slots (indices into the B·S slots) set to zero.
+void clear_slots(QuantizedKv& q, const torch::Tensor& flat_slots) {
+  for (auto* t : {&q.codes, &q.low, &q.scale}) t->flatten(0, 1).index_fill_(0, flat_slots, 0);
 }
 
-void clear_slot(QuantizedKv& q, int64_t b, int64_t slot) {
-  q.codes[b][slot].zero_();
-  q.low[b][slot].zero_();
-  q.scale[b][slot].zero_();
+// The store's rows flat_slots replaced by the rows of `rows` (same count, rows' per-slot shape).
+void write_slots(QuantizedKv& q, const torch::Tensor& flat_slots, const QuantizedKv& rows) {
+  q.codes.flatten(0, 1).index_copy_(0, flat_slots, rows.codes);
+  q.low.flatten(0, 1).index_copy_(0, flat_slots, rows.low);
+  q.scale.flatten(0, 1).index_copy_(0, flat_slots, rows.scale);
 }
 
 QuantizedKv clone(const QuantizedKv& q) { return {q.codes.clone(), q.low.clone(), q.scale.clone()}; }
@@ -93,7 +92,14 @@ int64_t OutlierStore::held(int64_t b) const {
   return std::count_if(first, first + slots(), [](int64_t c) { return c >= 0; });
 }
 
-int64_t OutlierStore::bytes() const { return k.bytes() + v.bytes(); }
+int64_t OutlierStore::bytes() const { return k.bytes() + v.bytes() + tensor_bytes(k_hat) + tensor_bytes(v_hat); }
+
+OutlierStore OutlierStore::detach() const {
+  OutlierStore out = *this;
+  out.k_hat = torch::Tensor();
+  out.v_hat = torch::Tensor();
+  return out;
+}
 
 OutlierStore empty_outlier_store(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,
                                  int64_t capacity) {
@@ -123,24 +129,31 @@ OutlierStore empty_outlier_store(int64_t batch_size, int64_t n_head, int64_t max
 }
 
 OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const std::vector<StreamReceipt>& receipts,
-                                             const std::vector<int64_t>& n_clusters) {
+                                             const std::vector<int64_t>& n_clusters, const torch::Tensor& k_source,
+                                             const torch::Tensor& v_source) {
   const std::string where = "quantize_cluster_outliers";
+  const bool differentiable = k_source.defined() && v_source.defined() && torch::GradMode::is_enabled() &&
+                              (k_source.requires_grad() || v_source.requires_grad());
   const int64_t B = store.batch_size(), S = store.slots();
   if (static_cast<int64_t>(receipts.size()) != B || static_cast<int64_t>(n_clusters.size()) != B) {
     throw ValueError(where + ": need one receipt and one cluster count per stream (" + str(B) + ")");
   }
   OutlierStoreUpdate out;
   out.store = store;
-  out.store.k = clone(store.k);
-  out.store.v = clone(store.v);
   OutlierStore& s = out.store;
   OutlierStoreReceipt& r = out.receipt;
+  // First the decisions, on the owner and residual lists; then one clear and one write per tensor.
+  std::vector<int64_t> freed;                 // flat slots (b·S + slot) emptied
+  std::vector<int64_t> written;               // flat slots filled, in the order of the rows below
+  std::vector<torch::Tensor> k_rows, v_rows;  // (H, d) each, detached
+  std::vector<int64_t> sources;               // differentiable: the rows' flat indices (b·e + token) in the sources
   for (int64_t b = 0; b < B; ++b) {
     const StreamReceipt& receipt = receipts[static_cast<size_t>(b)];
+    const int64_t live_clusters = n_clusters[static_cast<size_t>(b)];
     int64_t* owner = s.owner.data() + b * S;
     double* residual = s.residual.data() + b * S;
     // Merges renumber the clusters: (i, j) moves j's tokens to i and the last live cluster into slot j.
-    int64_t live = n_clusters[static_cast<size_t>(b)] + static_cast<int64_t>(receipt.merged.size());
+    int64_t live = live_clusters + static_cast<int64_t>(receipt.merged.size());
     for (const auto& [i, j] : receipt.merged) {
       const int64_t last = --live;
       for (int64_t slot = 0; slot < S; ++slot) {
@@ -151,16 +164,13 @@ OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const st
     const auto free_slot = [&](int64_t slot) {
       owner[slot] = -1;
       residual[slot] = 0.0;
-      clear_slot(s.k, b, slot);
-      clear_slot(s.v, b, slot);
+      freed.push_back(b * S + slot);
+      ++r.evicted;
     };
     for (int64_t slot = 0; slot < S; ++slot) {  // a cluster that no longer exists keeps nothing
-      if (owner[slot] >= n_clusters[static_cast<size_t>(b)]) {
-        free_slot(slot);
-        ++r.evicted;
-      }
+      if (owner[slot] >= live_clusters) free_slot(slot);
     }
-    for (int64_t c = 0; c < n_clusters[static_cast<size_t>(b)]; ++c) {
+    for (int64_t c = 0; c < live_clusters; ++c) {
       std::vector<Candidate> candidates;
       for (int64_t slot = 0; slot < S; ++slot) {
         if (owner[slot] == c) candidates.push_back({residual[slot], slot, -1});
@@ -174,55 +184,91 @@ OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const st
         throw ValueError(where + ": the outliers of stream " + str(b) + ", cluster " + str(c) +
                          " do not fit the store's heads and head_dim");
       }
-      for (int64_t row = 0; row < n_fresh; ++row) candidates.push_back({fresh->residuals[static_cast<size_t>(row)], -1, row});
+      for (int64_t row = 0; row < n_fresh; ++row) {
+        candidates.push_back({fresh->residuals[static_cast<size_t>(row)], -1, row});
+      }
       r.offered += n_fresh;
       std::stable_sort(candidates.begin(), candidates.end(),
                        [](const Candidate& a, const Candidate& z) { return a.residual > z.residual; });
       const auto keep = static_cast<size_t>(std::min<int64_t>(s.capacity, static_cast<int64_t>(candidates.size())));
       for (size_t i = keep; i < candidates.size(); ++i) {
-        if (candidates[i].slot >= 0) {
-          free_slot(candidates[i].slot);
-          ++r.evicted;
-        }
+        if (candidates[i].slot >= 0) free_slot(candidates[i].slot);
       }
-      std::vector<int64_t> rows;
-      for (size_t i = 0; i < keep; ++i) {
-        if (candidates[i].slot < 0) rows.push_back(candidates[i].row);
-      }
-      if (rows.empty()) continue;
-      const auto index = torch::tensor(rows, torch::kLong);
-      const auto k64 = fresh->k.detach().to(torch::kCPU, torch::kDouble).index_select(0, index);
-      const auto v64 = fresh->v.detach().to(torch::kCPU, torch::kDouble).index_select(0, index);
-      const auto qk = quantize_rows(k64);
-      const auto qv = quantize_rows(v64);
-      const double error = std::max((dequantize_kv_cache(qk, torch::kDouble) - k64).abs().max().item<double>(),
-                                    (dequantize_kv_cache(qv, torch::kDouble) - v64).abs().max().item<double>());
-      r.max_reconstruction_error = std::max(r.max_reconstruction_error, error);
       int64_t slot = 0;
-      for (size_t i = 0; i < rows.size(); ++i) {
+      for (size_t i = 0; i < keep; ++i) {
+        if (candidates[i].slot >= 0) continue;
         while (owner[slot] >= 0) ++slot;  // a free slot exists: clusters ≤ max_clusters, each ≤ capacity
         owner[slot] = c;
-        residual[slot] = fresh->residuals[static_cast<size_t>(rows[i])];
-        copy_slot(s.k, b, slot, qk, static_cast<int64_t>(i));
-        copy_slot(s.v, b, slot, qv, static_cast<int64_t>(i));
-        ++r.stored;
+        residual[slot] = candidates[i].residual;
+        written.push_back(b * S + slot);
+        k_rows.push_back(fresh->k[candidates[i].row]);
+        v_rows.push_back(fresh->v[candidates[i].row]);
+        if (differentiable) sources.push_back(b * k_source.size(1) + fresh->indices[static_cast<size_t>(candidates[i].row)]);
       }
     }
     r.held += s.held(b);
+  }
+  r.stored = static_cast<int64_t>(written.size());
+  if (!freed.empty() || !written.empty()) {
+    s.k = clone(store.k);
+    s.v = clone(store.v);
+  }
+  // The differentiable reconstructions start from the previous ones (or the decoded codes) and change where the
+  // codes change: freed slots become zero, written ones x̂ + (x − stop_grad(x)).
+  if (differentiable) {
+    const auto dtype = k_source.scalar_type();
+    s.k_hat = (store.k_hat.defined() ? store.k_hat : dequantize_kv_cache(store.k, dtype)).flatten(0, 1);
+    s.v_hat = (store.v_hat.defined() ? store.v_hat : dequantize_kv_cache(store.v, dtype)).flatten(0, 1);
+  }
+  if (!freed.empty()) {
+    const auto index = torch::tensor(freed, torch::kLong);
+    clear_slots(s.k, index);
+    clear_slots(s.v, index);
+    if (differentiable) {
+      s.k_hat = s.k_hat.index_fill(0, index, 0.0);
+      s.v_hat = s.v_hat.index_fill(0, index, 0.0);
+    }
+  }
+  if (!written.empty()) {
+    const auto index = torch::tensor(written, torch::kLong);
+    const auto k64 = torch::stack(k_rows).detach().to(torch::kCPU, torch::kDouble);
+    const auto v64 = torch::stack(v_rows).detach().to(torch::kCPU, torch::kDouble);
+    const auto qk = quantize_rows(k64);
+    const auto qv = quantize_rows(v64);
+    r.max_reconstruction_error = std::max((dequantize_kv_cache(qk, torch::kDouble) - k64).abs().max().item<double>(),
+                                          (dequantize_kv_cache(qv, torch::kDouble) - v64).abs().max().item<double>());
+    write_slots(s.k, index, qk);
+    write_slots(s.v, index, qv);
+    if (differentiable) {
+      const auto rows = torch::tensor(sources, torch::kLong).to(k_source.device());
+      const auto straight = [&](const QuantizedKv& q, const torch::Tensor& source) {
+        const auto x = source.flatten(0, 1).index_select(0, rows);
+        return dequantize_kv_cache(q, x.scalar_type()).to(x.device()) + (x - x.detach());
+      };
+      s.k_hat = s.k_hat.index_copy(0, index.to(k_source.device()), straight(qk, k_source));
+      s.v_hat = s.v_hat.index_copy(0, index.to(v_source.device()), straight(qv, v_source));
+    }
+  }
+  if (differentiable) {
+    s.k_hat = s.k_hat.view(s.k.codes.sizes());
+    s.v_hat = s.v_hat.view(s.v.codes.sizes());
   }
   r.bytes = s.bytes();
   return out;
 }
 
 OutlierAttention outlier_attention(const torch::Tensor& q, const OutlierStore& store) {
-  const auto k_hat = dequantize_kv_cache(store.k, q.scalar_type()).to(q.device());
+  const auto decoded = [&](const torch::Tensor& hat, const QuantizedKv& codes) {
+    return hat.defined() ? hat.to(q.scalar_type()) : dequantize_kv_cache(codes, q.scalar_type()).to(q.device());
+  };
+  const auto k_hat = decoded(store.k_hat, store.k);
   const auto visible =
       torch::tensor(store.owner, torch::kLong).ge(0).view({store.batch_size(), 1, store.slots(), 1}).to(q.device());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const auto logits = torch::einsum("bthd,bshd->btsh", {q, k_hat}) * scale;
   OutlierAttention out;
   out.logits = logits.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
-  out.values = dequantize_kv_cache(store.v, q.scalar_type()).to(q.device());
+  out.values = decoded(store.v_hat, store.v);
   return out;
 }
 

@@ -1140,6 +1140,8 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
   BirthMergeOptions ingest_options;
   ingest_options.birth_threshold = options_.birth_threshold;
   ingest_options.merge_threshold = options_.merge_threshold;
+  // A store is offered as many outliers per cluster as it can keep.
+  ingest_options.outlier_top_k = std::max(ingest_options.outlier_top_k, options_.outlier_capacity);
 
   MomentClosureState next = state;
   std::vector<LayerReceipt> receipts;
@@ -1179,6 +1181,7 @@ MomentClosureState MomentClosureAttentionImpl::detach(const MomentClosureState& 
   if (out.detach_horizon_clusters) {
     for (auto& bank : out.banks) bank = bank.detach();
   }
+  for (auto& store : out.stores) store = store.detach();
   return out;
 }
 

@@ -217,7 +217,8 @@ SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::Line
   auto update = evict_to_far_field(bank, f.k_full.narrow(1, 0, evicted), f.v_full.narrow(1, 0, evicted), g.pos + g.t,
                                    g.keep, ingest, label);
   if (store != nullptr) {
-    auto kept = quantize_cluster_outliers(*store, update.receipt.streams, update.bank.n_clusters);
+    auto kept = quantize_cluster_outliers(*store, update.receipt.streams, update.bank.n_clusters,
+                                          f.k_full.narrow(1, 0, evicted), f.v_full.narrow(1, 0, evicted));
     for (size_t b = 0; b < update.receipt.streams.size(); ++b) {
       auto& accounting = update.receipt.streams[b].accounting;
       if (accounting) accounting->overlap_tokens = kept.store.held(static_cast<int64_t>(b));

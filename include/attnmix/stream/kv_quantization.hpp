@@ -15,7 +15,9 @@
 /// smallest when a larger one arrives (quantize_cluster_outliers, moment_closure.hpp). Stored tokens are attended exactly — logit q·k̂/√d, value v̂, the far field's
 /// unrotated convention — in the same softmax as the window and the clusters. A stored token also stays in its
 /// cluster's moments (the store is an exact copy next to the mixture, not a replacement), so the accounting counts
-/// it once in the bank and reports the copies as overlap tokens. The store carries no gradient.
+/// it once in the bank and reports the copies as overlap tokens. While training, the stored keys and values pass the
+/// gradient straight through the rounding to the tokens they were made from (x̂ + (x − stop_grad(x))), so that the
+/// keys and queries can learn to find them; detach() ends that, and the int8 codes are all a state keeps.
 #pragma once
 
 #include <torch/torch.h>
@@ -49,12 +51,19 @@ struct OutlierStore {
   std::vector<int64_t> owner;     ///< B·S: the cluster a slot's token belongs to, −1 for a free slot
   std::vector<double> residual;   ///< B·S: the token's misfit residual when it was stored (0 for a free slot)
   int64_t capacity = 0;           ///< tokens per cluster and stream
+  /// While training (gradients on): the reconstructions x̂ (B, S, H, d), equal to the decoded codes and carrying the
+  /// gradient to the stored tokens' sources; undefined otherwise (then the codes are decoded).
+  torch::Tensor k_hat;
+  torch::Tensor v_hat;
 
   int64_t batch_size() const { return k.codes.size(0); }
   int64_t slots() const { return k.codes.size(1); }
   /// Occupied slots of stream b.
   int64_t held(int64_t b) const;
+  /// Bytes of the codes and scales (and of k_hat, v_hat while they exist).
   int64_t bytes() const;
+  /// The store without k_hat and v_hat: the same values, no gradient.
+  OutlierStore detach() const;
 };
 
 /// An empty store. @throws ValueError unless every size is positive.

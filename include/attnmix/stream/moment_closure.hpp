@@ -145,9 +145,12 @@ struct OutlierStoreUpdate {
 /// after it, whose n_clusters says how many clusters each stream has) enter the store. Slot owners first follow the
 /// receipt's merges (j merged into i, then the last cluster moved into j); then each cluster keeps the `capacity`
 /// largest residuals among its stored tokens and its new outliers (ties: the stored token stays).
+/// k_source, v_source: the evicted tokens the receipts were made from (B, e, H, d), or undefined; when they are given
+/// and gradients are on, the result's k_hat, v_hat carry the gradient to them (kv_quantization.hpp).
 /// @throws ValueError when the receipts do not fit the store (count, heads, head_dim).
 OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const std::vector<StreamReceipt>& receipts,
-                                             const std::vector<int64_t>& n_clusters);
+                                             const std::vector<int64_t>& n_clusters,
+                                             const torch::Tensor& k_source = {}, const torch::Tensor& v_source = {});
 
 /// Per layer, what the last step did: one receipt per stream and the mean misfit over streams.
 struct LayerReceipt {

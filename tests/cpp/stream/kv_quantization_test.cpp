@@ -162,6 +162,51 @@ TEST(OutlierStore, FollowsMergesAndDropsVanishedClusters) {
   EXPECT_THROW(quantize_cluster_outliers(store, wrong, {3}), ValueError);
 }
 
+/// With differentiable sources the reconstructions equal the decoded codes and pass the gradient straight through
+/// the rounding to the source rows the store kept (and to no other row); without gradients nothing is built.
+TEST(OutlierStore, StoredTokensPassTheGradientStraightThrough) {
+  torch::manual_seed(9);
+  const auto k_source = torch::randn({2, 5, kHeads, kDim}, torch::kDouble).requires_grad_();
+  const auto v_source = torch::randn({2, 5, kHeads, kDim}, torch::kDouble).requires_grad_();
+  std::vector<StreamReceipt> receipts(2);
+  const auto reported = [&](int64_t b, std::vector<int64_t> tokens, std::vector<double> residuals) {
+    OutlierTokens o;
+    const auto index = torch::tensor(tokens, torch::kLong);
+    o.k = k_source[b].detach().index_select(0, index);
+    o.v = v_source[b].detach().index_select(0, index);
+    o.indices = std::move(tokens);
+    o.residuals = std::move(residuals);
+    return o;
+  };
+  receipts[0].per_cluster_outlier_tokens[0] = reported(0, {3, 1, 4}, {3.0, 2.0, 1.0});
+  receipts[1].per_cluster_outlier_tokens[0] = reported(1, {2}, {5.0});
+  const auto store = empty_outlier_store(2, kHeads, 1, kDim, 2);
+  const auto update = quantize_cluster_outliers(store, receipts, {1, 1}, k_source, v_source);
+  ASSERT_TRUE(update.store.k_hat.defined());
+  EXPECT_TRUE(torch::equal(update.store.k_hat.detach(), dequantize_kv_cache(update.store.k, torch::kDouble)));
+  EXPECT_TRUE(torch::equal(update.store.v_hat.detach(), dequantize_kv_cache(update.store.v, torch::kDouble)));
+  const auto weights = torch::randn(update.store.k_hat.sizes(), torch::kDouble);
+  const auto grads = torch::autograd::grad({(update.store.k_hat * weights).sum() + update.store.v_hat.sum()},
+                                           {k_source, v_source});
+  auto expected_k = torch::zeros_like(k_source);
+  auto expected_v = torch::zeros_like(v_source);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t slot = 0; slot < update.store.slots(); ++slot) {
+      if (update.store.owner[static_cast<size_t>(b * update.store.slots() + slot)] < 0) continue;
+      const double r = update.store.residual[static_cast<size_t>(b * update.store.slots() + slot)];
+      const int64_t token = b == 1 ? 2 : (r == 3.0 ? 3 : 1);
+      expected_k[b][token] += weights[b][slot];
+      expected_v[b][token] += 1.0;
+    }
+  }
+  EXPECT_TRUE(torch::equal(grads[0], expected_k));
+  EXPECT_TRUE(torch::equal(grads[1], expected_v));
+  EXPECT_DOUBLE_EQ(expected_v.sum().item<double>(), 3 * kHeads * kDim);  // three tokens kept: 3, 1 and stream 1's 2
+  EXPECT_FALSE(update.store.detach().k_hat.defined());
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(quantize_cluster_outliers(store, receipts, {1, 1}, k_source, v_source).store.k_hat.defined());
+}
+
 TEST(OutlierStore, AttentionMatchesBruteForce) {
   auto store = empty_outlier_store(2, kHeads, 2, kDim, 2);
   std::vector<StreamReceipt> fill(2);
