@@ -329,7 +329,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmRecallRequest>();
   lm::RecallRunOptions& o = r->options;
   o.steps = kDefaultRecallSteps;
-  r->mechanisms = {"window", "moment-closure", "linear", "full"};
+  r->mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear", "full"};
   CLI::App* cmd = lm_cmd->add_subcommand(
       "recall",
       "What the far field is for: associative recall beyond the window, and held-out bits per "

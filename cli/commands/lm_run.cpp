@@ -481,6 +481,9 @@ lm::TrainOptions text_options(const LmRecallRequest& r, const std::string& mecha
   return o;
 }
 
+/// Width of the mechanism column of the tables (the longest name, "moment-closure+outliers", and a space).
+constexpr size_t kMechanismColumn = 25;
+
 /// Left-aligned in `width` columns.
 std::string pad(std::string text, size_t width) {
   if (text.size() < width) text.resize(width, ' ');
@@ -579,10 +582,10 @@ int run_recall(const LmRecallRequest& r) {
   out << "Recall (held out; chance: accuracy 1/" << task.values << " = " << fixed(chance, 4)
       << ", cross-entropy ln " << task.values << " = " << fixed(std::log(task.values), 3)
       << " nats)\n"
-      << "  " << pad("mechanism", 16) << right("accuracy", 9) << right("answer CE", 11)
+      << "  " << pad("mechanism", kMechanismColumn) << right("accuracy", 9) << right("answer CE", 11)
       << right("chance", 8) << right("state bytes", 13) << right("train s", 9) << "\n";
   for (const lm::RecallResult& x : results)
-    out << "  " << pad(x.mechanism, 16) << right(fixed(x.accuracy, 3), 9)
+    out << "  " << pad(x.mechanism, kMechanismColumn) << right(fixed(x.accuracy, 3), 9)
         << right(fixed(x.cross_entropy, 3), 11) << right(fixed(chance, 4), 8)
         << right(std::to_string(x.state_bytes), 13) << right(fixed(x.seconds, 1), 9) << "\n";
   const int64_t answers = o.eval_sequences * task.queries;
@@ -642,10 +645,10 @@ int run_recall(const LmRecallRequest& r) {
     text.push_back(std::move(t));
   }
   out << "Text (held out; lower is better; a uniform guess is 8 bits per byte)\n"
-      << "  " << pad("mechanism", 16) << right("bits/byte", 10) << right("state bytes", 13)
+      << "  " << pad("mechanism", kMechanismColumn) << right("bits/byte", 10) << right("state bytes", 13)
       << right("train s", 9) << "\n";
   for (const TextResult& t : text)
-    out << "  " << pad(t.mechanism, 16) << right(fixed(t.summary.heldout->bits_per_token, 4), 10)
+    out << "  " << pad(t.mechanism, kMechanismColumn) << right(fixed(t.summary.heldout->bits_per_token, 4), 10)
         << right(std::to_string(t.summary.heldout->state_bytes), 13)
         << right(fixed(t.summary.seconds, 1), 9) << "\n";
   out << "  (state bytes: one stream at the end of the " << corpus->heldout.size()
@@ -730,13 +733,13 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   bar.finish();
   out << "Results (accuracy at the answers, mean over " << o.seeds.size()
       << (o.seeds.size() == 1 ? " seed" : " seeds") << "; share: of full attention's gain over the window)\n"
-      << "  " << pad("task", 9) << pad("setting", 22) << pad("mechanism", 16) << right("accuracy", 9)
+      << "  " << pad("task", 9) << pad("setting", 22) << pad("mechanism", kMechanismColumn) << right("accuracy", 9)
       << right("range", 14) << right("answer CE", 11) << right("chance", 8) << right("state bytes", 13)
       << right("train s", 9) << right("share", 8) << "\n";
   for (const auto& c : report.cases) {
     const std::string range =
         c.seeds > 1 ? fixed(c.accuracy_min, 3) + "-" + fixed(c.accuracy_max, 3) : std::string("-");
-    out << "  " << pad(c.task, 9) << pad(c.setting, 22) << pad(c.mechanism, 16) << right(fixed(c.accuracy, 3), 9)
+    out << "  " << pad(c.task, 9) << pad(c.setting, 22) << pad(c.mechanism, kMechanismColumn) << right(fixed(c.accuracy, 3), 9)
         << right(range, 14) << right(fixed(c.cross_entropy, 3), 11) << right(fixed(c.chance, 4), 8)
         << right(std::to_string(c.state_bytes), 13) << right(fixed(c.seconds, 1), 9)
         << right(c.share_of_full_gain ? fixed(100.0 * *c.share_of_full_gain, 0) + "%" : std::string("-"), 8)

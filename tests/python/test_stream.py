@@ -792,7 +792,7 @@ def test_run_memory_benchmark_reports_every_case():
         share = case["share_of_full_gain"]
         assert share is None or (case["mechanism"] != "full" or share == pytest.approx(1.0))
     defaults = ex.default_memory_bench_options()
-    assert defaults["recall_gaps"] == [24, 64, 256, 1024] and defaults["mechanisms"][2] == "linear"
+    assert defaults["recall_gaps"] == [24, 64, 256, 1024] and defaults["mechanisms"][2:4] == ["moment-closure+outliers", "linear"]
     with pytest.raises(ValueError, match="unknown task"):
         ex.run_memory_benchmark(tasks=["sorting"])
     with pytest.raises(TypeError, match="must be a list"):

@@ -456,13 +456,13 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
       "--mqar-lengths 16 --mqar-pairs 2 --passkey-lengths 160 --seeds 0,1 --json bench.json");
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* f : {"Memory benchmark", "recall", "gap 20, pairs 2", "mqar", "length 16, pairs 2", "passkey",
-                        "length 160", "window ", "moment-closure ", "linear ", "full ", "state bytes", "share",
-                        "wrote bench.json (24 runs, 12 cases)"})
+                        "length 160", "window ", "moment-closure ", "moment-closure+outliers ", "linear ", "full ",
+                        "state bytes", "share", "wrote bench.json (30 runs, 15 cases)"})
     EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
-  EXPECT_TRUE(contains(r.err, "run 24/24: passkey (length 160), full, seed 1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "run 30/30: passkey (length 160), full, seed 1")) << r.err;
   const auto json = nlohmann::json::parse(read_text(path("bench.json")));
-  ASSERT_EQ(json.at("runs").size(), 24U);
-  ASSERT_EQ(json.at("cases").size(), 12U);
+  ASSERT_EQ(json.at("runs").size(), 30U);
+  ASSERT_EQ(json.at("cases").size(), 15U);
   for (const auto& c : json.at("cases")) {
     EXPECT_EQ(c.at("seeds"), 2);
     EXPECT_GE(c.at("accuracy").get<double>(), 0.0);
@@ -470,7 +470,7 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
     EXPECT_GT(c.at("state_bytes").get<int64_t>(), 0);
   }
   EXPECT_EQ(json.at("cases")[0].at("chance").get<double>(), 0.0625);
-  EXPECT_EQ(json.at("cases")[11].at("chance").get<double>(), 0.1);
+  EXPECT_EQ(json.at("cases")[14].at("chance").get<double>(), 0.1);
   // Errors: usage (1), and options that do not fit (2) before any training or any file.
   EXPECT_EQ(run("lm memory-bench --tasks recall,sorting").code, 1);
   EXPECT_EQ(run("lm memory-bench --mechanisms window,mixture").code, 1);
