@@ -7,6 +7,7 @@
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "model_options.hpp"
 
 #include <torch/torch.h>
 
@@ -210,40 +211,21 @@ ModelConfig sequence_model_config(const std::string& mechanism, const RecallRunO
 RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask& task, const RecallRunOptions& o,
                                const std::function<void(int64_t, double)>& on_step) {
   validate_training(o);
-  check_sequence_mechanism(mechanism);
   if (task.vocab <= 0 || !task.draw) throw ValueError("recall: the task needs a positive vocabulary and a generator");
   at::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
+  ModelConfig m = sequence_model_config(mechanism, o);
+  m.vocab = task.vocab;
   RecallResult result;
-  if (mechanism == "window" || mechanism == "full") {
-    SpineOptions s;
-    s.vocab = task.vocab;
-    s.d_model = o.d_model;
-    s.n_layer = o.n_layer;
-    s.n_head = o.n_head;
-    s.window = mechanism == "full" ? std::nullopt : std::optional<int64_t>(o.window);
-    SlidingWindowSpine spine(s);
-    result = train_and_evaluate(*spine, task, o, on_step);
-  } else if (mechanism == "moment-closure" || mechanism == "moment-closure+outliers") {
-    MomentClosureOptions m;
-    m.vocab = task.vocab;
-    m.d_model = o.d_model;
-    m.n_layer = o.n_layer;
-    m.n_head = o.n_head;
-    m.window = o.window;
-    m.max_clusters = o.max_clusters;
-    m.birth_threshold = o.birth_threshold;
-    m.outlier_capacity = mechanism == "moment-closure" ? 0 : o.outlier_capacity;
-    MomentClosureAttention mca(m);
-    result = train_and_evaluate(*mca, task, o, on_step);
+  if (m.mechanism == Mechanism::kMomentClosure) {
+    MomentClosureAttention model(moment_options(m));
+    result = train_and_evaluate(*model, task, o, on_step);
+  } else if (m.mechanism == Mechanism::kLinear) {
+    LinearAttentionSpine model(linear_options(m));
+    result = train_and_evaluate(*model, task, o, on_step);
   } else {
-    LinearAttentionOptions l;
-    l.vocab = task.vocab;
-    l.d_model = o.d_model;
-    l.n_layer = o.n_layer;
-    l.n_head = o.n_head;
-    LinearAttentionSpine linear(l);
-    result = train_and_evaluate(*linear, task, o, on_step);
+    SlidingWindowSpine model(spine_options(m));
+    result = train_and_evaluate(*model, task, o, on_step);
   }
   result.mechanism = mechanism;
   return result;

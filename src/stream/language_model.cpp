@@ -10,6 +10,7 @@
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "model_options.hpp"
 
 #include <c10/core/CPUAllocator.h>
 #include <malloc.h>
@@ -51,40 +52,6 @@ void check_vocabulary(std::span<const int64_t> tokens, int64_t vocab, const char
                        ", outside the vocabulary [0, " + str(vocab) + ")");
     }
   }
-}
-
-SpineOptions spine_options(const ModelConfig& m) {
-  SpineOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
-  o.window = m.mechanism == Mechanism::kFull || m.mechanism == Mechanism::kLinear ? std::nullopt
-                                                                                   : std::optional<int64_t>(m.window);
-  return o;
-}
-
-LinearAttentionOptions linear_options(const ModelConfig& m) {
-  LinearAttentionOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
-  return o;
-}
-
-MomentClosureOptions moment_options(const ModelConfig& m) {
-  MomentClosureOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
-  o.window = m.window;
-  o.max_clusters = m.max_clusters;
-  o.birth_threshold = m.birth_threshold;
-  o.merge_threshold = m.merge_threshold;
-  o.outlier_capacity = m.outlier_capacity;
-  return o;
 }
 
 // ---- the kinds of mechanism ------------------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// The module options of an lm::ModelConfig; see src/stream/model_options.hpp.
+#include "model_options.hpp"
+
+#include <optional>
+
+namespace attnmix::lm {
+
+SpineOptions spine_options(const ModelConfig& m) {
+  SpineOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  o.window = m.mechanism == Mechanism::kFull || m.mechanism == Mechanism::kLinear ? std::nullopt
+                                                                                   : std::optional<int64_t>(m.window);
+  return o;
+}
+
+LinearAttentionOptions linear_options(const ModelConfig& m) {
+  LinearAttentionOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  return o;
+}
+
+MomentClosureOptions moment_options(const ModelConfig& m) {
+  MomentClosureOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  o.window = m.window;
+  o.max_clusters = m.max_clusters;
+  o.birth_threshold = m.birth_threshold;
+  o.merge_threshold = m.merge_threshold;
+  o.outlier_capacity = m.outlier_capacity;
+  return o;
+}
+
+}  // namespace attnmix::lm

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+// The module options of an lm::ModelConfig (private to attnmix::torch): the one mapping from the torch-free model
+// description of language_model.hpp to the options of the modules, shared by lm training and the far-field runs.
+#pragma once
+
+#include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/linear_attention.hpp"
+#include "attnmix/stream/moment_closure.hpp"
+
+namespace attnmix::lm {
+
+/// window (the window) and full (no window; also linear's reading of the config).
+SpineOptions spine_options(const ModelConfig& m);
+LinearAttentionOptions linear_options(const ModelConfig& m);
+MomentClosureOptions moment_options(const ModelConfig& m);
+
+}  // namespace attnmix::lm
