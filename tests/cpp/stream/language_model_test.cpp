@@ -110,6 +110,19 @@ class LanguageModelTest : public ::testing::Test {
     return path(name);
   }
 
+  /// The run of `o` saved at step 6 (a periodic checkpoint) and resumed from there to o.steps, written to
+  /// resumed.ckpt.
+  TrainSummary resumed_from_step6(TrainOptions o) {
+    o.checkpoint_every = 6;
+    int copies = 0;
+    (void)train(o, corpus_, "", path("run.ckpt"), [&](const Progress& p) {
+      if (p.step == 6) copies += fs::copy_file(path("run.ckpt"), path("step6.ckpt")) ? 1 : 0;
+    });
+    EXPECT_EQ(copies, 1);
+    o.checkpoint_every = 0;
+    return train(o, corpus_, path("step6.ckpt"), path("resumed.ckpt"));
+  }
+
   fs::path dir_;
   uint64_t seed_ = kSeed;
   std::vector<int64_t> corpus_;
@@ -529,14 +542,7 @@ TEST_F(LanguageModelTest, MomentClosureResumeIsBitwiseIdentical) {
   o.model.merge_threshold = 1.5;
   const auto whole = train(o, corpus_, "", path("whole.ckpt"));
   ASSERT_EQ(whole.losses.size(), 12U);
-  o.checkpoint_every = 6;
-  int copies = 0;
-  (void)train(o, corpus_, "", path("run.ckpt"), [&](const Progress& p) {
-    if (p.step == 6) copies += fs::copy_file(path("run.ckpt"), path("step6.ckpt")) ? 1 : 0;
-  });
-  ASSERT_EQ(copies, 1);
-  o.checkpoint_every = 0;
-  const auto resumed = train(o, corpus_, path("step6.ckpt"), path("resumed.ckpt"));
+  const auto resumed = resumed_from_step6(o);
   EXPECT_EQ(resumed.first_step, 6);
   EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
   EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
@@ -675,14 +681,7 @@ TEST_F(LanguageModelTest, MomentClosureOutliersResumeIsBitwiseIdentical) {
   o.model.outlier_capacity = 2;
   o.detach_horizon = 2;
   const auto whole = train(o, corpus_, "", path("whole.ckpt"));
-  o.checkpoint_every = 6;
-  int copies = 0;
-  (void)train(o, corpus_, "", path("run.ckpt"), [&](const Progress& p) {
-    if (p.step == 6) copies += fs::copy_file(path("run.ckpt"), path("step6.ckpt")) ? 1 : 0;
-  });
-  ASSERT_EQ(copies, 1);
-  o.checkpoint_every = 0;
-  const auto resumed = train(o, corpus_, path("step6.ckpt"), path("resumed.ckpt"));
+  const auto resumed = resumed_from_step6(o);
   EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
   EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
   EXPECT_EQ(read_checkpoint_info(path("resumed.ckpt")).model.outlier_capacity, 2);
@@ -781,14 +780,7 @@ TEST_F(LanguageModelTest, LinearResumeIsBitwiseIdentical) {
   ASSERT_EQ(whole.losses.size(), 12U);
   EXPECT_LT(std::accumulate(whole.losses.end() - 3, whole.losses.end(), 0.0),
             std::accumulate(whole.losses.begin(), whole.losses.begin() + 3, 0.0));
-  o.checkpoint_every = 6;
-  int copies = 0;
-  (void)train(o, corpus_, "", path("run.ckpt"), [&](const Progress& p) {
-    if (p.step == 6) copies += fs::copy_file(path("run.ckpt"), path("step6.ckpt")) ? 1 : 0;
-  });
-  ASSERT_EQ(copies, 1);
-  o.checkpoint_every = 0;
-  const auto resumed = train(o, corpus_, path("step6.ckpt"), path("resumed.ckpt"));
+  const auto resumed = resumed_from_step6(o);
   EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
   EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
   EXPECT_EQ(read_checkpoint_info(path("resumed.ckpt")).model.mechanism, Mechanism::kLinear);
