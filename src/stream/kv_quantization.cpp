@@ -139,7 +139,7 @@ OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const st
     throw ValueError(where + ": need one receipt and one cluster count per stream (" + str(B) + ")");
   }
   OutlierStoreUpdate out;
-  out.store = store;
+  out.store = store.detach();  // reconstructions are rebuilt below when the update is differentiable
   OutlierStore& s = out.store;
   OutlierStoreReceipt& r = out.receipt;
   // First the decisions, on the owner and residual lists; then one clear and one write per tensor.
