@@ -97,7 +97,8 @@ bool has(const std::vector<std::string>& names, const std::string& name) {
 }
 
 /// Every --mechanism value of lm train (lm::parse_mechanism's names).
-const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear", "full"};
+const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear",
+                                                  "frequent-directions", "full"};
 
 /// The flags of the moment-closure far field: meaningless for window and full attention.
 constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
@@ -123,6 +124,9 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
       if (has(r.given, flag))
         throw UsageError(std::string(flag) +
                          " applies only to --mechanism moment-closure (the far field)");
+  if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kFrequentDirections &&
+      has(r.given, "--sketch-rows"))
+    throw UsageError("--sketch-rows applies only to --mechanism frequent-directions");
   if (r.options.checkpoint_every > 0 && r.out.empty())
     throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
   if (!(r.holdout >= 0.0 && r.holdout < 1.0))
@@ -167,7 +171,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "token since the start of the pass), moment-closure (the window plus a "
                   "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7) or "
                   "linear (causal linear attention: running sums over every token, no window, "
-                  "bounded state)")
+                  "bounded state) or frequent-directions (linear attention over the window exactly "
+                  "and a Frequent Directions sketch of every evicted token, bounded state)")
       ->check(CLI::IsMember(kMechanismNames))
       ->capture_default_str();
   cmd->add_option("--window", o.model.window,
@@ -191,6 +196,11 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "tokens the cluster predicts worst exactly (int8) and attend to them beside the "
                   "clusters (0: none)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--sketch-rows", o.model.sketch_rows,
+                  "frequent-directions: rows of each layer's and head's sketch of the evicted "
+                  "tokens (even, >= 4; the sketch keeps rows/2 - 1 directions after each shrink)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--d-model", o.model.d_model, "Width of the model")
       ->check(CLI::PositiveNumber)
@@ -282,7 +292,8 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
 /// The model and training flags of `lm recall` and `lm memory-bench` (lm::RecallRunOptions).
 void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
   cmd->add_option("--window", o.window,
-                  "Tokens a query sees exactly (window, moment-closure; linear and full have none)")
+                  "Tokens a query sees exactly (window, moment-closure, frequent-directions; linear and "
+                  "full have none)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--chunk", o.chunk, "Tokens per streamed chunk")
@@ -308,6 +319,10 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
                   "layer, stream and cluster")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--sketch-rows", o.sketch_rows,
+                  "frequent-directions: rows of each layer's and head's sketch (even, >= 4)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per training step")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -329,7 +344,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmRecallRequest>();
   lm::RecallRunOptions& o = r->options;
   o.steps = kDefaultRecallSteps;
-  r->mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear", "full"};
+  r->mechanisms = lm::kSequenceMechanisms;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "recall",
       "What the far field is for: associative recall beyond the window, and held-out bits per "

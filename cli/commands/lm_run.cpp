@@ -108,8 +108,11 @@ struct FixedFlag {
   const char* flag;
   const char* field;
   std::string (*value)(const lm::TrainOptions&);
-  bool far_field = false;  ///< a moment-closure setting (window and full checkpoints have none)
+  /// The one mechanism whose checkpoints store the setting (none: every checkpoint does).
+  std::optional<lm::Mechanism> only_for = std::nullopt;
 };
+
+constexpr auto kFarField = lm::Mechanism::kMomentClosure;
 
 std::string text_of(double x) { return format_double(x); }
 std::string text_of(int64_t x) { return std::to_string(x); }
@@ -132,16 +135,18 @@ const std::vector<FixedFlag>& fixed_flags() {
       {"--weight-decay", "weight_decay", [](O o) { return text_of(o.weight_decay); }},
       {"--clip", "clip", [](O o) { return text_of(o.clip); }},
       {"--seed", "seed", [](O o) { return text_of(o.seed); }},
-      {"--max-clusters", "max_clusters", [](O o) { return text_of(o.model.max_clusters); }, true},
+      {"--max-clusters", "max_clusters", [](O o) { return text_of(o.model.max_clusters); }, kFarField},
       {"--birth-threshold", "birth_threshold", [](O o) { return text_of(o.model.birth_threshold); },
-       true},
+       kFarField},
       {"--merge-threshold", "merge_threshold",
        [](O o) {
          return o.model.merge_threshold ? text_of(*o.model.merge_threshold)
                                         : std::string("the default rule");
        },
-       true},
-      {"--outliers", "outlier_capacity", [](O o) { return text_of(o.model.outlier_capacity); }, true},
+       kFarField},
+      {"--outliers", "outlier_capacity", [](O o) { return text_of(o.model.outlier_capacity); }, kFarField},
+      {"--sketch-rows", "sketch_rows", [](O o) { return text_of(o.model.sketch_rows); },
+       lm::Mechanism::kFrequentDirections},
   };
   return flags;
 }
@@ -149,13 +154,12 @@ const std::vector<FixedFlag>& fixed_flags() {
 /// A --resume checkpoint fixes every option but --steps, --threads and --checkpoint-every: a
 /// repeated flag must agree with it (so the same command line plus --resume works).
 void check_resume_flags(const LmTrainRequest& args, const lm::CheckpointInfo& info) {
-  const bool far_field = info.options.model.mechanism == lm::Mechanism::kMomentClosure;
+  const lm::Mechanism stored_mechanism = info.options.model.mechanism;
   for (const FixedFlag& f : fixed_flags()) {
     if (!given(args, f.flag)) continue;
-    if (f.far_field && !far_field)
-      throw ValueError(std::string(f.flag) + " applies only to --mechanism moment-closure; the " +
-                       "--resume checkpoint " + args.resume + " uses " +
-                       lm::mechanism_name(info.options.model.mechanism));
+    if (f.only_for && *f.only_for != stored_mechanism)
+      throw ValueError(std::string(f.flag) + " applies only to --mechanism " + lm::mechanism_name(*f.only_for) +
+                       "; the --resume checkpoint " + args.resume + " uses " + lm::mechanism_name(stored_mechanism));
     const std::string wanted = f.value(args.options), stored = f.value(info.options);
     if (wanted == stored) continue;
     throw ValueError(std::string(f.flag) + " " + wanted +
@@ -182,6 +186,10 @@ std::string mechanism_text(const lm::ModelConfig& m) {
                                      : std::string());
     case lm::Mechanism::kLinear:
       return "causal linear attention over every token since the start of the pass (running sums, no window)";
+    case lm::Mechanism::kFrequentDirections:
+      return "linear attention over the last " + std::to_string(m.window) +
+             " tokens exactly and a Frequent Directions sketch of " + std::to_string(m.sketch_rows) +
+             " rows per layer and head of every token before them";
     case lm::Mechanism::kWindow:
       break;
   }
@@ -398,6 +406,10 @@ int run_train(const LmTrainRequest& args) {
     case lm::Mechanism::kLinear:
       out << "bounded: the running sums of every layer and head, whatever the stream's length)";
       break;
+    case lm::Mechanism::kFrequentDirections:
+      out << "bounded: the last " << o.model.window << " tokens' features and a sketch of "
+          << o.model.sketch_rows << " rows per layer and head)";
+      break;
     case lm::Mechanism::kWindow:
       out << "bounded: the keys and values of the last " << o.model.window << " tokens per layer)";
       break;
@@ -544,7 +556,8 @@ int run_recall(const LmRecallRequest& r) {
       << (o.n_head == 1 ? " head" : " heads") << ", chunks of " << o.chunk
       << " tokens; moment-closure: up to " << o.max_clusters
       << " clusters per layer and head, birth threshold " << num(o.birth_threshold)
-      << "; moment-closure+outliers: " << o.outlier_capacity << " stored outliers per cluster\n"
+      << "; moment-closure+outliers: " << o.outlier_capacity << " stored outliers per cluster"
+      << "; frequent-directions: a sketch of " << o.sketch_rows << " rows per layer and head\n"
       << "  training  " << o.steps << " steps of " << o.batch << " sequences (AdamW lr "
       << num(o.lr) << ", loss at the answers only), seed " << o.seed << ", " << o.threads
       << (o.threads == 1 ? " thread" : " threads") << "\n"
@@ -701,8 +714,9 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   out << "Memory benchmark (docs/far-field.md)\n"
       << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
       << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
-      << t.window << " (window, moment-closure), up to " << t.max_clusters << " clusters (moment-closure), "
-      << t.outlier_capacity << " stored outliers per cluster (moment-closure+outliers)\n"
+      << t.window << " (window, moment-closure, frequent-directions), up to " << t.max_clusters << " clusters (moment-closure), "
+      << t.outlier_capacity << " stored outliers per cluster (moment-closure+outliers), sketches of "
+      << t.sketch_rows << " rows (frequent-directions)\n"
       << "  training  " << t.steps << " steps of " << t.batch << " sequences per run (AdamW lr " << num(t.lr)
       << ", loss at the answers only), " << t.threads << (t.threads == 1 ? " thread" : " threads") << "\n"
       << "  scoring   " << t.eval_sequences << " fresh sequences per run\n\n"

@@ -329,6 +329,7 @@ const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
       ATTNMIX_OPTION(O, "birth_threshold", model.birth_threshold),
       ATTNMIX_OPTION(O, "merge_threshold", model.merge_threshold),
       ATTNMIX_OPTION(O, "outlier_capacity", model.outlier_capacity),
+      ATTNMIX_OPTION(O, "sketch_rows", model.sketch_rows),
       ATTNMIX_OPTION(O, "batch", batch),
       ATTNMIX_OPTION(O, "chunk", chunk),
       ATTNMIX_OPTION(O, "steps", steps),
@@ -371,6 +372,7 @@ const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
       ATTNMIX_OPTION(O, "chunk", chunk),
       ATTNMIX_OPTION(O, "max_clusters", max_clusters),
       ATTNMIX_OPTION(O, "outlier_capacity", outlier_capacity),
+      ATTNMIX_OPTION(O, "sketch_rows", sketch_rows),
       ATTNMIX_OPTION(O, "birth_threshold", birth_threshold),
       ATTNMIX_OPTION(O, "batch", batch),
       ATTNMIX_OPTION(O, "steps", steps),
@@ -402,6 +404,7 @@ const std::vector<OptionField<lm::MemoryBenchOptions>>& memory_bench_fields() {
       ATTNMIX_OPTION(O, "chunk", training.chunk),
       ATTNMIX_OPTION(O, "max_clusters", training.max_clusters),
       ATTNMIX_OPTION(O, "outlier_capacity", training.outlier_capacity),
+      ATTNMIX_OPTION(O, "sketch_rows", training.sketch_rows),
       ATTNMIX_OPTION(O, "birth_threshold", training.birth_threshold),
       ATTNMIX_OPTION(O, "batch", training.batch),
       ATTNMIX_OPTION(O, "steps", training.steps),
@@ -512,7 +515,8 @@ a random depth in filler text of each of passkey_lengths bytes, asked at the end
 Keyword options (defaults: default_memory_bench_options()): mechanisms, tasks, recall_gaps,
 recall_pairs, keys, values, mqar_lengths, mqar_pairs, passkey_lengths, seeds (lists where plural),
 and the model and training settings of run_recall (d_model, n_layer, n_head, window, chunk,
-max_clusters, outlier_capacity, birth_threshold, batch, steps, lr, eval_sequences, threads).
+max_clusters, outlier_capacity, sketch_rows, birth_threshold, batch, steps, lr, eval_sequences,
+threads).
 on_run(index, total, task, setting, mechanism, seed) is called before each run.
 Returns {"runs": [run_recall's dict plus task, setting, seed], "cases": [{task, setting, mechanism,
 seeds, accuracy (mean), accuracy_min, accuracy_max, cross_entropy, chance, state_bytes, seconds,
@@ -552,8 +556,9 @@ constexpr const char* kTrainDoc =
     R"(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
 
 Keyword options (defaults: default_train_options()): mechanism ("window", "full",
-"moment-closure" or "linear"), vocab, d_model, n_layer, n_head, window, max_clusters, birth_threshold,
-merge_threshold, outlier_capacity (moment-closure: evicted tokens kept exactly per cluster; 0: none), batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
+"moment-closure", "linear" or "frequent-directions"), vocab, d_model, n_layer, n_head, window,
+max_clusters, birth_threshold, merge_threshold, outlier_capacity (moment-closure: evicted tokens kept
+exactly per cluster; 0: none), sketch_rows (frequent-directions: rows of each head's sketch), batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
 "cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
 final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
 continue; on_progress(dict) is called after every step. Returns {first_step, steps, losses,
@@ -564,9 +569,11 @@ constexpr const char* kRecallDoc =
     R"(Trains and evaluates one mechanism on the far-field recall task (stream/far_field.hpp).
 
 mechanism: "window", "moment-closure", "moment-closure+outliers" (with an outlier store of
-outlier_capacity tokens per cluster), "linear" or "full".
+outlier_capacity tokens per cluster), "linear", "frequent-directions" (the window plus a sketch of
+sketch_rows rows per head) or "full".
 Keyword options (defaults: default_recall_options()): keys, values, filler, pairs, queries, gap,
-d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, birth_threshold, batch, steps, lr,
+d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, sketch_rows, birth_threshold,
+batch, steps, lr,
 eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
 {mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}.)";
 

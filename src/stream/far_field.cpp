@@ -5,6 +5,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "model_options.hpp"
@@ -113,6 +114,9 @@ void validate_training(const RecallRunOptions& o) {
   positive("eval_sequences", o.eval_sequences);
   positive("threads", o.threads);
   positive("outlier_capacity", o.outlier_capacity);
+  if (o.sketch_rows < 4 || o.sketch_rows % 2 != 0) {
+    throw ValueError("recall: sketch_rows must be an even integer >= 4 (got " + std::to_string(o.sketch_rows) + ")");
+  }
   if (!(o.lr > 0.0)) throw ValueError("recall: lr must be positive");
 }
 
@@ -205,6 +209,7 @@ ModelConfig sequence_model_config(const std::string& mechanism, const RecallRunO
   m.max_clusters = o.max_clusters;
   m.birth_threshold = o.birth_threshold;
   m.outlier_capacity = outliers ? o.outlier_capacity : 0;
+  m.sketch_rows = o.sketch_rows;
   return m;
 }
 
@@ -222,6 +227,9 @@ RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask&
     result = train_and_evaluate(*model, task, o, on_step);
   } else if (m.mechanism == Mechanism::kLinear) {
     LinearAttentionSpine model(linear_options(m));
+    result = train_and_evaluate(*model, task, o, on_step);
+  } else if (m.mechanism == Mechanism::kFrequentDirections) {
+    FrequentDirectionsSpine model(frequent_directions_options(m));
     result = train_and_evaluate(*model, task, o, on_step);
   } else {
     SlidingWindowSpine model(spine_options(m));

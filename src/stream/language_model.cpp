@@ -8,6 +8,7 @@
 #include "attnmix/core/sizes.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "model_options.hpp"
@@ -19,12 +20,14 @@
 #include <zip.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <fstream>
 #include <memory>
 #include <type_traits>
@@ -83,11 +86,20 @@ struct LinearKind {
   static constexpr bool kHasFarField = false;
 };
 
-// Calls f(SpineKind{}), f(MomentKind{}) or f(LinearKind{}); all must return the same type.
+struct SketchKind {
+  using Module = FrequentDirectionsSpine;
+  using Impl = FrequentDirectionsSpineImpl;
+  using State = FrequentDirectionsState;
+  static Module make(const ModelConfig& m) { return FrequentDirectionsSpine(frequent_directions_options(m)); }
+  static constexpr bool kHasFarField = false;
+};
+
+// Calls f(SpineKind{}), f(MomentKind{}), f(LinearKind{}) or f(SketchKind{}); all must return the same type.
 template <class F>
 decltype(auto) with_kind(Mechanism mechanism, F&& f) {
   if (mechanism == Mechanism::kMomentClosure) return f(MomentKind{});
   if (mechanism == Mechanism::kLinear) return f(LinearKind{});
+  if (mechanism == Mechanism::kFrequentDirections) return f(SketchKind{});
   return f(SpineKind{});
 }
 
@@ -156,6 +168,7 @@ json to_json(const TrainOptions& o) {
     j["merge_threshold"] = o.model.merge_threshold ? json(*o.model.merge_threshold) : json(nullptr);
     j["outlier_capacity"] = o.model.outlier_capacity;
   }
+  if (o.model.mechanism == Mechanism::kFrequentDirections) j["sketch_rows"] = o.model.sketch_rows;
   return j;
 }
 
@@ -207,6 +220,9 @@ TrainOptions options_from_json(const json& j) {
     if (j.contains("outlier_capacity")) {  // absent from checkpoints written before the outlier store
       o.model.outlier_capacity = option_field<int64_t>(j, "outlier_capacity");
     }
+  }
+  if (o.model.mechanism == Mechanism::kFrequentDirections) {
+    o.model.sketch_rows = option_field<int64_t>(j, "sketch_rows");
   }
   return o;
 }
@@ -343,6 +359,28 @@ void write_state(torch::serialize::OutputArchive& state, const LinearAttentionSt
     state.write("sum_kv" + n, s.layers[l].sum_kv);
     state.write("sum_k" + n, s.layers[l].sum_k);
     state.write("last_x" + n, s.layers[l].last_x);
+  }
+}
+
+// The tensors of one frequent-directions layer's state, with the names of their records.
+template <class Layer>
+auto sketch_records(Layer& layer) {
+  return std::array{std::pair{"window_k", &layer.window_k}, std::pair{"window_v", &layer.window_v},
+                    std::pair{"sketch", &layer.sketch},     std::pair{"sum_k", &layer.sum_k},
+                    std::pair{"mass", &layer.mass},         std::pair{"shrink_total", &layer.shrink_total},
+                    std::pair{"last_x", &layer.last_x}};
+}
+
+// frequent-directions: pos, batch_size and per layer the window rows window_k<l>, window_v<l>, the sketch
+// sketch<l>, the sums sum_k<l>, mass<l>, shrink_total<l> (float64) and the shift row last_x<l>; the sketch's
+// filled rows and shrinks follow from pos (its schedule) and are not stored.
+void write_state(torch::serialize::OutputArchive& state, const FrequentDirectionsState& s) {
+  state.write("pos", c10::IValue(s.pos));
+  state.write("batch_size", c10::IValue(s.batch_size));
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    const std::string n = std::to_string(l);
+    const auto& layer = s.layers[l];
+    for (const auto& [name, t] : sketch_records(layer)) state.write(name + n, *t);
   }
 }
 
@@ -621,6 +659,49 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
     if (layer.sum_k.lt(0).any().item<bool>()) {
       bad_checkpoint(path, "state sum_k" + n + " holds a negative value (a sum of positive features cannot)");
     }
+  }
+}
+
+// frequent-directions: every layer's records with the shapes and dtypes the options give (the window holds
+// min(pos, window) tokens), finite values, non-negative feature sums, masses and shrinks, and sketch rows that are
+// zero beyond the ones the schedule fills.
+void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<SketchKind>& s) {
+  const auto& o = s.options;
+  s.state = s.model->init_state(o.batch);
+  s.state.pos = read_position(path, state, o);
+  const int64_t B = o.batch, H = o.model.n_head, d = o.model.d_model / o.model.n_head;
+  const int64_t held = std::min(s.state.pos, o.model.window);
+  const auto [filled, shrinks] = s.model->schedule(s.state.pos);
+  for (size_t l = 0; l < s.state.layers.size(); ++l) {
+    const std::string n = std::to_string(l);
+    auto& layer = s.state.layers[l];
+    const std::map<std::string, std::pair<std::vector<int64_t>, torch::ScalarType>> expected = {
+        {"window_k", {{B, H, held, d}, torch::kFloat}}, {"window_v", {{B, H, held, d}, torch::kFloat}},
+        {"sketch", {{B, H, o.model.sketch_rows, 2 * d}, torch::kDouble}}, {"sum_k", {{B, H, d}, torch::kDouble}},
+        {"mass", {{B, H}, torch::kDouble}}, {"shrink_total", {{B, H}, torch::kDouble}},
+        {"last_x", {{B, o.model.d_model}, torch::kFloat}}};
+    for (const auto& [name, into] : sketch_records(layer)) {
+      torch::Tensor read;  // undefined: try_read would otherwise write into `into`'s storage and dtype
+      const std::string record = name + n;
+      if (!state.try_read(record, read)) bad_checkpoint(path, "the state has no record " + record);
+      const auto& [sizes, dtype] = expected.at(name);
+      check_shape(path, "state " + record, read, sizes, dtype);
+      check_finite(path, "state " + record, read);
+      *into = read;
+    }
+    for (const auto& [name, sum] : {std::pair{"sum_k", &layer.sum_k}, std::pair{"mass", &layer.mass},
+                                    std::pair{"shrink_total", &layer.shrink_total}}) {
+      if (sum->lt(0).any().item<bool>()) {
+        bad_checkpoint(path, "state " + std::string(name) + n +
+                                 " holds a negative value (a sum of non-negative terms cannot)");
+      }
+    }
+    if (!layer.sketch.narrow(2, filled, o.model.sketch_rows - filled).eq(0).all().item<bool>()) {
+      bad_checkpoint(path, "state sketch" + n + " has non-zero rows beyond the " + str(filled) + " that " +
+                               str(s.state.pos - held) + " evicted tokens fill");
+    }
+    layer.filled = filled;
+    layer.shrinks = shrinks;
   }
 }
 
@@ -972,6 +1053,11 @@ void validate(const TrainOptions& o) {
                                           "2 x d_model)",
                                     {m.n_layer, o.batch, m.max_clusters, std::max<int64_t>(m.outlier_capacity, 1), 2,
                                      m.d_model}));
+  if (m.sketch_rows < 4 || m.sketch_rows % 2 != 0) {
+    throw ValueError("lm: sketch_rows must be an even integer >= 4 (got " + str(m.sketch_rows) + ")");
+  }
+  static_cast<void>(checked_product("lm", "the sketches (n_layer x batch x sketch_rows x 2 x d_model)",
+                                    {m.n_layer, o.batch, m.sketch_rows, 2, m.d_model}));
   if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
   if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
   if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");

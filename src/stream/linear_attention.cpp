@@ -35,19 +35,35 @@ int64_t LinearAttentionState::bytes() const {
   return total;
 }
 
-LinearAttentionSublayerStep linear_attention_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj,
-                                                      torch::nn::LinearImpl& shift, const torch::Tensor& x,
-                                                      const LinearAttentionLayerState& state, int64_t n_head) {
+LinearFeatures linear_features(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& shift, const torch::Tensor& x,
+                               const torch::Tensor& last_x, int64_t n_head) {
   const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / n_head;
-  const auto previous = torch::cat({state.last_x.unsqueeze(1), x.narrow(1, 0, t - 1)}, 1);  // x_{i−1}, (b, t, d)
+  const auto previous = torch::cat({last_x.unsqueeze(1), x.narrow(1, 0, t - 1)}, 1);  // x_{i−1}, (b, t, d)
   const auto parts = detail::fast_linear(x, qkv.weight, qkv.bias).split(d, -1);
   const auto q = parts[0].reshape({b, t, n_head, hd});
   const auto k = (parts[1] + detail::fast_linear(previous, shift.weight, torch::Tensor())).reshape({b, t, n_head, hd});
   const auto v = parts[2].reshape({b, t, n_head, hd});
-  // Products of float32 factors are exact in float64: each term is exactly φ(k_j) v_jᵀ of its inputs.
-  const auto phi_q = positive_features(q).to(torch::kDouble);
-  const auto phi_k = positive_features(k).to(torch::kDouble);
-  const auto terms = phi_k.unsqueeze(-1) * v.to(torch::kDouble).unsqueeze(-2);  // (b, t, H, h_d, h_d)
+  // Products of float32 factors are exact in float64: each later term φ(k_j) v_jᵀ is exact in its inputs.
+  return {positive_features(q).to(torch::kDouble), positive_features(k).to(torch::kDouble), v.to(torch::kDouble)};
+}
+
+std::vector<torch::nn::Linear> register_token_shifts(torch::nn::Module& module, int64_t d_model, int64_t n_layer) {
+  std::vector<torch::nn::Linear> shifts;
+  for (int64_t l = 0; l < n_layer; ++l) {
+    auto shift = torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false));
+    torch::NoGradGuard no_grad;
+    shift->weight.zero_();
+    shifts.push_back(module.register_module("shift" + str(l), shift));
+  }
+  return shifts;
+}
+
+LinearAttentionSublayerStep linear_attention_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj,
+                                                      torch::nn::LinearImpl& shift, const torch::Tensor& x,
+                                                      const LinearAttentionLayerState& state, int64_t n_head) {
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+  const auto [phi_q, phi_k, v] = linear_features(qkv, shift, x, state.last_x, n_head);
+  const auto terms = phi_k.unsqueeze(-1) * v.unsqueeze(-2);  // (b, t, H, h_d, h_d)
   const auto sums_kv = running_sums(state.sum_kv, terms);
   const auto sums_k = running_sums(state.sum_k, phi_k);  // (b, t, H, h_d)
   const auto numerator = (phi_q.unsqueeze(-1) * sums_kv).sum(-2);  // S_iᵀ φ(q_i), (b, t, H, h_d)
@@ -71,12 +87,7 @@ LinearAttentionSpineImpl::LinearAttentionSpineImpl(const LinearAttentionOptions&
   sizes.window = std::nullopt;
   validate_spine_options(sizes, "LinearAttentionSpine");
   backbone_ = register_module("backbone", SpineBackbone(options_.vocab, options_.d_model, options_.n_layer));
-  for (int64_t l = 0; l < options_.n_layer; ++l) {
-    auto shift = torch::nn::Linear(torch::nn::LinearOptions(options_.d_model, options_.d_model).bias(false));
-    torch::NoGradGuard no_grad;
-    shift->weight.zero_();
-    shifts_.push_back(register_module("shift" + str(l), shift));
-  }
+  shifts_ = register_token_shifts(*this, options_.d_model, options_.n_layer);
 }
 
 LinearAttentionState LinearAttentionSpineImpl::init_state(int64_t batch_size, torch::Device device) const {

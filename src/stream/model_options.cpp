@@ -26,6 +26,17 @@ LinearAttentionOptions linear_options(const ModelConfig& m) {
   return o;
 }
 
+FrequentDirectionsOptions frequent_directions_options(const ModelConfig& m) {
+  FrequentDirectionsOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  o.window = m.window;
+  o.sketch_rows = m.sketch_rows;
+  return o;
+}
+
 MomentClosureOptions moment_options(const ModelConfig& m) {
   MomentClosureOptions o;
   o.vocab = m.vocab;

@@ -5,6 +5,7 @@
 
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 
@@ -13,6 +14,7 @@ namespace attnmix::lm {
 /// window (the window) and full (no window; also linear's reading of the config).
 SpineOptions spine_options(const ModelConfig& m);
 LinearAttentionOptions linear_options(const ModelConfig& m);
+FrequentDirectionsOptions frequent_directions_options(const ModelConfig& m);
 MomentClosureOptions moment_options(const ModelConfig& m);
 
 }  // namespace attnmix::lm

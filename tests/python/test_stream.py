@@ -737,6 +737,29 @@ def test_run_recall_trains_linear_attention():
     assert result["state_bytes"] == (2 * 8 * 8 + 2 * 8) * 8 + 16 * 4
 
 
+def test_run_recall_trains_frequent_directions():
+    kwargs = dict(d_model=16, n_layer=1, chunk=8, gap=8, batch=4, steps=2, eval_sequences=8, window=4)
+    result = ex.run_recall("frequent-directions", sketch_rows=6, **kwargs)
+    assert result["mechanism"] == "frequent-directions"
+    # one layer, 2 heads of 8: window 4 x (8 + 8) float32, sketch 6 x 16, Z 8, mass, shrink total float64, the
+    # shift row (16) in float32
+    assert result["state_bytes"] == 2 * (4 * 16 * 4 + (6 * 16 + 8 + 2) * 8) + 16 * 4
+    assert ex.default_recall_options()["sketch_rows"] == 16
+    with pytest.raises(ValueError, match="sketch_rows"):
+        ex.run_recall("frequent-directions", sketch_rows=5, **kwargs)
+
+
+def test_train_frequent_directions_records_its_sketch(tmp_path):
+    tokens = np.frombuffer(b"the quick brown fox jumps over the lazy dog " * 20, dtype=np.uint8).astype(np.int64)
+    out = tmp_path / "fd.ckpt"
+    summary = ex.train_language_model(tokens, mechanism="frequent-directions", d_model=8, n_layer=1, window=4,
+                                      sketch_rows=4, batch=2, chunk=8, steps=3, out=str(out))
+    assert len(summary["losses"]) == 3 and all(math.isfinite(x) for x in summary["losses"])
+    assert out.exists()
+    with pytest.raises(ValueError, match="sketch_rows"):
+        ex.train_language_model(tokens, mechanism="frequent-directions", sketch_rows=3, steps=1)
+
+
 def test_run_recall_trains_moment_closure_with_outliers():
     kwargs = dict(d_model=16, n_layer=1, chunk=8, gap=8, batch=4, steps=2, eval_sequences=8, max_clusters=2)
     plain = ex.run_recall("moment-closure", **kwargs)

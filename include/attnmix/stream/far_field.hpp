@@ -59,10 +59,10 @@ RecallSequences recall_sequences(Rng& rng, const RecallTaskOptions& task, int64_
 /// and stream 2 the one sequence that measures the state; each stream's batches are drawn from it in turn.
 Rng recall_data_rng(uint64_t seed, int64_t stream);
 
-/// The mechanisms run_sequence_task trains: lm's four and "moment-closure+outliers", moment closure with an outlier
+/// The mechanisms run_sequence_task trains: lm's five and "moment-closure+outliers", moment closure with an outlier
 /// store of RecallRunOptions::outlier_capacity tokens per cluster (kv_quantization.hpp).
 inline const std::vector<std::string> kSequenceMechanisms = {"window", "moment-closure", "moment-closure+outliers",
-                                                             "linear", "full"};
+                                                             "linear", "frequent-directions", "full"};
 /// @throws ValueError naming the known mechanisms unless `mechanism` is one of them.
 void check_sequence_mechanism(const std::string& mechanism);
 
@@ -75,6 +75,7 @@ struct RecallRunOptions {
   int64_t chunk = 16;
   int64_t max_clusters = 4;      ///< moment-closure only
   int64_t outlier_capacity = 8;   ///< moment-closure+outliers: tokens per cluster kept exactly (positive)
+  int64_t sketch_rows = 16;       ///< frequent-directions: rows of each head's sketch (even, >= 4)
   double birth_threshold = -2.0;  ///< moment-closure only
   int64_t batch = 32;             ///< sequences per step
   int64_t steps = 300;
@@ -120,7 +121,7 @@ SequenceTask recall_task(const RecallTaskOptions& task);
 RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask& task, const RecallRunOptions& options,
                                const std::function<void(int64_t step, double loss)>& on_step = {});
 
-/// Trains and evaluates one mechanism ("window", "moment-closure", "linear" or "full") on the recall task. Every
+/// Trains and evaluates one mechanism (one of kSequenceMechanisms) on the recall task. Every
 /// mechanism gets the same initial parameters of the shared backbone (same seed and construction order; linear's
 /// token shifts start at zero) and the same training sequences.
 /// @throws ValueError for invalid options or an unknown mechanism.

@@ -36,15 +36,17 @@ enum class Mechanism {
   kFull,           ///< unbounded causal attention (the quality reference)
   kMomentClosure,  ///< the window plus a bounded far field: a Gaussian cluster bank per layer (SPEC §7)
   kLinear,         ///< causal linear attention over the whole stream: running sums, no window
+  kFrequentDirections,  ///< linear attention with an exact window and a Frequent Directions sketch of the rest
 };
 
-/// "window", "full", "moment-closure" or "linear". @throws ValueError for other names.
+/// "window", "full", "moment-closure", "linear" or "frequent-directions". @throws ValueError for other names.
 inline Mechanism parse_mechanism(std::string_view name) {
   if (name == "window") return Mechanism::kWindow;
   if (name == "full") return Mechanism::kFull;
   if (name == "moment-closure") return Mechanism::kMomentClosure;
   if (name == "linear") return Mechanism::kLinear;
-  throw ValueError("mechanism must be \"window\", \"full\", \"moment-closure\" or \"linear\" (got \"" +
+  if (name == "frequent-directions") return Mechanism::kFrequentDirections;
+  throw ValueError("mechanism must be \"window\", \"full\", \"moment-closure\", \"linear\" or \"frequent-directions\" (got \"" +
                    std::string(name) + "\")");
 }
 inline std::string mechanism_name(Mechanism mechanism) {
@@ -55,6 +57,8 @@ inline std::string mechanism_name(Mechanism mechanism) {
       return "moment-closure";
     case Mechanism::kLinear:
       return "linear";
+    case Mechanism::kFrequentDirections:
+      return "frequent-directions";
     case Mechanism::kWindow:
       break;
   }
@@ -75,6 +79,7 @@ struct ModelConfig {
   double birth_threshold = -2.0;          ///< a chunk whose best cluster logit is below this on every head births
   std::optional<double> merge_threshold;  ///< cluster distance below which two merge; default 2.65 + 6/√n
   int64_t outlier_capacity = 0;  ///< per layer, stream and cluster, worst-fitting evicted tokens kept exactly; 0: none
+  int64_t sketch_rows = 16;  ///< kFrequentDirections: rows of each head's sketch (even, >= 4); stored only for it
 };
 
 enum class Schedule { kConstant, kCosine };

@@ -62,6 +62,21 @@ struct LinearAttentionOutput {
   torch::Tensor logits;  ///< (b, t, vocab)
 };
 
+/// The features one layer's linear attention reads from a chunk x (b, t, d): φ(q), φ(k) with the token shift added
+/// to k before φ, and v, each (b, t, H, h_d) in float64 (exact copies of the float32 values). last_x is the layer's
+/// input at the token before the chunk (b, d). Shared by LinearAttentionSpine and FrequentDirectionsSpine.
+struct LinearFeatures {
+  torch::Tensor phi_q;
+  torch::Tensor phi_k;
+  torch::Tensor v;
+};
+LinearFeatures linear_features(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& shift, const torch::Tensor& x,
+                               const torch::Tensor& last_x, int64_t n_head);
+
+/// Registers one zero-initialised token shift Linear(d_model, d_model, no bias) per layer on `module`, named
+/// "shift<l>", after whatever the module registered before (the backbone), and returns them.
+std::vector<torch::nn::Linear> register_token_shifts(torch::nn::Module& module, int64_t d_model, int64_t n_layer);
+
 /// One layer's linear attention on a chunk (before the residual): proj(attention) (b, t, d) and the layer's state
 /// after it. The inputs are trusted (the module checks them).
 struct LinearAttentionSublayerStep {

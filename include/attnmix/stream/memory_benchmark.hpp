@@ -25,7 +25,8 @@
 namespace attnmix::lm {
 
 struct MemoryBenchOptions {
-  std::vector<std::string> mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear", "full"};
+  std::vector<std::string> mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear",
+                                         "frequent-directions", "full"};
   std::vector<std::string> tasks = {"recall", "mqar", "passkey"};
   std::vector<int64_t> recall_gaps = {24, 64, 256, 1024};
   std::vector<int64_t> recall_pairs = {1, 4, 16};

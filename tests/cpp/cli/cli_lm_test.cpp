@@ -399,6 +399,30 @@ TEST_F(CliLmTest, MomentClosureWithOutliers) {
   EXPECT_TRUE(contains(recall.out, "moment-closure+outliers")) << recall.out;
 }
 
+/// --mechanism frequent-directions: train says what it keeps, a resumed run continues it byte for byte, and
+/// --sketch-rows is refused by other mechanisms and when odd.
+TEST_F(CliLmTest, FrequentDirectionsTrainsAndResumes) {
+  const auto fd = [this](const std::string& extra) {
+    return run(
+        "lm train --text text.txt --d-model 8 --n-layer 1 --n-head 2 --batch 2 --chunk 16 "
+        "--lr 0.01 --seed 2 --mechanism frequent-directions --window 4 --sketch-rows 6 "
+        "--schedule constant " +
+        extra);
+  };
+  const RunResult r = fd("--steps 6 --out whole.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "a Frequent Directions sketch of 6 rows per layer and head")) << r.out;
+  ASSERT_EQ(fd("--steps 3 --out part.ckpt").code, 0);
+  ASSERT_EQ(fd("--resume part.ckpt --steps 6 --out resumed.ckpt").code, 0);
+  EXPECT_EQ(read_text(path("resumed.ckpt")), read_text(path("whole.ckpt")));
+  const RunResult window = train("--sketch-rows 8");
+  EXPECT_EQ(window.code, 1);
+  EXPECT_TRUE(contains(window.err, "--sketch-rows applies only to --mechanism frequent-directions")) << window.err;
+  const RunResult odd = train("--mechanism frequent-directions --sketch-rows 5");
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_TRUE(contains(odd.err, "sketch_rows")) << odd.err;
+}
+
 TEST_F(CliLmTest, MomentClosureFlagErrors) {
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters 0").code, 1);
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters x").code, 1);
@@ -456,13 +480,14 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
       "--mqar-lengths 16 --mqar-pairs 2 --passkey-lengths 160 --seeds 0,1 --json bench.json");
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* f : {"Memory benchmark", "recall", "gap 20, pairs 2", "mqar", "length 16, pairs 2", "passkey",
-                        "length 160", "window ", "moment-closure ", "moment-closure+outliers ", "linear ", "full ",
-                        "state bytes", "share", "wrote bench.json (30 runs, 15 cases)"})
+                        "length 160", "window ", "moment-closure ", "moment-closure+outliers ", "linear ",
+                        "frequent-directions ", "full ", "state bytes", "share",
+                        "wrote bench.json (36 runs, 18 cases)"})
     EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
-  EXPECT_TRUE(contains(r.err, "run 30/30: passkey (length 160), full, seed 1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "run 36/36: passkey (length 160), full, seed 1")) << r.err;
   const auto json = nlohmann::json::parse(read_text(path("bench.json")));
-  ASSERT_EQ(json.at("runs").size(), 30U);
-  ASSERT_EQ(json.at("cases").size(), 15U);
+  ASSERT_EQ(json.at("runs").size(), 36U);
+  ASSERT_EQ(json.at("cases").size(), 18U);
   for (const auto& c : json.at("cases")) {
     EXPECT_EQ(c.at("seeds"), 2);
     EXPECT_GE(c.at("accuracy").get<double>(), 0.0);
@@ -470,7 +495,7 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
     EXPECT_GT(c.at("state_bytes").get<int64_t>(), 0);
   }
   EXPECT_EQ(json.at("cases")[0].at("chance").get<double>(), 0.0625);
-  EXPECT_EQ(json.at("cases")[14].at("chance").get<double>(), 0.1);
+  EXPECT_EQ(json.at("cases")[17].at("chance").get<double>(), 0.1);
   // Errors: usage (1), and options that do not fit (2) before any training or any file.
   EXPECT_EQ(run("lm memory-bench --tasks recall,sorting").code, 1);
   EXPECT_EQ(run("lm memory-bench --mechanisms window,mixture").code, 1);

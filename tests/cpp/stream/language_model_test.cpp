@@ -24,6 +24,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "testing/all_close.hpp"
@@ -854,6 +855,98 @@ TEST_F(LanguageModelTest, LinearCheckpointSumsAreChecked) {
   });
 }
 
+// ---- frequent directions ----------------------------------------------------------------------------
+
+/// A window of 4 under chunks of 8 and a sketch of 4 rows: every step evicts tokens and the sketch shrinks.
+TrainOptions tiny_sketch_options() {
+  TrainOptions o = tiny_options();
+  o.model.mechanism = Mechanism::kFrequentDirections;
+  o.model.window = 4;
+  o.model.sketch_rows = 4;
+  return o;
+}
+
+/// A frequent-directions run stopped at step 6 (window rows, sketch and sums saved) resumes to the losses and the
+/// checkpoint bytes of the uninterrupted run; the sketch's schedule is recovered from pos.
+TEST_F(LanguageModelTest, FrequentDirectionsResumeIsBitwiseIdentical) {
+  TrainOptions o = tiny_sketch_options();
+  o.detach_horizon = 2;
+  const auto whole = train(o, corpus_, "", path("whole.ckpt"));
+  ASSERT_EQ(whole.losses.size(), 12U);
+  EXPECT_LT(std::accumulate(whole.losses.end() - 3, whole.losses.end(), 0.0),
+            std::accumulate(whole.losses.begin(), whole.losses.begin() + 3, 0.0));
+  const auto resumed = resumed_from_step6(o);
+  EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
+  EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
+  const auto info = read_checkpoint_info(path("resumed.ckpt"));
+  EXPECT_EQ(info.model.mechanism, Mechanism::kFrequentDirections);
+  EXPECT_EQ(info.model.sketch_rows, 4);
+  // One layer, 2 heads of 4: window 4 x (4 + 4) float32, sketch 4 x 8, Z 4, mass, shrink total float64, the
+  // shift row (8 floats), per stream.
+  EXPECT_EQ(whole.state_bytes, o.batch * (2 * (4 * 8 * 4 + (4 * 8 + 4 + 2) * 8) + 8 * 4));
+  const Evaluation a = evaluate(path("whole.ckpt"), make_corpus(150, seed_ + 7), 7, 1);
+  const Evaluation b = evaluate(path("whole.ckpt"), make_corpus(150, seed_ + 7), 1000, 1);
+  EXPECT_NEAR(a.mean_cross_entropy, b.mean_cross_entropy, 1e-5 * b.mean_cross_entropy);  // float32 products
+  EXPECT_EQ(a.state_bytes, b.state_bytes);
+}
+
+/// Damaged sketch records are reported when the checkpoint is loaded, naming the record.
+TEST_F(LanguageModelTest, FrequentDirectionsCheckpointRecordsAreChecked) {
+  TrainOptions o = tiny_sketch_options();
+  o.steps = 4;
+  train(o, corpus_, "", path("good.ckpt"));
+  o.steps = 6;
+  const std::vector<std::string> records{"window_k0", "window_v0", "sketch0", "sum_k0",
+                                         "mass0",     "shrink_total0", "last_x0"};
+  const auto rewrite = [&](const std::string& name,
+                           const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    FrequentDirectionsOptions f;
+    f.d_model = 8;
+    f.n_layer = 1;
+    f.n_head = 2;
+    f.window = 4;
+    f.sketch_rows = 4;
+    FrequentDirectionsSpine model(f);
+    rewrite_checkpoint(path("good.ckpt"), path(name), *model, records, edit);
+    return path(name);
+  };
+  EXPECT_EQ(train(o, corpus_, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
+                .losses.size(),
+            2U);
+  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
+                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    SCOPED_TRACE(name);
+    const std::string file = rewrite(name, edit);
+    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
+    fragments.insert(fragments.end(), why.begin(), why.end());
+    expect_throw_with<std::runtime_error>([&] { train(o, corpus_, file, ""); }, fragments);
+  };
+  expect_bad("missing.ckpt", {"sketch0"}, [](const std::string& k, torch::Tensor&) { return k != "sketch0"; });
+  expect_bad("dtype.ckpt", {"mass0", "float64"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "mass0") t = t.to(torch::kFloat);
+    return true;
+  });
+  expect_bad("window.ckpt", {"window_v0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "window_v0") t = t.narrow(2, 0, 3).contiguous();
+    return true;
+  });
+  expect_bad("negative.ckpt", {"shrink_total0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "shrink_total0") t = -t - 1.0;
+    return true;
+  });
+  expect_bad("rows.ckpt", {"sketch0", "non-zero rows"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "sketch0") t = t + 1.0;
+    return true;
+  });
+  expect_bad("nan.ckpt", {"sum_k0"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "sum_k0") {
+      t = t.contiguous().clone();
+      t.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
+    }
+    return true;
+  });
+}
+
 TEST_F(LanguageModelTest, ValidateNamesTheField) {
   EXPECT_NO_THROW(validate(TrainOptions{}));
   const auto expect_field = [](const std::string& field, auto change) {
@@ -886,6 +979,7 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
   expect_field("weight_decay", [](TrainOptions& o) { o.weight_decay = -1.0; });
   expect_field("clip", [](TrainOptions& o) { o.clip = std::numeric_limits<double>::quiet_NaN(); });
   expect_field("max_clusters", [](TrainOptions& o) { o.model.max_clusters = 0; });
+  expect_field("sketch_rows", [](TrainOptions& o) { o.model.sketch_rows = 5; });
   expect_field("birth_threshold", [](TrainOptions& o) {
     o.model.birth_threshold = std::numeric_limits<double>::infinity();
   });
@@ -901,6 +995,7 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
   EXPECT_EQ(parse_mechanism("moment-closure"), Mechanism::kMomentClosure);
   EXPECT_EQ(mechanism_name(Mechanism::kMomentClosure), "moment-closure");
   EXPECT_EQ(mechanism_name(parse_mechanism("linear")), "linear");
+  EXPECT_EQ(mechanism_name(parse_mechanism("frequent-directions")), "frequent-directions");
   TrainOptions linear = full;  // and by linear attention
   linear.model.mechanism = Mechanism::kLinear;
   EXPECT_NO_THROW(validate(linear));
