@@ -98,7 +98,7 @@ bool has(const std::vector<std::string>& names, const std::string& name) {
 
 /// Every --mechanism value of lm train (lm::parse_mechanism's names).
 const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear",
-                                                  "frequent-directions", "full"};
+                                                  "frequent-directions", "tensor-sketch", "full"};
 
 /// The flags of the moment-closure far field: meaningless for window and full attention.
 constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
@@ -127,6 +127,9 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
   if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kFrequentDirections &&
       has(r.given, "--sketch-rows"))
     throw UsageError("--sketch-rows applies only to --mechanism frequent-directions");
+  for (const char* flag : {"--sketch-dim", "--sketch-degree"})
+    if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kTensorSketch && has(r.given, flag))
+      throw UsageError(std::string(flag) + " applies only to --mechanism tensor-sketch");
   if (r.options.checkpoint_every > 0 && r.out.empty())
     throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
   if (!(r.holdout >= 0.0 && r.holdout < 1.0))
@@ -171,8 +174,10 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "token since the start of the pass), moment-closure (the window plus a "
                   "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7) or "
                   "linear (causal linear attention: running sums over every token, no window, "
-                  "bounded state) or frequent-directions (linear attention over the window exactly "
-                  "and a Frequent Directions sketch of every evicted token, bounded state)")
+                  "bounded state), frequent-directions (linear attention over the window exactly "
+                  "and a Frequent Directions sketch of every evicted token, bounded state) or "
+                  "tensor-sketch (a polynomial kernel over the window exactly and running sums over "
+                  "a tensor sketch of every evicted token, bounded state)")
       ->check(CLI::IsMember(kMechanismNames))
       ->capture_default_str();
   cmd->add_option("--window", o.model.window,
@@ -200,6 +205,15 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--sketch-rows", o.model.sketch_rows,
                   "frequent-directions: rows of each layer's and head's sketch of the evicted "
                   "tokens (even, >= 4; the sketch keeps rows/2 - 1 directions after each shrink)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sketch-dim", o.model.sketch_dim,
+                  "tensor-sketch: width of each layer's and head's sketch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sketch-degree", o.model.sketch_degree,
+                  "tensor-sketch: degree p of the kernel (q.k)^p the window computes and the sketch "
+                  "estimates")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--d-model", o.model.d_model, "Width of the model")
@@ -292,8 +306,8 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
 /// The model and training flags of `lm recall` and `lm memory-bench` (lm::RecallRunOptions).
 void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
   cmd->add_option("--window", o.window,
-                  "Tokens a query sees exactly (window, moment-closure, frequent-directions; linear and "
-                  "full have none)")
+                  "Tokens a query sees exactly (window, moment-closure and the sketches; linear and full "
+                  "have none)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--chunk", o.chunk, "Tokens per streamed chunk")
@@ -321,6 +335,12 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
       ->capture_default_str();
   cmd->add_option("--sketch-rows", o.sketch_rows,
                   "frequent-directions: rows of each layer's and head's sketch (even, >= 4)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sketch-dim", o.sketch_dim, "tensor-sketch: width of each layer's and head's sketch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sketch-degree", o.sketch_degree, "tensor-sketch: degree of the polynomial kernel")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per training step")

@@ -147,6 +147,9 @@ const std::vector<FixedFlag>& fixed_flags() {
       {"--outliers", "outlier_capacity", [](O o) { return text_of(o.model.outlier_capacity); }, kFarField},
       {"--sketch-rows", "sketch_rows", [](O o) { return text_of(o.model.sketch_rows); },
        lm::Mechanism::kFrequentDirections},
+      {"--sketch-dim", "sketch_dim", [](O o) { return text_of(o.model.sketch_dim); }, lm::Mechanism::kTensorSketch},
+      {"--sketch-degree", "sketch_degree", [](O o) { return text_of(o.model.sketch_degree); },
+       lm::Mechanism::kTensorSketch},
   };
   return flags;
 }
@@ -190,6 +193,10 @@ std::string mechanism_text(const lm::ModelConfig& m) {
       return "linear attention over the last " + std::to_string(m.window) +
              " tokens exactly and a Frequent Directions sketch of " + std::to_string(m.sketch_rows) +
              " rows per layer and head of every token before them";
+    case lm::Mechanism::kTensorSketch:
+      return "a degree-" + std::to_string(m.sketch_degree) + " polynomial kernel over the last " +
+             std::to_string(m.window) + " tokens exactly and a tensor sketch of width " +
+             std::to_string(m.sketch_dim) + " per layer and head of every token before them";
     case lm::Mechanism::kWindow:
       break;
   }
@@ -410,6 +417,10 @@ int run_train(const LmTrainRequest& args) {
       out << "bounded: the last " << o.model.window << " tokens' features and a sketch of "
           << o.model.sketch_rows << " rows per layer and head)";
       break;
+    case lm::Mechanism::kTensorSketch:
+      out << "bounded: the last " << o.model.window << " tokens' features and sums over a sketch of width "
+          << o.model.sketch_dim << " per layer and head)";
+      break;
     case lm::Mechanism::kWindow:
       out << "bounded: the keys and values of the last " << o.model.window << " tokens per layer)";
       break;
@@ -557,7 +568,8 @@ int run_recall(const LmRecallRequest& r) {
       << " tokens; moment-closure: up to " << o.max_clusters
       << " clusters per layer and head, birth threshold " << num(o.birth_threshold)
       << "; moment-closure+outliers: " << o.outlier_capacity << " stored outliers per cluster"
-      << "; frequent-directions: a sketch of " << o.sketch_rows << " rows per layer and head\n"
+      << "; frequent-directions: a sketch of " << o.sketch_rows << " rows per layer and head"
+      << "; tensor-sketch: degree " << o.sketch_degree << ", width " << o.sketch_dim << "\n"
       << "  training  " << o.steps << " steps of " << o.batch << " sequences (AdamW lr "
       << num(o.lr) << ", loss at the answers only), seed " << o.seed << ", " << o.threads
       << (o.threads == 1 ? " thread" : " threads") << "\n"
@@ -714,9 +726,10 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   out << "Memory benchmark (docs/far-field.md)\n"
       << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
       << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
-      << t.window << " (window, moment-closure, frequent-directions), up to " << t.max_clusters << " clusters (moment-closure), "
+      << t.window << " (window, moment-closure, the sketches), up to " << t.max_clusters << " clusters (moment-closure), "
       << t.outlier_capacity << " stored outliers per cluster (moment-closure+outliers), sketches of "
-      << t.sketch_rows << " rows (frequent-directions)\n"
+      << t.sketch_rows << " rows (frequent-directions), degree-" << t.sketch_degree << " sketches of width "
+      << t.sketch_dim << " (tensor-sketch)\n"
       << "  training  " << t.steps << " steps of " << t.batch << " sequences per run (AdamW lr " << num(t.lr)
       << ", loss at the answers only), " << t.threads << (t.threads == 1 ? " thread" : " threads") << "\n"
       << "  scoring   " << t.eval_sequences << " fresh sequences per run\n\n"

@@ -330,6 +330,8 @@ const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
       ATTNMIX_OPTION(O, "merge_threshold", model.merge_threshold),
       ATTNMIX_OPTION(O, "outlier_capacity", model.outlier_capacity),
       ATTNMIX_OPTION(O, "sketch_rows", model.sketch_rows),
+      ATTNMIX_OPTION(O, "sketch_dim", model.sketch_dim),
+      ATTNMIX_OPTION(O, "sketch_degree", model.sketch_degree),
       ATTNMIX_OPTION(O, "batch", batch),
       ATTNMIX_OPTION(O, "chunk", chunk),
       ATTNMIX_OPTION(O, "steps", steps),
@@ -373,6 +375,8 @@ const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
       ATTNMIX_OPTION(O, "max_clusters", max_clusters),
       ATTNMIX_OPTION(O, "outlier_capacity", outlier_capacity),
       ATTNMIX_OPTION(O, "sketch_rows", sketch_rows),
+      ATTNMIX_OPTION(O, "sketch_dim", sketch_dim),
+      ATTNMIX_OPTION(O, "sketch_degree", sketch_degree),
       ATTNMIX_OPTION(O, "birth_threshold", birth_threshold),
       ATTNMIX_OPTION(O, "batch", batch),
       ATTNMIX_OPTION(O, "steps", steps),
@@ -405,6 +409,8 @@ const std::vector<OptionField<lm::MemoryBenchOptions>>& memory_bench_fields() {
       ATTNMIX_OPTION(O, "max_clusters", training.max_clusters),
       ATTNMIX_OPTION(O, "outlier_capacity", training.outlier_capacity),
       ATTNMIX_OPTION(O, "sketch_rows", training.sketch_rows),
+      ATTNMIX_OPTION(O, "sketch_dim", training.sketch_dim),
+      ATTNMIX_OPTION(O, "sketch_degree", training.sketch_degree),
       ATTNMIX_OPTION(O, "birth_threshold", training.birth_threshold),
       ATTNMIX_OPTION(O, "batch", training.batch),
       ATTNMIX_OPTION(O, "steps", training.steps),
@@ -515,8 +521,8 @@ a random depth in filler text of each of passkey_lengths bytes, asked at the end
 Keyword options (defaults: default_memory_bench_options()): mechanisms, tasks, recall_gaps,
 recall_pairs, keys, values, mqar_lengths, mqar_pairs, passkey_lengths, seeds (lists where plural),
 and the model and training settings of run_recall (d_model, n_layer, n_head, window, chunk,
-max_clusters, outlier_capacity, sketch_rows, birth_threshold, batch, steps, lr, eval_sequences,
-threads).
+max_clusters, outlier_capacity, sketch_rows, sketch_dim, sketch_degree, birth_threshold, batch,
+steps, lr, eval_sequences, threads).
 on_run(index, total, task, setting, mechanism, seed) is called before each run.
 Returns {"runs": [run_recall's dict plus task, setting, seed], "cases": [{task, setting, mechanism,
 seeds, accuracy (mean), accuracy_min, accuracy_max, cross_entropy, chance, state_bytes, seconds,
@@ -556,9 +562,11 @@ constexpr const char* kTrainDoc =
     R"(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
 
 Keyword options (defaults: default_train_options()): mechanism ("window", "full",
-"moment-closure", "linear" or "frequent-directions"), vocab, d_model, n_layer, n_head, window,
+"moment-closure", "linear", "frequent-directions" or "tensor-sketch"), vocab, d_model, n_layer, n_head,
+window,
 max_clusters, birth_threshold, merge_threshold, outlier_capacity (moment-closure: evicted tokens kept
-exactly per cluster; 0: none), sketch_rows (frequent-directions: rows of each head's sketch), batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
+exactly per cluster; 0: none), sketch_rows (frequent-directions: rows of each head's sketch),
+sketch_dim, sketch_degree (tensor-sketch: the sketch's width and the kernel's degree), batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
 "cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
 final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
 continue; on_progress(dict) is called after every step. Returns {first_step, steps, losses,
@@ -570,10 +578,11 @@ constexpr const char* kRecallDoc =
 
 mechanism: "window", "moment-closure", "moment-closure+outliers" (with an outlier store of
 outlier_capacity tokens per cluster), "linear", "frequent-directions" (the window plus a sketch of
-sketch_rows rows per head) or "full".
+sketch_rows rows per head), "tensor-sketch" (the window plus sums over a degree-sketch_degree tensor
+sketch of width sketch_dim) or "full".
 Keyword options (defaults: default_recall_options()): keys, values, filler, pairs, queries, gap,
-d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, sketch_rows, birth_threshold,
-batch, steps, lr,
+d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, sketch_rows, sketch_dim,
+sketch_degree, birth_threshold, batch, steps, lr,
 eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
 {mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}.)";
 

@@ -7,6 +7,7 @@
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
+#include "attnmix/stream/tensor_sketch.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "model_options.hpp"
 
@@ -117,6 +118,8 @@ void validate_training(const RecallRunOptions& o) {
   if (o.sketch_rows < 4 || o.sketch_rows % 2 != 0) {
     throw ValueError("recall: sketch_rows must be an even integer >= 4 (got " + std::to_string(o.sketch_rows) + ")");
   }
+  positive("sketch_dim", o.sketch_dim);
+  positive("sketch_degree", o.sketch_degree);
   if (!(o.lr > 0.0)) throw ValueError("recall: lr must be positive");
 }
 
@@ -210,6 +213,8 @@ ModelConfig sequence_model_config(const std::string& mechanism, const RecallRunO
   m.birth_threshold = o.birth_threshold;
   m.outlier_capacity = outliers ? o.outlier_capacity : 0;
   m.sketch_rows = o.sketch_rows;
+  m.sketch_dim = o.sketch_dim;
+  m.sketch_degree = o.sketch_degree;
   return m;
 }
 
@@ -230,6 +235,9 @@ RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask&
     result = train_and_evaluate(*model, task, o, on_step);
   } else if (m.mechanism == Mechanism::kFrequentDirections) {
     FrequentDirectionsSpine model(frequent_directions_options(m));
+    result = train_and_evaluate(*model, task, o, on_step);
+  } else if (m.mechanism == Mechanism::kTensorSketch) {
+    TensorSketchSpine model(tensor_sketch_options(m));
     result = train_and_evaluate(*model, task, o, on_step);
   } else {
     SlidingWindowSpine model(spine_options(m));

@@ -6,6 +6,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "dense_products_impl.hpp"
+#include "window_split.hpp"
 
 #include <algorithm>
 #include <string>
@@ -95,50 +96,29 @@ struct SublayerStep {
 SublayerStep sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj, torch::nn::LinearImpl& shift,
                       const torch::Tensor& x, const FrequentDirectionsLayerState& state, int64_t n_head,
                       int64_t window) {
-  const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / n_head;
-  const auto features = linear_features(qkv, shift, x, state.last_x, n_head);
-  const auto head_major = [](const torch::Tensor& z) { return z.permute({0, 2, 1, 3}); };  // (b, H, t, h_d)
-  const auto phi_q = head_major(features.phi_q);
-  const int64_t held = state.window_k.size(2);
-  const auto keys = torch::cat({state.window_k.to(torch::kDouble), head_major(features.phi_k)}, 2);  // (b, H, n+t, h_d)
-  const auto values = torch::cat({state.window_v.to(torch::kDouble), head_major(features.v)}, 2);
+  const int64_t t = x.size(1), hd = x.size(2) / n_head;
+  const auto split =
+      detail::split_window(qkv, shift, x, state.window_k, state.window_v, state.last_x, n_head, window);
+  const auto& phi_q = split.phi_q;
+  const auto scores = torch::matmul(phi_q, split.keys.transpose(-1, -2)) * split.in_window;
+  auto numerator = torch::matmul(scores, split.values);
+  const auto sums_k = state.sum_k.unsqueeze(2) + torch::cumsum(split.evicted_k, 2);  // Z_i exactly, (b, H, t, h_d)
+  const auto denominator = scores.sum(-1, true) + (phi_q * sums_k).sum(-1, true) + kDenominatorFloor;
 
-  // The exact window: token i (index held + i of keys) reads indices (held + i − w, held + i].
-  const auto row = torch::arange(held, held + t, torch::kLong).unsqueeze(1);
-  const auto column = torch::arange(held + t, torch::kLong).unsqueeze(0);
-  const auto in_window = torch::logical_and(column <= row, column > row - window).to(torch::kDouble);
-  const auto scores = torch::matmul(phi_q, keys.transpose(-1, -2)) * in_window;
-  auto numerator = torch::matmul(scores, values);
-  auto denominator = scores.sum(-1, true);
-
-  // Token i evicts index held + i − w, from token first_eviction on.
-  const int64_t first_eviction = std::clamp<int64_t>(window - held, 0, t);
-  const int64_t evictions = t - first_eviction;
-  const auto evicted = [&](const torch::Tensor& rows) {
-    const auto none = torch::zeros({b, n_head, first_eviction, hd}, rows.options());
-    return evictions == 0 ? none : torch::cat({none, rows.narrow(2, held + first_eviction - window, evictions)}, 2);
-  };
-  const auto evicted_k = evicted(keys);
-  const auto evicted_v = evicted(values);
-  const auto sums_k = state.sum_k.unsqueeze(2) + torch::cumsum(evicted_k, 2);  // Z_i exactly, (b, H, t, h_d)
-  denominator = denominator + (phi_q * sums_k).sum(-1, true) + kDenominatorFloor;
-
-  const auto rows = torch::cat({evicted_k, evicted_v}, -1).detach();
-  auto far = read_and_extend_sketch(phi_q, rows, first_eviction, state, hd);
+  const auto rows = torch::cat({split.evicted_k, split.evicted_v}, -1).detach();
+  auto far = read_and_extend_sketch(phi_q, rows, split.first_eviction, state, hd);
   numerator = numerator + far.numerator;
-  if (torch::GradMode::is_enabled() && evictions > 0 && evicted_k.requires_grad()) {
-    const auto exact = causal_linear(phi_q.detach(), evicted_k, evicted_v);  // straight-through (header)
+  if (torch::GradMode::is_enabled() && split.evictions > 0 && split.evicted_k.requires_grad()) {
+    const auto exact = causal_linear(phi_q.detach(), split.evicted_k, split.evicted_v);  // straight-through
     numerator = numerator + (exact - exact.detach());
   }
-  const auto attended = (numerator / denominator).permute({0, 2, 1, 3}).reshape({b, t, d}).to(x.scalar_type());
 
   SublayerStep step;
-  step.out = detail::fast_linear(attended, proj.weight, proj.bias);
+  step.out = detail::fast_linear(detail::merge_heads(numerator / denominator, x), proj.weight, proj.bias);
   auto& next = step.state;
   next = std::move(far.sketch);
-  const int64_t keep = std::min(held + t, window);
-  next.window_k = keys.narrow(2, held + t - keep, keep).to(x.scalar_type());  // exact: φ(k) had this dtype
-  next.window_v = values.narrow(2, held + t - keep, keep).to(x.scalar_type());
+  next.window_k = split.next_window_k;
+  next.window_v = split.next_window_v;
   next.sum_k = sums_k.select(2, t - 1).clone();
   next.mass = state.mass + rows.square().sum({2, 3});
   next.last_x = x.select(1, t - 1).clone();

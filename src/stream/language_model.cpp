@@ -11,6 +11,7 @@
 #include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "attnmix/stream/tensor_sketch.hpp"
 #include "model_options.hpp"
 
 #include <c10/core/CPUAllocator.h>
@@ -94,12 +95,22 @@ struct SketchKind {
   static constexpr bool kHasFarField = false;
 };
 
-// Calls f(SpineKind{}), f(MomentKind{}), f(LinearKind{}) or f(SketchKind{}); all must return the same type.
+struct TensorSketchKind {
+  using Module = TensorSketchSpine;
+  using Impl = TensorSketchSpineImpl;
+  using State = TensorSketchState;
+  static Module make(const ModelConfig& m) { return TensorSketchSpine(tensor_sketch_options(m)); }
+  static constexpr bool kHasFarField = false;
+};
+
+// Calls f(SpineKind{}), f(MomentKind{}), f(LinearKind{}), f(SketchKind{}) or f(TensorSketchKind{}); all must return
+// the same type.
 template <class F>
 decltype(auto) with_kind(Mechanism mechanism, F&& f) {
   if (mechanism == Mechanism::kMomentClosure) return f(MomentKind{});
   if (mechanism == Mechanism::kLinear) return f(LinearKind{});
   if (mechanism == Mechanism::kFrequentDirections) return f(SketchKind{});
+  if (mechanism == Mechanism::kTensorSketch) return f(TensorSketchKind{});
   return f(SpineKind{});
 }
 
@@ -169,6 +180,10 @@ json to_json(const TrainOptions& o) {
     j["outlier_capacity"] = o.model.outlier_capacity;
   }
   if (o.model.mechanism == Mechanism::kFrequentDirections) j["sketch_rows"] = o.model.sketch_rows;
+  if (o.model.mechanism == Mechanism::kTensorSketch) {
+    j["sketch_dim"] = o.model.sketch_dim;
+    j["sketch_degree"] = o.model.sketch_degree;
+  }
   return j;
 }
 
@@ -223,6 +238,10 @@ TrainOptions options_from_json(const json& j) {
   }
   if (o.model.mechanism == Mechanism::kFrequentDirections) {
     o.model.sketch_rows = option_field<int64_t>(j, "sketch_rows");
+  }
+  if (o.model.mechanism == Mechanism::kTensorSketch) {
+    o.model.sketch_dim = option_field<int64_t>(j, "sketch_dim");
+    o.model.sketch_degree = option_field<int64_t>(j, "sketch_degree");
   }
   return o;
 }
@@ -381,6 +400,23 @@ void write_state(torch::serialize::OutputArchive& state, const FrequentDirection
     const std::string n = std::to_string(l);
     const auto& layer = s.layers[l];
     for (const auto& [name, t] : sketch_records(layer)) state.write(name + n, *t);
+  }
+}
+
+// tensor-sketch: pos, batch_size and per layer window_k<l>, window_v<l>, the sums sum_kv<l>, sum_k<l>, the
+// receipt misfit<l> (float64) and the shift row last_x<l>.
+template <class Layer>
+auto tensor_sketch_records(Layer& layer) {
+  return std::array{std::pair{"window_k", &layer.window_k}, std::pair{"window_v", &layer.window_v},
+                    std::pair{"sum_kv", &layer.sum_kv},     std::pair{"sum_k", &layer.sum_k},
+                    std::pair{"misfit", &layer.misfit},     std::pair{"last_x", &layer.last_x}};
+}
+
+void write_state(torch::serialize::OutputArchive& state, const TensorSketchState& s) {
+  state.write("pos", c10::IValue(s.pos));
+  state.write("batch_size", c10::IValue(s.batch_size));
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    for (const auto& [name, t] : tensor_sketch_records(s.layers[l])) state.write(name + std::to_string(l), *t);
   }
 }
 
@@ -702,6 +738,35 @@ void read_state(const std::string& path, torch::serialize::InputArchive& state, 
     }
     layer.filled = filled;
     layer.shrinks = shrinks;
+  }
+}
+
+// tensor-sketch: every layer's records with the shapes and dtypes the options give, finite values and a
+// non-negative misfit (the sketch's sums may be negative).
+void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<TensorSketchKind>& s) {
+  const auto& o = s.options;
+  s.state = s.model->init_state(o.batch);
+  s.state.pos = read_position(path, state, o);
+  const int64_t B = o.batch, H = o.model.n_head, d = o.model.d_model / o.model.n_head, D = o.model.sketch_dim;
+  const int64_t held = std::min(s.state.pos, o.model.window);
+  const std::map<std::string, std::pair<std::vector<int64_t>, torch::ScalarType>> expected = {
+      {"window_k", {{B, H, held, d}, torch::kFloat}}, {"window_v", {{B, H, held, d}, torch::kFloat}},
+      {"sum_kv", {{B, H, D, d}, torch::kDouble}},     {"sum_k", {{B, H, D}, torch::kDouble}},
+      {"misfit", {{B, H}, torch::kDouble}},           {"last_x", {{B, o.model.d_model}, torch::kFloat}}};
+  for (size_t l = 0; l < s.state.layers.size(); ++l) {
+    auto& layer = s.state.layers[l];
+    for (const auto& [name, into] : tensor_sketch_records(layer)) {
+      const std::string record = name + std::to_string(l);
+      torch::Tensor read;  // undefined: try_read would otherwise write into `into`'s storage and dtype
+      if (!state.try_read(record, read)) bad_checkpoint(path, "the state has no record " + record);
+      const auto& [sizes, dtype] = expected.at(name);
+      check_shape(path, "state " + record, read, sizes, dtype);
+      check_finite(path, "state " + record, read);
+      *into = read;
+    }
+    if (layer.misfit.lt(0).any().item<bool>()) {
+      bad_checkpoint(path, "state misfit" + std::to_string(l) + " holds a negative value (a relative error cannot)");
+    }
   }
 }
 
@@ -1058,6 +1123,12 @@ void validate(const TrainOptions& o) {
   }
   static_cast<void>(checked_product("lm", "the sketches (n_layer x batch x sketch_rows x 2 x d_model)",
                                     {m.n_layer, o.batch, m.sketch_rows, 2, m.d_model}));
+  positive("sketch_dim", m.sketch_dim);
+  positive("sketch_degree", m.sketch_degree);
+  static_cast<void>(checked_product("lm", "the tensor sketches (n_layer x batch x sketch_dim x (d_model + n_head))",
+                                    {m.n_layer, o.batch, m.sketch_dim, m.d_model + m.n_head}));
+  static_cast<void>(checked_product("lm", "one step's tensor sketches (batch x chunk x sketch_dim x n_head x 2)",
+                                    {o.batch, o.chunk, m.sketch_dim, m.n_head, 2}));
   if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
   if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
   if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");

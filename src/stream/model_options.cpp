@@ -37,6 +37,18 @@ FrequentDirectionsOptions frequent_directions_options(const ModelConfig& m) {
   return o;
 }
 
+TensorSketchOptions tensor_sketch_options(const ModelConfig& m) {
+  TensorSketchOptions o;
+  o.vocab = m.vocab;
+  o.d_model = m.d_model;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  o.window = m.window;
+  o.sketch_dim = m.sketch_dim;
+  o.degree = m.sketch_degree;
+  return o;
+}
+
 MomentClosureOptions moment_options(const ModelConfig& m) {
   MomentClosureOptions o;
   o.vocab = m.vocab;

@@ -8,6 +8,7 @@
 #include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "attnmix/stream/tensor_sketch.hpp"
 
 namespace attnmix::lm {
 
@@ -15,6 +16,7 @@ namespace attnmix::lm {
 SpineOptions spine_options(const ModelConfig& m);
 LinearAttentionOptions linear_options(const ModelConfig& m);
 FrequentDirectionsOptions frequent_directions_options(const ModelConfig& m);
+TensorSketchOptions tensor_sketch_options(const ModelConfig& m);
 MomentClosureOptions moment_options(const ModelConfig& m);
 
 }  // namespace attnmix::lm

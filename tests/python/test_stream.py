@@ -749,6 +749,17 @@ def test_run_recall_trains_frequent_directions():
         ex.run_recall("frequent-directions", sketch_rows=5, **kwargs)
 
 
+def test_run_recall_trains_tensor_sketch():
+    kwargs = dict(d_model=16, n_layer=1, chunk=8, gap=8, batch=4, steps=2, eval_sequences=8, window=4)
+    result = ex.run_recall("tensor-sketch", sketch_dim=12, sketch_degree=2, **kwargs)
+    assert result["mechanism"] == "tensor-sketch"
+    # one layer, 2 heads of 8: window 4 x (8 + 8) float32, S 12 x 8, Z 12, misfit float64, the shift row (16)
+    assert result["state_bytes"] == 2 * (4 * 16 * 4 + (12 * 8 + 12 + 1) * 8) + 16 * 4
+    assert ex.default_recall_options()["sketch_dim"] == 64
+    with pytest.raises(ValueError, match="sketch_degree"):
+        ex.run_recall("tensor-sketch", sketch_degree=0, **kwargs)
+
+
 def test_train_frequent_directions_records_its_sketch(tmp_path):
     tokens = np.frombuffer(b"the quick brown fox jumps over the lazy dog " * 20, dtype=np.uint8).astype(np.int64)
     out = tmp_path / "fd.ckpt"

@@ -62,7 +62,8 @@ Rng recall_data_rng(uint64_t seed, int64_t stream);
 /// The mechanisms run_sequence_task trains: lm's five and "moment-closure+outliers", moment closure with an outlier
 /// store of RecallRunOptions::outlier_capacity tokens per cluster (kv_quantization.hpp).
 inline const std::vector<std::string> kSequenceMechanisms = {"window", "moment-closure", "moment-closure+outliers",
-                                                             "linear", "frequent-directions", "full"};
+                                                             "linear", "frequent-directions", "tensor-sketch",
+                                                             "full"};
 /// @throws ValueError naming the known mechanisms unless `mechanism` is one of them.
 void check_sequence_mechanism(const std::string& mechanism);
 
@@ -76,6 +77,8 @@ struct RecallRunOptions {
   int64_t max_clusters = 4;      ///< moment-closure only
   int64_t outlier_capacity = 8;   ///< moment-closure+outliers: tokens per cluster kept exactly (positive)
   int64_t sketch_rows = 16;       ///< frequent-directions: rows of each head's sketch (even, >= 4)
+  int64_t sketch_dim = 64;        ///< tensor-sketch: the sketch's width (positive)
+  int64_t sketch_degree = 2;      ///< tensor-sketch: the polynomial kernel's degree (positive)
   double birth_threshold = -2.0;  ///< moment-closure only
   int64_t batch = 32;             ///< sequences per step
   int64_t steps = 300;

@@ -37,16 +37,20 @@ enum class Mechanism {
   kMomentClosure,  ///< the window plus a bounded far field: a Gaussian cluster bank per layer (SPEC §7)
   kLinear,         ///< causal linear attention over the whole stream: running sums, no window
   kFrequentDirections,  ///< linear attention with an exact window and a Frequent Directions sketch of the rest
+  kTensorSketch,        ///< a polynomial-kernel window and running sums over a tensor sketch of the rest
 };
 
-/// "window", "full", "moment-closure", "linear" or "frequent-directions". @throws ValueError for other names.
+/// "window", "full", "moment-closure", "linear", "frequent-directions" or "tensor-sketch".
+/// @throws ValueError for other names.
 inline Mechanism parse_mechanism(std::string_view name) {
   if (name == "window") return Mechanism::kWindow;
   if (name == "full") return Mechanism::kFull;
   if (name == "moment-closure") return Mechanism::kMomentClosure;
   if (name == "linear") return Mechanism::kLinear;
   if (name == "frequent-directions") return Mechanism::kFrequentDirections;
-  throw ValueError("mechanism must be \"window\", \"full\", \"moment-closure\", \"linear\" or \"frequent-directions\" (got \"" +
+  if (name == "tensor-sketch") return Mechanism::kTensorSketch;
+  throw ValueError("mechanism must be \"window\", \"full\", \"moment-closure\", \"linear\", "
+                   "\"frequent-directions\" or \"tensor-sketch\" (got \"" +
                    std::string(name) + "\")");
 }
 inline std::string mechanism_name(Mechanism mechanism) {
@@ -59,6 +63,8 @@ inline std::string mechanism_name(Mechanism mechanism) {
       return "linear";
     case Mechanism::kFrequentDirections:
       return "frequent-directions";
+    case Mechanism::kTensorSketch:
+      return "tensor-sketch";
     case Mechanism::kWindow:
       break;
   }
@@ -80,6 +86,8 @@ struct ModelConfig {
   std::optional<double> merge_threshold;  ///< cluster distance below which two merge; default 2.65 + 6/√n
   int64_t outlier_capacity = 0;  ///< per layer, stream and cluster, worst-fitting evicted tokens kept exactly; 0: none
   int64_t sketch_rows = 16;  ///< kFrequentDirections: rows of each head's sketch (even, >= 4); stored only for it
+  int64_t sketch_dim = 64;     ///< kTensorSketch: the sketch's width D; stored only for it
+  int64_t sketch_degree = 2;   ///< kTensorSketch: the polynomial kernel's degree p; stored only for it
 };
 
 enum class Schedule { kConstant, kCosine };

@@ -26,7 +26,7 @@ namespace attnmix::lm {
 
 struct MemoryBenchOptions {
   std::vector<std::string> mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear",
-                                         "frequent-directions", "full"};
+                                         "frequent-directions", "tensor-sketch", "full"};
   std::vector<std::string> tasks = {"recall", "mqar", "passkey"};
   std::vector<int64_t> recall_gaps = {24, 64, 256, 1024};
   std::vector<int64_t> recall_pairs = {1, 4, 16};

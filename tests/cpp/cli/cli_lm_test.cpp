@@ -423,6 +423,30 @@ TEST_F(CliLmTest, FrequentDirectionsTrainsAndResumes) {
   EXPECT_TRUE(contains(odd.err, "sketch_rows")) << odd.err;
 }
 
+/// --mechanism tensor-sketch: train says what it keeps, a resumed run continues it byte for byte, a conflicting
+/// --sketch-dim is refused, and the sketch flags are refused by other mechanisms.
+TEST_F(CliLmTest, TensorSketchTrainsAndResumes) {
+  const auto ts = [this](const std::string& extra) {
+    return run(
+        "lm train --text text.txt --d-model 8 --n-layer 1 --n-head 2 --batch 2 --chunk 16 "
+        "--lr 0.01 --seed 2 --mechanism tensor-sketch --window 4 --sketch-dim 8 --sketch-degree 2 "
+        "--schedule constant " +
+        extra);
+  };
+  const RunResult r = ts("--steps 6 --out whole.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "a tensor sketch of width 8 per layer and head")) << r.out;
+  ASSERT_EQ(ts("--steps 3 --out part.ckpt").code, 0);
+  ASSERT_EQ(ts("--resume part.ckpt --steps 6 --out resumed.ckpt").code, 0);
+  EXPECT_EQ(read_text(path("resumed.ckpt")), read_text(path("whole.ckpt")));
+  const RunResult conflict = run("lm train --text text.txt --resume part.ckpt --steps 6 --sketch-dim 16");
+  EXPECT_EQ(conflict.code, 2);
+  EXPECT_TRUE(contains(conflict.err, "sketch_dim = 8")) << conflict.err;
+  const RunResult window = train("--sketch-degree 3");
+  EXPECT_EQ(window.code, 1);
+  EXPECT_TRUE(contains(window.err, "--sketch-degree applies only to --mechanism tensor-sketch")) << window.err;
+}
+
 TEST_F(CliLmTest, MomentClosureFlagErrors) {
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters 0").code, 1);
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters x").code, 1);
@@ -481,13 +505,13 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* f : {"Memory benchmark", "recall", "gap 20, pairs 2", "mqar", "length 16, pairs 2", "passkey",
                         "length 160", "window ", "moment-closure ", "moment-closure+outliers ", "linear ",
-                        "frequent-directions ", "full ", "state bytes", "share",
-                        "wrote bench.json (36 runs, 18 cases)"})
+                        "frequent-directions ", "tensor-sketch ", "full ", "state bytes", "share",
+                        "wrote bench.json (42 runs, 21 cases)"})
     EXPECT_TRUE(contains(r.out, f)) << f << "\n" << r.out;
-  EXPECT_TRUE(contains(r.err, "run 36/36: passkey (length 160), full, seed 1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "run 42/42: passkey (length 160), full, seed 1")) << r.err;
   const auto json = nlohmann::json::parse(read_text(path("bench.json")));
-  ASSERT_EQ(json.at("runs").size(), 36U);
-  ASSERT_EQ(json.at("cases").size(), 18U);
+  ASSERT_EQ(json.at("runs").size(), 42U);
+  ASSERT_EQ(json.at("cases").size(), 21U);
   for (const auto& c : json.at("cases")) {
     EXPECT_EQ(c.at("seeds"), 2);
     EXPECT_GE(c.at("accuracy").get<double>(), 0.0);
@@ -495,7 +519,7 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
     EXPECT_GT(c.at("state_bytes").get<int64_t>(), 0);
   }
   EXPECT_EQ(json.at("cases")[0].at("chance").get<double>(), 0.0625);
-  EXPECT_EQ(json.at("cases")[17].at("chance").get<double>(), 0.1);
+  EXPECT_EQ(json.at("cases")[20].at("chance").get<double>(), 0.1);
   // Errors: usage (1), and options that do not fit (2) before any training or any file.
   EXPECT_EQ(run("lm memory-bench --tasks recall,sorting").code, 1);
   EXPECT_EQ(run("lm memory-bench --mechanisms window,mixture").code, 1);

@@ -27,6 +27,7 @@
 #include "attnmix/stream/frequent_directions.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "attnmix/stream/tensor_sketch.hpp"
 #include "testing/all_close.hpp"
 
 namespace attnmix::lm {
@@ -947,6 +948,70 @@ TEST_F(LanguageModelTest, FrequentDirectionsCheckpointRecordsAreChecked) {
   });
 }
 
+// ---- tensor sketch --------------------------------------------------------------------------------
+
+TrainOptions tiny_tensor_sketch_options() {
+  TrainOptions o = tiny_options();
+  o.model.mechanism = Mechanism::kTensorSketch;
+  o.model.window = 4;
+  o.model.sketch_dim = 8;
+  o.model.sketch_degree = 2;
+  return o;
+}
+
+/// A tensor-sketch run stopped at step 6 resumes to the losses and checkpoint bytes of the uninterrupted run, and its
+/// damaged records are reported when the checkpoint is loaded.
+TEST_F(LanguageModelTest, TensorSketchResumesBitwiseAndChecksItsRecords) {
+  TrainOptions o = tiny_tensor_sketch_options();
+  o.detach_horizon = 2;
+  const auto whole = train(o, corpus_, "", path("whole.ckpt"));
+  const auto resumed = resumed_from_step6(o);
+  EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 6, whole.losses.end()));
+  EXPECT_EQ(read_bytes(path("resumed.ckpt")), read_bytes(path("whole.ckpt")));
+  const auto info = read_checkpoint_info(path("resumed.ckpt"));
+  EXPECT_EQ(info.model.mechanism, Mechanism::kTensorSketch);
+  EXPECT_EQ(info.model.sketch_dim, 8);
+  EXPECT_EQ(info.model.sketch_degree, 2);
+  // One layer, 2 heads of 4: window 4 x (4 + 4) float32, S 8 x 4, Z 8, misfit float64, the shift row 8 floats.
+  EXPECT_EQ(whole.state_bytes, o.batch * (2 * (4 * 8 * 4 + (8 * 4 + 8 + 1) * 8) + 8 * 4));
+
+  TrainOptions more = tiny_tensor_sketch_options();
+  more.steps = 14;
+  const auto rewrite = [&](const std::string& name,
+                           const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    TensorSketchOptions t;
+    t.d_model = 8;
+    t.n_layer = 1;
+    t.n_head = 2;
+    t.window = 4;
+    t.sketch_dim = 8;
+    TensorSketchSpine model(t);
+    rewrite_checkpoint(path("whole.ckpt"), path(name), *model,
+                       {"window_k0", "window_v0", "sum_kv0", "sum_k0", "misfit0", "last_x0"}, edit);
+    return path(name);
+  };
+  EXPECT_EQ(train(more, corpus_, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
+                .losses.size(),
+            2U);
+  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
+                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
+    SCOPED_TRACE(name);
+    const std::string file = rewrite(name, edit);
+    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
+    fragments.insert(fragments.end(), why.begin(), why.end());
+    expect_throw_with<std::runtime_error>([&] { train(more, corpus_, file, ""); }, fragments);
+  };
+  expect_bad("missing.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor&) { return k != "sum_kv0"; });
+  expect_bad("shape.ckpt", {"sum_k0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "sum_k0") t = t.narrow(-1, 0, 3).contiguous();
+    return true;
+  });
+  expect_bad("negative.ckpt", {"misfit0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+    if (k == "misfit0") t = -t - 1.0;
+    return true;
+  });
+}
+
 TEST_F(LanguageModelTest, ValidateNamesTheField) {
   EXPECT_NO_THROW(validate(TrainOptions{}));
   const auto expect_field = [](const std::string& field, auto change) {
@@ -980,6 +1045,8 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
   expect_field("clip", [](TrainOptions& o) { o.clip = std::numeric_limits<double>::quiet_NaN(); });
   expect_field("max_clusters", [](TrainOptions& o) { o.model.max_clusters = 0; });
   expect_field("sketch_rows", [](TrainOptions& o) { o.model.sketch_rows = 5; });
+  expect_field("sketch_dim", [](TrainOptions& o) { o.model.sketch_dim = 0; });
+  expect_field("sketch_degree", [](TrainOptions& o) { o.model.sketch_degree = 0; });
   expect_field("birth_threshold", [](TrainOptions& o) {
     o.model.birth_threshold = std::numeric_limits<double>::infinity();
   });
@@ -996,6 +1063,7 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
   EXPECT_EQ(mechanism_name(Mechanism::kMomentClosure), "moment-closure");
   EXPECT_EQ(mechanism_name(parse_mechanism("linear")), "linear");
   EXPECT_EQ(mechanism_name(parse_mechanism("frequent-directions")), "frequent-directions");
+  EXPECT_EQ(mechanism_name(parse_mechanism("tensor-sketch")), "tensor-sketch");
   TrainOptions linear = full;  // and by linear attention
   linear.model.mechanism = Mechanism::kLinear;
   EXPECT_NO_THROW(validate(linear));
