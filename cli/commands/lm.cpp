@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -270,6 +271,18 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->callback([args, cmd, &exit_code] { exit_code = run_train(*args, cmd); });
 }
 
+/// --window-cache of lm eval and lm generate.
+void add_window_cache_flag(CLI::App* cmd, lm::WindowCache& cache) {
+  static const std::map<std::string, lm::WindowCache> kNames{{"float32", lm::WindowCache::kFloat32},
+                                                             {"int8", lm::WindowCache::kInt8}};
+  cmd->add_option("--window-cache", cache,
+                  "How the window's keys and values are held between steps: float32 (default) or int8 "
+                  "(one scale per token and head: about a quarter of the bytes; window, full and "
+                  "moment-closure checkpoints)")
+      ->transform(CLI::CheckedTransformer(kNames))
+      ->type_name("KIND");
+}
+
 void add_eval(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmEvalRequest>();
   r->threads = lm::TrainOptions{}.threads;
@@ -295,6 +308,7 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--threads", r->threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  add_window_cache_flag(cmd, r->window_cache);
   cmd->callback([r, &exit_code] {
     if (!(r->holdout >= 0.0 && r->holdout < 1.0))
       throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r->holdout) + ")");
@@ -532,6 +546,7 @@ void add_generate(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--threads", g.threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  add_window_cache_flag(cmd, g.window_cache);
   cmd->callback([r, &exit_code] {
     if (r->prompt.empty()) throw UsageError("--prompt must not be empty (the model continues it)");
     r->options.threads = capped_threads(r->options.threads);

@@ -46,6 +46,7 @@ struct LmEvalRequest {
   double holdout = 0.0;  ///< score only this final fraction (0: all)
   int64_t chunk = 0;     ///< 0: the checkpoint's training chunk
   int threads = 1;
+  lm::WindowCache window_cache = lm::WindowCache::kFloat32;
 };
 
 /// `lm generate`.

@@ -454,7 +454,7 @@ int run_eval(const LmEvalRequest& args) {
     throw ValueError(path + ": the text has " + std::to_string(tokens.size()) +
                      " byte; evaluation needs at least 2 (one to read, one to predict)");
   const int64_t chunk = args.chunk > 0 ? args.chunk : info.options.chunk;
-  const lm::Evaluation e = lm::evaluate(args.checkpoint, tokens, chunk, args.threads);
+  const lm::Evaluation e = lm::evaluate(args.checkpoint, tokens, chunk, args.threads, args.window_cache);
   out << "Evaluating " << args.checkpoint << " (" << model_text(info.model) << "; trained "
       << info.step << " steps)\n  on " << path;
   if (args.holdout > 0)
@@ -462,7 +462,9 @@ int run_eval(const LmEvalRequest& args) {
         << num(args.holdout) << ")";
   else
     out << " (" << tokens.size() << " bytes)";
-  out << ", streamed in chunks of " << chunk << "\n\nSummary\n";
+  out << ", streamed in chunks of " << chunk
+      << (args.window_cache == lm::WindowCache::kInt8 ? ", the window's keys and values held as int8" : "")
+      << "\n\nSummary\n";
   out << "  predicted      " << e.tokens << " bytes (every byte after the first)\n";
   out << "  cross-entropy  " << format_short(e.mean_cross_entropy, 6) << " nats per byte\n";
   out << "  bits per byte  " << format_short(e.bits_per_token, 6)

@@ -274,7 +274,8 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
       }
     }
     return out;
-  } else if constexpr (std::is_same_v<T, lm::Mechanism> || std::is_same_v<T, lm::Schedule>) {
+  } else if constexpr (std::is_same_v<T, lm::Mechanism> || std::is_same_v<T, lm::Schedule> ||
+                       std::is_same_v<T, lm::WindowCache>) {
     if (!PyUnicode_Check(value.ptr())) {
       throw TypeError(std::string(where) + ": " + std::string(name) + " must be a str (got " +
                       type_name(value) + ")");
@@ -282,6 +283,8 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
     const auto text = value.cast<std::string>();
     if constexpr (std::is_same_v<T, lm::Mechanism>) {
       return lm::parse_mechanism(text);
+    } else if constexpr (std::is_same_v<T, lm::WindowCache>) {
+      return lm::parse_window_cache(text);
     } else {
       return lm::parse_schedule(text);
     }
@@ -297,6 +300,8 @@ py::object option_out(const T& value) {
     return py::str(lm::mechanism_name(value));
   } else if constexpr (std::is_same_v<T, lm::Schedule>) {
     return py::str(lm::schedule_name(value));
+  } else if constexpr (std::is_same_v<T, lm::WindowCache>) {
+    return py::str(lm::window_cache_name(value));
   } else {
     return py::cast(value);  // numbers, bool, optional (None)
   }
@@ -354,6 +359,7 @@ const std::vector<OptionField<lm::GenerateOptions>>& generate_fields() {
       ATTNMIX_OPTION(O, "tokens", tokens),   ATTNMIX_OPTION(O, "temperature", temperature),
       ATTNMIX_OPTION(O, "top_k", top_k),     ATTNMIX_OPTION(O, "seed", seed),
       ATTNMIX_OPTION(O, "threads", threads),
+      ATTNMIX_OPTION(O, "window_cache", window_cache),
   };
   return fields;
 }
@@ -808,23 +814,27 @@ void bind_stream(py::module_& m) {
   m.def(
       "evaluate_language_model",
       [](const py::object& checkpoint, const py::object& tokens_obj, const py::object& chunk,
-         const py::object& threads) {
+         const py::object& threads, const py::object& window_cache) {
         constexpr std::string_view w = "evaluate_language_model";
         const std::string path = path_arg(checkpoint, w, "checkpoint");
         const auto tokens = id_vector(tokens_obj, w, "tokens");
         const auto c = option_in<int64_t>(chunk, w, "chunk");
         const auto n = option_in<int>(threads, w, "threads");
+        const auto cache = option_in<lm::WindowCache>(window_cache, w, "window_cache");
         lm::Evaluation e;
         {
           py::gil_scoped_release release;
-          e = lm::evaluate(path, tokens, c, n);
+          e = lm::evaluate(path, tokens, c, n, cache);
         }
         return evaluation_out(e);
       },
       py::arg("checkpoint"), py::arg("tokens"), py::kw_only(),
       py::arg("chunk") = lm::TrainOptions{}.chunk, py::arg("threads") = lm::TrainOptions{}.threads,
+      py::arg("window_cache") = "float32",
       "Streams tokens through a checkpoint's model in chunks (one stream, no gradients): {tokens, "
-      "mean_cross_entropy, bits_per_token, seconds, state_bytes, far_field}.");
+      "mean_cross_entropy, bits_per_token, seconds, state_bytes, far_field}. window_cache=\"int8\" holds "
+      "the window's keys and values as int8 between chunks (window, full and moment-closure checkpoints; "
+      "state_bytes then counts the int8 form).");
 
   m.def(
       "default_generate_options",

@@ -9,6 +9,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/frequent_directions.hpp"
+#include "attnmix/stream/kv_quantization.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/tensor_sketch.hpp"
@@ -938,8 +939,42 @@ Session<Kind> load_session(const std::string& path, LoadedCheckpoint& c, const T
 
 // Streams tokens (one stream) through the model in chunks, without gradients: the mean next-token cross-entropy and,
 // for moment-closure, what the far field did.
+// The exact window of a state, where the mechanism keeps one (window, full, moment-closure); nullptr otherwise.
+SlidingWindowState* exact_window(SlidingWindowState& s) { return &s; }
+SlidingWindowState* exact_window(MomentClosureState& s) { return &s.near; }
+template <class State>
+SlidingWindowState* exact_window(State&) {
+  return nullptr;
+}
+
+// WindowCache::kInt8: every cache of the window becomes the reconstruction of its int8 form; returns the bytes that
+// form holds minus the bytes of the float caches it stands for (what the state's size changes by).
+int64_t hold_window(SlidingWindowState& near, WindowCache cache) {
+  if (cache == WindowCache::kFloat32) return 0;
+  int64_t change = 0;
+  for (size_t l = 0; l < near.cache_k.size(); ++l) {
+    for (auto* kv : {&near.cache_k[l], &near.cache_v[l]}) {
+      if (!kv->defined()) continue;
+      const QuantizedKv q = quantize_kv_cache(*kv);
+      change += q.bytes() - kv->numel() * static_cast<int64_t>(kv->element_size());
+      *kv = dequantize_kv_cache(q, kv->scalar_type());
+    }
+  }
+  return change;
+}
+
 template <class Kind>
-Evaluation evaluate_model(typename Kind::Module& model, std::span<const int64_t> tokens, int64_t chunk) {
+void check_window_cache(Mechanism mechanism, WindowCache cache, const char* where) {
+  typename Kind::State probe;
+  if (cache == WindowCache::kInt8 && exact_window(probe) == nullptr) {
+    throw ValueError(std::string(where) + ": window_cache int8 applies to the window, full and moment-closure " +
+                     "mechanisms (those with a key-value cache); this checkpoint uses " + mechanism_name(mechanism));
+  }
+}
+
+template <class Kind>
+Evaluation evaluate_model(typename Kind::Module& model, std::span<const int64_t> tokens, int64_t chunk,
+                          WindowCache window_cache = WindowCache::kFloat32) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
@@ -948,11 +983,13 @@ Evaluation evaluate_model(typename Kind::Module& model, std::span<const int64_t>
   auto state = model->init_state(1);
   FarFieldTally tally;
   double total = 0.0;
+  int64_t cache_bytes_change = 0;
   const auto start = Clock::now();
   for (int64_t offset = 0; offset < n - 1; offset += chunk) {
     const int64_t t = std::min(chunk, n - 1 - offset);
     auto step = model->advance(state, data.narrow(1, offset, t));
     state = std::move(step.state);
+    if (auto* near = exact_window(state)) cache_bytes_change = hold_window(*near, window_cache);
     if constexpr (Kind::kHasFarField) tally.add(model->last_receipts());
     const auto targets = data.narrow(1, offset + 1, t).reshape({-1});
     total += torch::nn::functional::cross_entropy(
@@ -966,7 +1003,7 @@ Evaluation evaluate_model(typename Kind::Module& model, std::span<const int64_t>
   e.mean_cross_entropy = total / static_cast<double>(n - 1);
   e.bits_per_token = e.mean_cross_entropy / std::numbers::ln2;
   e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  e.state_bytes = state.bytes();
+  e.state_bytes = state.bytes() + cache_bytes_change;
   if constexpr (Kind::kHasFarField) e.far_field = tally.finish(state);
   return e;
 }
@@ -1061,6 +1098,7 @@ std::vector<int64_t> generate_kind(typename Kind::Module& model, std::span<const
   auto step = model->advance(
       state, torch::from_blob(const_cast<int64_t*>(prompt.data()), {1, static_cast<int64_t>(prompt.size())},
                               torch::kLong));
+  if (auto* near = exact_window(step.state)) hold_window(*near, g.window_cache);
   Rng rng(g.seed);
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(g.tokens));
@@ -1083,6 +1121,7 @@ std::vector<int64_t> generate_kind(typename Kind::Module& model, std::span<const
     }
     out.push_back(token);
     step = model->advance(step.state, torch::full({1, 1}, token, torch::kLong));
+    if (auto* near = exact_window(step.state)) hold_window(*near, g.window_cache);
   }
   return out;
 }
@@ -1214,7 +1253,8 @@ TrainSummary train(const TrainOptions& requested, std::span<const int64_t> token
   });
 }
 
-Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads) {
+Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads,
+                    WindowCache window_cache) {
   if (chunk <= 0) throw ValueError("lm eval: chunk must be a positive integer");
   if (threads <= 0) throw ValueError("lm eval: threads must be a positive integer");
   if (tokens.size() < 2) throw ValueError("lm eval: the text needs at least 2 tokens");
@@ -1223,9 +1263,10 @@ Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> toke
   const TrainOptions options = checkpoint_options(checkpoint, c.meta);
   return with_kind(options.model.mechanism, [&](auto kind) {
     using Kind = decltype(kind);
+    check_window_cache<Kind>(options.model.mechanism, window_cache, "lm eval");
     auto s = load_session<Kind>(checkpoint, c, options, /*with_training=*/false);
     check_vocabulary(tokens, s.options.model.vocab, "lm eval");
-    return evaluate_model<Kind>(s.model, tokens, chunk);
+    return evaluate_model<Kind>(s.model, tokens, chunk, window_cache);
   });
 }
 
@@ -1241,6 +1282,7 @@ std::vector<int64_t> generate(const std::string& checkpoint, std::span<const int
   const TrainOptions options = checkpoint_options(checkpoint, c.meta);
   return with_kind(options.model.mechanism, [&](auto kind) {
     using Kind = decltype(kind);
+    check_window_cache<Kind>(options.model.mechanism, g.window_cache, "lm generate");
     auto s = load_session<Kind>(checkpoint, c, options, /*with_training=*/false);
     check_vocabulary(prompt, s.options.model.vocab, "lm generate");
     return generate_kind<Kind>(s.model, prompt, g);

@@ -90,6 +90,22 @@ struct ModelConfig {
   int64_t sketch_degree = 2;   ///< kTensorSketch: the polynomial kernel's degree p; stored only for it
 };
 
+/// How evaluate and generate hold the exact window's keys and values between chunks (window, full and
+/// moment-closure; the other mechanisms keep no key-value cache).
+enum class WindowCache {
+  kFloat32,  ///< as computed
+  kInt8,     ///< affine int8 with one scale per token and head (quantize_kv_cache, kv_quantization.hpp): a chunk
+             ///< attends to the reconstruction of the cached tokens and exactly to its own
+};
+
+/// "float32" or "int8". @throws ValueError for other names.
+inline WindowCache parse_window_cache(std::string_view name) {
+  if (name == "float32") return WindowCache::kFloat32;
+  if (name == "int8") return WindowCache::kInt8;
+  throw ValueError("window_cache must be \"float32\" or \"int8\" (got \"" + std::string(name) + "\")");
+}
+inline std::string window_cache_name(WindowCache cache) { return cache == WindowCache::kInt8 ? "int8" : "float32"; }
+
 enum class Schedule { kConstant, kCosine };
 
 /// "constant" or "cosine". @throws ValueError for other names.
@@ -186,7 +202,10 @@ TrainSummary train(const TrainOptions& options, std::span<const int64_t> tokens,
 
 /// Streams tokens through the checkpoint's model in chunks of `chunk` (one stream, no gradients).
 /// @throws std::runtime_error for a bad checkpoint; ValueError for ids outside the vocabulary or < 2 tokens.
-Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads);
+/// window_cache kInt8 holds the window's cache as int8 between chunks and reports state_bytes of that form.
+/// @throws ValueError for kInt8 on a mechanism without a key-value cache (linear and the sketches).
+Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads,
+                    WindowCache window_cache = WindowCache::kFloat32);
 
 struct GenerateOptions {
   int64_t tokens = 200;       ///< how many to draw
@@ -194,6 +213,7 @@ struct GenerateOptions {
   int64_t top_k = 0;          ///< 0: the whole vocabulary
   uint64_t seed = 0;
   int threads = 1;
+  WindowCache window_cache = WindowCache::kFloat32;
 };
 
 /// Feeds the prompt, then draws tokens one at a time from the model's next-token distribution.

@@ -399,6 +399,22 @@ TEST_F(CliLmTest, MomentClosureWithOutliers) {
   EXPECT_TRUE(contains(recall.out, "moment-closure+outliers")) << recall.out;
 }
 
+/// --window-cache int8 on lm eval and lm generate: the summary says so and the state shrinks; linear refuses it.
+TEST_F(CliLmTest, Int8WindowCache) {
+  ASSERT_EQ(train("--steps 2 --out w.ckpt").code, 0);
+  const RunResult exact = run("lm eval --checkpoint w.ckpt --text text.txt");
+  const RunResult int8 = run("lm eval --checkpoint w.ckpt --text text.txt --window-cache int8");
+  ASSERT_EQ(int8.code, 0) << int8.err;
+  EXPECT_TRUE(contains(int8.out, "the window's keys and values held as int8")) << int8.out;
+  EXPECT_LT(number_after(int8.out, "state          "), number_after(exact.out, "state          "));
+  EXPECT_EQ(run("lm generate --checkpoint w.ckpt --prompt 'the' --tokens 5 --window-cache int8").code, 0);
+  EXPECT_EQ(run("lm eval --checkpoint w.ckpt --text text.txt --window-cache int4").code, 1);
+  ASSERT_EQ(train("--mechanism linear --steps 2 --out l.ckpt").code, 0);
+  const RunResult linear = run("lm eval --checkpoint l.ckpt --text text.txt --window-cache int8");
+  EXPECT_EQ(linear.code, 2);
+  EXPECT_TRUE(contains(linear.err, "window_cache int8 applies to the window, full and moment-closure")) << linear.err;
+}
+
 /// --mechanism frequent-directions: train says what it keeps, a resumed run continues it byte for byte, and
 /// --sketch-rows is refused by other mechanisms and when odd.
 TEST_F(CliLmTest, FrequentDirectionsTrainsAndResumes) {

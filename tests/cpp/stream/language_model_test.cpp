@@ -856,6 +856,35 @@ TEST_F(LanguageModelTest, LinearCheckpointSumsAreChecked) {
   });
 }
 
+/// WindowCache::kInt8 holds the window's cache as int8 between chunks: the loss moves by the rounding only, the state
+/// shrinks by exactly the bytes of the int8 form (1 byte per number plus two float32 per token and head), sampling
+/// stays deterministic, and mechanisms without a key-value cache refuse it.
+TEST_F(LanguageModelTest, Int8WindowCacheAtInference) {
+  const std::string ckpt = trained("w.ckpt");
+  const auto tokens = make_corpus(150, seed_ + 7);
+  const Evaluation exact = evaluate(ckpt, tokens, 8, 1);
+  const Evaluation int8 = evaluate(ckpt, tokens, 8, 1, WindowCache::kInt8);
+  EXPECT_NE(int8.mean_cross_entropy, exact.mean_cross_entropy);
+  EXPECT_NEAR(int8.mean_cross_entropy, exact.mean_cross_entropy, 0.02 * exact.mean_cross_entropy);
+  // One layer, k and v of the 8 cached tokens, 2 heads of 4: 4 bytes per number become 1, plus low and scale.
+  const int64_t rows = 2 * 8 * 2;
+  EXPECT_EQ(exact.state_bytes - int8.state_bytes, rows * 4 * 4 - rows * (4 + 8));
+  const Evaluation chunk1 = evaluate(ckpt, tokens, 1, 1, WindowCache::kInt8);  // rounded after every token
+  EXPECT_NEAR(chunk1.mean_cross_entropy, exact.mean_cross_entropy, 0.02 * exact.mean_cross_entropy);
+  GenerateOptions g;
+  g.tokens = 20;
+  g.window_cache = WindowCache::kInt8;
+  EXPECT_EQ(generate(ckpt, byte_tokens("the model "), g), generate(ckpt, byte_tokens("the model "), g));
+  const std::string moment = trained("m.ckpt", tiny_moment_options());
+  EXPECT_LT(evaluate(moment, tokens, 8, 1, WindowCache::kInt8).state_bytes, evaluate(moment, tokens, 8, 1).state_bytes);
+  const std::string linear = trained("l.ckpt", tiny_linear_options());
+  expect_throw_with<ValueError>([&] { evaluate(linear, tokens, 8, 1, WindowCache::kInt8); },
+                                {"window_cache int8", "linear"});
+  EXPECT_EQ(parse_window_cache("int8"), WindowCache::kInt8);
+  EXPECT_EQ(window_cache_name(parse_window_cache("float32")), "float32");
+  expect_throw_with<ValueError>([] { (void)parse_window_cache("int4"); }, {"int4"});
+}
+
 // ---- frequent directions ----------------------------------------------------------------------------
 
 /// A window of 4 under chunks of 8 and a sketch of 4 rows: every step evicts tokens and the sketch shrinks.
