@@ -728,7 +728,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   out << "Memory benchmark (docs/far-field.md)\n"
       << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
       << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
-      << t.window << " (window, moment-closure, the sketches), up to " << t.max_clusters << " clusters (moment-closure), "
+      << t.window << " (window, moment-closure, the sketches), up to " << t.max_clusters
+      << " clusters (moment-closure), "
       << t.outlier_capacity << " stored outliers per cluster (moment-closure+outliers), sketches of "
       << t.sketch_rows << " rows (frequent-directions), degree-" << t.sketch_degree << " sketches of width "
       << t.sketch_dim << " (tensor-sketch)\n"

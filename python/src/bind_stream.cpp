@@ -572,8 +572,8 @@ Keyword options (defaults: default_train_options()): mechanism ("window", "full"
 window,
 max_clusters, birth_threshold, merge_threshold, outlier_capacity (moment-closure: evicted tokens kept
 exactly per cluster; 0: none), sketch_rows (frequent-directions: rows of each head's sketch),
-sketch_dim, sketch_degree (tensor-sketch: the sketch's width and the kernel's degree), batch, chunk, steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or
-"cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
+sketch_dim, sketch_degree (tensor-sketch: the sketch's width and the kernel's degree), batch, chunk,
+steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or "cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
 final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
 continue; on_progress(dict) is called after every step. Returns {first_step, steps, losses,
 tokens, seconds, parameters, state_bytes, far_field, heldout}. ValueError for invalid options or

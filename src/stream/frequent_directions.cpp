@@ -6,6 +6,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "dense_products_impl.hpp"
+#include "layered_state.hpp"
 #include "window_split.hpp"
 
 #include <algorithm>
@@ -185,21 +186,11 @@ std::pair<int64_t, int64_t> FrequentDirectionsSpineImpl::schedule(int64_t pos) c
 
 void FrequentDirectionsSpineImpl::check_state(const FrequentDirectionsState& s, int64_t b, const char* where) const {
   const std::string w(where);
-  if (s.batch_size != b) {
-    throw ValueError(w + ": the chunk's batch size " + str(b) + " does not match the state's batch size " +
-                     str(s.batch_size));
-  }
-  if (s.pos < 0) throw ValueError(w + ": the state's pos must be >= 0 (got " + str(s.pos) + ")");
-  if (static_cast<int64_t>(s.layers.size()) != options_.n_layer) {
-    throw ValueError(w + ": the state has " + str(static_cast<int64_t>(s.layers.size())) + " layers, the model " +
-                     str(options_.n_layer));
-  }
+  detail::check_state_frame(s.batch_size, s.pos, static_cast<int64_t>(s.layers.size()), b, options_.n_layer, w);
+  const auto fits = &detail::tensor_fits;
   const int64_t H = options_.n_head, hd = head_dim(), held = std::min(s.pos, options_.window);
   const auto [filled, shrinks] = schedule(s.pos);
   const auto dtype = backbone_->tok->weight.scalar_type();
-  const auto fits = [](const torch::Tensor& t, c10::IntArrayRef sizes, torch::ScalarType type) {
-    return t.defined() && t.sizes() == sizes && t.scalar_type() == type;
-  };
   for (size_t l = 0; l < s.layers.size(); ++l) {
     const auto& layer = s.layers[l];
     const std::string name = w + ": layer " + str(static_cast<int64_t>(l)) + " of the state";
@@ -231,17 +222,12 @@ FrequentDirectionsOutput FrequentDirectionsSpineImpl::advance(const FrequentDire
 FrequentDirectionsOutput FrequentDirectionsSpineImpl::advance_checked(const FrequentDirectionsState& state,
                                                                       const torch::Tensor& x) {
   check_state(state, x.size(0), "FrequentDirectionsSpine.step");
-  auto h = backbone_->tok(x);
-  FrequentDirectionsState next = state;
-  for (size_t l = 0; l < backbone_->layers.size(); ++l) {
-    auto& layer = *backbone_->layers[l];
-    auto attn = sublayer(*layer.qkv, *layer.proj, *shifts_[l], layer.ln1(h), state.layers[l], options_.n_head,
-                         options_.window);
-    h = layer.finish(h, attn.out);
-    next.layers[l] = std::move(attn.state);
-  }
-  next.pos = state.pos + x.size(1);
-  return {std::move(next), backbone_->logits(h)};
+  auto [next, logits] = detail::advance_layers(
+      *backbone_, state, x, [&](size_t l, SpineLayerImpl& layer, const torch::Tensor& h, const auto& layer_state) {
+        auto attn = sublayer(*layer.qkv, *layer.proj, *shifts_[l], h, layer_state, options_.n_head, options_.window);
+        return std::pair{std::move(attn.out), std::move(attn.state)};
+      });
+  return {std::move(next), std::move(logits)};
 }
 
 MechanismStep<FrequentDirectionsState> FrequentDirectionsSpineImpl::step(const FrequentDirectionsState& state,

@@ -4,6 +4,7 @@
 
 #include "attnmix/core/errors.hpp"
 #include "dense_products_impl.hpp"
+#include "layered_state.hpp"
 
 #include <string>
 #include <utility>
@@ -109,22 +110,12 @@ LinearAttentionState LinearAttentionSpineImpl::init_state(int64_t batch_size, to
 
 void LinearAttentionSpineImpl::check_state(const LinearAttentionState& s, int64_t b, const char* where) const {
   const std::string w(where);
-  if (s.batch_size != b) {
-    throw ValueError(w + ": the chunk's batch size " + str(b) + " does not match the state's batch size " +
-                     str(s.batch_size));
-  }
-  if (s.pos < 0) throw ValueError(w + ": the state's pos must be >= 0 (got " + str(s.pos) + ")");
-  if (static_cast<int64_t>(s.layers.size()) != options_.n_layer) {
-    throw ValueError(w + ": the state has " + str(static_cast<int64_t>(s.layers.size())) + " layers, the model " +
-                     str(options_.n_layer));
-  }
+  detail::check_state_frame(s.batch_size, s.pos, static_cast<int64_t>(s.layers.size()), b, options_.n_layer, w);
+  const auto fits = &detail::tensor_fits;
   const int64_t H = options_.n_head, hd = head_dim();
   const auto dtype = backbone_->tok->weight.scalar_type();
   for (size_t l = 0; l < s.layers.size(); ++l) {
     const auto& layer = s.layers[l];
-    const auto fits = [](const torch::Tensor& t, c10::IntArrayRef sizes, torch::ScalarType type) {
-      return t.defined() && t.sizes() == sizes && t.scalar_type() == type;
-    };
     if (!fits(layer.sum_kv, {b, H, hd, hd}, torch::kDouble) || !fits(layer.sum_k, {b, H, hd}, torch::kDouble) ||
         !fits(layer.last_x, {b, options_.d_model}, dtype)) {
       throw ValueError(w + ": layer " + str(static_cast<int64_t>(l)) + " of the state must hold sum_kv (batch " +
@@ -143,17 +134,12 @@ LinearAttentionOutput LinearAttentionSpineImpl::advance(const LinearAttentionSta
 LinearAttentionOutput LinearAttentionSpineImpl::advance_checked(const LinearAttentionState& state,
                                                                 const torch::Tensor& x) {
   check_state(state, x.size(0), "LinearAttentionSpine.step");
-  auto h = backbone_->tok(x);
-  LinearAttentionState next = state;
-  for (size_t l = 0; l < backbone_->layers.size(); ++l) {
-    auto& layer = *backbone_->layers[l];
-    auto attn = linear_attention_sublayer(*layer.qkv, *layer.proj, *shifts_[l], layer.ln1(h), state.layers[l],
-                                          options_.n_head);
-    h = layer.finish(h, attn.out);
-    next.layers[l] = std::move(attn.state);
-  }
-  next.pos = state.pos + x.size(1);
-  return {std::move(next), backbone_->logits(h)};
+  auto [next, logits] = detail::advance_layers(
+      *backbone_, state, x, [&](size_t l, SpineLayerImpl& layer, const torch::Tensor& h, const auto& layer_state) {
+        auto attn = linear_attention_sublayer(*layer.qkv, *layer.proj, *shifts_[l], h, layer_state, options_.n_head);
+        return std::pair{std::move(attn.out), std::move(attn.state)};
+      });
+  return {std::move(next), std::move(logits)};
 }
 
 MechanismStep<LinearAttentionState> LinearAttentionSpineImpl::step(const LinearAttentionState& state,

@@ -7,6 +7,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "dense_products_impl.hpp"
+#include "layered_state.hpp"
 #include "window_split.hpp"
 
 #include <algorithm>
@@ -141,20 +142,10 @@ TensorSketchState TensorSketchSpineImpl::init_state(int64_t batch_size, torch::D
 
 void TensorSketchSpineImpl::check_state(const TensorSketchState& s, int64_t b, const char* where) const {
   const std::string w(where);
-  if (s.batch_size != b) {
-    throw ValueError(w + ": the chunk's batch size " + str(b) + " does not match the state's batch size " +
-                     str(s.batch_size));
-  }
-  if (s.pos < 0) throw ValueError(w + ": the state's pos must be >= 0 (got " + str(s.pos) + ")");
-  if (static_cast<int64_t>(s.layers.size()) != options_.n_layer) {
-    throw ValueError(w + ": the state has " + str(static_cast<int64_t>(s.layers.size())) + " layers, the model " +
-                     str(options_.n_layer));
-  }
+  detail::check_state_frame(s.batch_size, s.pos, static_cast<int64_t>(s.layers.size()), b, options_.n_layer, w);
+  const auto fits = &detail::tensor_fits;
   const int64_t H = options_.n_head, hd = head_dim(), D = options_.sketch_dim, held = std::min(s.pos, options_.window);
   const auto dtype = backbone_->tok->weight.scalar_type();
-  const auto fits = [](const torch::Tensor& t, c10::IntArrayRef sizes, torch::ScalarType type) {
-    return t.defined() && t.sizes() == sizes && t.scalar_type() == type;
-  };
   for (size_t l = 0; l < s.layers.size(); ++l) {
     const auto& layer = s.layers[l];
     const std::string name = w + ": layer " + str(static_cast<int64_t>(l)) + " of the state";
@@ -179,16 +170,12 @@ TensorSketchOutput TensorSketchSpineImpl::advance(const TensorSketchState& state
 TensorSketchOutput TensorSketchSpineImpl::advance_checked(const TensorSketchState& state, const torch::Tensor& x) {
   check_state(state, x.size(0), "TensorSketchSpine.step");
   const auto hashes = hashes_.to(x.device());
-  auto h = backbone_->tok(x);
-  TensorSketchState next = state;
-  for (size_t l = 0; l < backbone_->layers.size(); ++l) {
-    auto& layer = *backbone_->layers[l];
-    auto attn = sublayer(*layer.qkv, *layer.proj, *shifts_[l], layer.ln1(h), state.layers[l], options_, hashes);
-    h = layer.finish(h, attn.out);
-    next.layers[l] = std::move(attn.state);
-  }
-  next.pos = state.pos + x.size(1);
-  return {std::move(next), backbone_->logits(h)};
+  auto [next, logits] = detail::advance_layers(
+      *backbone_, state, x, [&](size_t l, SpineLayerImpl& layer, const torch::Tensor& h, const auto& layer_state) {
+        auto attn = sublayer(*layer.qkv, *layer.proj, *shifts_[l], h, layer_state, options_, hashes);
+        return std::pair{std::move(attn.out), std::move(attn.state)};
+      });
+  return {std::move(next), std::move(logits)};
 }
 
 MechanismStep<TensorSketchState> TensorSketchSpineImpl::step(const TensorSketchState& state, const torch::Tensor& x,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
+#include "testing/mechanism_checks.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 
 namespace attnmix {
@@ -38,24 +39,11 @@ FrequentDirectionsSpine make_model(uint64_t seed, int64_t sketch_rows, int64_t w
   return model;
 }
 
-torch::Tensor tokens(int64_t b, int64_t t, uint64_t seed) {
-  torch::manual_seed(static_cast<int64_t>(seed));
-  return torch::randint(0, 11, {b, t}, torch::kLong);
-}
+torch::Tensor tokens(int64_t b, int64_t t, uint64_t seed) { return testing::random_tokens(b, t, seed, 11); }
 
-std::pair<torch::Tensor, FrequentDirectionsState> stream(FrequentDirectionsSpine& model, const torch::Tensor& x,
-                                                         const std::vector<int64_t>& chunks) {
-  auto state = model->init_state(x.size(0));
-  std::vector<torch::Tensor> logits;
-  int64_t start = 0;
-  for (const int64_t t : chunks) {
-    auto out = model->advance(state, x.narrow(1, start, t));
-    state = std::move(out.state);
-    logits.push_back(out.logits);
-    start += t;
-  }
-  EXPECT_EQ(start, x.size(1));
-  return {torch::cat(logits, 1), state};
+template <class Model>
+auto stream(Model& model, const torch::Tensor& x, const std::vector<int64_t>& chunks) {
+  return testing::stream_chunks(model, x, chunks);
 }
 
 /// Algorithm 1 driven row by row with frequent_directions_shrink, checked against AᵀA computed directly:
@@ -186,30 +174,7 @@ TEST(FrequentDirectionsSpine, GradientsMatchFiniteDifferencesWhereTheSketchIsExa
   const auto x = tokens(2, 12, 12);
   const auto y = tokens(2, 12, 13);
   const auto loss = [&] { return model->step(model->init_state(2), x, y).loss; };
-  model->zero_grad();
-  loss().backward();
-  const auto named = model->named_parameters();
-  for (const std::string name : {"shift0.weight", "shift1.weight", "backbone.layer0.qkv.weight",
-                                 "backbone.layer1.proj.bias", "backbone.tok.weight"}) {
-    auto p = named[name];
-    const auto flat = p.view({-1});
-    for (const int64_t index : {int64_t{0}, flat.numel() / 3, flat.numel() - 1}) {
-      const double h = 1e-6;
-      double up = 0.0, down = 0.0;
-      {
-        torch::NoGradGuard no_grad;
-        const double value = flat[index].item<double>();
-        flat[index] = value + h;
-        up = loss().item<double>();
-        flat[index] = value - h;
-        down = loss().item<double>();
-        flat[index] = value;
-      }
-      const double numeric = (up - down) / (2 * h);
-      const double analytic = p.grad().view({-1})[index].item<double>();
-      EXPECT_NEAR(analytic, numeric, 1e-6 + 1e-5 * std::abs(numeric)) << name << "[" << index << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(*model, loss, testing::kLinearSpineProbes);
 }
 
 /// The straight-through correction adds exactly zero: the loss with gradients on equals the loss without, with a

@@ -17,6 +17,7 @@
 #include <limits>
 #include <numeric>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -605,6 +606,37 @@ void rewrite_checkpoint(const std::string& from, const std::string& to, torch::n
   out.save_to(to);
 }
 
+using StateEdit = std::function<bool(const std::string&, torch::Tensor&)>;
+
+/// Damaged state records of a checkpoint: `good` rewritten through `model` (a module of its architecture) with its
+/// state records `keys` passed through an edit, each to its own file; resuming it with `resume` must fail naming the
+/// file and the record.
+struct StateRecordEdits {
+  std::string good;
+  torch::nn::Module& model;
+  std::vector<std::string> keys;
+  TrainOptions resume;
+  std::span<const int64_t> corpus;
+  std::function<std::string(const std::string&)> path;
+
+  std::string rewrite(const std::string& name, const StateEdit& edit) const {
+    rewrite_checkpoint(good, path(name), model, keys, edit);
+    return path(name);
+  }
+  /// The records passed through unchanged resume to resume.steps.
+  size_t resumed_steps() const {
+    return train(resume, corpus, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
+        .losses.size();
+  }
+  void expect_bad(const std::string& name, const std::vector<std::string>& why, const StateEdit& edit) const {
+    SCOPED_TRACE(name);
+    const std::string file = rewrite(name, edit);
+    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
+    fragments.insert(fragments.end(), why.begin(), why.end());
+    expect_throw_with<std::runtime_error>([&] { train(resume, corpus, file, ""); }, fragments);
+  }
+};
+
 nlohmann::json stored_options(const std::string& checkpoint) {
   torch::serialize::InputArchive in;
   in.load_from(checkpoint);
@@ -812,42 +844,29 @@ TEST_F(LanguageModelTest, LinearCheckpointSumsAreChecked) {
   o.steps = 4;
   train(o, corpus_, "", path("good.ckpt"));
   o.steps = 6;
-  const auto rewrite = [&](const std::string& name,
-                           const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
-    const auto options = stored_options(path("good.ckpt"));
-    LinearAttentionOptions l;
-    l.d_model = options.at("d_model").get<int64_t>();
-    l.n_layer = 1;
-    l.n_head = options.at("n_head").get<int64_t>();
-    LinearAttentionSpine model(l);
-    rewrite_checkpoint(path("good.ckpt"), path(name), *model, {"sum_kv0", "sum_k0", "last_x0"}, edit);
-    return path(name);
-  };
-  EXPECT_EQ(train(o, corpus_, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
-                .losses.size(),
-            2U);
-  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
-                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
-    SCOPED_TRACE(name);
-    const std::string file = rewrite(name, edit);
-    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
-    fragments.insert(fragments.end(), why.begin(), why.end());
-    expect_throw_with<std::runtime_error>([&] { train(o, corpus_, file, ""); }, fragments);
-  };
-  expect_bad("missing.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor&) { return k != "sum_kv0"; });
-  expect_bad("dtype.ckpt", {"sum_k0", "float64"}, [](const std::string& k, torch::Tensor& t) {
+  const auto options = stored_options(path("good.ckpt"));
+  LinearAttentionOptions l;
+  l.d_model = options.at("d_model").get<int64_t>();
+  l.n_layer = 1;
+  l.n_head = options.at("n_head").get<int64_t>();
+  LinearAttentionSpine model(l);
+  const StateRecordEdits edits{path("good.ckpt"), *model, {"sum_kv0", "sum_k0", "last_x0"}, o, corpus_,
+                               [this](const std::string& name) { return path(name); }};
+  EXPECT_EQ(edits.resumed_steps(), 2U);
+  edits.expect_bad("missing.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor&) { return k != "sum_kv0"; });
+  edits.expect_bad("dtype.ckpt", {"sum_k0", "float64"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "sum_k0") t = t.to(torch::kFloat);
     return true;
   });
-  expect_bad("shape.ckpt", {"last_x0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("shape.ckpt", {"last_x0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "last_x0") t = t.narrow(-1, 0, 2).contiguous();
     return true;
   });
-  expect_bad("negative.ckpt", {"sum_k0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("negative.ckpt", {"sum_k0", "negative"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "sum_k0") t = -t - 1.0;
     return true;
   });
-  expect_bad("nan.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("nan.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "sum_kv0") {
       t = t.contiguous().clone();
       t.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
@@ -928,47 +947,34 @@ TEST_F(LanguageModelTest, FrequentDirectionsCheckpointRecordsAreChecked) {
   o.steps = 6;
   const std::vector<std::string> records{"window_k0", "window_v0", "sketch0", "sum_k0",
                                          "mass0",     "shrink_total0", "last_x0"};
-  const auto rewrite = [&](const std::string& name,
-                           const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
-    FrequentDirectionsOptions f;
-    f.d_model = 8;
-    f.n_layer = 1;
-    f.n_head = 2;
-    f.window = 4;
-    f.sketch_rows = 4;
-    FrequentDirectionsSpine model(f);
-    rewrite_checkpoint(path("good.ckpt"), path(name), *model, records, edit);
-    return path(name);
-  };
-  EXPECT_EQ(train(o, corpus_, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
-                .losses.size(),
-            2U);
-  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
-                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
-    SCOPED_TRACE(name);
-    const std::string file = rewrite(name, edit);
-    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
-    fragments.insert(fragments.end(), why.begin(), why.end());
-    expect_throw_with<std::runtime_error>([&] { train(o, corpus_, file, ""); }, fragments);
-  };
-  expect_bad("missing.ckpt", {"sketch0"}, [](const std::string& k, torch::Tensor&) { return k != "sketch0"; });
-  expect_bad("dtype.ckpt", {"mass0", "float64"}, [](const std::string& k, torch::Tensor& t) {
+  FrequentDirectionsOptions f;
+  f.d_model = 8;
+  f.n_layer = 1;
+  f.n_head = 2;
+  f.window = 4;
+  f.sketch_rows = 4;
+  FrequentDirectionsSpine model(f);
+  const StateRecordEdits edits{path("good.ckpt"), *model, records, o, corpus_,
+                               [this](const std::string& name) { return path(name); }};
+  EXPECT_EQ(edits.resumed_steps(), 2U);
+  edits.expect_bad("missing.ckpt", {"sketch0"}, [](const std::string& k, torch::Tensor&) { return k != "sketch0"; });
+  edits.expect_bad("dtype.ckpt", {"mass0", "float64"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "mass0") t = t.to(torch::kFloat);
     return true;
   });
-  expect_bad("window.ckpt", {"window_v0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("window.ckpt", {"window_v0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "window_v0") t = t.narrow(2, 0, 3).contiguous();
     return true;
   });
-  expect_bad("negative.ckpt", {"shrink_total0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("negative.ckpt", {"shrink_total0", "negative"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "shrink_total0") t = -t - 1.0;
     return true;
   });
-  expect_bad("rows.ckpt", {"sketch0", "non-zero rows"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("rows.ckpt", {"sketch0", "non-zero rows"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "sketch0") t = t + 1.0;
     return true;
   });
-  expect_bad("nan.ckpt", {"sum_k0"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("nan.ckpt", {"sum_k0"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "sum_k0") {
       t = t.contiguous().clone();
       t.view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
@@ -1006,36 +1012,23 @@ TEST_F(LanguageModelTest, TensorSketchResumesBitwiseAndChecksItsRecords) {
 
   TrainOptions more = tiny_tensor_sketch_options();
   more.steps = 14;
-  const auto rewrite = [&](const std::string& name,
-                           const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
-    TensorSketchOptions t;
-    t.d_model = 8;
-    t.n_layer = 1;
-    t.n_head = 2;
-    t.window = 4;
-    t.sketch_dim = 8;
-    TensorSketchSpine model(t);
-    rewrite_checkpoint(path("whole.ckpt"), path(name), *model,
-                       {"window_k0", "window_v0", "sum_kv0", "sum_k0", "misfit0", "last_x0"}, edit);
-    return path(name);
-  };
-  EXPECT_EQ(train(more, corpus_, rewrite("same.ckpt", [](const std::string&, torch::Tensor&) { return true; }), "")
-                .losses.size(),
-            2U);
-  const auto expect_bad = [&](const std::string& name, const std::vector<std::string>& why,
-                              const std::function<bool(const std::string&, torch::Tensor&)>& edit) {
-    SCOPED_TRACE(name);
-    const std::string file = rewrite(name, edit);
-    std::vector<std::string> fragments{file, "not a usable attnmix LM checkpoint"};
-    fragments.insert(fragments.end(), why.begin(), why.end());
-    expect_throw_with<std::runtime_error>([&] { train(more, corpus_, file, ""); }, fragments);
-  };
-  expect_bad("missing.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor&) { return k != "sum_kv0"; });
-  expect_bad("shape.ckpt", {"sum_k0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
+  TensorSketchOptions t;
+  t.d_model = 8;
+  t.n_layer = 1;
+  t.n_head = 2;
+  t.window = 4;
+  t.sketch_dim = 8;
+  TensorSketchSpine model(t);
+  const StateRecordEdits edits{path("whole.ckpt"), *model,
+                               {"window_k0", "window_v0", "sum_kv0", "sum_k0", "misfit0", "last_x0"}, more, corpus_,
+                               [this](const std::string& name) { return path(name); }};
+  EXPECT_EQ(edits.resumed_steps(), 2U);
+  edits.expect_bad("missing.ckpt", {"sum_kv0"}, [](const std::string& k, torch::Tensor&) { return k != "sum_kv0"; });
+  edits.expect_bad("shape.ckpt", {"sum_k0", "has shape"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "sum_k0") t = t.narrow(-1, 0, 3).contiguous();
     return true;
   });
-  expect_bad("negative.ckpt", {"misfit0", "negative"}, [](const std::string& k, torch::Tensor& t) {
+  edits.expect_bad("negative.ckpt", {"misfit0", "negative"}, [](const std::string& k, torch::Tensor& t) {
     if (k == "misfit0") t = -t - 1.0;
     return true;
   });

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
+#include "testing/mechanism_checks.hpp"
 
 namespace attnmix {
 namespace {
@@ -33,25 +34,11 @@ LinearAttentionSpine make_model(uint64_t seed) {
   return model;
 }
 
-torch::Tensor tokens(int64_t b, int64_t t, uint64_t seed) {
-  torch::manual_seed(static_cast<int64_t>(seed));
-  return torch::randint(0, 11, {b, t}, torch::kLong);
-}
+torch::Tensor tokens(int64_t b, int64_t t, uint64_t seed) { return testing::random_tokens(b, t, seed, 11); }
 
-/// Streams x in chunks of the given lengths; returns the logits of every position and the final state.
-std::pair<torch::Tensor, LinearAttentionState> stream(LinearAttentionSpine& model, const torch::Tensor& x,
-                                                      const std::vector<int64_t>& chunks) {
-  auto state = model->init_state(x.size(0));
-  std::vector<torch::Tensor> logits;
-  int64_t start = 0;
-  for (const int64_t t : chunks) {
-    auto out = model->advance(state, x.narrow(1, start, t));
-    state = std::move(out.state);
-    logits.push_back(out.logits);
-    start += t;
-  }
-  EXPECT_EQ(start, x.size(1));
-  return {torch::cat(logits, 1), state};
+template <class Model>
+auto stream(Model& model, const torch::Tensor& x, const std::vector<int64_t>& chunks) {
+  return testing::stream_chunks(model, x, chunks);
 }
 
 /// Streaming in chunks equals one pass up to the float32 rounding of the dense products (whose results for a row
@@ -159,30 +146,7 @@ TEST(LinearAttentionSpine, GradientsMatchFiniteDifferences) {
     const auto second = model->step(first.state, x.narrow(1, 5, 7), y.narrow(1, 5, 7));
     return first.loss + second.loss;
   };
-  model->zero_grad();
-  loss().backward();
-  const auto named = model->named_parameters();
-  for (const std::string name : {"shift0.weight", "shift1.weight", "backbone.layer0.qkv.weight",
-                                 "backbone.layer1.proj.bias", "backbone.tok.weight"}) {
-    auto p = named[name];
-    const auto flat = p.view({-1});
-    for (const int64_t index : {int64_t{0}, flat.numel() / 3, flat.numel() - 1}) {
-      const double h = 1e-6;
-      double up = 0.0, down = 0.0;
-      {
-        torch::NoGradGuard no_grad;
-        const double value = flat[index].item<double>();
-        flat[index] = value + h;
-        up = loss().item<double>();
-        flat[index] = value - h;
-        down = loss().item<double>();
-        flat[index] = value;
-      }
-      const double numeric = (up - down) / (2 * h);
-      const double analytic = p.grad().view({-1})[index].item<double>();
-      EXPECT_NEAR(analytic, numeric, 1e-6 + 1e-5 * std::abs(numeric)) << name << "[" << index << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(*model, loss, testing::kLinearSpineProbes);
 }
 
 TEST(LinearAttentionSpine, StateSizeDoesNotGrowWithTheStream) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
+#include "testing/mechanism_checks.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 
 namespace attnmix {
@@ -39,24 +40,11 @@ TensorSketchSpine make_model(uint64_t seed, const TensorSketchOptions& o) {
   return model;
 }
 
-torch::Tensor tokens(int64_t b, int64_t t, uint64_t seed) {
-  torch::manual_seed(static_cast<int64_t>(seed));
-  return torch::randint(0, 11, {b, t}, torch::kLong);
-}
+torch::Tensor tokens(int64_t b, int64_t t, uint64_t seed) { return testing::random_tokens(b, t, seed, 11); }
 
-std::pair<torch::Tensor, TensorSketchState> stream(TensorSketchSpine& model, const torch::Tensor& x,
-                                                   const std::vector<int64_t>& chunks) {
-  auto state = model->init_state(x.size(0));
-  std::vector<torch::Tensor> logits;
-  int64_t start = 0;
-  for (const int64_t t : chunks) {
-    auto out = model->advance(state, x.narrow(1, start, t));
-    state = std::move(out.state);
-    logits.push_back(out.logits);
-    start += t;
-  }
-  EXPECT_EQ(start, x.size(1));
-  return {torch::cat(logits, 1), state};
+template <class Model>
+auto stream(Model& model, const torch::Tensor& x, const std::vector<int64_t>& chunks) {
+  return testing::stream_chunks(model, x, chunks);
 }
 
 /// TS(x)[k] = Σ over index tuples (j_1 … j_p) with Σ h_i(j_i) ≡ k (mod D) of Π s_i(j_i) x_{j_i}: the circular
@@ -171,30 +159,7 @@ TEST(TensorSketchSpine, GradientsMatchFiniteDifferences) {
     const auto first = model->step(model->init_state(2), x.narrow(1, 0, 5), y.narrow(1, 0, 5));
     return first.loss + model->step(first.state, x.narrow(1, 5, 7), y.narrow(1, 5, 7)).loss;
   };
-  model->zero_grad();
-  loss().backward();
-  const auto named = model->named_parameters();
-  for (const std::string name : {"shift0.weight", "shift1.weight", "backbone.layer0.qkv.weight",
-                                 "backbone.layer1.proj.bias", "backbone.tok.weight"}) {
-    auto p = named[name];
-    const auto flat = p.view({-1});
-    for (const int64_t index : {int64_t{0}, flat.numel() / 3, flat.numel() - 1}) {
-      const double h = 1e-6;
-      double up = 0.0, down = 0.0;
-      {
-        torch::NoGradGuard no_grad;
-        const double value = flat[index].item<double>();
-        flat[index] = value + h;
-        up = loss().item<double>();
-        flat[index] = value - h;
-        down = loss().item<double>();
-        flat[index] = value;
-      }
-      const double numeric = (up - down) / (2 * h);
-      const double analytic = p.grad().view({-1})[index].item<double>();
-      EXPECT_NEAR(analytic, numeric, 1e-6 + 1e-5 * std::abs(numeric)) << name << "[" << index << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(*model, loss, testing::kLinearSpineProbes);
 }
 
 /// A narrow sketch misfits more than a wide one on the same stream; the receipt is finite and non-negative.
