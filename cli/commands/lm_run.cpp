@@ -619,8 +619,8 @@ int run_recall(const LmRecallRequest& r) {
   const double noise = std::sqrt(chance * (1.0 - chance) / static_cast<double>(answers));
   out << "  (" << answers << " answers: at chance the accuracy's standard error is "
       << fixed(noise, 3) << ". State bytes: what one stream carries at the end of a " << length
-      << "-token sequence; window and moment-closure stay at that size however long the stream, "
-         "full attention grows with every token)\n";
+      << "-token sequence; every mechanism but full attention stays at that size however long the "
+         "stream, full attention grows with every token)\n";
   const auto find = [&](const std::string& name) -> const lm::RecallResult* {
     for (const auto& x : results)
       if (x.mechanism == name) return &x;
@@ -775,8 +775,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
         << right(c.share_of_full_gain ? fixed(100.0 * *c.share_of_full_gain, 0) + "%" : std::string("-"), 8)
         << "\n";
   }
-  out << "  (state bytes: what one stream carries at the end of one sequence; window, moment-closure and "
-         "linear stay at that size however long the stream, full attention grows with every token. share: "
+  out << "  (state bytes: what one stream carries at the end of one sequence; every mechanism but full "
+         "attention stays at that size however long the stream, full attention grows with every token. share: "
          "shown where window and full attention ran on the case and full attention beat the window)\n";
   if (!r.json.empty()) {
     write_file_atomically(r.json, memory_bench_json(o, report).dump(2) + "\n", "the benchmark results");
