@@ -1012,13 +1012,13 @@ TEST_F(LanguageModelTest, TensorSketchResumesBitwiseAndChecksItsRecords) {
 
   TrainOptions more = tiny_tensor_sketch_options();
   more.steps = 14;
-  TensorSketchOptions t;
-  t.d_model = 8;
-  t.n_layer = 1;
-  t.n_head = 2;
-  t.window = 4;
-  t.sketch_dim = 8;
-  TensorSketchSpine model(t);
+  TensorSketchOptions sizes;
+  sizes.d_model = 8;
+  sizes.n_layer = 1;
+  sizes.n_head = 2;
+  sizes.window = 4;
+  sizes.sketch_dim = 8;
+  TensorSketchSpine model(sizes);
   const StateRecordEdits edits{path("whole.ckpt"), *model,
                                {"window_k0", "window_v0", "sum_kv0", "sum_k0", "misfit0", "last_x0"}, more, corpus_,
                                [this](const std::string& name) { return path(name); }};
