@@ -10,8 +10,9 @@
 //   BM_VariationalEmIteration/threads:k   EmStepper::step on all rows, each from the model the previous step
 //                                         returned: what one optimize() iteration costs (the noise tables of the
 //                                         new model are drawn inside the step)
-//   BM_VariationalEStepKernel             VariationalEmbeddingAttention::accumulate on all rows (one chunk, noise
-//                                         tables already cached)
+//   BM_VariationalEmIterationMixed/threads:k  the same with the mixed-precision gate (docs/mixed_precision.md)
+//   BM_VariationalEStepKernel/mixed:{0,1} VariationalEmbeddingAttention::accumulate on all rows (one chunk, noise
+//                                         tables already cached), float64 and mixed
 //   BM_VariationalCheckCase               one em_step on the closed-form case (S = 7, N = 5, D = 3, T = 4, 40 rows,
 //                                         mc = 3); counters carry ll, the plug-in score and checksums that
 //                                         `numpy_variational_em.py --check-cpp` compares
@@ -43,6 +44,8 @@ struct Problem {
   VariationalEmbeddingAttention model;
   VariationalEmbeddingAttentionEstimator estimator;
   VariationalEmbeddingAttentionBatch batch;
+  VariationalEmbeddingAttention mixed_model;  // the same model and estimator in mixed precision
+  VariationalEmbeddingAttentionEstimator mixed_estimator;
 };
 
 const Problem& problem() {
@@ -80,40 +83,53 @@ const Problem& problem() {
     options.sigma2 = 0.5;
     options.mc = kMc;
     VariationalEmbeddingAttentionEstimator estimator(kS, kN, kD, kT, options);
-    return Problem{std::move(model), std::move(estimator), std::move(batch)};
+    options.precision = Precision::kMixed;
+    VariationalEmbeddingAttentionEstimator mixed_estimator(kS, kN, kD, kT, options);
+    VariationalEmbeddingAttention mixed_model(model.params(), Precision::kMixed);
+    return Problem{std::move(model), std::move(estimator), std::move(batch), std::move(mixed_model),
+                   std::move(mixed_estimator)};
   }();
   return p;
 }
 
-void BM_VariationalEmIteration(benchmark::State& state) {
-  const Problem& p = problem();
+void run_em_iteration(benchmark::State& state, const VariationalEmbeddingAttention& start,
+                      const VariationalEmbeddingAttentionEstimator& estimator) {
   const ParallelOptions parallel{static_cast<int>(state.range(0)), 1024};
   std::vector<double> log_p(static_cast<size_t>(kRows));
-  EmStepper stepper(p.estimator, kRows);
+  EmStepper stepper(estimator, kRows);
   // Each step starts from the model the previous one returned, as optimize() does: a new model, its noise cache empty.
-  VariationalEmbeddingAttention model(p.model.params());
+  VariationalEmbeddingAttention model(start.params(), start.precision());
   for (auto _ : state) {
-    model = stepper.step(model, p.batch, log_p, parallel);
+    model = stepper.step(model, problem().batch, log_p, parallel);
     benchmark::DoNotOptimize(model.mean().data());
     benchmark::DoNotOptimize(log_p.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows);
 }
+
+void BM_VariationalEmIteration(benchmark::State& state) { run_em_iteration(state, problem().model, problem().estimator); }
 BENCHMARK(BM_VariationalEmIteration)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)
+    ->UseRealTime()->MinTime(1.0);
+
+void BM_VariationalEmIterationMixed(benchmark::State& state) {
+  run_em_iteration(state, problem().mixed_model, problem().mixed_estimator);
+}
+BENCHMARK(BM_VariationalEmIterationMixed)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)
     ->UseRealTime()->MinTime(1.0);
 
 void BM_VariationalEStepKernel(benchmark::State& state) {
   const Problem& p = problem();
+  const VariationalEmbeddingAttention& model = state.range(0) != 0 ? p.mixed_model : p.model;
   const std::vector<double> w(static_cast<size_t>(kRows), 1.0);
   auto acc = p.estimator.make_accumulator();
   for (auto _ : state) {
     acc.set_zero();
-    p.model.accumulate(p.batch, w, acc);
+    model.accumulate(p.batch, w, acc);
     benchmark::DoNotOptimize(acc.flat().data());
   }
   state.SetItemsProcessed(state.iterations() * kRows);
 }
-BENCHMARK(BM_VariationalEStepKernel)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VariationalEStepKernel)->ArgName("mixed")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // ------------------------------------------------------------------------------------------------------------
 // The closed-form check case of numpy_variational_em.py (check_case()); any change here must be made there too.

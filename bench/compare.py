@@ -443,9 +443,10 @@ def cmd_assign(args):
 # The comparison is run both with the default allocator and with RETAIN_FREED_MEMORY for BOTH programs.
 
 def run_cpp_variational(bench, repetitions, env):
-    """{"t1": s, "t2": s}: median real time of BM_VariationalEmIteration/threads:k from one run."""
+    """{"t1": s, "t2": s, "mixed_t1": s, "mixed_t2": s}: median real times of BM_VariationalEmIteration/threads:k
+    (float64) and BM_VariationalEmIterationMixed/threads:k from one run."""
     out = subprocess.run(
-        [bench, "--benchmark_filter=^BM_VariationalEmIteration/", "--benchmark_format=json",
+        [bench, "--benchmark_filter=^BM_VariationalEmIteration(Mixed)?/", "--benchmark_format=json",
          f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
         capture_output=True, text=True, check=True, env=env).stdout
     result = {}
@@ -453,7 +454,8 @@ def run_cpp_variational(bench, repetitions, env):
         if b.get("aggregate_name") == "median":
             threads = int(b["run_name"].split("threads:")[1].split("/")[0])
             unit = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
-            result[f"t{threads}"] = b["real_time"] * unit
+            prefix = "mixed_" if b["run_name"].startswith("BM_VariationalEmIterationMixed/") else ""
+            result[f"{prefix}t{threads}"] = b["real_time"] * unit
     return result
 
 
@@ -475,6 +477,7 @@ def cmd_variational(args):
             env = bench_env(args, retain=retain)
             cpp = run_cpp_variational(args.bench, args.repetitions, env)
             rd[f"cpp_t1_{tag}"], rd[f"cpp_t2_{tag}"] = cpp["t1"], cpp["t2"]
+            rd[f"cpp_mixed_t1_{tag}"], rd[f"cpp_mixed_t2_{tag}"] = cpp["mixed_t1"], cpp["mixed_t2"]
             rd[f"numpy_{tag}"] = run_numpy_variational(args.numpy_reps, env)
         rounds.append(rd)
         print(f"round {r + 1}: {rd}  two-thread figures {two_core_figure('measured', cores_rounds[-1])}",
@@ -487,6 +490,10 @@ def cmd_variational(args):
         ratios[f"numpy_over_cpp_t2_{tag}"] = median_two_core_ratio(rounds, cores_rounds, f"numpy_{tag}",
                                                                    f"cpp_t2_{tag}")
         ratios[f"cpp_t1_over_t2_{tag}"] = median_two_core_ratio(rounds, cores_rounds, f"cpp_t1_{tag}", f"cpp_t2_{tag}")
+        ratios[f"numpy_over_cpp_mixed_t1_{tag}"] = statistics.median(rd[f"numpy_{tag}"] / rd[f"cpp_mixed_t1_{tag}"]
+                                                                    for rd in rounds)
+        ratios[f"cpp_t1_over_mixed_t1_{tag}"] = statistics.median(rd[f"cpp_t1_{tag}"] / rd[f"cpp_mixed_t1_{tag}"]
+                                                                 for rd in rounds)
     result = {
         "machine": machine(), "revision": revision(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "check_against_cpp": check_ok, "seconds": seconds, "ratios_median_of_rounds": ratios, "rounds": rounds,

@@ -53,7 +53,8 @@ const std::vector<FitFamily>& fit_families() {
       {{"chained", "ca"}, &prepare_chained_fit, {&FitArgs::hops_opt}, false},
       {{"variational", "vea"},
        &prepare_variational_fit,
-       {&FitArgs::embed_dim_opt, &FitArgs::lr_opt, &FitArgs::mc_opt, &FitArgs::prior_strength_opt},
+       {&FitArgs::embed_dim_opt, &FitArgs::lr_opt, &FitArgs::mc_opt, &FitArgs::prior_strength_opt,
+        &FitArgs::precision_opt},
        true},
       {{"variational-multihop", "vmha"},
        &prepare_variational_multihop_fit,
@@ -238,7 +239,8 @@ int run_fit(const FitArgs& args) {
   out << "\n" << std::flush;
   const auto start = std::chrono::steady_clock::now();
   std::optional<AnyDistribution> initial;
-  if (init) initial = init->model;
+  if (input.initial) initial = input.initial;
+  else if (init) initial = init->model;
   std::optional<OptimizeResult<AnyDistribution>> fit;
   run_located(comm, &input.train_origin, [&] {
     fit = optimize(input.train, input.estimator, options, std::move(initial),
@@ -421,7 +423,7 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       cmd->add_option("--precision", args->precision,
                       "Arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials "
                       "in float, every sum and the M-step in double; the log-likelihood agrees with float64 to "
-                      "about 8 digits; docs/mixed_precision.md; responsibility; default: float64)")
+                      "about 8 digits; docs/mixed_precision.md; responsibility and variational; default: float64)")
           ->check(CLI::IsMember({"float64", "mixed"}));
   args->min_sigma2_opt = cmd->add_option("--min-sigma2", args->min_sigma2,
                                          "Floor for a learned sigma^2 (responsibility; default: " +

@@ -135,6 +135,9 @@ template <class Build>
 struct FitProblem {
   std::string mechanism;  // "responsibility attention", "chained attention (L = 2 hops)"
   AnyEstimator estimator;
+  /// The --init model rebuilt in the fit's precision when that differs from the file's float64 (EM then starts from
+  /// it); otherwise empty and EM starts from FitInit::model.
+  std::optional<AnyDistribution> initial;
   AnyBatch train;
   std::optional<AnyBatch> valid;
   std::string train_source;

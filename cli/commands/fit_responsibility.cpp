@@ -146,6 +146,8 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
              T = d.n_targets->value;
   FitProblem& problem = input.problem;
   problem.mechanism = "responsibility attention";
+  if (init_model && options.precision != init_model->precision())
+    problem.initial = AnyDistribution(ResponsibilityAttention(init_model->params(), options.precision));
   problem.estimator = build_estimator([&] { return ResponsibilityAttentionEstimator(S, N, D, T, options); },
                                       {{"S", &*d.n_symbols}, {"N", &*d.context_length},
                                        {"D", &*d.query_dim}, {"T", &*d.n_targets}});

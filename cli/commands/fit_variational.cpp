@@ -91,6 +91,9 @@ FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init) {
   problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
   VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init, init_model, options);
+  options.precision = parse_precision(args.precision, "--precision");
+  if (init_model && options.precision != init_model->precision())
+    problem.initial = AnyDistribution(VariationalEmbeddingAttention(init_model->params(), options.precision));
   const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
   problem.mechanism = "variational embedding attention";
   // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.

@@ -266,7 +266,8 @@ VeaValue = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[n
 class VariationalEmbeddingAttentionDistribution(Distribution):
     def __init__(self, mean: ArrayLike, log_var: ArrayLike, emission: ArrayLike, position_prior: ArrayLike,
                  sigma2: float = 0.5, name: str | None = None,
-                 optimizer_state: AttentionOptimizerState | None = None) -> None: ...
+                 optimizer_state: AttentionOptimizerState | None = None, *,
+                 precision: Literal["float64", "mixed"] = "float64") -> None: ...
     mean: npt.NDArray[np.float64]
     log_var: npt.NDArray[np.float64]
     emission: npt.NDArray[np.float64]
@@ -278,6 +279,7 @@ class VariationalEmbeddingAttentionDistribution(Distribution):
     context_length: int
     embed_dim: int
     num_targets: int
+    precision: Literal["float64", "mixed"]
     def embeddings(self) -> npt.NDArray[np.float64]: ...
     def predict_proba(self, context: ArrayLike, query_symbols: ArrayLike) -> npt.NDArray[np.float64]: ...
     def sampler(self, seed: RngLike = None) -> VariationalEmbeddingAttentionSampler: ...
@@ -297,11 +299,13 @@ class VariationalEmbeddingAttentionEstimator(Estimator):
     def __init__(self, num_symbols: int, context_length: int, embed_dim: int, num_targets: int, *,
                  sigma2: float = 0.5, lr: float = 0.05, mc: int = 6, prior_strength: float = 1.0,
                  emission_smoothing: float = 1e-4, seed: int = 0, pseudo_count: float | None = None,
-                 name: str | None = None, keys: str | None = None) -> None: ...
+                 name: str | None = None, keys: str | None = None,
+                 precision: Literal["float64", "mixed"] = "float64") -> None: ...
     num_symbols: int
     context_length: int
     embed_dim: int
     num_targets: int
+    precision: Literal["float64", "mixed"]
     sigma2: float
     lr: float
     mc: int

@@ -391,7 +391,7 @@ void bind_optimizer_state(py::module_& m) {
 
 VeaDist make_vea(py::handle mean, py::handle log_var, py::handle emission,
                  py::handle position_prior, py::handle sigma2, py::handle name,
-                 py::handle optimizer_state) {
+                 py::handle optimizer_state, py::handle precision) {
   VariationalEmbeddingAttentionParams p;
   p.mean = reals_2d(mean, kVeaDist, "mean");
   p.log_var = reals_2d(log_var, kVeaDist, "log_var");
@@ -400,25 +400,28 @@ VeaDist make_vea(py::handle mean, py::handle log_var, py::handle emission,
   p.sigma2 = real_number(sigma2, kVeaDist, "sigma2");
   p.name = name_arg(name, kVeaDist);
   p.optimizer_state = state_arg(optimizer_state, kVeaDist);
-  return VeaDist(AnyDistribution(VariationalEmbeddingAttention(std::move(p))));  // validates (§4.7)
+  const Precision arithmetic = precision_arg(precision, kVeaDist);
+  return VeaDist(AnyDistribution(VariationalEmbeddingAttention(std::move(p), arithmetic)));  // validates (§4.7)
 }
 
-/// mean, log_var, emission, position_prior, sigma2, name, optimizer_state (pickling).
+/// mean, log_var, emission, position_prior, sigma2, name, optimizer_state, precision (pickling).
 py::tuple vea_params(const VariationalEmbeddingAttention& m) {
   const Vector& prior = m.position_prior();
   return py::make_tuple(
       matrix_copy(m.mean()), matrix_copy(m.log_var()), matrix_copy(m.emission()),
       copy_reals(prior.data(), {prior.size()}), py::float_(m.sigma2()),
       name_to_python(m.params().name),
-      optimizer_state_to_python(std::make_shared<const State>(m.optimizer_state())));
+      optimizer_state_to_python(std::make_shared<const State>(m.optimizer_state())),
+      py::str(std::string(precision_name(m.precision()))));
 }
 
 std::string describe_vea(const VariationalEmbeddingAttention& m) {
   const py::str format(
-      "VariationalEmbeddingAttentionDistribution(S=%d, N=%d, D=%d, T=%d, sigma2=%r, name=%r)");
+      "VariationalEmbeddingAttentionDistribution(S=%d, N=%d, D=%d, T=%d, sigma2=%r, name=%r%s)");
+  const std::string precision = m.precision() == Precision::kMixed ? ", precision='mixed'" : "";
   return py::str(format.attr("__mod__")(
       py::make_tuple(m.n_symbols(), m.context_length(), m.embed_dim(), m.n_targets(),
-                     py::float_(m.sigma2()), name_to_python(m.params().name))));
+                     py::float_(m.sigma2()), name_to_python(m.params().name), precision)));
 }
 
 py::array vea_predict_proba(const VariationalEmbeddingAttention& m, py::handle context,
@@ -461,7 +464,7 @@ void bind_vea_distribution(py::module_& m) {
       "E[c_i]||^2 / (2 sigma2)), t ~ sum_i a_i B[c_i]; scoring and prediction use E = m.");
   cls.def(py::init(&make_vea), "mean"_a, "log_var"_a, "emission"_a, "position_prior"_a,
           "sigma2"_a = VariationalEmbeddingAttentionParams{}.sigma2, "name"_a = py::none(),
-          "optimizer_state"_a = py::none());
+          "optimizer_state"_a = py::none(), py::kw_only(), "precision"_a = "float64");
   def_shared_distribution_attributes(cls);
   cls.def_property_readonly("position_prior",
                             [](py::object self) {
@@ -471,6 +474,11 @@ void bind_vea_distribution(py::module_& m) {
                             })
       .def_property_readonly("context_length",
                              [](const VeaDist& d) { return d.model().context_length(); })
+      .def_property_readonly(
+          "precision",
+          [](const VeaDist& d) { return std::string(precision_name(d.model().precision())); },
+          "The arithmetic of the gate in scoring and the E-step: 'float64' or 'mixed' (float "
+          "distances and exponentials, double sums).")
       .def(
           "predict_proba",
           [](const VeaDist& d, py::object context, py::object query_symbols) {
@@ -498,9 +506,11 @@ void bind_vea_distribution(py::module_& m) {
       .def("__repr__", [](const VeaDist& d) { return describe_vea(d.model()); })
       .def(py::pickle([](const VeaDist& d) { return vea_params(d.model()); },
                       [](const py::tuple& t) {
-                        if (t.size() != 7)
+                        if (t.size() != 7 && t.size() != 8)
                           throw ValueError(std::string(kVeaDist) + ": bad pickle state");
-                        return make_vea(t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+                        // Seven entries: a pickle written before precision existed (float64).
+                        return make_vea(t[0], t[1], t[2], t[3], t[4], t[5], t[6],
+                                        t.size() == 8 ? py::object(t[7]) : py::str("float64"));
                       }));
 
   py::class_<VeaSampler>(
@@ -531,7 +541,7 @@ void bind_vea_estimator(py::module_& m) {
   est.def(py::init([](py::object S, py::object N, py::object D, py::object T, py::object sigma2,
                       py::object lr, py::object mc, py::object prior_strength,
                       py::object emission_smoothing, py::object seed, py::object pseudo_count,
-                      py::object name, py::object keys) {
+                      py::object name, py::object keys, py::object precision) {
             constexpr const char* where = "VariationalEmbeddingAttentionEstimator";
             const int64_t s = positive_int(S, where, "num_symbols");
             const int64_t n = positive_int(N, where, "context_length");
@@ -540,6 +550,7 @@ void bind_vea_estimator(py::module_& m) {
             VariationalEmbeddingAttentionEstimatorOptions o;
             read_shared_options(o, where, sigma2, lr, mc, prior_strength, emission_smoothing, seed,
                                 name, keys);
+            o.precision = precision_arg(precision, where);
             py::object pseudo = pseudo_count_arg(pseudo_count, where);
             return VeaEst(
                 AnyEstimator(VariationalEmbeddingAttentionEstimator(s, n, d, t, std::move(o))),
@@ -549,14 +560,18 @@ void bind_vea_estimator(py::module_& m) {
           "sigma2"_a = defaults.sigma2, "lr"_a = defaults.lr, "mc"_a = defaults.mc,
           "prior_strength"_a = defaults.prior_strength,
           "emission_smoothing"_a = defaults.emission_smoothing, "seed"_a = defaults.seed,
-          "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none());
+          "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none(),
+          "precision"_a = "float64");
   est.def_property_readonly("num_symbols",
                             [](const VeaEst& e) { return e.estimator().n_symbols(); })
       .def_property_readonly("context_length",
                              [](const VeaEst& e) { return e.estimator().context_length(); })
       .def_property_readonly("embed_dim", [](const VeaEst& e) { return e.estimator().embed_dim(); })
       .def_property_readonly("num_targets",
-                             [](const VeaEst& e) { return e.estimator().n_targets(); });
+                             [](const VeaEst& e) { return e.estimator().n_targets(); })
+      .def_property_readonly("precision", [](const VeaEst& e) {
+        return std::string(precision_name(e.estimator().options().precision));
+      });
   def_shared_estimator_attributes(est);
 }
 

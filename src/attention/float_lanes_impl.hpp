@@ -135,4 +135,42 @@ inline Lanes exp_lanes(Lanes x) {
   return below ? broadcast(0.0F) : e;
 }
 
+/// n rounded up to whole 16-lane vectors.
+inline Index padded(Index n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+/// y[D] rounded to float into out[padded_D], zero-padded.
+inline void round_padded(const double* y, Index D, Index padded_D, float* __restrict out) {
+  Index d = 0;
+  for (; d + kLanes <= D; d += kLanes) store(out + d, load_rounded(y + d));
+  for (; d < D; ++d) out[d] = static_cast<float>(y[d]);
+  for (; d < padded_D; ++d) out[d] = 0.0F;
+}
+
+/// A query row of floats padded with zeros to padded_D, as 16-lane blocks: kBlocks = padded_D / 16
+/// known at compile time (held in registers), or kBlocks = 0 for a run-time count.
+template <Index kBlocks>
+struct FloatQuery {
+  const float* y;
+  Lanes blocks[kBlocks > 0 ? kBlocks : 1];
+  explicit FloatQuery(const float* padded_row) : y(padded_row) {
+    if constexpr (kBlocks > 0)
+      for (Index b = 0; b < kBlocks; ++b) blocks[b] = load(padded_row + b * kLanes);
+  }
+  [[nodiscard]] Lanes block(Index b) const {
+    if constexpr (kBlocks > 0) return blocks[b];
+    else return load(y + b * kLanes);
+  }
+};
+
+/// Lane-wise partial sums of (y − k)² over the padded_D / 16 blocks (the padding adds exact zeros).
+template <Index kBlocks>
+inline Lanes squared_distance_lanes(const FloatQuery<kBlocks>& y, const float* __restrict k, Index blocks) {
+  Lanes acc{};
+  for (Index b = 0; b < (kBlocks > 0 ? kBlocks : blocks); ++b) {
+    const Lanes diff = y.block(b) - load(k + b * kLanes);
+    acc += diff * diff;
+  }
+  return acc;
+}
+
 }  // namespace attnmix::float_lanes

@@ -24,48 +24,11 @@ constexpr Index kLanes = fl::kLanes;
 constexpr float kFloatNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kFloatInf = std::numeric_limits<float>::infinity();
 
-Index padded(Index n) { return (n + kLanes - 1) / kLanes * kLanes; }
-
-/// The query of one row rounded to float and padded with zeros to padded_D, as 16-lane blocks: kBlocks = padded_D / 16
-/// known at compile time (held in registers), or kBlocks = 0 for a run-time count.
-template <Index kBlocks>
-struct FloatQuery {
-  const float* y;
-  fl::Lanes blocks[kBlocks > 0 ? kBlocks : 1];
-  explicit FloatQuery(const float* padded_row) : y(padded_row) {
-    if constexpr (kBlocks > 0)
-      for (Index b = 0; b < kBlocks; ++b) blocks[b] = fl::load(padded_row + b * kLanes);
-  }
-  [[nodiscard]] fl::Lanes block(Index b) const {
-    if constexpr (kBlocks > 0) return blocks[b];
-    else return fl::load(y + b * kLanes);
-  }
-};
-
-/// y rounded to float into out[padded_D], zero-padded.
-void round_query(const double* y, Index D, Index padded_D, float* __restrict out) {
-  Index d = 0;
-  for (; d + kLanes <= D; d += kLanes) fl::store(out + d, fl::load_rounded(y + d));
-  for (; d < D; ++d) out[d] = static_cast<float>(y[d]);
-  for (; d < padded_D; ++d) out[d] = 0.0F;
-}
-
-/// Lane-wise partial sums of (y − k)² over the padded_D / 16 blocks (the padding adds exact zeros).
-template <Index kBlocks>
-inline fl::Lanes squared_distance_lanes(const FloatQuery<kBlocks>& y, const float* __restrict k, Index blocks) {
-  fl::Lanes acc{};
-  for (Index b = 0; b < (kBlocks > 0 ? kBlocks : blocks); ++b) {
-    const fl::Lanes diff = y.block(b) - fl::load(k + b * kLanes);
-    acc += diff * diff;
-  }
-  return acc;
-}
-
 /// ℓ of the 16 positions [i, i + 16) into out + i (see log_joint_row); max16 and bad updated. kTail: the last,
 /// partial block of count < 16 positions, whose padding lanes read symbol 0 (and get log π = −∞, so ℓ = −∞).
 template <bool kTail, Index kBlocks>
 [[gnu::always_inline]] inline void log_joint_block(const ResponsibilityFloatTables& m, const int64_t* __restrict ctx,
-                                                   const FloatQuery<kBlocks>& y, const float* __restrict log_B_t,
+                                                   const fl::FloatQuery<kBlocks>& y, const float* __restrict log_B_t,
                                                    Index i, Index count, float* __restrict out, fl::Lanes& max16,
                                                    fl::LaneMask& bad) {
   const Index stride = m.padded_D;
@@ -74,7 +37,7 @@ template <bool kTail, Index kBlocks>
   int64_t s[kLanes];
   for (Index j = 0; j < kLanes; ++j) s[j] = !kTail || j < count ? ctx[i + j] : 0;
   fl::Lanes partial[kLanes];
-  for (Index j = 0; j < kLanes; ++j) partial[j] = squared_distance_lanes(y, K + s[j] * stride, blocks);
+  for (Index j = 0; j < kLanes; ++j) partial[j] = fl::squared_distance_lanes(y, K + s[j] * stride, blocks);
   const fl::Lanes dist = fl::horizontal_sums(partial);
   alignas(64) float log_B[kLanes];
   for (Index j = 0; j < kLanes; ++j) log_B[j] = log_B_t[s[j] * m.T];
@@ -94,7 +57,7 @@ template <bool kTail, Index kBlocks>
 /// squared distance that overflowed float.
 template <Index kBlocks>
 inline fl::Lanes log_joint_row(const ResponsibilityFloatTables& m, const int64_t* __restrict ctx,
-                               const FloatQuery<kBlocks>& y, int64_t t, float* __restrict out, fl::LaneMask& bad) {
+                               const fl::FloatQuery<kBlocks>& y, int64_t t, float* __restrict out, fl::LaneMask& bad) {
   const float* __restrict log_B_t = m.log_B.data() + t;
   fl::Lanes max16 = fl::broadcast(kFloatNegInf);
   Index i = 0;
@@ -107,7 +70,7 @@ template <Index kBlocks>
 Index responsibilities(const ResponsibilityFloatTables& m, const ResponsibilityAttentionBatch& batch,
                        double* __restrict r, double* __restrict log_p, const char* where) {
   const Index N = m.N;
-  const Index padded_N = padded(N);
+  const Index padded_N = fl::padded(N);
   const Index n_rows = batch.n_rows();
   float* __restrict y_row = reinterpret_cast<float*>(lanes::scratch<4>(static_cast<size_t>(m.padded_D + padded_N)));
   float* __restrict l_row = y_row + m.padded_D;  // both multiples of 16 floats: 64-byte aligned
@@ -116,8 +79,8 @@ Index responsibilities(const ResponsibilityFloatTables& m, const ResponsibilityA
   for (Index n = 0; n < n_rows; ++n) {
     double* r_row = r + n * N;
     prefetch_rows_ahead(batch, n);
-    round_query(batch.query(n), m.D, m.padded_D, y_row);
-    const FloatQuery<kBlocks> y(y_row);
+    fl::round_padded(batch.query(n), m.D, m.padded_D, y_row);
+    const fl::FloatQuery<kBlocks> y(y_row);
     fl::LaneMask bad{};
     const fl::Lanes max16 = log_joint_row(m, batch.context(n), y, batch.target(n), l_row, bad);
     const float max_l = fl::horizontal_max(max16);
@@ -163,10 +126,10 @@ ResponsibilityFloatTables::ResponsibilityFloatTables(const ResponsibilityAttenti
     : N(params.position_prior.size()),
       D(params.key_means.cols()),
       T(params.emission.cols()),
-      padded_D(padded(params.key_means.cols())),
-      keys(static_cast<size_t>(params.key_means.rows() * padded(params.key_means.cols())), 0.0F),
+      padded_D(fl::padded(params.key_means.cols())),
+      keys(static_cast<size_t>(params.key_means.rows() * fl::padded(params.key_means.cols())), 0.0F),
       log_B(log_emission.data(), log_emission.data() + log_emission.size()),
-      log_pi(static_cast<size_t>(padded(params.position_prior.size())), kFloatNegInf),
+      log_pi(static_cast<size_t>(fl::padded(params.position_prior.size())), kFloatNegInf),
       inv_two_sigma2(static_cast<float>(inv_two_sigma2_f64)),
       gate_const(gate_const_f64) {
   for (Index s = 0; s < params.key_means.rows(); ++s)

@@ -7,7 +7,9 @@
 // probability space (log space for rows with p < 1e-250), then, in row order, the gradient scattered into a
 // per-thread table G that is folded into grad_mean and grad_log_var once per (chunk, k); the logs of the rows' p are
 // taken after the rows, on whole packets (RowLogs). Cost per sample: n·N·D differences and as many multiply-adds,
-// O(n·N) for the rest. A row's arithmetic never depends on its neighbours, its block or the thread.
+// O(n·N) for the rest. A row's arithmetic never depends on its neighbours, its block or the thread. In mixed precision
+// the gate comes from variational_embedding_mixed.cpp (float copies of the tables); the posterior, the gradient
+// scatter and the counts below are the same double code in either precision.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -18,8 +20,10 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
+#include "float_lanes_impl.hpp"
 #include "lanes_impl.hpp"
 #include "variational_common_impl.hpp"
+#include "variational_mixed_impl.hpp"
 
 namespace attnmix {
 
@@ -46,6 +50,13 @@ struct Model {
   const double* log_prior;  // [N]
   Index N, D, T;
   double inv_two_sigma2;
+  const VariationalFloatTables* mixed;  // the float gate's tables in mixed precision, else null
+};
+
+/// One embedding table as the row kernel reads it: doubles, and in mixed precision their float copy for the gate.
+struct GateTable {
+  const double* E;                  // [S, D]
+  const FloatEmbeddingTable* Ef;    // null in float64
 };
 
 /// The query's embedding row as 8-lane blocks: kBlocks = D / 8 known at compile time (the blocks stay in registers),
@@ -114,9 +125,10 @@ void gate_logits(const Model& m, const double* E, const int64_t* c, const QueryR
   for (; i < N; ++i) s[i] = logit(i, y.add_tail(horizontal_sum(y.partial_squares(E + c[i] * D)), E + c[i] * D));
 }
 
-/// Positions rounded up to whole 8-lane blocks: the per-row buffers s, a, r, b have this length, and their padding
-/// lanes hold s = −∞ and b = 0, so every padded lane ends with r = 0 and contributes nothing.
-inline Index padded(Index N) { return (N + kLanes - 1) / kLanes * kLanes; }
+/// Positions rounded up to whole 16-lane blocks (two 8-lane double blocks, one float block of the mixed gate): the
+/// per-row buffers s, a, r, b have this length, and their padding lanes hold s = −∞ and b = 0, so every padded lane
+/// ends with r = 0 and contributes nothing.
+inline Index padded(Index N) { return float_lanes::padded(N); }
 
 /// What row_posterior returns: p, or log p when the row took the log-space path (p < kRescueBelow). The callers
 /// take the logs of a run of rows at once (RowLogs).
@@ -125,13 +137,10 @@ struct RowProbability {
   bool is_log;
 };
 
-/// The gate a (target-blind) and posterior r of one row at table E, given the row's emission probabilities
-/// b_i = B[c_i, t] (zero padded). s, a, r: padded(N) entries (s is left holding the logits, or log a on the log-space
-/// path). Sums over positions are lane sums followed by the fixed horizontal tree, so a row's result never depends on
-/// its neighbours.
+/// The float64 gate of one row at table E: s ← the logits (padding −∞), a ← exp(s − max s) (padding 0); padded(N)
+/// entries each.
 template <Index kBlocks>
-RowProbability row_posterior(const Model& m, const double* E, const int64_t* c, const QueryRow<kBlocks>& y,
-                             const double* b, double* s, double* a, double* r) {
+void exact_gate(const Model& m, const double* E, const int64_t* c, const QueryRow<kBlocks>& y, double* s, double* a) {
   const Index N = m.N;
   const Index NP = padded(N);
   gate_logits(m, E, c, y, s);
@@ -156,6 +165,14 @@ RowProbability row_posterior(const Model& m, const double* E, const int64_t* c, 
     lowest = low_lanes[j] < lowest ? low_lanes[j] : lowest;
   }
   lanes::exp_shifted(s, top, lowest, a, NP);
+}
+
+/// The gate a (target-blind) and posterior r of one row, from its unnormalised gate (s, a as exact_gate and
+/// mixed_gate leave them) and its emission probabilities b_i = B[c_i, t] (zero padded); padded(N) entries each (s is
+/// left holding the logits, or log a on the log-space path). Sums over positions are lane sums followed by the fixed
+/// horizontal tree, so a row's result never depends on its neighbours.
+RowProbability posterior(Index N, const double* b, double* s, double* a, double* r) {
+  const Index NP = padded(N);
   Lanes z_lanes{};
   Lanes num_lanes{};
   for (Index k = 0; k < NP; k += kLanes) {
@@ -199,6 +216,16 @@ RowProbability row_posterior(const Model& m, const double* E, const int64_t* c, 
   }
   for (Index k = 0; k < N; ++k) r[k] /= acc;
   return {lp_top + std::log(acc), true};
+}
+
+/// The gate and posterior of one row at `table` (see posterior): the float gate in mixed precision, falling back to
+/// float64 for a row it cannot represent.
+template <Index kBlocks>
+RowProbability row_posterior(const Model& m, const GateTable& table, const int64_t* c, int64_t q, const double* b,
+                             double* s, double* a, double* r) {
+  if (table.Ef == nullptr || !mixed_gate(*m.mixed, *table.Ef, c, q, s, a))
+    exact_gate(m, table.E, c, QueryRow<kBlocks>(table.E + q * m.D, m.D), s, a);
+  return posterior(m.N, b, s, a, r);
 }
 
 /// log p of a run of rows: set() keeps p (or a log-space row's log p), finish() takes the logs of the whole run on
@@ -277,10 +304,23 @@ void dispatch_blocks(Index D, F&& f) {
   }
 }
 
+/// The row kernel's view of a model (mixed: its float tables, or null in float64).
+Model row_model(const VariationalEmbeddingAttentionParams& params, const Vector& log_prior,
+                const VariationalFloatTables* mixed) {
+  return {params.emission.data(), log_prior.data(), params.position_prior.size(), params.mean.cols(),
+          params.emission.cols(), 0.5 / params.sigma2, mixed};
+}
+
+/// The plug-in table E = m (scoring).
+GateTable plug_in_table(const Matrix& mean, const VariationalFloatTables* mixed) {
+  return {mean.data(), mixed != nullptr ? &mixed->mean : nullptr};
+}
+
 }  // namespace
 
-VariationalEmbeddingAttention::VariationalEmbeddingAttention(VariationalEmbeddingAttentionParams params)
-    : params_(std::move(params)) {
+VariationalEmbeddingAttention::VariationalEmbeddingAttention(VariationalEmbeddingAttentionParams params,
+                                                             Precision precision)
+    : params_(std::move(params)), precision_(precision) {
   params_.optimizer_state = resolve_optimizer_state(kWhere, kFamily, params_.mean, params_.log_var,
                                                     std::move(params_.optimizer_state));
   check::row_simplex(kWhere, "emission", params_.emission, params_.mean.rows());
@@ -290,6 +330,8 @@ VariationalEmbeddingAttention::VariationalEmbeddingAttention(VariationalEmbeddin
   state_ = std::make_shared<const AttentionOptimizerState>(*params_.optimizer_state);
   log_prior_ = params_.position_prior.array().log().matrix();
   noise_ = std::make_shared<MonteCarloCache>();
+  if (precision_ == Precision::kMixed)
+    float_tables_ = std::make_shared<const VariationalFloatTables>(params_.mean, log_prior_, 0.5 / params_.sigma2);
 }
 
 void VariationalEmbeddingAttention::check_batch(const VariationalEmbeddingAttentionBatch& batch) const {
@@ -309,19 +351,16 @@ void VariationalEmbeddingAttention::log_density(const VariationalEmbeddingAttent
   check_batch(batch);
   if (static_cast<Index>(out.size()) != batch.n_rows())
     throw ValueError(std::string(kWhere) + ": log_density output must have one entry per row");
-  const Model m{params_.emission.data(), log_prior_.data(), context_length(), embed_dim(),
-                n_targets(), 0.5 / params_.sigma2};
-  const Index N = m.N;
-  const Index NP = padded(N);
+  const Model m = row_model(params_, log_prior_, float_tables_.get());
+  const Index NP = padded(m.N);
   double* s = scratch<0>(static_cast<size_t>(4 * NP));
   double* b = s + 3 * NP;
-  const double* E = params_.mean.data();
+  const GateTable table = plug_in_table(params_.mean, float_tables_.get());
   RowLogs logs(out.data(), batch.n_rows());
   dispatch_blocks(m.D, [&](auto blocks) {
     for (Index row = 0; row < batch.n_rows(); ++row) {
-      const QueryRow<blocks()> y(E + batch.query(row) * m.D, m.D);
       gather_emission(m, batch.context(row), batch.target(row), b);
-      logs.set(row, row_posterior(m, E, batch.context(row), y, b, s, s + NP, s + 2 * NP));
+      logs.set(row, row_posterior<blocks()>(m, table, batch.context(row), batch.query(row), b, s, s + NP, s + 2 * NP));
     }
   });
   logs.finish();
@@ -334,16 +373,14 @@ double VariationalEmbeddingAttention::log_density_at(const Matrix& table,
   if (table.rows() != n_symbols() || table.cols() != embed_dim())
     throw ValueError(std::string(kWhere) + ": the embedding table must have shape (S, D)");
   if (row < 0 || row >= batch.n_rows()) throw ValueError(std::string(kWhere) + ": row out of range");
-  const Model m{params_.emission.data(), log_prior_.data(), context_length(), embed_dim(),
-                n_targets(), 0.5 / params_.sigma2};
+  const Model m = row_model(params_, log_prior_, nullptr);
   const Index NP = padded(m.N);
   std::vector<double> s(static_cast<size_t>(4 * NP));
-  const QueryRow<0> y(table.data() + batch.query(row) * m.D, m.D);
   gather_emission(m, batch.context(row), batch.target(row), s.data() + 3 * NP);
   double log_p = 0.0;
   RowLogs logs(&log_p, 1);
-  logs.set(0, row_posterior(m, table.data(), batch.context(row), y, s.data() + 3 * NP, s.data(), s.data() + NP,
-                            s.data() + 2 * NP));
+  logs.set(0, row_posterior<0>(m, {table.data(), nullptr}, batch.context(row), batch.query(row), s.data() + 3 * NP,
+                               s.data(), s.data() + NP, s.data() + 2 * NP));
   logs.finish();
   return log_p;
 }
@@ -370,7 +407,7 @@ void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttenti
   const Index T = n_targets();
   // Impossible evidence first: a row with w > 0 needs a position with π_i > 0 and B[c_i, t] > 0. The rows'
   // emission probabilities b_i are gathered here once for every sample (the table is large, the reads random).
-  const Model m{params_.emission.data(), log_prior_.data(), N, D, T, 0.5 / params_.sigma2};
+  const Model m = row_model(params_, log_prior_, float_tables_.get());
   const Index NP = padded(N);
   double* b_all = scratch<3>(static_cast<size_t>(n * NP));
   std::vector<int64_t> impossible;
@@ -390,6 +427,8 @@ void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttenti
   double* gq = coef + NP;                        // [D]: the query's gradient when D is not specialised
   const int64_t mc = acc.mc();
   const std::shared_ptr<const MonteCarloTables> tables = noise_->get(*state_, mc);
+  const std::shared_ptr<const std::vector<FloatEmbeddingTable>> float_noise =
+      float_tables_ ? float_tables_->noise(*tables, mc) : nullptr;
   // G and A are zero between samples: zeroed here once, then by the fold that reads them after each sample.
   double* G = scratch<1>(static_cast<size_t>(S * D));
   double* A = scratch<4>(static_cast<size_t>(S));  // Σ coef per symbol: G[s] −= A[s] E[s] (scatter_gradient)
@@ -410,15 +449,15 @@ void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttenti
   dispatch_blocks(D, [&](auto blocks) {
     if (!log_p_out.empty()) {
       RowLogs plug_in(log_p_out.data(), n);
-      for (Index row = 0; row < n; ++row) {
-        const QueryRow<blocks()> y(params_.mean.data() + batch.query(row) * D, D);
-        plug_in.set(row, row_posterior(m, params_.mean.data(), batch.context(row), y, b_all + row * NP, rows_sar,
-                                       rows_sar + NP, rows_sar + 2 * NP));
-      }
+      const GateTable table = plug_in_table(params_.mean, float_tables_.get());
+      for (Index row = 0; row < n; ++row)
+        plug_in.set(row, row_posterior<blocks()>(m, table, batch.context(row), batch.query(row), b_all + row * NP,
+                                                 rows_sar, rows_sar + NP, rows_sar + 2 * NP));
       plug_in.finish();
     }
     for (int64_t k = 0; k < mc; ++k) {
       const double* E = tables->embeddings[static_cast<size_t>(k)].data();
+      const GateTable table{E, float_noise ? &(*float_noise)[static_cast<size_t>(k)] : nullptr};
       RowLogs sample_logs(log_p_rows, n);
       for (Index start = 0; start < n; start += kRowBlock) {
         const Index end = std::min(n, start + kRowBlock);
@@ -426,10 +465,9 @@ void VariationalEmbeddingAttention::accumulate(const VariationalEmbeddingAttenti
         // rows (distances, max, exp, sums, division) overlap...
         for (Index row = start; row < end; ++row) {
           if (!(w[static_cast<size_t>(row)] > 0.0)) continue;
-          const QueryRow<blocks()> y(E + batch.query(row) * D, D);
           double* sar = rows_sar + (row - start) * 3 * NP;
-          sample_logs.set(row, row_posterior(m, E, batch.context(row), y, b_all + row * NP, sar, sar + NP,
-                                             sar + 2 * NP));
+          sample_logs.set(row, row_posterior<blocks()>(m, table, batch.context(row), batch.query(row),
+                                                       b_all + row * NP, sar, sar + NP, sar + 2 * NP));
         }
         // ...then their statistics, in row order.
         for (Index row = start; row < end; ++row) {
@@ -490,8 +528,7 @@ Matrix VariationalEmbeddingAttention::predict_proba(const VariationalEmbeddingAt
   check_batch(batch);
   const Index N = context_length();
   const Index T = n_targets();
-  const Model m{params_.emission.data(), log_prior_.data(), N, embed_dim(), T,
-                0.5 / params_.sigma2};
+  const Model m = row_model(params_, log_prior_, nullptr);
   Matrix out = Matrix::Zero(batch.n_rows(), T);
   std::vector<double> s(static_cast<size_t>(N)), a(static_cast<size_t>(N));
   const double* E = params_.mean.data();

@@ -189,7 +189,7 @@ VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate(
   p.position_prior = total > 0.0 ? Vector(counts / total) : Vector::Constant(N_, 1.0 / static_cast<double>(N_));
   p.sigma2 = options_.sigma2;
   p.name = options_.name;
-  return VariationalEmbeddingAttention(std::move(p));
+  return VariationalEmbeddingAttention(std::move(p), options_.precision);
 }
 
 // ---- model conveniences -----------------------------------------------------------------------------------------
@@ -203,6 +203,7 @@ VariationalEmbeddingAttentionEstimator VariationalEmbeddingAttention::estimator(
   options.sigma2 = params_.sigma2;
   options.seed = state_->seed;
   options.name = params_.name;
+  options.precision = precision_;
   return {n_symbols(), context_length(), embed_dim(), n_targets(), std::move(options)};
 }
 

@@ -1127,6 +1127,72 @@ def test_vea_models_pickle_through_their_params(rng):
     assert_same_vea(mixture.components[0], model)
 
 
+# ---- mixed precision (docs/mixed_precision.md) --------------------------------------------------------------------
+
+
+def test_vea_mixed_precision_log_density_is_within_float_rounding(rng):
+    model = random_vea(rng, S=20, N=16, D=32, T=7, sigma2=4.0)
+    mixed = VariationalEmbeddingAttentionDistribution(model.mean, model.log_var, model.emission,
+                                                      model.position_prior, model.sigma2, precision="mixed")
+    assert (model.precision, mixed.precision) == ("float64", "mixed")
+    assert str(mixed).endswith("name=None, precision='mixed')") and "precision" not in str(model)
+    rows = model.sampler(3).sample(200)
+    exact, approx = model.seq_log_density(rows), mixed.seq_log_density(rows)
+    np.testing.assert_allclose(approx, exact, rtol=2e-6, atol=2e-6)
+    assert np.mean(approx != exact) > 0.5  # the gate is float
+    assert [mixed.log_density(x) for x in rows] == list(approx)
+    contexts, queries = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    np.testing.assert_array_equal(mixed.predict_proba(contexts, queries), model.predict_proba(contexts, queries))
+
+
+def test_vea_mixed_precision_fit_follows_float64_and_is_thread_count_invariant():
+    rng = np.random.default_rng(12)
+    S, N, D, T = 30, 8, 16, 30
+    contexts = rng.integers(0, S, (2000, N))
+    queries = rng.integers(0, S, 2000)
+    data = (contexts, queries, contexts[np.arange(2000), rng.integers(0, N, 2000)])
+    fits = {}
+    for precision, threads in (("float64", 1), ("mixed", 1), ("mixed", 2)):
+        est = VariationalEmbeddingAttentionEstimator(S, N, D, T, seed=4, precision=precision)
+        assert est.precision == precision
+        model = optimize(data, est, max_its=12, delta=None, rng=1, out=None, num_threads=threads)
+        assert model.precision == precision and model.estimator().precision == precision
+        fits[precision, threads] = model
+    exact, mixed, mixed2 = fits["float64", 1], fits["mixed", 1], fits["mixed", 2]
+    np.testing.assert_allclose(mixed.mean, exact.mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(mixed.emission, exact.emission, rtol=1e-4, atol=1e-7)
+    for name in ("mean", "log_var", "emission", "position_prior"):
+        np.testing.assert_array_equal(getattr(mixed2, name), getattr(mixed, name))
+    assert mixed2.optimizer_state == mixed.optimizer_state
+
+
+def test_vea_precision_survives_pickles_but_not_model_files(rng, tmp_path):
+    model = random_vea(rng, name="m")
+    mixed = VariationalEmbeddingAttentionDistribution(model.mean, model.log_var, model.emission,
+                                                      model.position_prior, model.sigma2, "m",
+                                                      model.optimizer_state, precision="mixed")
+    copy = pickle.loads(pickle.dumps(mixed))
+    assert copy.precision == "mixed"
+    assert_same_vea(copy, mixed)
+    old = mixed.__getstate__()[:7]  # a pickle written before precision existed
+    restored = VariationalEmbeddingAttentionDistribution.__new__(VariationalEmbeddingAttentionDistribution)
+    restored.__setstate__(old)
+    assert restored.precision == "float64"
+    save_model(mixed, tmp_path / "m.json")  # model files store parameters, not the arithmetic
+    assert load_model(tmp_path / "m.json").precision == "float64"
+
+
+def test_vea_precision_must_be_a_known_name(rng):
+    with pytest.raises(ValueError, match=r"precision must be 'float64' or 'mixed' \(got 'float32'\)"):
+        VariationalEmbeddingAttentionEstimator(6, 4, 3, 5, precision="float32")
+    with pytest.raises(TypeError, match="precision must be 'float64' or 'mixed'"):
+        VariationalEmbeddingAttentionEstimator(6, 4, 3, 5, precision=32)
+    model = random_vea(rng)
+    with pytest.raises(ValueError, match="precision must be 'float64' or 'mixed'"):
+        VariationalEmbeddingAttentionDistribution(model.mean, model.log_var, model.emission, model.position_prior,
+                                                  precision="half")
+
+
 # ---- VMHA (SPEC.md §5, VMHA-2) ------------------------------------------------------------------------------------
 
 

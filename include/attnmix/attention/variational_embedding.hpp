@@ -16,6 +16,8 @@
 /// embeddings plus the closed-form emission and prior (SPEC.md §4.4); the Adam state lives on the model.
 /// Cost: O(mc·N·D) per row for the E-step, O(N·D) for scoring; O(S·(D + T) + N) for the M-step.
 /// Numerics: probability space with max-subtraction; a row whose p falls below 1e-250 is recomputed in log space.
+/// Precision::kMixed computes the gate (distances, logits, their exponentials) in float vectors and everything else
+/// in double (docs/mixed_precision.md).
 /// Example: examples/variational_embedding_attention.cpp
 /// Reference: seed 002 (mixle); Deng et al. (2018) latent alignment; Titsias & Lawrence (2010) Bayesian GP-LVM.
 #pragma once
@@ -29,6 +31,7 @@
 
 #include "attnmix/attention/optimizer_state.hpp"
 #include "attnmix/core/accumulator.hpp"
+#include "attnmix/core/precision.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/types.hpp"
 
@@ -37,6 +40,7 @@ namespace attnmix {
 class VariationalEmbeddingAttentionEncoder;
 class VariationalEmbeddingAttentionEstimator;
 class VariationalEmbeddingAttentionSampler;
+class VariationalFloatTables;
 
 /// An immutable, validated batch: contexts [n, N], queries [n], targets [n] (ids). Slices share storage (O(1)).
 class VariationalEmbeddingAttentionBatch {
@@ -168,8 +172,12 @@ class VariationalEmbeddingAttention {
   static constexpr const char* kFamily = "variational_embedding_attention";
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionDistribution";
 
+  /// precision: the arithmetic of the gate in log_density and the E-step (core/precision.hpp; mixed builds float
+  /// copies of the mean, O(S·D), and of each E-step's noise tables on first use). predict_proba and log_density_at
+  /// are float64 in either precision.
   /// @throws ValueError on invalid parameters or a mismatched optimizer state.
-  explicit VariationalEmbeddingAttention(VariationalEmbeddingAttentionParams params);
+  explicit VariationalEmbeddingAttention(VariationalEmbeddingAttentionParams params,
+                                         Precision precision = Precision::kFloat64);
 
   /// The parameters; optimizer_state is always present.
   [[nodiscard]] const VariationalEmbeddingAttentionParams& params() const noexcept { return params_; }
@@ -184,6 +192,7 @@ class VariationalEmbeddingAttention {
   [[nodiscard]] int64_t context_length() const noexcept { return params_.position_prior.size(); }
   [[nodiscard]] int64_t embed_dim() const noexcept { return params_.mean.cols(); }
   [[nodiscard]] int64_t n_targets() const noexcept { return params_.emission.cols(); }
+  [[nodiscard]] Precision precision() const noexcept { return precision_; }
 
   /// out[n] = log p(t_n | c_n, q_n, E = m) (exact; −∞ for impossible rows). @throws ValueError on invalid ids.
   void log_density(const VariationalEmbeddingAttentionBatch& batch, std::span<double> out) const;
@@ -201,7 +210,8 @@ class VariationalEmbeddingAttention {
 
   /// An accumulator with mc samples (default: the estimator default 6).
   [[nodiscard]] VariationalEmbeddingAttentionAccumulator make_accumulator() const;
-  /// Estimator with this model's dimensions, σ², seed = optimizer_state().seed and name; other options default.
+  /// Estimator with this model's dimensions, σ², seed = optimizer_state().seed, name and precision; other options
+  /// default.
   [[nodiscard]] VariationalEmbeddingAttentionEstimator estimator() const;
   [[nodiscard]] VariationalEmbeddingAttentionEncoder encoder() const;
   /// Plug-in sampler (uses m only).
@@ -216,6 +226,8 @@ class VariationalEmbeddingAttention {
   std::shared_ptr<const AttentionOptimizerState> state_;  // the same object as *params_.optimizer_state
   Vector log_prior_;                                       // [N]
   std::shared_ptr<MonteCarloCache> noise_;
+  Precision precision_ = Precision::kFloat64;
+  std::shared_ptr<const VariationalFloatTables> float_tables_;  // mixed precision only
 };
 
 /// Options of the M-step (SPEC.md §4.4, §4.7); the single source of the defaults.
@@ -228,6 +240,8 @@ struct VariationalEmbeddingAttentionEstimatorOptions {
   uint64_t seed = 0;
   std::string name;
   std::optional<std::string> keys;
+  /// The precision of the models estimate() returns (their E-steps; core/precision.hpp).
+  Precision precision = Precision::kFloat64;
 };
 
 /// The stateless M-step: initial embeddings from Rng(derive_seed(seed, kInit, 0)) when the statistics carry no state

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Variational acceptance rows of SPEC.md §9.4 (VEA-2, VEA-3) and §9.5 (VMHA-1) that fit models (label: slow).
+// Variational acceptance rows of SPEC.md §9.4 (VEA-2, VEA-3) and §9.5 (VMHA-1) that fit models (label: slow). The
+// VEA rows run in both precisions (docs/mixed_precision.md): the mixed-precision gate must pass them too.
 // Data come from attnmix::Rng with fixed seeds (ATTNMIX_TEST_SEED overrides); every test prints what it measured.
 #include <gtest/gtest.h>
 
@@ -59,8 +60,9 @@ SynonymRows synonym_rows(Index n, int query_synonym, const std::vector<int64_t>&
                                                                                             targets)};
 }
 
-VariationalEmbeddingAttentionEstimator synonym_estimator(uint64_t seed) {
+VariationalEmbeddingAttentionEstimator synonym_estimator(uint64_t seed, Precision precision) {
   VariationalEmbeddingAttentionEstimatorOptions options;
+  options.precision = precision;
   options.sigma2 = 0.5;
   options.lr = 0.08;
   options.mc = 5;
@@ -92,7 +94,9 @@ double nearest_neighbour_agreement(const Matrix& means) {
 /// nearest-neighbour embedding of > 80 % of symbols names the same concept; the untied one-hot RA lookup
 /// (query_dim = S, σ² 0.5, 40 iterations, default delta) gets < 0.5, and tied beats it by > 0.3.
 /// Reference: 1.0; 1.0; 0.244.
-TEST(VariationalEmbeddingAttentionAcceptanceTest, TiedEmbeddingsTransferToHeldOutSynonyms) {
+class VariationalEmbeddingAttentionAcceptanceTest : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(VariationalEmbeddingAttentionAcceptanceTest, TiedEmbeddingsTransferToHeldOutSynonyms) {
   const uint64_t seed = testing::test_seed(11);
   const auto t0 = Clock::now();
   Rng rng(seed);
@@ -104,8 +108,9 @@ TEST(VariationalEmbeddingAttentionAcceptanceTest, TiedEmbeddingsTransferToHeldOu
   options.max_its = 250;
   options.delta = std::nullopt;
   options.seed = seed;
-  const auto tied = optimize(train.tied, synonym_estimator(seed), options);
+  const auto tied = optimize(train.tied, synonym_estimator(seed, GetParam()), options);
   EXPECT_EQ(tied.n_iterations, 250);
+  EXPECT_EQ(tied.model.precision(), GetParam());
   const double tied_accuracy = accuracy(tied.model.predict_proba(test.tied), test.tied.targets());
   const double agreement = nearest_neighbour_agreement(tied.model.mean());
 
@@ -123,7 +128,7 @@ TEST(VariationalEmbeddingAttentionAcceptanceTest, TiedEmbeddingsTransferToHeldOu
   RecordProperty("nearest_neighbour_agreement", std::to_string(agreement));
   RecordProperty("untied_accuracy", std::to_string(untied_accuracy));
   RecordProperty("seconds", std::to_string(elapsed));
-  std::cout << "[ VEA-2 ] seed " << seed << ": tied accuracy " << tied_accuracy << ", nearest-neighbour agreement "
+  std::cout << "[ VEA-2 ] " << precision_name(GetParam()) << ", seed " << seed << ": tied accuracy " << tied_accuracy << ", nearest-neighbour agreement "
             << agreement << ", untied one-hot RA accuracy " << untied_accuracy << " (reference 1.0; 1.0; 0.244), "
             << elapsed << " s\n";
   EXPECT_GT(tied_accuracy, 0.85) << "seed " << seed;
@@ -136,13 +141,13 @@ TEST(VariationalEmbeddingAttentionAcceptanceTest, TiedEmbeddingsTransferToHeldOu
 /// lr 0.08, mc 5); a manual loop: seq_initialize with unit weights, estimate, then 60 × (fresh accumulator, E-step of
 /// every row with unit weights, estimate), recording the statistics' ll. The mean of the last 10 exceeds the mean of
 /// the first 10 by more than 100. Reference: −0.60 vs −1367.8.
-TEST(VariationalEmbeddingAttentionAcceptanceTest, MonteCarloLogLikelihoodRises) {
+TEST_P(VariationalEmbeddingAttentionAcceptanceTest, MonteCarloLogLikelihoodRises) {
   const uint64_t seed = testing::test_seed(1);
   const auto t0 = Clock::now();
   Rng rng(seed);
   const std::vector<int64_t> f_map = rng.sample_without_replacement(kConcepts, kConcepts);
   const SynonymRows data = synonym_rows(1200, -1, f_map, rng);
-  const VariationalEmbeddingAttentionEstimator estimator = synonym_estimator(1);
+  const VariationalEmbeddingAttentionEstimator estimator = synonym_estimator(1, GetParam());
   const std::vector<double> ones(1200, 1.0);
   auto init = estimator.make_accumulator();
   Rng init_rng(seed);
@@ -165,11 +170,17 @@ TEST(VariationalEmbeddingAttentionAcceptanceTest, MonteCarloLogLikelihoodRises) 
   RecordProperty("first10_mean_ll", std::to_string(first));
   RecordProperty("last10_mean_ll", std::to_string(last));
   RecordProperty("seconds", std::to_string(elapsed));
-  std::cout << "[ VEA-3 ] seed " << seed << ": mean MC ll of the first 10 iterations " << first << ", of the last 10 "
+  std::cout << "[ VEA-3 ] " << precision_name(GetParam()) << ", seed " << seed << ": mean MC ll of the first 10 iterations " << first << ", of the last 10 "
             << last << " (reference -1367.8 vs -0.60), " << elapsed << " s\n";
   for (double ll : lls) EXPECT_TRUE(std::isfinite(ll));
   EXPECT_GT(last, first + 100.0) << "seed " << seed;
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, VariationalEmbeddingAttentionAcceptanceTest,
+                         ::testing::Values(Precision::kFloat64, Precision::kMixed),
+                         [](const ::testing::TestParamInfo<Precision>& param) {
+                           return std::string(precision_name(param.param));
+                         });
 
 // ----- the two-hop task of SPEC.md §9.5 ----------------------------------------------------------------------------
 

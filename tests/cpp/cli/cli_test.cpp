@@ -265,7 +265,7 @@ TEST_F(CliTest, ValidationDataAddsTheValidationField) {
 }
 
 /// --precision mixed fits the model float64 fits to float rounding (log-likelihood per row printed alike to about
-/// five digits), says so in the summary, and applies to responsibility attention only.
+/// five digits), says so in the summary, and applies to responsibility and variational attention only.
 TEST_F(CliTest, MixedPrecisionFitsTheFloat64Model) {
   sample_rows("train.jsonl", 400, 6);
   const RunResult exact = run("fit --data train.jsonl --out exact.json --max-its 6 --delta none");
@@ -1041,6 +1041,32 @@ TEST_F(CliTest, VariationalImpossibleEvidence) {
   EXPECT_EQ(fit.code, 2) << fit.out;
   EXPECT_TRUE(contains(fit.err, "rows.jsonl: line 2: impossible evidence")) << fit.err;
   EXPECT_EQ(read_text(path("model.json")), "keep me");
+}
+
+/// --precision mixed for variational embedding attention: the fit follows float64's to float rounding, and --init
+/// continues it in mixed precision from its first step (30 + 30 iterations give the file of one 60-iteration run).
+TEST_F(CliTest, VariationalMixedPrecisionFitsAndContinues) {
+  write_synonyms("train.jsonl", 400, 5, 0);
+  const std::string common = " --family vea --data train.jsonl --lr 0.02 --mc 4";
+  const RunResult exact = run("fit --max-its 30 --seed 8 --out exact.json" + common);
+  ASSERT_EQ(exact.code, 0) << exact.err;
+  const RunResult a = run("fit --max-its 30 --seed 8 --out a.json --precision mixed" + common);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_TRUE(contains(a.out, "precision       mixed (float distances")) << a.out;
+  const AnyDistribution exact_model = load_model(path("exact.json"));
+  const AnyDistribution mixed_model = load_model(path("a.json"));
+  const auto* e = exact_model.get_if<VariationalEmbeddingAttention>();
+  const auto* m = mixed_model.get_if<VariationalEmbeddingAttention>();
+  ASSERT_TRUE(e != nullptr && m != nullptr);
+  EXPECT_LT((e->mean() - m->mean()).cwiseAbs().maxCoeff(), 1e-4);
+  EXPECT_GT((e->mean() - m->mean()).cwiseAbs().maxCoeff(), 0.0);  // the gate really was float
+  const RunResult c = run("fit --max-its 60 --seed 8 --out c.json --precision mixed" + common);
+  ASSERT_EQ(c.code, 0) << c.err;
+  const RunResult b = run("fit --init a.json --max-its 30 --out b.json --precision mixed" + common);
+  ASSERT_EQ(b.code, 0) << b.err;
+  for (const RunResult* r : {&a, &b, &c})
+    ASSERT_TRUE(contains(r->out, "best model      the model after the last iteration")) << r->out;
+  EXPECT_EQ(read_text(path("b.json")), read_text(path("c.json")));
 }
 
 /// --delta defaults to none for the variational families (a Monte-Carlo objective), but a given
