@@ -12,6 +12,7 @@
 
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/self_attention.hpp"
+#include "../attention/lanes_impl.hpp"
 #include "dense_products_impl.hpp"
 
 #include <algorithm>
@@ -334,6 +335,9 @@ Slot mirror_slot(Mirror& m, int64_t c, const torch::TensorOptions& options) {
           from_doubles(sigma_kk, {H, d}, options), from_doubles(sigma_vk, {H, d, d}, options)};
 }
 
+// Rows of Σ_vk a birth accumulates per pass over the tokens (8 rows of 256 doubles and the token's row stay in L1).
+constexpr int64_t kRowBlock = 8;
+
 // Birth (SPEC §7.6) into slot c of the mirror from the stream's t tokens kb, vb ([t][H][d], double): count t, the
 // means, the floored key variances and the value-key cross-covariance, all population moments.
 void mirror_birth(Mirror& m, int64_t c, const double* kb, const double* vb, int64_t t) {
@@ -357,16 +361,26 @@ void mirror_birth(Mirror& m, int64_t c, const double* kb, const double* vb, int6
         dv[i * d + a] = vb[(i * H + h) * d + a] - mv[a];
       }
     }
-    for (int64_t a = 0; a < d; ++a) {
-      double var = 0.0;
-      for (int64_t i = 0; i < t; ++i) var += dk[i * d + a] * dk[i * d + a];
-      sk[a] = std::max(var / tt, kVarianceFloor);
-      for (int64_t b = 0; b < d; ++b) {
-        double cov = 0.0;
-        for (int64_t i = 0; i < t; ++i) cov += dv[i * d + a] * dk[i * d + b];
-        sv[a * d + b] = cov / tt;
+    // Each variance and covariance sums its t products in token order; the loops run across a row (vectorised),
+    // kRowBlock rows of Σ_vk per pass over the tokens.
+    std::fill_n(sk, d, 0.0);
+    std::fill_n(sv, d * d, 0.0);
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t a = 0; a < d; ++a) sk[a] += dk[i * d + a] * dk[i * d + a];
+    }
+    for (int64_t a = 0; a < d; ++a) sk[a] = std::max(sk[a] / tt, kVarianceFloor);
+    for (int64_t a0 = 0; a0 < d; a0 += kRowBlock) {
+      const int64_t rows = std::min(kRowBlock, d - a0);
+      for (int64_t i = 0; i < t; ++i) {
+        const double* dk_i = dk.data() + i * d;
+        for (int64_t a = a0; a < a0 + rows; ++a) {
+          const double dv_ia = dv[i * d + a];
+          double* row = sv + a * d;
+          for (int64_t b = 0; b < d; ++b) row[b] += dv_ia * dk_i[b];
+        }
       }
     }
+    for (int64_t e = 0; e < d * d; ++e) sv[e] /= tt;
     m.cnt(h, c) = tt;
   }
 }
@@ -460,6 +474,50 @@ void gather_outliers(const torch::Tensor& k, const torch::Tensor& v, std::vector
   }
 }
 
+// resid[i·n + c] += ‖v_i − (μ_v + Σ_vk w_i)‖ / H for the t tokens of head h against cluster c, with
+// w_i = (k_i − μ_k) / max(σ², floor) (k, v: [t][H][d]). Every prediction entry μ_v[a] + Σ_b Σ_vk[a][b] w_i[b] adds
+// its d terms in order b = 0 … d − 1. The product runs over Σ_vkᵀ padded to whole 8-lane columns: 8 tokens × 8
+// entries of a accumulate in registers while b runs, one lane vector of Σ_vkᵀ per b. O(t·d²).
+void add_head_residuals(Mirror& m, int64_t h, int64_t c, const double* k, const double* v, int64_t t, double* resid) {
+  using lanes::Lanes;
+  constexpr int64_t kTokens = 8;
+  const int64_t H = m.H, d = m.d, n = m.n;
+  const int64_t width = (d + lanes::kLanes - 1) / lanes::kLanes * lanes::kLanes;
+  const double* mk = m.vec(m.mu_k, h, c);
+  const double* sk = m.vec(m.sigma_kk, h, c);
+  const double* sv = m.mat(h, c);
+  std::vector<double> sv_t(static_cast<size_t>(d * width), 0.0), mv(static_cast<size_t>(width), 0.0);
+  for (int64_t a = 0; a < d; ++a) {
+    for (int64_t b = 0; b < d; ++b) sv_t[b * width + a] = sv[a * d + b];
+  }
+  std::copy_n(m.vec(m.mu_v, h, c), d, mv.begin());
+  std::vector<double> whitened(static_cast<size_t>(kTokens * d)), pred(static_cast<size_t>(kTokens * width));
+  for (int64_t i0 = 0; i0 < t; i0 += kTokens) {
+    const int64_t tokens = std::min(kTokens, t - i0);
+    std::fill(whitened.begin(), whitened.end(), 0.0);
+    for (int64_t j = 0; j < tokens; ++j) {
+      const double* kq = k + ((i0 + j) * H + h) * d;
+      for (int64_t b = 0; b < d; ++b) whitened[j * d + b] = (kq[b] - mk[b]) / std::max(sk[b], kVarianceFloor);
+    }
+    for (int64_t a0 = 0; a0 < width; a0 += lanes::kLanes) {
+      Lanes acc[kTokens];
+      for (auto& x : acc) x = lanes::load(mv.data() + a0);
+      for (int64_t b = 0; b < d; ++b) {
+        const Lanes column = lanes::load(sv_t.data() + b * width + a0);
+        for (int64_t j = 0; j < kTokens; ++j) acc[j] += column * whitened[j * d + b];
+      }
+      for (int64_t j = 0; j < kTokens; ++j) lanes::store(pred.data() + j * width + a0, acc[j]);
+    }
+    for (int64_t j = 0; j < tokens; ++j) {
+      const double* vq = v + ((i0 + j) * H + h) * d;
+      const double* p = pred.data() + j * width;
+      double norm2 = 0.0;
+      for (int64_t a = 0; a < d; ++a) norm2 += (vq[a] - p[a]) * (vq[a] - p[a]);
+      resid[(i0 + j) * n + c] += std::sqrt(norm2) / static_cast<double>(H);
+    }
+  }
+}
+
 // The receipt's misfit, misfit_scalar and outliers (their k and v are queued on `pending`, rows offset by `row0`).
 void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int64_t outlier_top_k, int64_t row0,
                     StreamReceipt& receipt, std::vector<PendingOutliers>& pending) {
@@ -472,13 +530,11 @@ void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int6
   }
   // Hard membership: argmax_c of the head-mean responsibility; residual per (token, cluster) averaged over heads.
   std::vector<int64_t> member(static_cast<size_t>(t));
-  std::vector<double> resid(static_cast<size_t>(t * n), 0.0);
-  std::vector<double> logits(static_cast<size_t>(n)), mean_r(static_cast<size_t>(n)), whitened(static_cast<size_t>(d));
+  std::vector<double> logits(static_cast<size_t>(n)), mean_r(static_cast<size_t>(n));
   for (int64_t i = 0; i < t; ++i) {
     std::fill(mean_r.begin(), mean_r.end(), 0.0);
     for (int64_t h = 0; h < H; ++h) {
       const double* kq = k + (i * H + h) * d;
-      const double* vq = v + (i * H + h) * d;
       double top = -kInf;
       for (int64_t c = 0; c < n; ++c) {
         logits[c] = mirror_logit(m, h, c, kq);
@@ -487,22 +543,12 @@ void misfit_receipt(Mirror& m, const double* k, const double* v, int64_t t, int6
       double z = 0.0;
       for (int64_t c = 0; c < n; ++c) z += std::exp(logits[c] - top);
       for (int64_t c = 0; c < n; ++c) mean_r[c] += std::exp(logits[c] - top) / z / static_cast<double>(H);
-      for (int64_t c = 0; c < n; ++c) {
-        const double* mk = m.vec(m.mu_k, h, c);
-        const double* mv = m.vec(m.mu_v, h, c);
-        const double* sk = m.vec(m.sigma_kk, h, c);
-        const double* sv = m.mat(h, c);
-        for (int64_t b = 0; b < d; ++b) whitened[b] = (kq[b] - mk[b]) / std::max(sk[b], kVarianceFloor);
-        double norm2 = 0.0;
-        for (int64_t a = 0; a < d; ++a) {
-          double pred = mv[a];
-          for (int64_t b = 0; b < d; ++b) pred += sv[a * d + b] * whitened[b];
-          norm2 += (vq[a] - pred) * (vq[a] - pred);
-        }
-        resid[static_cast<size_t>(i * n + c)] += std::sqrt(norm2) / static_cast<double>(H);
-      }
     }
     member[static_cast<size_t>(i)] = std::max_element(mean_r.begin(), mean_r.end()) - mean_r.begin();
+  }
+  std::vector<double> resid(static_cast<size_t>(t * n), 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t c = 0; c < n; ++c) add_head_residuals(m, h, c, k, v, t, resid.data());
   }
   double weighted = 0.0, total = 0.0;
   for (int64_t c = 0; c < n; ++c) {

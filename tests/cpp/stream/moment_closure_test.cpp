@@ -1253,6 +1253,53 @@ TEST(MomentClosureTest, MisfitReceiptMatchesHandComputation) {
             (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
 }
 
+/// The birth statistics and the receipt's residuals run blocked, vectorised loops (rows of Σ_vk
+/// and tokens in blocks of 8, head dimensions padded to 8 lanes): at head dimensions and chunk
+/// lengths on both sides of every block edge, a birth into an empty bank has the hand birth
+/// statistics, and the receipt lists every token (outlier_top_k = t) with the hand residual
+/// mean_h ||v − (μ_v + Σ_vk ((k − μ_k) / max(σ², 1e-6)))|| against the born cluster.
+TEST(MomentClosureTest, BirthAndResidualsMatchHandFormulasAtEveryBlockEdge) {
+  const uint64_t seed = testing::test_seed(719);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int64_t H = 2, C = 2;
+  for (const int64_t d : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{17}, int64_t{40}}) {
+    for (const int64_t t : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}}) {
+      SCOPED_TRACE("d " + std::to_string(d) + ", t " + std::to_string(t));
+      const auto k = normal_tensor(rng, {1, t, H, d});
+      const auto v = normal_tensor(rng, {1, t, H, d}) + 0.5 * k;
+      BirthMergeOptions o;
+      o.outlier_top_k = t;
+      const auto born = birth_and_merge(empty_cluster_bank(1, H, C, d, f64_options()), k, v, o);
+      ASSERT_TRUE(born.receipts[0].birthed);
+      std::vector<SlotStats> stats;
+      for (int64_t h = 0; h < H; ++h) {
+        stats.push_back(slot_stats(born.bank, 0, h, 0));
+        expect_slot_close(stats.back(), hand_birth(k, v, 0, h), 1e-12, 1e-12);
+      }
+      const auto& out = born.receipts[0].per_cluster_outlier_tokens.at(0);
+      ASSERT_EQ(out.indices.size(), static_cast<size_t>(t));
+      for (size_t j = 0; j < out.indices.size(); ++j) {
+        const int64_t i = out.indices[j];
+        double resid = 0.0;
+        for (int64_t h = 0; h < H; ++h) {
+          const Vec kt = token(k, 0, i, h), vt = token(v, 0, i, h);
+          const SlotStats& s = stats[static_cast<size_t>(h)];
+          double norm2 = 0.0;
+          for (int64_t a = 0; a < d; ++a) {
+            double pred = s.mu_v[a];
+            for (int64_t e = 0; e < d; ++e)
+              pred += s.sigma_vk[a * d + e] * (kt[e] - s.mu_k[e]) / std::max(s.sigma_kk[e], 1e-6);
+            norm2 += (vt[a] - pred) * (vt[a] - pred);
+          }
+          resid += std::sqrt(norm2) / static_cast<double>(H);
+        }
+        EXPECT_NEAR(out.residuals[j], resid, 1e-10 * std::max(1.0, resid)) << "token " << i;
+      }
+    }
+  }
+}
+
 // ----- validation
 // -----------------------------------------------------------------------------------------------
 
