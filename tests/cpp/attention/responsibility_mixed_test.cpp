@@ -12,6 +12,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "testing/all_close.hpp"
+#include "testing/mixed_precision_checks.hpp"
 #include "testing/random_responsibility.hpp"
 
 namespace attnmix {
@@ -76,15 +77,7 @@ TEST(ResponsibilityMixedTest, ThreadCountDoesNotChangeABit) {
   options.estimate_sigma2 = true;
   options.precision = Precision::kMixed;
   const ResponsibilityAttentionEstimator est(32, 16, 32, 32, options);
-  std::vector<ResponsibilityAttention> fits;
-  for (const int threads : {1, 2, 3}) {
-    OptimizeOptions o;
-    o.max_its = 4;
-    o.delta = std::nullopt;
-    o.n_threads = threads;
-    o.chunk_rows = 256;
-    fits.push_back(optimize(batch, est, o).model);
-  }
+  const auto fits = testing::fits_for_thread_counts(batch, est, 4);
   for (const auto& fit : {fits[1], fits[2]}) {
     EXPECT_EQ(fit.precision(), Precision::kMixed);
     EXPECT_EQ(fit.params().key_means, fits[0].params().key_means);
@@ -105,16 +98,7 @@ TEST(ResponsibilityMixedTest, EmFitsTheFloat64ModelAndKeepsItsPrecision) {
   const ResponsibilityAttentionEstimator exact_est(16, 8, 16, 16, options);
   options.precision = Precision::kMixed;
   const ResponsibilityAttentionEstimator mixed_est(16, 8, 16, 16, options);
-  OptimizeOptions o;
-  o.max_its = 20;
-  o.delta = std::nullopt;
-  o.seed = 3;
-  const auto exact = optimize(batch, exact_est, o);
-  const auto mixed = optimize(batch, mixed_est, o);
-  EXPECT_EQ(mixed.model.precision(), Precision::kMixed);
-  EXPECT_EQ(mixed.model.estimator().options().precision, Precision::kMixed);
-  EXPECT_EQ(exact.model.precision(), Precision::kFloat64);
-  EXPECT_NEAR(mixed.scores.back(), exact.scores.back(), 1e-5 * std::abs(exact.scores.back()));
+  const auto [exact, mixed] = testing::em_in_both_precisions(batch, exact_est, mixed_est, 20);
   ExpectAllClose(mixed.model.params().key_means, exact.model.params().key_means, 1e-4, 1e-4);
   ExpectAllClose(mixed.model.params().emission, exact.model.params().emission, 1e-4, 1e-6);
 }

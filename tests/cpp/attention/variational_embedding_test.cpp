@@ -35,11 +35,13 @@
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "testing/all_close.hpp"
+#include "testing/random_variational.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
+using testing::random_variational_rows;
 using Params = VariationalEmbeddingAttentionParams;
 using Model = VariationalEmbeddingAttention;
 using Acc = VariationalEmbeddingAttentionAccumulator;
@@ -98,19 +100,6 @@ Model with_embeddings(const Params& base, const Matrix& mean, const Matrix& log_
   p.optimizer_state->mean = mean;
   p.optimizer_state->log_var = log_var;
   return Model(std::move(p));
-}
-
-/// n rows with contexts, queries uniform over [S] (repeats allowed, so a query may sit in its own context) and
-/// targets uniform over [T].
-Batch random_rows(Index n, Index N, Index S, Index T, Rng& rng) {
-  IdMatrix contexts(n, N);
-  IdVector queries(n), targets(n);
-  for (Index k = 0; k < contexts.size(); ++k) contexts.data()[k] = static_cast<int64_t>(rng.uniform_int(S));
-  for (Index k = 0; k < n; ++k) {
-    queries[k] = static_cast<int64_t>(rng.uniform_int(S));
-    targets[k] = static_cast<int64_t>(rng.uniform_int(T));
-  }
-  return Encoder{S, N, T}.encode(contexts, queries, targets);
 }
 
 Batch rows_from(const std::vector<std::vector<int64_t>>& contexts, const std::vector<int64_t>& queries,
@@ -316,7 +305,7 @@ TEST(VariationalEmbeddingAttentionTest, PlugInLogDensityMatchesBruteForce) {
       p.position_prior /= p.position_prior.sum();
     }
     const Model model(p);
-    const Batch batch = random_rows(40, kN, kS, kT, rng);
+    const Batch batch = random_variational_rows(40, kN, kS, kT, rng);
     const std::vector<double> log_p = log_densities(model, batch);
     const Matrix table = random_matrix(kS, kD, 2.0, rng);
     for (Index row = 0; row < batch.n_rows(); ++row) {
@@ -370,7 +359,7 @@ TEST(VariationalEmbeddingAttentionTest, PredictProbaSumsToOneAndMatchesBruteForc
   EXPECT_TRUE(same_bits(model.embeddings(), p.mean));
   EXPECT_EQ(model.embeddings().rows(), kS);
   EXPECT_EQ(model.embeddings().cols(), kD);
-  const Batch batch = random_rows(8, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(8, kN, kS, kT, rng);
   const Matrix proba = model.predict_proba(batch);
   ASSERT_EQ(proba.rows(), 8);
   ASSERT_EQ(proba.cols(), kT);
@@ -398,7 +387,7 @@ TEST(VariationalEmbeddingAttentionTest, EStepStatisticsMatchMonteCarloOracle) {
   Rng rng(testing::test_seed(43));
   const Params p = random_params(kS, kN, kD, kT, rng);
   const Model model(p);
-  const Batch batch = random_rows(30, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(30, kN, kS, kT, rng);
   const std::vector<double> w = weights_with_zeros(30, rng, {0, 7, 29});
   for (const int64_t mc : {1, 4}) {
     Acc acc(kS, kN, kD, kT, mc);
@@ -429,7 +418,7 @@ TEST(VariationalEmbeddingAttentionTest, DataGradientMatchesFiniteDifferencesOfMc
   Rng rng(testing::test_seed(44));
   const Params p = random_params(kS, kN, kD, kT, rng);
   const Model model(p);
-  const Batch batch = random_rows(12, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(12, kN, kS, kT, rng);
   const std::vector<double> w = weights_with_zeros(12, rng, {3});
   const int64_t mc = 3;
   Acc acc(kS, kN, kD, kT, mc);
@@ -465,7 +454,7 @@ TEST(VariationalEmbeddingAttentionTest, DataGradientMatchesFiniteDifferencesOfMc
 TEST(VariationalEmbeddingAttentionTest, ZeroWeightEqualsDroppingTheRow) {
   Rng rng(testing::test_seed(45));
   const Model model(random_params(kS, kN, kD, kT, rng));
-  const Batch two = random_rows(2, kN, kS, kT, rng);
+  const Batch two = random_variational_rows(2, kN, kS, kT, rng);
   auto with_zero = model.make_accumulator();
   model.accumulate(two, std::vector<double>{0.0, 1.0}, with_zero);
   auto alone = model.make_accumulator();
@@ -473,7 +462,7 @@ TEST(VariationalEmbeddingAttentionTest, ZeroWeightEqualsDroppingTheRow) {
   ExpectFieldsClose(with_zero, alone, 1e-12);
   EXPECT_NE(with_zero.ll(), 0.0);
 
-  const Batch many = random_rows(9, kN, kS, kT, rng);
+  const Batch many = random_variational_rows(9, kN, kS, kT, rng);
   std::vector<double> w = weights_with_zeros(9, rng, {0, 4, 8});
   auto sparse = model.make_accumulator();
   model.accumulate(many, w, sparse);
@@ -638,7 +627,7 @@ TEST(VariationalEmbeddingAttentionTest, EstimateIsStatelessAndTakesOneAdamStep) 
   Rng rng(testing::test_seed(49));
   const Params p = random_params(kS, kN, kD, kT, rng);
   const Model model(p);
-  const Batch batch = random_rows(50, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(50, kN, kS, kT, rng);
   auto acc = model.make_accumulator();
   model.accumulate(batch, weights_with_zeros(50, rng, {}), acc);
   EstimatorOptions options;
@@ -696,7 +685,7 @@ TEST(VariationalEmbeddingAttentionTest, EstimateIsStatelessAndTakesOneAdamStep) 
 /// (SPEC.md §10.16), and zero position counts give a uniform π.
 TEST(VariationalEmbeddingAttentionTest, StatisticsWithoutStateInitialise) {
   Rng rng(testing::test_seed(50));
-  const Batch batch = random_rows(20, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(20, kN, kS, kT, rng);
   Acc acc(kS, kN, kD, kT);
   Rng init_rng(5);
   acc.initialize(batch, std::vector<double>(20, 1.0), init_rng);
@@ -730,7 +719,7 @@ TEST(VariationalEmbeddingAttentionTest, StatisticsWithoutStateInitialise) {
 /// and ll stay zero and no state is attached (rel 1e-14 against the same draws).
 TEST(VariationalEmbeddingAttentionTest, InitializeDrawsDirichletInRowOrder) {
   Rng rng(testing::test_seed(51));
-  const Batch batch = random_rows(15, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(15, kN, kS, kT, rng);
   const std::vector<double> w = weights_with_zeros(15, rng, {2, 9});
   Acc acc(kS, kN, kD, kT);
   Rng draws(31);
@@ -764,7 +753,7 @@ TEST(VariationalEmbeddingAttentionTest, EstimateRejectsForeignStates) {
   Rng rng(testing::test_seed(52));
   const Model model(random_params(kS, kN, kD, kT, rng));
   auto acc = model.make_accumulator();
-  model.accumulate(random_rows(10, kN, kS, kT, rng), std::vector<double>(10, 1.0), acc);
+  model.accumulate(random_variational_rows(10, kN, kS, kT, rng), std::vector<double>(10, 1.0), acc);
   const Estimator estimator(kS, kN, kD, kT);
   ASSERT_NO_THROW((void)estimator.estimate(std::nullopt, acc));
   ASSERT_NO_THROW((void)estimator.estimate(10.0, acc));
@@ -799,7 +788,7 @@ TEST(VariationalEmbeddingAttentionTest, CombineRejectsDifferentOptimizerStates) 
   Params q = p;
   q.optimizer_state->iteration += 1;  // the same arrays, another iteration
   const Model later(q);
-  const Batch batch = random_rows(10, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(10, kN, kS, kT, rng);
   const std::vector<double> ones(10, 1.0);
   auto a = model.make_accumulator();
   model.accumulate(batch, ones, a);
@@ -895,7 +884,7 @@ TEST(VariationalEmbeddingAttentionTest, ChunkIndependenceAndThreadCountInvarianc
   Rng rng(testing::test_seed(56));
   const Model model(random_params(kS, kN, kD, kT, rng));
   const Index n = 70;
-  const Batch batch = random_rows(n, kN, kS, kT, rng);
+  const Batch batch = random_variational_rows(n, kN, kS, kT, rng);
   const std::vector<double> w = weights_with_zeros(n, rng, {5, 40});
   auto one_chunk = model.make_accumulator();
   parallel_accumulate(model, batch, w, one_chunk, {}, ParallelOptions{1, n});
@@ -1050,7 +1039,7 @@ TEST(VariationalEmbeddingAttentionTest, InvalidIdsShapesAndWeightsAreRejected) {
   EXPECT_THROW(model.log_density(narrow, out), ValueError);
   EXPECT_THROW(model.accumulate(narrow, one, acc), ValueError);
   EXPECT_THROW((void)model.predict_proba(narrow), ValueError);
-  const Batch ok = random_rows(3, kN, kS, kT, rng);
+  const Batch ok = random_variational_rows(3, kN, kS, kT, rng);
   for (const std::vector<double>& bad : {std::vector<double>{1.0, -1.0, 1.0}, std::vector<double>{1.0, std::nan(""), 1.0},
                                          std::vector<double>{1.0, 1.0}}) {
     EXPECT_THROW(model.accumulate(ok, bad, acc), ValueError);

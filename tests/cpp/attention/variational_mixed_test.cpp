@@ -15,11 +15,14 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "testing/all_close.hpp"
+#include "testing/mixed_precision_checks.hpp"
+#include "testing/random_variational.hpp"
 
 namespace attnmix {
 namespace {
 
 using testing::ExpectAllClose;
+using testing::random_variational_rows;
 using Params = VariationalEmbeddingAttentionParams;
 using Model = VariationalEmbeddingAttention;
 using Batch = VariationalEmbeddingAttentionBatch;
@@ -45,18 +48,6 @@ struct Pair {
 
 Pair pair_of(const Params& p) { return {Model(p), Model(p, Precision::kMixed)}; }
 
-/// n rows with contexts, queries and targets uniform (a query may sit in its own context).
-Batch random_rows(Index n, Index N, Index S, Index T, Rng& rng) {
-  IdMatrix contexts(n, N);
-  IdVector queries(n), targets(n);
-  for (Index k = 0; k < contexts.size(); ++k) contexts.data()[k] = static_cast<int64_t>(rng.uniform_int(S));
-  for (Index k = 0; k < n; ++k) {
-    queries[k] = static_cast<int64_t>(rng.uniform_int(S));
-    targets[k] = static_cast<int64_t>(rng.uniform_int(T));
-  }
-  return VariationalEmbeddingAttentionEncoder{S, N, T}.encode(contexts, queries, targets);
-}
-
 std::vector<double> log_densities(const Model& model, const Batch& batch) {
   std::vector<double> out(static_cast<size_t>(batch.n_rows()));
   model.log_density(batch, out);
@@ -78,7 +69,7 @@ TEST(VariationalMixedTest, LogDensityIsWithinFloatRoundingOfFloat64) {
     for (const Index D : {1, 7, 8, 16, 24, 32, 48, 64, 65, 100}) {
       const Pair m = pair_of(random_params(13, N, D, 5, rng, 1.0, 0.1 * static_cast<double>(D)));
       EXPECT_EQ(m.mixed.precision(), Precision::kMixed);
-      const Batch batch = random_rows(60, N, 13, 5, rng);
+      const Batch batch = random_variational_rows(60, N, 13, 5, rng);
       const std::vector<double> exact = log_densities(m.exact, batch);
       const std::vector<double> mixed = log_densities(m.mixed, batch);
       for (size_t n = 0; n < exact.size(); ++n)
@@ -95,7 +86,7 @@ TEST(VariationalMixedTest, StatisticsAreWithinFloatRoundingOfFloat64) {
   Rng rng(testing::test_seed(402));
   for (const Index D : {8, 32, 37}) {
     const Pair m = pair_of(random_params(24, 16, D, 9, rng, 0.5, 0.5));
-    const Batch batch = random_rows(500, 16, 24, 9, rng);
+    const Batch batch = random_variational_rows(500, 16, 24, 9, rng);
     std::vector<double> w(500);
     for (double& x : w) x = rng.uniform();
     auto exact = m.exact.make_accumulator();
@@ -122,7 +113,7 @@ TEST(VariationalMixedTest, UnderflowingRowsUseTheLogSpacePath) {
   p.emission.col(0).setConstant(1e-290);
   for (Index s = 0; s < 6; ++s) p.emission.row(s).tail(2) *= (1.0 - 1e-290) / p.emission.row(s).tail(2).sum();
   const Pair m = pair_of(p);
-  Batch batch = random_rows(40, 5, 6, 1, rng);  // every target 0
+  Batch batch = random_variational_rows(40, 5, 6, 1, rng);  // every target 0
   const std::vector<double> exact = log_densities(m.exact, batch);
   const std::vector<double> mixed = log_densities(m.mixed, batch);
   for (size_t n = 0; n < exact.size(); ++n) {
@@ -148,8 +139,8 @@ TEST(VariationalMixedTest, RowsTheFloatGateCannotRepresentAreFloat64) {
   };
   Params huge = random_params(8, 4, 8, 3, rng, 1.0, 0.5);
   huge.mean(3, 2) = 1e30;
-  expect_float64(huge, random_rows(30, 4, 8, 3, rng), "coordinates beyond float's range");
-  expect_float64(random_params(8, 4, 8, 3, rng, 1.0, 1e-40), random_rows(30, 4, 8, 3, rng), "sigma2 1e-40");
+  expect_float64(huge, random_variational_rows(30, 4, 8, 3, rng), "coordinates beyond float's range");
+  expect_float64(random_params(8, 4, 8, 3, rng, 1.0, 1e-40), random_variational_rows(30, 4, 8, 3, rng), "sigma2 1e-40");
   Params far = random_params(8, 4, 8, 3, rng, 1e10, 1e-20);
   IdMatrix contexts(2, 4);
   contexts << 0, 1, 2, 3, 4, 5, 6, 7;
@@ -197,20 +188,12 @@ TEST(VariationalMixedTest, ExactZerosAndImpossibleRows) {
 /// The fitted model (embeddings, their Adam state, emission, prior) is bitwise the same for 1, 2 and 3 threads.
 TEST(VariationalMixedTest, ThreadCountDoesNotChangeABit) {
   Rng rng(testing::test_seed(406));
-  const Batch batch = random_rows(3000, 16, 40, 40, rng);
+  const Batch batch = random_variational_rows(3000, 16, 40, 40, rng);
   VariationalEmbeddingAttentionEstimatorOptions options;
   options.precision = Precision::kMixed;
   options.seed = 5;
   const VariationalEmbeddingAttentionEstimator est(40, 16, 32, 40, options);
-  std::vector<Model> fits;
-  for (const int threads : {1, 2, 3}) {
-    OptimizeOptions o;
-    o.max_its = 4;
-    o.delta = std::nullopt;
-    o.n_threads = threads;
-    o.chunk_rows = 256;
-    fits.push_back(optimize(batch, est, o).model);
-  }
+  const auto fits = testing::fits_for_thread_counts(batch, est, 4);
   for (const Model& fit : {fits[1], fits[2]}) {
     EXPECT_EQ(fit.precision(), Precision::kMixed);
     EXPECT_EQ(fit.mean(), fits[0].mean());
@@ -225,22 +208,13 @@ TEST(VariationalMixedTest, ThreadCountDoesNotChangeABit) {
 /// mixed models and model.estimator() keeps mixed.
 TEST(VariationalMixedTest, EmFollowsFloat64AndKeepsItsPrecision) {
   Rng rng(testing::test_seed(407));
-  const Batch batch = random_rows(2000, 8, 30, 30, rng);
+  const Batch batch = random_variational_rows(2000, 8, 30, 30, rng);
   VariationalEmbeddingAttentionEstimatorOptions options;
   options.seed = 3;
   const VariationalEmbeddingAttentionEstimator exact_est(30, 8, 16, 30, options);
   options.precision = Precision::kMixed;
   const VariationalEmbeddingAttentionEstimator mixed_est(30, 8, 16, 30, options);
-  OptimizeOptions o;
-  o.max_its = 15;
-  o.delta = std::nullopt;
-  o.seed = 3;
-  const auto exact = optimize(batch, exact_est, o);
-  const auto mixed = optimize(batch, mixed_est, o);
-  EXPECT_EQ(mixed.model.precision(), Precision::kMixed);
-  EXPECT_EQ(mixed.model.estimator().options().precision, Precision::kMixed);
-  EXPECT_EQ(exact.model.precision(), Precision::kFloat64);
-  EXPECT_NEAR(mixed.scores.back(), exact.scores.back(), 1e-5 * std::abs(exact.scores.back()));
+  const auto [exact, mixed] = testing::em_in_both_precisions(batch, exact_est, mixed_est, 15);
   ExpectAllClose(mixed.model.mean(), exact.model.mean(), 1e-4, 1e-5);
   ExpectAllClose(mixed.model.emission(), exact.model.emission(), 1e-4, 1e-7);
 }

@@ -215,6 +215,19 @@ double hand_logit(const Vec& q, const SlotStats& s) {
   return lin / std::sqrt(d) + quad / (2.0 * d) + std::log(std::max(s.count, 1e-8));
 }
 
+/// The misfit receipt's regression residual ||v − (μ_v + Σ_vk ((k − μ_k) / max(σ², 1e-6)))|| (SPEC §7.6) by loops.
+double hand_residual(const Vec& k, const Vec& v, const SlotStats& s) {
+  const size_t d = k.size();
+  double norm2 = 0.0;
+  for (size_t a = 0; a < d; ++a) {
+    double pred = s.mu_v[a];
+    for (size_t e = 0; e < d; ++e)
+      pred += s.sigma_vk[a * d + e] * (k[e] - s.mu_k[e]) / std::max(s.sigma_kk[e], 1e-6);
+    norm2 += (v[a] - pred) * (v[a] - pred);
+  }
+  return std::sqrt(norm2);
+}
+
 /// out_c(q) = μ_v + Σ_vk q / √d by loops.
 Vec hand_out(const Vec& q, const SlotStats& s) {
   const size_t d = q.size();
@@ -1176,16 +1189,8 @@ TEST(MomentClosureTest, MisfitReceiptMatchesHandComputation) {
       for (const double l : logits) z += std::exp(l - top);
       for (int64_t c = 0; c < n; ++c) {
         mean_r[static_cast<size_t>(c)] += std::exp(logits[c] - top) / z / static_cast<double>(H);
-        const SlotStats s = slot_stats(bank, 0, h, c);
-        double norm2 = 0.0;
-        for (int64_t a = 0; a < d; ++a) {
-          double pred = s.mu_v[a];
-          for (int64_t e = 0; e < d; ++e)
-            pred += s.sigma_vk[a * d + e] * (kt[e] - s.mu_k[e]) / std::max(s.sigma_kk[e], 1e-6);
-          norm2 += (vt[a] - pred) * (vt[a] - pred);
-        }
         resid[static_cast<size_t>(i)][static_cast<size_t>(c)] +=
-            std::sqrt(norm2) / static_cast<double>(H);
+            hand_residual(kt, vt, slot_stats(bank, 0, h, c)) / static_cast<double>(H);
       }
     }
     member[static_cast<size_t>(i)] =
@@ -1283,16 +1288,8 @@ TEST(MomentClosureTest, BirthAndResidualsMatchHandFormulasAtEveryBlockEdge) {
         const int64_t i = out.indices[j];
         double resid = 0.0;
         for (int64_t h = 0; h < H; ++h) {
-          const Vec kt = token(k, 0, i, h), vt = token(v, 0, i, h);
-          const SlotStats& s = stats[static_cast<size_t>(h)];
-          double norm2 = 0.0;
-          for (int64_t a = 0; a < d; ++a) {
-            double pred = s.mu_v[a];
-            for (int64_t e = 0; e < d; ++e)
-              pred += s.sigma_vk[a * d + e] * (kt[e] - s.mu_k[e]) / std::max(s.sigma_kk[e], 1e-6);
-            norm2 += (vt[a] - pred) * (vt[a] - pred);
-          }
-          resid += std::sqrt(norm2) / static_cast<double>(H);
+          resid += hand_residual(token(k, 0, i, h), token(v, 0, i, h), stats[static_cast<size_t>(h)]) /
+                   static_cast<double>(H);
         }
         EXPECT_NEAR(out.residuals[j], resid, 1e-10 * std::max(1.0, resid)) << "token " << i;
       }
