@@ -15,6 +15,9 @@
 //                                 cycle through 16 pre-built ones. items = tokens (batch · chunk).
 //   BM_DenseProduct/kernel:k/m/k/n  one float32 product (m × k)(k × n) of the spine's shapes on each kernel of
 //                                 src/stream/dense_products.cpp (kernel 0 Eigen, 1 the BLAS): how the kernel is chosen
+//   BM_AdamWStep/fused:f/d_model:d  one optimizer step over the spine's parameters (random gradients): libtorch's
+//                                 torch::optim::AdamW (f = 0) against FusedAdamW (f = 1, what lm train and these
+//                                 benchmarks use; equal to the bit).
 //   BM_SpineStream/chunks:n       E1-3: train_tbptt over n chunks from an empty state (d_model 32), wall clock
 //                                 (after an untimed warm-up over 3 chunks). A bounded state makes 80 chunks cost
 //                                 about twice 40 (SPEC §9.6: ≤ 2.3×).
@@ -43,12 +46,14 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "attnmix/stream/context_spine.hpp"
+#include "attnmix/stream/fused_adamw.hpp"
 #include "stream/dense_products_impl.hpp"  // white-box: the two product kernels (src/ is on this target's path)
 #include "stream_workload.hpp"
 
@@ -130,6 +135,24 @@ BENCHMARK(BM_DenseProduct)->ArgNames({"kernel", "m", "k", "n"})
     ->ArgsProduct({{0, 1}, {512}, {2048}, {512}})
     ->ArgsProduct({{0, 1}, {64}, {16, 64, 256}, {128}})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_AdamWStep(benchmark::State& st) {
+  at::set_num_threads(g_threads);
+  torch::manual_seed(kSeed);
+  SlidingWindowSpine spine(spine_options(st.range(1)));
+  for (auto& p : spine->parameters()) p.mutable_grad() = torch::randn_like(p);
+  const auto options = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (st.range(0) != 0) optimizer = std::make_unique<FusedAdamW>(spine->parameters(), options);
+  else optimizer = std::make_unique<torch::optim::AdamW>(spine->parameters(), options);
+  optimizer->step();  // the moments exist from here on
+  int64_t elements = 0;
+  for (const auto& p : spine->parameters()) elements += p.numel();
+  for (auto _ : st) optimizer->step();
+  st.SetItemsProcessed(st.iterations() * elements);
+}
+BENCHMARK(BM_AdamWStep)->ArgNames({"fused", "d_model"})->ArgsProduct({{0, 1}, {32, 128, 512}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_SpineStream(benchmark::State& st) {
   at::set_num_threads(g_threads);

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "attnmix/stream/fused_adamw.hpp"
+
 namespace attnmix::bench {
 
 constexpr int64_t kStreamVocab = 256;
@@ -42,10 +44,10 @@ inline std::pair<torch::Tensor, torch::Tensor> stream_chunk(int64_t batch, int64
   return {stream_tokens(batch, c * chunk, chunk), stream_tokens(batch, c * chunk + 1, chunk)};
 }
 
-/// AdamW over the module's parameters with the benchmarks' settings.
+/// AdamW over the module's parameters with the benchmarks' settings (the fused pass `lm train` uses).
 template <class Module>
-torch::optim::AdamW make_optimizer(Module& model) {
-  return torch::optim::AdamW(model->parameters(),
+attnmix::FusedAdamW make_optimizer(Module& model) {
+  return attnmix::FusedAdamW(model->parameters(),
                              torch::optim::AdamWOptions(kStreamLr).weight_decay(kStreamWeightDecay));
 }
 

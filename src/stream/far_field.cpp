@@ -6,6 +6,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/frequent_directions.hpp"
+#include "attnmix/stream/fused_adamw.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/tensor_sketch.hpp"
 #include "attnmix/stream/moment_closure.hpp"
@@ -59,7 +60,7 @@ template <class M>
 RecallResult train_and_evaluate(M& mechanism, const SequenceTask& task, const RecallRunOptions& o,
                                 const std::function<void(int64_t, double)>& on_step) {
   RecallResult result;
-  torch::optim::AdamW optimizer(mechanism.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
+  FusedAdamW optimizer(mechanism.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
   Rng train_rng = recall_data_rng(o.seed, 0);
   std::vector<double> losses;
   const auto start = Clock::now();

@@ -9,6 +9,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/frequent_directions.hpp"
+#include "attnmix/stream/fused_adamw.hpp"
 #include "attnmix/stream/kv_quantization.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
@@ -260,9 +261,9 @@ struct Session {
   int64_t corpus_tokens = 0;
 };
 
+// AdamW in one pass per parameter, equal to libtorch's to the bit (fused_adamw.hpp).
 std::unique_ptr<torch::optim::AdamW> make_optimizer(torch::nn::Module& model, const TrainOptions& o) {
-  return std::make_unique<torch::optim::AdamW>(model.parameters(),
-                                               torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+  return std::make_unique<FusedAdamW>(model.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
 }
 
 double learning_rate(const TrainOptions& o, int64_t step) {

@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file fused_adamw.hpp
+/// AdamW in one pass over each parameter, with the results of libtorch's torch::optim::AdamW to the last bit.
+///
+/// Per element, with t the parameter's step count after the increment, lr and λ the group's learning rate and
+/// weight decay, and every constant rounded to the parameter's dtype (as libtorch's scalar operands are):
+///   p ← p·(1 − lr·λ)
+///   m ← fma(g, 1 − β₁, m·β₁)
+///   v ← fma((1 − β₂)·g, g, v·β₂)
+///   p ← p + (−lr / (1 − β₁ᵗ))·m / (√v / √(1 − β₂ᵗ) + ε)
+/// This is the sequence of roundings libtorch 1.13's AdamW::step performs in ten tensor passes and two temporaries
+/// (checked bit for bit against it, `fused_adamw_test.cpp`), so a model trained with FusedAdamW equals one trained
+/// with torch::optim::AdamW — or from Python with torch.optim.AdamW — exactly. The options, the parameter state
+/// (AdamWParamState) and save/load are AdamW's. Cost: one pass reading p, g, m, v and writing p, m, v per element;
+/// element-wise, so the result does not depend on the thread count.
+///
+/// Only contiguous float32 or float64 CPU parameters with dense gradients and moments of their dtype take the fused
+/// pass; with anything else in the optimizer (another device or dtype, a strided tensor, amsgrad) step() is
+/// torch::optim::AdamW::step.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+namespace attnmix {
+
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+}  // namespace attnmix
