@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // FusedAdamW (fused_adamw.hpp). Compiled with -ffp-contract=off (src/CMakeLists.txt): the two fused multiply-adds
-// of the update are written out, and no other product may be fused with a sum, or the bits would leave libtorch's.
+// of the update are written out, and no other product may be fused with a sum, or the bits would leave libtorch's;
+// and with -fno-math-errno, without which GCC keeps std::sqrt scalar and the loop does not vectorise.
 #include "attnmix/stream/fused_adamw.hpp"
 
 #include <ATen/Parallel.h>
