@@ -8,8 +8,9 @@
 ///   m ← fma(g, 1 − β₁, m·β₁)
 ///   v ← fma((1 − β₂)·g, g, v·β₂)
 ///   p ← p + (−lr / (1 − β₁ᵗ))·m / (√v / √(1 − β₂ᵗ) + ε)
-/// This is the sequence of roundings libtorch 1.13's AdamW::step performs in ten tensor passes and two temporaries
-/// (checked bit for bit against it, `fused_adamw_test.cpp`), so a model trained with FusedAdamW equals one trained
+/// This is the sequence of roundings libtorch 1.13's AdamW::step performs in ten tensor passes and two temporaries with
+/// its vectorised CPU kernels (which fuse the two multiply-adds; checked bit for bit against it,
+/// `fused_adamw_test.cpp`), so a model trained with FusedAdamW equals one trained
 /// with torch::optim::AdamW — or from Python with torch.optim.AdamW — exactly. The options, the parameter state
 /// (AdamWParamState) and save/load are AdamW's. Cost: one pass reading p, g, m, v and writing p, m, v per element;
 /// element-wise, so the result does not depend on the thread count.
