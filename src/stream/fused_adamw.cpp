@@ -73,15 +73,16 @@ bool fusable(const std::vector<torch::optim::OptimizerParamGroup>& groups,
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-  if (!fusable(param_groups_, state_)) {
-    return torch::optim::AdamW::step(std::move(closure));
-  }
-  torch::NoGradGuard no_grad;
   torch::Tensor loss;
-  if (closure != nullptr) {
+  if (closure != nullptr) {  // first: the closure may make the gradients the checks below look at
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  if (!fusable(param_groups_, state_)) {
+    torch::optim::AdamW::step();
+    return loss;
+  }
+  torch::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {

@@ -2,7 +2,7 @@
 // FusedAdamW (stream/fused_adamw.hpp) against libtorch's torch::optim::AdamW, the oracle it must equal bit for bit:
 // parameters of every length around the vector widths, float32 and float64, a learning rate changed between steps,
 // two parameter groups, a parameter without a gradient, one and two threads; the fallback paths (amsgrad, a strided
-// parameter) and a FusedAdamW continuing from AdamW's state.
+// parameter, gradients made by a closure) and a FusedAdamW continuing from AdamW's state.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -122,6 +122,26 @@ TEST(FusedAdamWTest, FallsBackWhereItCannotFuseAndContinuesAdamWState) {
     AdamW reference(b, AdamWOptions(1e-2).weight_decay(0.01));
     for (int step = 0; step < 5; ++step) step_both(fused, a, reference, b);
     expect_same_bits(a, b, "strided");
+  }
+  {  // gradients made by the closure: an expanded (stride-0) one cannot fuse, a dense one can
+    const std::vector<torch::Tensor> values{torch::randn({5, 3}), torch::randn({12})};
+    auto a = leaves(values), b = leaves(values);
+    FusedAdamW fused(a, AdamWOptions(1e-2));
+    AdamW reference(b, AdamWOptions(1e-2));
+    for (const bool expanded : {true, false}) {
+      const auto row = torch::randn({3});
+      const auto dense = torch::randn({12});
+      const auto closure_for = [&](std::vector<torch::Tensor>& p) {
+        return [&p, &row, &dense, expanded] {
+          p[0].mutable_grad() = expanded ? row.expand({5, 3}) : row.expand({5, 3}).contiguous();
+          p[1].mutable_grad() = dense.clone();
+          return torch::ones({});
+        };
+      };
+      EXPECT_EQ(fused.step(closure_for(a)).item<float>(), 1.0F);
+      reference.step(closure_for(b));
+      expect_same_bits(a, b, expanded ? "expanded gradient" : "dense gradient");
+    }
   }
   {  // AdamW's moments (as a checkpoint restores them) continued by FusedAdamW
     const std::vector<torch::Tensor> values{torch::randn({65}), torch::randn({4, 4})};
