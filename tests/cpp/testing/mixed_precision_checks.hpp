@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file mixed_precision_checks.hpp
-/// Fits shared by the mixed-precision tests of the attention families (header-only): the same EM run at several
-/// thread counts, and one EM run in each precision with the checks every family's mixed precision must pass.
+/// Checks shared by the mixed-precision tests of the attention families (header-only): the same EM run at several
+/// thread counts, one EM run in each precision with the checks every family's mixed precision must pass, and the
+/// rejection of impossible rows.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "attnmix/core/errors.hpp"
 #include "attnmix/core/precision.hpp"
 #include "attnmix/inference/optimize.hpp"
 
@@ -48,6 +51,19 @@ auto em_in_both_precisions(const Batch& batch, const Estimator& float64, const E
   EXPECT_EQ(exact.model.precision(), Precision::kFloat64);
   EXPECT_NEAR(approx.scores.back(), exact.scores.back(), 1e-5 * std::abs(exact.scores.back()));
   return std::pair{std::move(exact), std::move(approx)};
+}
+
+/// model.accumulate(batch, weights, acc) throws ImpossibleEvidenceError naming exactly `rows` (the caller checks that
+/// acc is untouched, in its family's terms).
+template <class Model, class Batch, class Accumulator>
+void expect_impossible_rows(const Model& model, const Batch& batch, const std::vector<double>& weights,
+                            Accumulator& acc, const std::vector<int64_t>& rows) {
+  try {
+    model.accumulate(batch, weights, acc);
+    FAIL() << "no ImpossibleEvidenceError";
+  } catch (const ImpossibleEvidenceError& e) {
+    EXPECT_EQ(e.rows(), rows);
+  }
 }
 
 }  // namespace attnmix::testing
