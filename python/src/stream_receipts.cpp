@@ -47,8 +47,15 @@ py::dict receipt_out(const StreamReceipt& r, bool ingest, TensorOut tensor_out) 
 py::dict layer_receipt_out(const LayerReceipt& receipt, TensorOut tensor_out) {
   py::list streams;
   for (const auto& s : receipt.streams) streams.append(receipt_out(s, /*ingest=*/true, tensor_out));
-  return py::dict("batch_size"_a = receipt.batch_size, "streams"_a = streams,
-                  "misfit_scalar"_a = receipt.misfit_scalar);
+  auto out = py::dict("batch_size"_a = receipt.batch_size, "streams"_a = streams,
+                      "misfit_scalar"_a = receipt.misfit_scalar);
+  if (receipt.outliers) {
+    const auto& o = *receipt.outliers;
+    out["outliers"] = py::dict("offered"_a = o.offered, "stored"_a = o.stored, "evicted"_a = o.evicted,
+                               "held"_a = o.held, "bytes"_a = o.bytes,
+                               "max_reconstruction_error"_a = o.max_reconstruction_error);
+  }
+  return out;
 }
 
 }  // namespace attnmix::python

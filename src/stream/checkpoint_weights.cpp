@@ -52,7 +52,7 @@ std::vector<std::string> split_path(const std::string& key) {
 
 }  // namespace
 
-void load_checkpoint_weights(const std::string& path, SpineBackboneImpl& backbone) {
+void load_checkpoint_weights(const std::string& path, torch::nn::Module& mechanism) {
   static_cast<void>(lm::read_checkpoint_info(path));  // the file's integrity, format and options
   torch::serialize::InputArchive root;
   torch::serialize::InputArchive model;
@@ -63,8 +63,8 @@ void load_checkpoint_weights(const std::string& path, SpineBackboneImpl& backbon
   }
   if (!root.try_read("model", model)) bad_weights(path, "the archive has no \"model\" record");
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (parameter, stored value)
-  for (const auto& p : backbone.named_parameters()) {
-    const std::string key = "backbone." + p.key();
+  for (const auto& p : mechanism.named_parameters()) {
+    const std::string& key = p.key();
     torch::Tensor stored;
     try {
       stored = read_path(model, split_path(key), 0);

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace attnmix {
 namespace {
@@ -126,6 +128,77 @@ OutlierStore empty_outlier_store(int64_t batch_size, int64_t n_head, int64_t max
   store.residual.assign(static_cast<size_t>(batch_size * slots), 0.0);
   store.capacity = capacity;
   return store;
+}
+
+void validate_outlier_store(const OutlierStore& store, const ClusterBank& bank, const std::string& where,
+                            const std::string& prefix, const std::string& suffix) {
+  const auto field = [&](const std::string& name) { return where + ": " + prefix + name + suffix; };
+  if (store.capacity <= 0) {
+    throw ValueError(field("capacity") + " must be a positive integer (got " + str(store.capacity) + ")");
+  }
+  const int64_t B = bank.batch_size(), H = bank.mu_k.size(1), d = bank.mu_k.size(3),
+                S = bank.max_clusters * store.capacity;
+  const auto device = bank.count.device();
+  const auto check = [&](const torch::Tensor& t, const std::string& name, c10::IntArrayRef sizes,
+                         torch::ScalarType dtype) {
+    if (!t.defined() || t.sizes() != sizes || t.scalar_type() != dtype || t.device() != device) {
+      std::string shape;
+      for (const auto n : sizes) shape += (shape.empty() ? "" : ", ") + str(n);
+      throw ValueError(field(name) + " must be a " + std::string(c10::toString(dtype)) + " tensor of shape (" + shape +
+                       ") on the bank's device");
+    }
+  };
+  for (const auto& [name, q] : {std::pair<std::string, const QuantizedKv*>{"k", &store.k}, {"v", &store.v}}) {
+    check(q->codes, name + "_codes", {B, S, H, d}, torch::kChar);
+    check(q->low, name + "_low", {B, S, H}, torch::kFloat);
+    check(q->scale, name + "_scale", {B, S, H}, torch::kFloat);
+    if (!torch::isfinite(q->low).all().item<bool>()) throw ValueError(field(name + "_low") + " must be finite");
+    if (!torch::isfinite(q->scale).all().item<bool>() || q->scale.lt(0).any().item<bool>()) {
+      throw ValueError(field(name + "_scale") + " must be finite and non-negative");
+    }
+  }
+  if (static_cast<int64_t>(store.owner.size()) != B * S) {
+    throw ValueError(field("owner") + " must hold one entry per stream and slot (" + str(B * S) + ")");
+  }
+  if (static_cast<int64_t>(store.residual.size()) != B * S) {
+    throw ValueError(field("residual") + " must hold one entry per stream and slot (" + str(B * S) + ")");
+  }
+  if (store.k_hat.defined() != store.v_hat.defined()) {
+    throw ValueError(field("k_hat") + " and " + prefix + "v_hat" + suffix + " must both be given or both be absent");
+  }
+  for (const auto& [name, hat] : {std::pair<const char*, const torch::Tensor*>{"k_hat", &store.k_hat},
+                                  {"v_hat", &store.v_hat}}) {
+    if (!hat->defined()) continue;
+    check(*hat, name, {B, S, H, d}, hat->is_floating_point() ? hat->scalar_type() : torch::kFloat);
+    if (!torch::isfinite(*hat).all().item<bool>()) throw ValueError(field(name) + " holds a non-finite value");
+  }
+  // A free slot's rows: all codes, lows and scales zero (one pass per tensor).
+  const auto row_zero = [](const QuantizedKv& q) {
+    return q.codes.eq(0).all(-1).logical_and(q.low.eq(0)).logical_and(q.scale.eq(0)).all(-1).to(torch::kCPU);
+  };
+  const auto k_zero = row_zero(store.k), v_zero = row_zero(store.v);
+  const bool* kz = k_zero.data_ptr<bool>();
+  const bool* vz = v_zero.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t live = bank.n_clusters[static_cast<size_t>(b)];
+    std::vector<int64_t> per_cluster(static_cast<size_t>(std::max<int64_t>(live, 0)), 0);
+    for (int64_t slot = 0; slot < S; ++slot) {
+      const auto i = static_cast<size_t>(b * S + slot);
+      const int64_t c = store.owner[i];
+      const double r = store.residual[i];
+      const std::string at = " (stream " + str(b) + ", slot " + str(slot) + ")";
+      if (c < -1 || c >= live) {
+        throw ValueError(field("owner") + at + " names cluster " + str(c) + ", which the stream's bank does not hold (" +
+                         str(live) + " live)");
+      }
+      if (c >= 0 && ++per_cluster[static_cast<size_t>(c)] > store.capacity) {
+        throw ValueError(field("owner") + at + ": cluster " + str(c) + " holds more than outlier_capacity " +
+                         str(store.capacity) + " tokens");
+      }
+      if (!std::isfinite(r) || r < 0.0) throw ValueError(field("residual") + at + " must be finite and >= 0");
+      if (c < 0 && !(kz[i] && vz[i] && r == 0.0)) throw ValueError(field("owner") + at + " is free but not all zero");
+    }
+  }
 }
 
 OutlierStoreUpdate quantize_cluster_outliers(const OutlierStore& store, const std::vector<StreamReceipt>& receipts,

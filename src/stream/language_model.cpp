@@ -791,35 +791,15 @@ void read_outlier_store(const std::string& path, torch::serialize::InputArchive&
     q->codes = record(name + std::string("_codes"), {B, S, H, d}, torch::kChar);
     q->low = record(name + std::string("_low"), {B, S, H}, torch::kFloat);
     q->scale = record(name + std::string("_scale"), {B, S, H}, torch::kFloat);
-    if (q->scale.lt(0).any().item<bool>()) {
-      bad_checkpoint(path, "state " + std::string(name) + "_scale" + n + " holds a negative scale");
-    }
   }
   const auto owner = record("store_owner", {B, S}, torch::kLong);
   const auto residual = record("store_residual", {B, S}, torch::kDouble);
   store.owner.assign(owner.data_ptr<int64_t>(), owner.data_ptr<int64_t>() + B * S);
   store.residual.assign(residual.data_ptr<double>(), residual.data_ptr<double>() + B * S);
-  for (int64_t b = 0; b < B; ++b) {
-    std::vector<int64_t> per_cluster(static_cast<size_t>(bank.n_clusters[static_cast<size_t>(b)]), 0);
-    for (int64_t slot = 0; slot < S; ++slot) {
-      const int64_t c = store.owner[static_cast<size_t>(b * S + slot)];
-      const double r = store.residual[static_cast<size_t>(b * S + slot)];
-      const std::string where = "state store_owner" + n + " (stream " + str(b) + ", slot " + str(slot) + ")";
-      if (c < -1 || c >= static_cast<int64_t>(per_cluster.size())) {
-        bad_checkpoint(path, where + " names cluster " + str(c) + ", which the stream's bank does not hold");
-      }
-      if (c >= 0 && ++per_cluster[static_cast<size_t>(c)] > store.capacity) {
-        bad_checkpoint(path, where + ": cluster " + str(c) + " holds more than outlier_capacity " +
-                                 str(store.capacity) + " tokens");
-      }
-      if (!(r >= 0.0)) bad_checkpoint(path, "state store_residual" + n + " holds a negative residual");
-      const bool clear = store.k.codes[b][slot].eq(0).all().item<bool>() &&
-                         store.v.codes[b][slot].eq(0).all().item<bool>() && store.k.low[b][slot].eq(0).all().item<bool>() &&
-                         store.v.low[b][slot].eq(0).all().item<bool>() &&
-                         store.k.scale[b][slot].eq(0).all().item<bool>() &&
-                         store.v.scale[b][slot].eq(0).all().item<bool>() && r == 0.0;
-      if (c < 0 && !clear) bad_checkpoint(path, where + " is free but not all zero");
-    }
+  try {
+    validate_outlier_store(store, bank, "state", "store_", n);
+  } catch (const ValueError& e) {
+    bad_checkpoint(path, e.what());
   }
 }
 

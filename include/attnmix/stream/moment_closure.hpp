@@ -136,6 +136,15 @@ IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, co
 IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                                   const BirthMergeOptions& options = {});
 
+/// Checks a store built by hand against the bank of its layer (quantize_cluster_outliers and outlier_attention take
+/// these invariants for granted): capacity > 0; codes int8 (B, S, H, d) with B, H, d the bank's and
+/// S = max_clusters · capacity; low and scale float32 (B, S, H), finite, scales ≥ 0; owner and residual B·S entries;
+/// every owner −1 (free) or a live cluster of its stream, at most `capacity` slots per cluster; residuals finite and
+/// ≥ 0; free slots all zero; k_hat and v_hat both undefined, or both floating (B, S, H, d) and finite; every tensor
+/// on the bank's device. @throws ValueError naming `where` and the field (prefix + "owner" + suffix, …).
+void validate_outlier_store(const OutlierStore& store, const ClusterBank& bank, const std::string& where,
+                            const std::string& prefix = "", const std::string& suffix = "");
+
 struct OutlierStoreUpdate {
   OutlierStore store;
   OutlierStoreReceipt receipt;

@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
@@ -69,6 +69,7 @@ __all__ = [
     "ContextMechanism",
     "MomentClosureAttention",
     "MomentClosureState",
+    "OutlierStore",
     "SlidingWindowSpine",
     "SlidingWindowState",
     "train_tbptt",
@@ -97,6 +98,32 @@ class SlidingWindowState:
 
 
 @dataclass
+class OutlierStore:
+    """One layer's outlier store (``MomentClosureAttention(outlier_capacity=N)``, N > 0): per stream and cluster at most
+    ``capacity`` of the evicted tokens the cluster's regression of value on key predicts worst, kept as int8 rows and
+    attended exactly in the same softmax as the window and the clusters.
+
+    ``S = max_clusters * capacity`` slots per stream: ``k_codes``, ``v_codes`` int8 ``(batch, S, n_head, head_dim)``
+    and their float32 ``k_low``, ``k_scale``, ``v_low``, ``v_scale`` ``(batch, S, n_head)`` (a row decodes to ``low +
+    (code + 128) * scale``); ``owner`` int64 ``(batch, S)``: the cluster a slot's token belongs to, -1 for a free
+    (all-zero) slot; ``residual`` float64 ``(batch, S)``: the token's misfit when it was stored; while training,
+    ``k_hat``, ``v_hat``: the decoded rows carrying the gradient to the tokens they came from (None otherwise).
+    """
+
+    k_codes: torch.Tensor
+    k_low: torch.Tensor
+    k_scale: torch.Tensor
+    v_codes: torch.Tensor
+    v_low: torch.Tensor
+    v_scale: torch.Tensor
+    owner: torch.Tensor
+    residual: torch.Tensor
+    capacity: int
+    k_hat: Optional[torch.Tensor] = None
+    v_hat: Optional[torch.Tensor] = None
+
+
+@dataclass
 class MomentClosureState:
     """What moment-closure attention carries between chunks.
 
@@ -105,13 +132,14 @@ class MomentClosureState:
     ``batch_size == 1`` the one-stream layout of the reference design, ``count (n_head, max_clusters)`` and an int
     ``n_clusters``, is accepted too, and steps keep the layout they were given); ``batch_size``: the number of
     streams; ``detach_horizon_clusters``: whether ``detach`` also cuts the banks from the autograd graph (else only
-    the window's caches).
+    the window's caches); ``stores``: one ``OutlierStore`` per layer when the model keeps outliers, else empty.
     """
 
     near: SlidingWindowState
     banks: List[ClusterBank]
     batch_size: int = 1
     detach_horizon_clusters: bool = True
+    stores: List[OutlierStore] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -137,6 +165,12 @@ class ContextMechanism(Protocol):
 def _positive_int(value: Any, where: str, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{where}: {name} must be a positive exact integer (got {value!r})")
+    return int(value)
+
+
+def _nonnegative_int(value: Any, where: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{where}: {name} must be a non-negative exact integer (got {value!r})")
     return int(value)
 
 
@@ -237,6 +271,10 @@ class _Spine(nn.Module):
         self.ln_f = norm("backbone.ln_f")
         self.head = nn.Linear(d, vocab, bias=False, device="meta")
         self.head.weight = self.tok.weight  # tied, as in the reference design (both names are in state_dict())
+        if "shift0.weight" in params:  # the linear-feature spines' token shifts (sketch_spines.py)
+            self.shift = nn.ModuleList([nn.Linear(d, d, bias=False, device="meta") for _ in range(n_layer)])
+            for l, m in enumerate(self.shift):
+                m.weight = take(f"shift{l}.weight")
         assert used == set(params), "every C++ parameter is registered once"
         # (registry, name, object) of every Parameter and submodule registration, to refuse a forward on a module
         # whose Parameters or containers were replaced (the C++ forward would not read the replacements).
@@ -356,7 +394,7 @@ class SlidingWindowSpine(_Spine):
 
     @staticmethod
     def _make_native(c: Dict[str, Any]):
-        return _torch._SlidingWindowSpine(c["vocab"], c["d_model"], c["n_layer"], c["n_head"], c["window"], 1)
+        return _torch._SlidingWindowSpine(c)
 
     @classmethod
     def from_checkpoint(cls, path: Any) -> "SlidingWindowSpine":
@@ -415,9 +453,13 @@ class MomentClosureAttention(_Spine):
     """The sliding window plus a far field of Gaussian clusters over the evicted tokens (see the module docs).
 
     ``MomentClosureAttention(vocab, *, d_model=32, n_layer=2, n_head=2, window=16, max_clusters=4,
-    birth_threshold=-2.0, merge_threshold=None)``: sizes as for ``SlidingWindowSpine`` (``window`` a positive
-    integer), ``max_clusters`` a positive integer, the thresholds finite (``merge_threshold=None``: the default rule
-    ``2.65 + 6 / sqrt(n)``); ValueError otherwise.
+    birth_threshold=-2.0, merge_threshold=None, outlier_capacity=0)``: sizes as for ``SlidingWindowSpine``
+    (``window`` a positive integer), ``max_clusters`` a positive integer, the thresholds finite
+    (``merge_threshold=None``: the default rule ``2.65 + 6 / sqrt(n)``), ``outlier_capacity`` a non-negative integer;
+    ValueError otherwise. ``outlier_capacity=N > 0`` is "moment closure + outliers": per layer, stream and cluster the
+    ``N`` evicted tokens the cluster represents worst are kept exactly (int8, ``state.stores``) and attended in the
+    same softmax; each layer's receipt then has ``"outliers"`` (``offered``, ``stored``, ``evicted``, ``held``,
+    ``bytes``, ``max_reconstruction_error``).
 
     Per step and layer: the window's exact attention and the clusters' moment-generating-function attention share
     one softmax; then the tokens that leave the window join the bank (a new cluster when the chunk's mean key is far
@@ -443,6 +485,7 @@ class MomentClosureAttention(_Spine):
         max_clusters: int = 4,
         birth_threshold: float = -2.0,
         merge_threshold: Optional[float] = None,
+        outlier_capacity: int = 0,
     ) -> None:
         super().__init__()
         w = "MomentClosureAttention"
@@ -453,20 +496,12 @@ class MomentClosureAttention(_Spine):
         config["merge_threshold"] = (
             None if merge_threshold is None else _finite_real(merge_threshold, w, "merge_threshold")
         )
+        config["outlier_capacity"] = _nonnegative_int(outlier_capacity, w, "outlier_capacity")
         self._setup(config)
 
     @staticmethod
     def _make_native(c: Dict[str, Any]):
-        return _torch._MomentClosureAttention(
-            c["vocab"],
-            c["d_model"],
-            c["n_layer"],
-            c["n_head"],
-            c["window"],
-            c["max_clusters"],
-            c["birth_threshold"],
-            c["merge_threshold"],
-        )
+        return _torch._MomentClosureAttention(c)
 
     @classmethod
     def from_checkpoint(cls, path: Any) -> "MomentClosureAttention":
@@ -482,7 +517,10 @@ class MomentClosureAttention(_Spine):
                 f"MomentClosureAttention.from_checkpoint: {path} holds a {info['mechanism']} model; use "
                 "SlidingWindowSpine.from_checkpoint"
             )
-        keys = ("vocab", "d_model", "n_layer", "n_head", "window", "max_clusters", "birth_threshold", "merge_threshold")
+        keys = (
+            "vocab", "d_model", "n_layer", "n_head", "window", "max_clusters", "birth_threshold", "merge_threshold",
+            "outlier_capacity",
+        )
         return cls._from_checkpoint(path, {k: info[k] for k in keys})
 
     def init_state(self, batch_size: int, *, device: Any = "cpu") -> MomentClosureState:
@@ -504,10 +542,13 @@ class MomentClosureAttention(_Spine):
             native, one = _native(bank, where)
             banks.append(native)
             one_stream.append(one)
-        return (near, banks, state.batch_size, state.detach_horizon_clusters), one_stream
+        if not isinstance(state.stores, (list, tuple)) or not all(isinstance(s, OutlierStore) for s in state.stores):
+            raise TypeError(f"{where}: state.stores must be a list of OutlierStore (got {state.stores!r:.60})")
+        stores = [tuple(getattr(s, f.name) for f in fields(OutlierStore)) for s in state.stores]
+        return (near, banks, stores, state.batch_size, state.detach_horizon_clusters), one_stream
 
     def _state(self, native: tuple, one_stream: Optional[List[bool]], device: Any) -> MomentClosureState:
-        near, banks, batch_size, detach_clusters = native
+        near, banks, stores, batch_size, detach_clusters = native
         if one_stream is None:
             one_stream = [False] * len(banks)
         return MomentClosureState(
@@ -515,6 +556,7 @@ class MomentClosureAttention(_Spine):
             [_bank(bank, one) for bank, one in zip(banks, one_stream)],
             batch_size,
             detach_clusters,
+            [OutlierStore(*store) for store in stores],
         )
 
     def step(self, state: MomentClosureState, chunk: Tuple[torch.Tensor, torch.Tensor]):

@@ -43,26 +43,8 @@ struct ClosureLayer {
   std::shared_ptr<MomentClosureSelfAttentionImpl> impl;
 };
 
-py::list named_parameters_out(torch::nn::Module& module) {
-  py::list out;
-  for (const auto& item : module.named_parameters()) {
-    out.append(py::make_tuple(item.key(), tensor_object(item.value())));
-  }
-  return out;
-}
-
-py::object optional_tensor_out(const torch::Tensor& t) { return t.defined() ? tensor_object(t) : py::none(); }
-
 torch::Tensor optional_cache_arg(py::handle obj, std::string_view where, std::string_view name) {
   return obj.is_none() ? torch::Tensor() : real_tensor_arg(obj, where, name, 4);
-}
-
-// The tuple's fields, checked for arity.
-py::tuple state_tuple(py::handle obj, size_t arity, std::string_view where, const char* layout) {
-  if (!PyTuple_Check(obj.ptr()) || static_cast<size_t>(PyTuple_GET_SIZE(obj.ptr())) != arity) {
-    throw TypeError(std::string(where) + ": state must be " + layout + " (got " + type_name(obj) + ")");
-  }
-  return py::reinterpret_borrow<py::tuple>(obj);
 }
 
 WindowLayerState window_state_from(const py::tuple& fields, std::string_view where) {
@@ -75,11 +57,11 @@ WindowLayerState window_state_from(const py::tuple& fields, std::string_view whe
 }
 
 py::tuple window_state_out(const WindowLayerState& s) {
-  return py::make_tuple(optional_tensor_out(s.cache_k), optional_tensor_out(s.cache_v), s.pos, s.batch_size);
+  return py::make_tuple(optional_tensor_object(s.cache_k), optional_tensor_object(s.cache_v), s.pos, s.batch_size);
 }
 
 py::tuple closure_state_out(const MomentClosureLayerState& s) {
-  return py::make_tuple(optional_tensor_out(s.near.cache_k), optional_tensor_out(s.near.cache_v), s.near.pos,
+  return py::make_tuple(optional_tensor_object(s.near.cache_k), optional_tensor_object(s.near.cache_v), s.near.pos,
                         s.near.batch_size, bank_to_tuple(s.bank));
 }
 
@@ -132,7 +114,7 @@ void bind_layers(py::module_& m) {
         std::optional<WindowLayerState> state;
         if (!state_obj.is_none()) {
           state = window_state_from(
-              state_tuple(state_obj, 4, kWindowForward, "a tuple (cache_k, cache_v, pos, batch_size)"),
+              tuple_fields(state_obj, 4, kWindowForward, "state", "tuple (cache_k, cache_v, pos, batch_size)"),
               kWindowForward);
         }
         SlidingWindowSelfAttentionOutput out;
@@ -170,8 +152,8 @@ void bind_layers(py::module_& m) {
         const auto h = real_tensor_arg(h_obj, kClosureForward, "h", 3);
         std::optional<MomentClosureLayerState> state;
         if (!state_obj.is_none()) {
-          const auto fields = state_tuple(state_obj, 5, kClosureForward,
-                                          "a tuple (cache_k, cache_v, pos, batch_size, bank)");
+          const auto fields = tuple_fields(state_obj, 5, kClosureForward, "state",
+                                           "tuple (cache_k, cache_v, pos, batch_size, bank)");
           state = MomentClosureLayerState{window_state_from(fields, kClosureForward),
                                           bank_from_tuple(fields[4], kClosureForward, "state.bank")};
         }

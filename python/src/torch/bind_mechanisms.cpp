@@ -1,18 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix._torch, the mechanisms: the libtorch modules SlidingWindowSpine and MomentClosureAttention as the private
-// classes _SlidingWindowSpine and _MomentClosureAttention. python/attnmix/torch/mechanisms.py builds the public
-// torch.nn.Modules on them: it takes the very parameter tensors the C++ forward reads (named_parameters), so Python
-// optimizers, state dicts and dtype conversions act on the C++ module's weights directly.
+// attnmix._torch, the window mechanisms: the libtorch modules SlidingWindowSpine and MomentClosureAttention as the
+// private classes _SlidingWindowSpine and _MomentClosureAttention (their methods from mechanism_binding.hpp), and
+// _checkpoint_model. python/attnmix/torch/mechanisms.py builds the public torch.nn.Modules on them: it takes the very
+// parameter tensors the C++ forward reads (named_parameters), so Python optimizers, state dicts and dtype
+// conversions act on the C++ module's weights directly.
 //
-// States cross as plain tuples of tensors and ints (each conversion moves tensor handles, never data):
+// States cross as plain tuples of tensors and ints:
 //   near            (cache_k [tensor (b, len, H, hd) or None, per layer], cache_v [same], pos, batch_size, n_head,
 //                    head_dim)
-//   moment-closure  (near, [bank 7-tuple per layer (torch_args.hpp)], batch_size, detach_horizon_clusters)
-// Every step checks, before the C++ runs: the parameters (all on the CPU, one dtype float32 or float64, the shapes
-// they had at construction), the state's tensors (CPU, the parameters' dtype, rank 4 for caches; banks by
-// validate_cluster_bank unless they are exactly the tensors the previous step returned, unmodified), and x, y
-// (int64 (batch, time) tensors of equal shape with ids in [0, vocab)). The C++ checks the rest (the state's batch
-// size and layout, the conservation receipts). Steps release the GIL.
+//   moment-closure  (near, [bank 7-tuple per layer (torch_args.hpp)], [store per layer, none without a store],
+//                    batch_size, detach_horizon_clusters)
+//   outlier store   (k_codes int8 (b, S, H, hd), k_low, k_scale float32 (b, S, H), v_codes, v_low, v_scale,
+//                    owner int64 (b, S), residual float64 (b, S), capacity, k_hat, v_hat (b, S, H, hd) or None)
+// The state's tensors are checked before the C++ runs (CPU, the parameters' dtype, rank 4 for caches; banks by
+// validate_cluster_bank unless they are exactly the tensors the previous step returned, unmodified; stores by
+// validate_outlier_store); the C++ checks the rest (the state's batch size and layout, the conservation receipts).
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
@@ -26,10 +28,10 @@
 #include "../convert.hpp"
 #include "../stream_receipts.hpp"
 #include "attnmix/core/errors.hpp"
-#include "attnmix/stream/checkpoint_weights.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/language_model.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "mechanism_binding.hpp"
 #include "torch_args.hpp"
 
 namespace attnmix::python {
@@ -39,99 +41,10 @@ using namespace pybind11::literals;
 
 namespace {
 
-std::string text(std::string_view s) { return std::string(s); }
-
-// "torch.float32" for messages read by Python users.
-std::string dtype_text(torch::ScalarType type) {
-  if (type == torch::kFloat) return "torch.float32";
-  if (type == torch::kDouble) return "torch.float64";
-  if (type == torch::kHalf) return "torch.float16";
-  return "torch." + std::string(c10::toString(type));
-}
-
-std::string shape_text(c10::IntArrayRef sizes) {
-  std::string out = "(";
-  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
-  return out + (sizes.size() == 1 ? ",)" : ")");
-}
-
-// What a bound module remembers of its parameters at construction, to refuse a forward on parameters that were
-// replaced by tensors of another shape, moved off the CPU or converted one by one.
-struct ParameterLayout {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-
-  explicit ParameterLayout(torch::nn::Module& module) {
-    for (const auto& p : module.named_parameters()) {
-      names.push_back(p.key());
-      shapes.push_back(p.value().sizes().vec());
-    }
-  }
-
-  // The parameters' common dtype. @throws ValueError naming the parameter.
-  torch::ScalarType check(torch::nn::Module& module, std::string_view where) const {
-    const auto parameters = module.parameters();
-    ATTNMIX_ASSERT(parameters.size() == shapes.size(), "a module's parameter list never changes");
-    const auto dtype = parameters.front().scalar_type();
-    for (size_t i = 0; i < parameters.size(); ++i) {
-      const auto& p = parameters[i];
-      const std::string what = text(where) + ": parameter " + names[i];
-      if (!p.device().is_cpu()) {
-        throw ValueError(what + " is on device " + p.device().str() + "; attnmix.torch runs on the CPU");
-      }
-      if (p.scalar_type() != torch::kFloat && p.scalar_type() != torch::kDouble) {
-        throw ValueError(what + " must be float32 or float64 (got " + dtype_text(p.scalar_type()) +
-                         ")");
-      }
-      if (p.scalar_type() != dtype) {
-        throw ValueError(what + " is " + dtype_text(p.scalar_type()) + " but the others are " +
-                         dtype_text(dtype) +
-                         "; convert the whole module at once (module.float() or module.double())");
-      }
-      if (p.sizes() != c10::IntArrayRef(shapes[i])) {
-        throw ValueError(what + " has shape " + shape_text(p.sizes()) + ", the model needs " +
-                         shape_text(shapes[i]));
-      }
-    }
-    return dtype;
-  }
-};
-
-// A state's tensor: the argument checks of torch_args.hpp and the parameters' dtype.
-torch::Tensor state_tensor(py::handle obj, torch::ScalarType dtype, std::string_view where, const std::string& name,
-                           int64_t dims) {
-  auto t = real_tensor_arg(obj, where, name, dims);
-  if (t.scalar_type() != dtype) {
-    throw ValueError(text(where) + ": " + name + " is " + dtype_text(t.scalar_type()) +
-                     " but the model's parameters are " + dtype_text(dtype) +
-                     " (make the state with init_state after converting the model)");
-  }
-  return t;
-}
-
-py::tuple state_fields(py::handle obj, size_t arity, std::string_view where, const char* kind) {
-  if (!PyTuple_Check(obj.ptr()) || static_cast<size_t>(PyTuple_GET_SIZE(obj.ptr())) != arity) {
-    throw TypeError(text(where) + ": state must be a " + kind + " (got " + type_name(obj) + ")");
-  }
-  return py::reinterpret_borrow<py::tuple>(obj);
-}
-
-py::sequence layer_list(py::handle obj, int64_t n_layer, std::string_view where, const std::string& name) {
-  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr())) {
-    throw TypeError(text(where) + ": " + name + " must be a list with one entry per layer (got " + type_name(obj) +
-                    ")");
-  }
-  const auto seq = py::reinterpret_borrow<py::sequence>(obj);
-  if (static_cast<int64_t>(py::len(seq)) != n_layer) {
-    throw ValueError(text(where) + ": " + name + " must hold one entry per layer (" + std::to_string(n_layer) +
-                     ", got " + std::to_string(py::len(seq)) + "); was the state made by another model?");
-  }
-  return seq;
-}
-
 SlidingWindowState near_from_tuple(py::handle obj, int64_t n_layer, torch::ScalarType dtype, std::string_view where,
                                    const std::string& prefix) {
-  const auto f = state_fields(obj, 6, where, "SlidingWindowState");
+  const auto f = tuple_fields(obj, 6, where, prefix.empty() ? "state" : prefix.substr(0, prefix.size() - 1),
+                              "SlidingWindowState");
   SlidingWindowState s;
   const std::string names[2] = {prefix + "cache_k", prefix + "cache_v"};
   std::vector<torch::Tensor>* caches[2] = {&s.cache_k, &s.cache_v};
@@ -151,16 +64,23 @@ SlidingWindowState near_from_tuple(py::handle obj, int64_t n_layer, torch::Scala
   return s;
 }
 
-py::object optional_tensor(const torch::Tensor& t) { return t.defined() ? tensor_object(t) : py::none(); }
-
 py::tuple near_to_tuple(const SlidingWindowState& s) {
   py::list k, v;
   for (size_t l = 0; l < s.cache_k.size(); ++l) {
-    k.append(optional_tensor(s.cache_k[l]));
-    v.append(optional_tensor(s.cache_v[l]));
+    k.append(optional_tensor_object(s.cache_k[l]));
+    v.append(optional_tensor_object(s.cache_v[l]));
   }
   return py::make_tuple(k, v, s.pos, s.batch_size, s.n_head, s.head_dim);
 }
+
+struct SpineCodec {
+  using Module = SlidingWindowSpineImpl;
+  static constexpr std::string_view name = "SlidingWindowSpine";
+  SlidingWindowState from_tuple(py::handle obj, Module& m, torch::ScalarType dtype, std::string_view where) const {
+    return near_from_tuple(obj, m.options().n_layer, dtype, where, "state.");
+  }
+  py::object to_tuple(const SlidingWindowState& s) { return near_to_tuple(s); }
+};
 
 // The bank tensors of the last state a module returned: a bank that comes back as exactly these tensors (the same
 // TensorImpls, held weakly so that no other tensor can take their address), with the version counters, shapes and
@@ -219,7 +139,7 @@ ClusterBank state_bank(py::handle obj, size_t layer, torch::ScalarType dtype, co
                        std::string_view where) {
   const std::string name = "state.banks[" + std::to_string(layer) + "]";
   if (!PyTuple_Check(obj.ptr()) || PyTuple_GET_SIZE(obj.ptr()) != 7) {
-    throw TypeError(text(where) + ": " + name + " must be a ClusterBank");
+    throw TypeError(std::string(where) + ": " + name + " must be a ClusterBank");
   }
   const auto f = py::reinterpret_borrow<py::tuple>(obj);
   ClusterBank quick;
@@ -245,250 +165,140 @@ ClusterBank state_bank(py::handle obj, size_t layer, torch::ScalarType dtype, co
   }
   ClusterBank bank = bank_from_tuple(obj, where, name);
   if (bank.count.scalar_type() != dtype) {
-    throw ValueError(text(where) + ": " + name + " is " + dtype_text(bank.count.scalar_type()) +
+    throw ValueError(std::string(where) + ": " + name + " is " + dtype_text(bank.count.scalar_type()) +
                      " but the model's parameters are " + dtype_text(dtype) +
                      " (make the state with init_state after converting the model)");
   }
   return bank;
 }
 
-MomentClosureState moment_from_tuple(py::handle obj, const MomentClosureOptions& o, torch::ScalarType dtype,
-                                     const BankMemo& memo, std::string_view where) {
-  const auto f = state_fields(obj, 4, where, "MomentClosureState");
-  MomentClosureState s;
-  s.near = near_from_tuple(f[0], o.n_layer, dtype, where, "state.near.");
-  const auto banks = layer_list(f[1], o.n_layer, where, "state.banks");
-  for (int64_t l = 0; l < o.n_layer; ++l) {
-    s.banks.push_back(state_bank(banks[static_cast<size_t>(l)], static_cast<size_t>(l), dtype, memo, where));
+// An int8 or float32 tensor of a store (the dtype and shape are validate_outlier_store's to check).
+torch::Tensor store_tensor(py::handle obj, std::string_view where, const std::string& name) {
+  return tensor_arg(obj, where, name);
+}
+
+OutlierStore store_from_tuple(py::handle obj, const ClusterBank& bank, std::string_view where,
+                              const std::string& name) {
+  const auto f = tuple_fields(obj, 11, where, name, "OutlierStore");
+  OutlierStore s;
+  s.k = {store_tensor(f[0], where, name + ".k_codes"), store_tensor(f[1], where, name + ".k_low"),
+         store_tensor(f[2], where, name + ".k_scale")};
+  s.v = {store_tensor(f[3], where, name + ".v_codes"), store_tensor(f[4], where, name + ".v_low"),
+         store_tensor(f[5], where, name + ".v_scale")};
+  const auto owner = store_tensor(f[6], where, name + ".owner");
+  const auto residual = store_tensor(f[7], where, name + ".residual");
+  const int64_t B = bank.batch_size(), S = bank.max_clusters * positive_int(f[8], where, name + ".capacity");
+  s.capacity = positive_int(f[8], where, name + ".capacity");
+  if (owner.scalar_type() != torch::kLong || owner.sizes() != c10::IntArrayRef{B, S}) {
+    throw ValueError(std::string(where) + ": " + name + ".owner must be an int64 tensor of shape (" +
+                     std::to_string(B) + ", " + std::to_string(S) + ")");
   }
-  s.batch_size = positive_int(f[2], where, "state.batch_size");
-  s.detach_horizon_clusters = flag(f[3], where, "state.detach_horizon_clusters");
+  if (residual.scalar_type() != torch::kDouble || residual.sizes() != c10::IntArrayRef{B, S}) {
+    throw ValueError(std::string(where) + ": " + name + ".residual must be a float64 tensor of shape (" +
+                     std::to_string(B) + ", " + std::to_string(S) + ")");
+  }
+  const auto owner_c = owner.contiguous();
+  const auto residual_c = residual.contiguous();
+  s.owner.assign(owner_c.data_ptr<int64_t>(), owner_c.data_ptr<int64_t>() + B * S);
+  s.residual.assign(residual_c.data_ptr<double>(), residual_c.data_ptr<double>() + B * S);
+  if (!f[9].is_none()) s.k_hat = real_tensor_arg(f[9], where, name + ".k_hat");
+  if (!f[10].is_none()) s.v_hat = real_tensor_arg(f[10], where, name + ".v_hat");
+  validate_outlier_store(s, bank, std::string(where), name + ".");
   return s;
 }
 
-py::tuple moment_to_tuple(const MomentClosureState& s) {
-  py::list banks;
-  for (const auto& bank : s.banks) banks.append(bank_to_tuple(bank));
-  return py::make_tuple(near_to_tuple(s.near), banks, s.batch_size, s.detach_horizon_clusters);
+py::tuple store_to_tuple(const OutlierStore& s) {
+  const int64_t B = s.batch_size(), S = s.slots();
+  auto owner = torch::tensor(s.owner, torch::kLong).view({B, S});
+  auto residual = torch::tensor(s.residual, torch::kDouble).view({B, S});
+  return py::make_tuple(tensor_object(s.k.codes), tensor_object(s.k.low), tensor_object(s.k.scale),
+                        tensor_object(s.v.codes), tensor_object(s.v.low), tensor_object(s.v.scale),
+                        tensor_object(owner), tensor_object(residual), s.capacity, optional_tensor_object(s.k_hat),
+                        optional_tensor_object(s.v_hat));
 }
 
-// x and y of a step: int64 (batch, time) tensors of one shape, both sizes positive, ids in [0, vocab).
-std::pair<torch::Tensor, torch::Tensor> chunk_args(py::handle x_obj, py::handle y_obj, int64_t vocab,
-                                                   std::string_view where, bool with_targets) {
-  const auto x = token_arg(x_obj, where, "x");
-  const auto y = with_targets ? token_arg(y_obj, where, "y") : torch::Tensor();
-  const auto check_ids = [&](const torch::Tensor& t, const char* name) {
-    if (t.size(0) <= 0 || t.size(1) <= 0) {
-      throw ValueError(text(where) + ": " + name + " must have batch >= 1 and time >= 1 (got shape " +
-                       shape_text(t.sizes()) + ")");
-    }
-    const auto [lo, hi] = torch::aminmax(t);
-    const auto low = lo.item<int64_t>(), high = hi.item<int64_t>();
-    if (low < 0 || high >= vocab) {
-      throw ValueError(text(where) + ": " + name + " holds the id " + std::to_string(low < 0 ? low : high) +
-                       ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
-    }
-  };
-  check_ids(x, "x");
-  if (with_targets) {
-    if (x.sizes() != y.sizes()) {
-      throw ValueError(text(where) + ": x and y must have the same shape (got " + shape_text(x.sizes()) + " and " +
-                       shape_text(y.sizes()) + ")");
-    }
-    check_ids(y, "y");
-  }
-  return {x, y};
-}
-
-// The modules as bound: the libtorch module (a TORCH_MODULE holder is a shared_ptr) and its parameter layout.
-struct BoundSpine {
-  std::shared_ptr<SlidingWindowSpineImpl> module;
-  ParameterLayout layout;
-  explicit BoundSpine(const SpineOptions& o)
-      : module(std::make_shared<SlidingWindowSpineImpl>(o)), layout(*module) {}
-};
-
-struct BoundMomentClosure {
-  std::shared_ptr<MomentClosureAttentionImpl> module;
-  ParameterLayout layout;
+struct MomentCodec {
+  using Module = MomentClosureAttentionImpl;
+  static constexpr std::string_view name = "MomentClosureAttention";
   BankMemo memo;
-  explicit BoundMomentClosure(const MomentClosureOptions& o)
-      : module(std::make_shared<MomentClosureAttentionImpl>(o)), layout(*module) {}
+
+  MomentClosureState from_tuple(py::handle obj, Module& m, torch::ScalarType dtype, std::string_view where) const {
+    const auto& o = m.options();
+    const auto f = tuple_fields(obj, 5, where, "state", "MomentClosureState");
+    MomentClosureState s;
+    s.near = near_from_tuple(f[0], o.n_layer, dtype, where, "state.near.");
+    const auto banks = layer_list(f[1], o.n_layer, where, "state.banks");
+    for (int64_t l = 0; l < o.n_layer; ++l) {
+      s.banks.push_back(state_bank(banks[static_cast<size_t>(l)], static_cast<size_t>(l), dtype, memo, where));
+    }
+    const auto stores = layer_list(f[2], o.outlier_capacity > 0 ? o.n_layer : 0, where, "state.stores");
+    for (size_t l = 0; l < py::len(stores); ++l) {
+      s.stores.push_back(store_from_tuple(stores[l], s.banks[l], where, "state.stores[" + std::to_string(l) + "]"));
+    }
+    s.batch_size = positive_int(f[3], where, "state.batch_size");
+    s.detach_horizon_clusters = flag(f[4], where, "state.detach_horizon_clusters");
+    return s;
+  }
+
+  py::object to_tuple(const MomentClosureState& s) {
+    memo.remember(s.banks);
+    py::list banks, stores;
+    for (const auto& bank : s.banks) banks.append(bank_to_tuple(bank));
+    for (const auto& store : s.stores) stores.append(store_to_tuple(store));
+    return py::make_tuple(near_to_tuple(s.near), banks, stores, s.batch_size, s.detach_horizon_clusters);
+  }
 };
 
-py::list named_parameters_out(torch::nn::Module& module) {
-  py::list out;
-  for (const auto& p : module.named_parameters()) out.append(py::make_tuple(p.key(), tensor_object(p.value())));
-  return out;
+py::object optional_real_object(const std::optional<double>& v) {
+  return v ? py::object(py::float_(*v)) : py::object(py::none());
 }
-
-constexpr std::string_view kSpine = "SlidingWindowSpine";
-constexpr std::string_view kMoment = "MomentClosureAttention";
 
 }  // namespace
 
 void bind_mechanisms(py::module_& m) {
-  py::class_<BoundSpine>(m, "_SlidingWindowSpine",
-                         "The libtorch SlidingWindowSpine behind attnmix.torch.SlidingWindowSpine (private).")
-      .def(py::init([](const py::object& vocab, const py::object& d_model, const py::object& n_layer,
-                       const py::object& n_head, const py::object& window, const py::object& cp_size) {
+  bind_mechanism<SpineCodec>(m, "_SlidingWindowSpine",
+                             "The libtorch SlidingWindowSpine behind attnmix.torch.SlidingWindowSpine (private).")
+      .def(py::init([](const py::object& config) {
+             const MechanismConfig c(config, SpineCodec::name);
              SpineOptions o;
-             o.vocab = positive_int(vocab, kSpine, "vocab");
-             o.d_model = positive_int(d_model, kSpine, "d_model");
-             o.n_layer = positive_int(n_layer, kSpine, "n_layer");
-             o.n_head = positive_int(n_head, kSpine, "n_head");
-             o.window = optional_positive_int(window, kSpine, "window");
-             o.cp_size = positive_int(cp_size, kSpine, "cp_size");
-             return std::make_unique<BoundSpine>(o);
+             o.vocab = c.positive("vocab");
+             o.d_model = c.positive("d_model");
+             o.n_layer = c.positive("n_layer");
+             o.n_head = c.positive("n_head");
+             o.window = c.optional_positive("window");
+             o.cp_size = c.positive("cp_size");
+             return std::make_unique<BoundMechanism<SpineCodec>>(o);
            }),
-           py::arg("vocab"), py::arg("d_model"), py::arg("n_layer"), py::arg("n_head"), py::arg("window"),
-           py::arg("cp_size"))
-      .def("named_parameters", [](BoundSpine& b) { return named_parameters_out(*b.module); },
-           "[(C++ name, tensor)]: the very tensors the forward reads, in the C++ module's order.")
-      .def(
-          "init_state",
-          [](BoundSpine& b, const py::object& batch_size) {
-            return near_to_tuple(b.module->init_state(positive_int(batch_size, "SlidingWindowSpine.init_state",
-                                                                   "batch_size")));
-          },
-          py::arg("batch_size"))
-      .def(
-          "step",
-          [](BoundSpine& b, const py::object& state, const py::object& x_obj, const py::object& y_obj) {
-            constexpr std::string_view w = "SlidingWindowSpine.step";
-            const auto dtype = b.layout.check(*b.module, w);
-            const auto s = near_from_tuple(state, b.module->options().n_layer, dtype, w, "state.");
-            const auto [x, y] = chunk_args(x_obj, y_obj, b.module->options().vocab, w, true);
-            MechanismStep<SlidingWindowState> r;
-            {
-              py::gil_scoped_release release;
-              r = b.module->step(s, x, y);
-            }
-            return py::make_tuple(near_to_tuple(r.state), tensor_object(r.loss));
-          },
-          py::arg("state"), py::arg("x"), py::arg("y"))
-      .def(
-          "advance",
-          [](BoundSpine& b, const py::object& state, const py::object& x_obj) {
-            constexpr std::string_view w = "SlidingWindowSpine.advance";
-            const auto dtype = b.layout.check(*b.module, w);
-            const auto s = near_from_tuple(state, b.module->options().n_layer, dtype, w, "state.");
-            const auto x = chunk_args(x_obj, py::none(), b.module->options().vocab, w, false).first;
-            SpineOutput r;
-            {
-              py::gil_scoped_release release;
-              r = b.module->advance(s, x);
-            }
-            return py::make_tuple(near_to_tuple(r.state), tensor_object(r.logits));
-          },
-          py::arg("state"), py::arg("x"))
-      .def(
-          "detach",
-          [](BoundSpine& b, const py::object& state) {
-            constexpr std::string_view w = "SlidingWindowSpine.detach";
-            const auto dtype = b.layout.check(*b.module, w);
-            return near_to_tuple(
-                b.module->detach(near_from_tuple(state, b.module->options().n_layer, dtype, w, "state.")));
-          },
-          py::arg("state"))
-      .def(
-          "load_checkpoint",
-          [](BoundSpine& b, const std::string& path) {
-            py::gil_scoped_release release;
-            load_checkpoint_weights(path, *b.module->backbone());
-          },
-          py::arg("path"), "Copies an `attnmix lm train` checkpoint's parameters into the module.");
+           py::arg("config"));
 
-  py::class_<BoundMomentClosure>(
+  bind_mechanism<MomentCodec>(
       m, "_MomentClosureAttention",
       "The libtorch MomentClosureAttention behind attnmix.torch.MomentClosureAttention (private).")
-      .def(py::init([](const py::object& vocab, const py::object& d_model, const py::object& n_layer,
-                       const py::object& n_head, const py::object& window, const py::object& max_clusters,
-                       const py::object& birth_threshold, const py::object& merge_threshold) {
+      .def(py::init([](const py::object& config) {
+             const MechanismConfig c(config, MomentCodec::name);
              MomentClosureOptions o;
-             o.vocab = positive_int(vocab, kMoment, "vocab");
-             o.d_model = positive_int(d_model, kMoment, "d_model");
-             o.n_layer = positive_int(n_layer, kMoment, "n_layer");
-             o.n_head = positive_int(n_head, kMoment, "n_head");
-             o.window = positive_int(window, kMoment, "window");
-             o.max_clusters = positive_int(max_clusters, kMoment, "max_clusters");
-             o.birth_threshold = real_number(birth_threshold, kMoment, "birth_threshold");
-             if (!merge_threshold.is_none()) {
-               o.merge_threshold = real_number(merge_threshold, kMoment, "merge_threshold");
-             }
-             return std::make_unique<BoundMomentClosure>(o);
+             o.vocab = c.positive("vocab");
+             o.d_model = c.positive("d_model");
+             o.n_layer = c.positive("n_layer");
+             o.n_head = c.positive("n_head");
+             o.window = c.positive("window");
+             o.max_clusters = c.positive("max_clusters");
+             o.birth_threshold = c.real("birth_threshold");
+             o.merge_threshold = c.optional_real("merge_threshold");
+             o.outlier_capacity = c.nonnegative("outlier_capacity");
+             return std::make_unique<BoundMechanism<MomentCodec>>(o);
            }),
-           py::arg("vocab"), py::arg("d_model"), py::arg("n_layer"), py::arg("n_head"), py::arg("window"),
-           py::arg("max_clusters"), py::arg("birth_threshold"), py::arg("merge_threshold"))
-      .def("named_parameters", [](BoundMomentClosure& b) { return named_parameters_out(*b.module); },
-           "[(C++ name, tensor)]: the very tensors the forward reads, in the C++ module's order.")
-      .def(
-          "init_state",
-          [](BoundMomentClosure& b, const py::object& batch_size) {
-            const auto state =
-                b.module->init_state(positive_int(batch_size, "MomentClosureAttention.init_state", "batch_size"));
-            b.memo.remember(state.banks);
-            return moment_to_tuple(state);
-          },
-          py::arg("batch_size"))
-      .def(
-          "step",
-          [](BoundMomentClosure& b, const py::object& state, const py::object& x_obj, const py::object& y_obj) {
-            constexpr std::string_view w = "MomentClosureAttention.step";
-            const auto dtype = b.layout.check(*b.module, w);
-            const auto s = moment_from_tuple(state, b.module->options(), dtype, b.memo, w);
-            const auto [x, y] = chunk_args(x_obj, y_obj, b.module->options().vocab, w, true);
-            MechanismStep<MomentClosureState> r;
-            {
-              py::gil_scoped_release release;
-              r = b.module->step(s, x, y);
-            }
-            b.memo.remember(r.state.banks);
-            return py::make_tuple(moment_to_tuple(r.state), tensor_object(r.loss));
-          },
-          py::arg("state"), py::arg("x"), py::arg("y"))
-      .def(
-          "advance",
-          [](BoundMomentClosure& b, const py::object& state, const py::object& x_obj) {
-            constexpr std::string_view w = "MomentClosureAttention.advance";
-            const auto dtype = b.layout.check(*b.module, w);
-            const auto s = moment_from_tuple(state, b.module->options(), dtype, b.memo, w);
-            const auto x = chunk_args(x_obj, py::none(), b.module->options().vocab, w, false).first;
-            MomentClosureOutput r;
-            {
-              py::gil_scoped_release release;
-              r = b.module->advance(s, x);
-            }
-            b.memo.remember(r.state.banks);
-            return py::make_tuple(moment_to_tuple(r.state), tensor_object(r.logits));
-          },
-          py::arg("state"), py::arg("x"))
-      .def(
-          "detach",
-          [](BoundMomentClosure& b, const py::object& state) {
-            constexpr std::string_view w = "MomentClosureAttention.detach";
-            const auto dtype = b.layout.check(*b.module, w);
-            const auto detached = b.module->detach(moment_from_tuple(state, b.module->options(), dtype, b.memo, w));
-            b.memo.remember(detached.banks);
-            return moment_to_tuple(detached);
-          },
-          py::arg("state"))
+           py::arg("config"))
       .def(
           "last_receipts",
-          [](BoundMomentClosure& b) {
+          [](BoundMechanism<MomentCodec>& b) {
             py::list out;
             for (const auto& r : b.module->last_receipts()) out.append(layer_receipt_out(r, &tensor_object));
             return out;
           },
-          "The last step's receipts, one dict per layer: {batch_size, streams: [receipt per stream], misfit_scalar}.")
-      .def("last_misfit", [](BoundMomentClosure& b) { return b.module->last_misfit(); })
-      .def(
-          "load_checkpoint",
-          [](BoundMomentClosure& b, const std::string& path) {
-            py::gil_scoped_release release;
-            load_checkpoint_weights(path, *b.module->backbone());
-          },
-          py::arg("path"), "Copies an `attnmix lm train` checkpoint's parameters into the module.");
+          "The last step's receipts, one dict per layer: {batch_size, streams: [receipt per stream], misfit_scalar"
+          " and, with a store, outliers}.")
+      .def("last_misfit", [](BoundMechanism<MomentCodec>& b) { return b.module->last_misfit(); });
 
   m.def(
       "_checkpoint_model",
@@ -503,9 +313,9 @@ void bind_mechanisms(py::module_& m) {
                         "d_model"_a = c.d_model, "n_layer"_a = c.n_layer, "n_head"_a = c.n_head,
                         "window"_a = c.window, "max_clusters"_a = c.max_clusters,
                         "birth_threshold"_a = c.birth_threshold,
-                        "merge_threshold"_a = c.merge_threshold ? py::object(py::float_(*c.merge_threshold))
-                                                                : py::object(py::none()),
-                        "step"_a = info.step);
+                        "merge_threshold"_a = optional_real_object(c.merge_threshold),
+                        "outlier_capacity"_a = c.outlier_capacity, "sketch_rows"_a = c.sketch_rows,
+                        "sketch_dim"_a = c.sketch_dim, "sketch_degree"_a = c.sketch_degree, "step"_a = info.step);
       },
       py::arg("path"), "The model configuration of an `attnmix lm train` checkpoint, and its step.");
 }

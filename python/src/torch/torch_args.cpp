@@ -75,6 +75,37 @@ torch::ScalarType dtype_arg(py::handle obj, std::string_view where, std::string_
 
 py::object tensor_object(const torch::Tensor& t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(t)); }
 
+py::object optional_tensor_object(const torch::Tensor& t) { return t.defined() ? tensor_object(t) : py::none(); }
+
+py::list named_parameters_out(torch::nn::Module& module) {
+  py::list out;
+  for (const auto& p : module.named_parameters()) out.append(py::make_tuple(p.key(), tensor_object(p.value())));
+  return out;
+}
+
+std::string dtype_text(torch::ScalarType type) {
+  if (type == torch::kFloat) return "torch.float32";
+  if (type == torch::kDouble) return "torch.float64";
+  if (type == torch::kHalf) return "torch.float16";
+  if (type == torch::kChar) return "torch.int8";
+  if (type == torch::kLong) return "torch.int64";
+  return "torch." + std::string(c10::toString(type));
+}
+
+std::string shape_text(c10::IntArrayRef sizes) {
+  std::string out = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + (sizes.size() == 1 ? ",)" : ")");
+}
+
+py::tuple tuple_fields(py::handle obj, size_t arity, std::string_view where, std::string_view name,
+                       std::string_view kind) {
+  if (!PyTuple_Check(obj.ptr()) || static_cast<size_t>(PyTuple_GET_SIZE(obj.ptr())) != arity) {
+    throw TypeError(label(where, name) + " must be a " + std::string(kind) + " (got " + type_name(obj) + ")");
+  }
+  return py::reinterpret_borrow<py::tuple>(obj);
+}
+
 ClusterBank bank_from_tuple(py::handle obj, std::string_view where, std::string_view name) {
   if (!PyTuple_Check(obj.ptr()) || PyTuple_GET_SIZE(obj.ptr()) != 7) {
     throw TypeError(label(where, name) + " must be a ClusterBank");

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "attnmix/stream/moment_closure.hpp"
@@ -31,6 +32,22 @@ namespace attnmix::python {
 
 /// A tensor for Python: the same tensor (no copy).
 [[nodiscard]] pybind11::object tensor_object(const torch::Tensor& t);
+
+/// tensor_object, or None for an undefined tensor.
+[[nodiscard]] pybind11::object optional_tensor_object(const torch::Tensor& t);
+
+/// [(name, tensor)] of a module's parameters: the very tensors (no copy), in the module's order.
+[[nodiscard]] pybind11::list named_parameters_out(torch::nn::Module& module);
+
+/// "torch.float32", "torch.float64", … for messages read by Python users.
+[[nodiscard]] std::string dtype_text(torch::ScalarType type);
+
+/// "(2, 3)", "(4,)": a shape as Python prints it.
+[[nodiscard]] std::string shape_text(c10::IntArrayRef sizes);
+
+/// obj as a tuple of `arity` fields. @throws TypeError "<where>: <name> must be a <kind>" otherwise.
+[[nodiscard]] pybind11::tuple tuple_fields(pybind11::handle obj, size_t arity, std::string_view where,
+                                           std::string_view name, std::string_view kind);
 
 /// A bank from its tuple (count, mu_k, mu_v, sigma_kk, sigma_vk, n_clusters (a sequence of ints), max_clusters),
 /// checked by validate_cluster_bank. @throws TypeError/ValueError naming `where`, `name` and the field.

@@ -15,6 +15,7 @@ namespace py = pybind11;
 namespace attnmix::python {
 void bind_functional(py::module_& m);  // bind_functional.cpp
 void bind_mechanisms(py::module_& m);  // bind_mechanisms.cpp
+void bind_sketch_spines(py::module_& m);  // bind_sketch_spines.cpp
 void bind_layers(py::module_& m);      // bind_layers.cpp
 }  // namespace attnmix::python
 
@@ -48,6 +49,7 @@ PYBIND11_MODULE(_torch, m) {
 
   attnmix::python::bind_functional(m);
   attnmix::python::bind_mechanisms(m);
+  attnmix::python::bind_sketch_spines(m);
   attnmix::python::bind_layers(m);
   attnmix::python::harden_classes(m);  // last: every class is bound
 }
