@@ -188,8 +188,8 @@ void validate_outlier_store(const OutlierStore& store, const ClusterBank& bank, 
       const double r = store.residual[i];
       const std::string at = " (stream " + str(b) + ", slot " + str(slot) + ")";
       if (c < -1 || c >= live) {
-        throw ValueError(field("owner") + at + " names cluster " + str(c) + ", which the stream's bank does not hold (" +
-                         str(live) + " live)");
+        throw ValueError(field("owner") + at + " names cluster " + str(c) +
+                         ", which the stream's bank does not hold (" + str(live) + " live)");
       }
       if (c >= 0 && ++per_cluster[static_cast<size_t>(c)] > store.capacity) {
         throw ValueError(field("owner") + at + ": cluster " + str(c) + " holds more than outlier_capacity " +

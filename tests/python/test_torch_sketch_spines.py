@@ -32,7 +32,9 @@ MECHANISMS = {
     "linear": (LinearAttentionSpine, {}, {}),
     "frequent-directions": (FrequentDirectionsSpine, dict(window=8, sketch_rows=4), dict(window=8, sketch_rows=4)),
     "tensor-sketch": (
-        TensorSketchSpine, dict(window=8, sketch_dim=16, sketch_degree=2), dict(window=8, sketch_dim=16, sketch_degree=2)
+        TensorSketchSpine,
+        dict(window=8, sketch_dim=16, sketch_degree=2),
+        dict(window=8, sketch_dim=16, sketch_degree=2),
     ),
     "moment-closure+outliers": (
         MomentClosureAttention, dict(window=8, max_clusters=3, outlier_capacity=2),

@@ -172,23 +172,19 @@ ClusterBank state_bank(py::handle obj, size_t layer, torch::ScalarType dtype, co
   return bank;
 }
 
-// An int8 or float32 tensor of a store (the dtype and shape are validate_outlier_store's to check).
-torch::Tensor store_tensor(py::handle obj, std::string_view where, const std::string& name) {
-  return tensor_arg(obj, where, name);
-}
-
 OutlierStore store_from_tuple(py::handle obj, const ClusterBank& bank, std::string_view where,
                               const std::string& name) {
   const auto f = tuple_fields(obj, 11, where, name, "OutlierStore");
+  // The tensors as they are: validate_outlier_store checks their dtypes and shapes.
   OutlierStore s;
-  s.k = {store_tensor(f[0], where, name + ".k_codes"), store_tensor(f[1], where, name + ".k_low"),
-         store_tensor(f[2], where, name + ".k_scale")};
-  s.v = {store_tensor(f[3], where, name + ".v_codes"), store_tensor(f[4], where, name + ".v_low"),
-         store_tensor(f[5], where, name + ".v_scale")};
-  const auto owner = store_tensor(f[6], where, name + ".owner");
-  const auto residual = store_tensor(f[7], where, name + ".residual");
-  const int64_t B = bank.batch_size(), S = bank.max_clusters * positive_int(f[8], where, name + ".capacity");
+  s.k = {tensor_arg(f[0], where, name + ".k_codes"), tensor_arg(f[1], where, name + ".k_low"),
+         tensor_arg(f[2], where, name + ".k_scale")};
+  s.v = {tensor_arg(f[3], where, name + ".v_codes"), tensor_arg(f[4], where, name + ".v_low"),
+         tensor_arg(f[5], where, name + ".v_scale")};
+  const auto owner = tensor_arg(f[6], where, name + ".owner");
+  const auto residual = tensor_arg(f[7], where, name + ".residual");
   s.capacity = positive_int(f[8], where, name + ".capacity");
+  const int64_t B = bank.batch_size(), S = bank.max_clusters * s.capacity;
   if (owner.scalar_type() != torch::kLong || owner.sizes() != c10::IntArrayRef{B, S}) {
     throw ValueError(std::string(where) + ": " + name + ".owner must be an int64 tensor of shape (" +
                      std::to_string(B) + ", " + std::to_string(S) + ")");
