@@ -256,11 +256,7 @@ void bind_mechanisms(py::module_& m) {
                              "The libtorch SlidingWindowSpine behind attnmix.torch.SlidingWindowSpine (private).")
       .def(py::init([](const py::object& config) {
              const MechanismConfig c(config, SpineCodec::name);
-             SpineOptions o;
-             o.vocab = c.positive("vocab");
-             o.d_model = c.positive("d_model");
-             o.n_layer = c.positive("n_layer");
-             o.n_head = c.positive("n_head");
+             auto o = c.model_sizes<SpineOptions>();
              o.window = c.optional_positive("window");
              o.cp_size = c.positive("cp_size");
              return std::make_unique<BoundMechanism<SpineCodec>>(o);
@@ -272,11 +268,7 @@ void bind_mechanisms(py::module_& m) {
       "The libtorch MomentClosureAttention behind attnmix.torch.MomentClosureAttention (private).")
       .def(py::init([](const py::object& config) {
              const MechanismConfig c(config, MomentCodec::name);
-             MomentClosureOptions o;
-             o.vocab = c.positive("vocab");
-             o.d_model = c.positive("d_model");
-             o.n_layer = c.positive("n_layer");
-             o.n_head = c.positive("n_head");
+             auto o = c.model_sizes<MomentClosureOptions>();
              o.window = c.positive("window");
              o.max_clusters = c.positive("max_clusters");
              o.birth_threshold = c.real("birth_threshold");

@@ -127,17 +127,6 @@ using LinearCodec = LayeredCodec<LinearAttentionSpineImpl, kLinear>;
 using FrequentDirectionsCodec = LayeredCodec<FrequentDirectionsSpineImpl, kFrequentDirections>;
 using TensorSketchCodec = LayeredCodec<TensorSketchSpineImpl, kTensorSketch>;
 
-// The sizes every spine has.
-template <class Options>
-Options model_sizes(const MechanismConfig& c) {
-  Options o;
-  o.vocab = c.positive("vocab");
-  o.d_model = c.positive("d_model");
-  o.n_layer = c.positive("n_layer");
-  o.n_head = c.positive("n_head");
-  return o;
-}
-
 py::dict receipt_out(const FrequentDirectionsReceipt& r) {
   return py::dict("window"_a = r.window, "evicted"_a = r.evicted, "filled"_a = r.filled, "shrinks"_a = r.shrinks,
                   "mass"_a = tensor_object(r.mass), "kept"_a = tensor_object(r.kept),
@@ -152,7 +141,7 @@ void bind_sketch_spines(py::module_& m) {
                               "The libtorch LinearAttentionSpine behind attnmix.torch.LinearAttentionSpine (private).")
       .def(py::init([](const py::object& config) {
              const MechanismConfig c(config, kLinear);
-             return std::make_unique<BoundMechanism<LinearCodec>>(model_sizes<LinearAttentionOptions>(c));
+             return std::make_unique<BoundMechanism<LinearCodec>>(c.model_sizes<LinearAttentionOptions>());
            }),
            py::arg("config"));
 
@@ -161,7 +150,7 @@ void bind_sketch_spines(py::module_& m) {
       "The libtorch FrequentDirectionsSpine behind attnmix.torch.FrequentDirectionsSpine (private).")
       .def(py::init([](const py::object& config) {
              const MechanismConfig c(config, kFrequentDirections);
-             auto o = model_sizes<FrequentDirectionsOptions>(c);
+             auto o = c.model_sizes<FrequentDirectionsOptions>();
              o.window = c.positive("window");
              o.sketch_rows = c.positive("sketch_rows");
              return std::make_unique<BoundMechanism<FrequentDirectionsCodec>>(o);
@@ -184,7 +173,7 @@ void bind_sketch_spines(py::module_& m) {
       m, "_TensorSketchSpine", "The libtorch TensorSketchSpine behind attnmix.torch.TensorSketchSpine (private).")
       .def(py::init([](const py::object& config) {
              const MechanismConfig c(config, kTensorSketch);
-             auto o = model_sizes<TensorSketchOptions>(c);
+             auto o = c.model_sizes<TensorSketchOptions>();
              o.window = c.positive("window");
              o.sketch_dim = c.positive("sketch_dim");
              o.degree = c.positive("sketch_degree");

@@ -67,6 +67,17 @@ class MechanismConfig {
   std::optional<int64_t> optional_positive(const char* key) const;
   std::optional<double> optional_real(const char* key) const;
 
+  /// Options with the sizes every mechanism has (vocab, d_model, n_layer, n_head) read; the rest at their defaults.
+  template <class Options>
+  Options model_sizes() const {
+    Options o;
+    o.vocab = positive("vocab");
+    o.d_model = positive("d_model");
+    o.n_layer = positive("n_layer");
+    o.n_head = positive("n_head");
+    return o;
+  }
+
  private:
   pybind11::handle at(const char* key) const;
   pybind11::dict dict_;
