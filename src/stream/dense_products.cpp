@@ -44,31 +44,36 @@ struct Operand {
 
 // OpenBLAS when the libblas.so.3 that provides cblas_sgemm in this process is OpenBLAS (it alone has
 // openblas_get_corename; dlsym on the library's handle searches its dependencies, libopenblas.so.0) and the core it
-// chose has AVX2 or AVX-512 kernels. An OpenBLAS that does not know the processor falls back to generic SSE kernels
-// ("Prescott": OpenBLAS 0.3.21 on Sapphire Rapids), 4-5x slower than Eigen at every spine shape (BM_DenseProduct,
-// docs/PERFORMANCE.md), so Eigen serves then. The choice depends on the machine alone, never on a timing.
-bool vector_core(std::string core) {
+// chose has AVX2 or AVX-512 kernels whose results for the dtype do not depend on OpenBLAS's thread count (the
+// header). An OpenBLAS that does not know the processor falls back to generic SSE kernels ("Prescott": OpenBLAS
+// 0.3.21 on Sapphire Rapids), 4-5x slower than Eigen at every spine shape (BM_DenseProduct, docs/PERFORMANCE.md), so
+// Eigen serves then. The choice depends on the machine alone, never on a timing.
+struct BlasCores {
+  bool for_float = false;
+  bool for_double = false;
+};
+
+BlasCores blas_cores(std::string core) {
   std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (const char* fast : {"haswell", "skylakex", "cooperlake", "sapphirerapids", "zen"}) {
-    if (core == fast) return true;
-  }
-  return false;
+  if (core == "skylakex" || core == "cooperlake") return {true, true};
+  if (core == "haswell" || core == "zen") return {false, true};
+  return {};
 }
 
-GemmKernel detect_kernel() {
+BlasCores detect_blas_cores() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) == 0 || info.dli_fname == nullptr) return GemmKernel::kEigen;
+  if (dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) == 0 || info.dli_fname == nullptr) return {};
   void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-  if (library == nullptr) return GemmKernel::kEigen;
+  if (library == nullptr) return {};
   using CoreName = const char* (*)();
   const auto corename = reinterpret_cast<CoreName>(dlsym(library, "openblas_get_corename"));
-  const bool fast = corename != nullptr && corename() != nullptr && vector_core(corename());
+  const BlasCores cores = corename != nullptr && corename() != nullptr ? blas_cores(corename()) : BlasCores{};
   dlclose(library);
-  return fast ? GemmKernel::kBlas : GemmKernel::kEigen;
+  return cores;
 }
 
 std::atomic<GemmKernel>& kernel_setting() {
-  static std::atomic<GemmKernel> kernel{detect_kernel()};
+  static std::atomic<GemmKernel> kernel{GemmKernel::kAuto};
   return kernel;
 }
 
@@ -165,7 +170,7 @@ torch::Tensor batched(const torch::Tensor& a, bool ta, const torch::Tensor& b, b
   auto out = torch::empty(sizes, a.options());
   int64_t count = 1;
   for (int64_t i = 0; i < lead; ++i) count *= a.size(i);
-  const bool on_blas = gemm_kernel() == GemmKernel::kBlas;
+  const bool on_blas = gemm_kernel_for(a.scalar_type()) == GemmKernel::kBlas;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "attnmix_fast_bmm", [&] {
     auto* po = out.data_ptr<scalar_t>();
     std::vector<scalar_t> scratch_a, scratch_b;
@@ -240,6 +245,13 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
 }  // namespace
 
 GemmKernel gemm_kernel() { return kernel_setting().load(std::memory_order_relaxed); }
+
+GemmKernel gemm_kernel_for(torch::ScalarType dtype) {
+  const GemmKernel setting = gemm_kernel();
+  if (setting != GemmKernel::kAuto) return setting;
+  static const BlasCores cores = detect_blas_cores();
+  return (dtype == torch::kDouble ? cores.for_double : cores.for_float) ? GemmKernel::kBlas : GemmKernel::kEigen;
+}
 
 GemmKernel set_gemm_kernel(GemmKernel kernel) { return kernel_setting().exchange(kernel); }
 

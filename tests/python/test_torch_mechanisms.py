@@ -108,6 +108,24 @@ def relative_error(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
+def tied_outliers_in_index_order(receipt, rtol):
+    """A stream receipt whose per-cluster outlier lists order tied residuals (equal within rtol, such as a token
+    repeated in one chunk) by token index: which of two tied tokens ranks first depends on the last bit."""
+    out = copy.deepcopy(receipt)
+    for outliers in out.get("per_cluster_outlier_tokens", {}).values():
+        residuals, order, start = outliers["residuals"], [], 0
+        for end in range(1, len(residuals) + 1):
+            if end == len(residuals) or residuals[end] != pytest.approx(residuals[start], rel=rtol, abs=rtol):
+                order += sorted(range(start, end), key=lambda i: outliers["indices"][i])
+                start = end
+        outliers["indices"] = [outliers["indices"][i] for i in order]
+        outliers["residuals"] = [residuals[i] for i in order]
+        for key in ("k", "v"):
+            if key in outliers:
+                outliers[key] = outliers[key][order]
+    return out
+
+
 def assert_receipts_close(a, b, rtol, path="receipt"):
     """Receipt dicts equal: ints, bools and structure exactly, floats and tensors to rtol."""
     if isinstance(a, dict):
@@ -330,7 +348,11 @@ def test_no_cross_stream_leakage(birth_threshold):
         for step_both, step_alone in zip(both[3], receipts):
             for layer_both, layer_alone in zip(step_both, step_alone):
                 assert layer_both["batch_size"] == 2 and layer_alone["batch_size"] == 1
-                assert_receipts_close(layer_both["streams"][b], layer_alone["streams"][0], LEAK_RTOL)
+                assert_receipts_close(
+                    tied_outliers_in_index_order(layer_both["streams"][b], LEAK_RTOL),
+                    tied_outliers_in_index_order(layer_alone["streams"][0], LEAK_RTOL),
+                    LEAK_RTOL,
+                )
     for i in range(len(sizes)):
         mean = (alone[0][2][i] + alone[1][2][i]) / 2  # equal chunk lengths: the batch loss is the mean
         assert both[2][i] == pytest.approx(mean, rel=LEAK_RTOL)
@@ -419,7 +441,8 @@ def test_parameters_are_the_tensors_the_cpp_forward_reads():
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mech.parameters())
     with torch.no_grad():
-        mech.proj[0].bias += 1.0  # in place: the C++ forward sees it
+        # in place: the C++ forward sees it (a shift that differs across features: LayerNorm removes a uniform one)
+        mech.proj[0].bias += torch.linspace(0.0, 1.0, mech.proj[0].bias.numel())
     _, moved = mech.step(mech.init_state(2), chunk)
     assert float(moved) != float(loss)
     mech.double()

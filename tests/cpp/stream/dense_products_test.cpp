@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -139,26 +140,43 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DenseProductsTest,
 /// The process's BLAS, when it is OpenBLAS (libopenblas.so.0 loaded), null otherwise.
 void* loaded_openblas() { return dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD); }
 
-/// The products run on OpenBLAS exactly when the process loaded it (scripts/install-deps.sh installs it) and it
-/// picked AVX2 or AVX-512 kernels for this processor; with its generic SSE fallback (Prescott) they run on Eigen.
-TEST(DenseProductsKernelTest, UsesOpenBlasOnlyWithItsVectorKernels) {
+/// The name of the core the process's OpenBLAS chose, or "(none)" when its BLAS is not OpenBLAS.
+std::string openblas_core() {
   void* openblas = loaded_openblas();
-  const detail::GemmKernel chosen = detail::set_gemm_kernel(detail::GemmKernel::kEigen);
-  detail::set_gemm_kernel(chosen);
-  std::string core = "(none)";
-  if (openblas != nullptr) {
-    using CoreName = const char* (*)();
-    core = reinterpret_cast<CoreName>(dlsym(openblas, "openblas_get_corename"))();
-    dlclose(openblas);
-  }
-  const std::vector<std::string> vector_cores = {"Haswell", "SkylakeX", "Cooperlake", "SapphireRapids", "Zen"};
-  const bool expected = std::find(vector_cores.begin(), vector_cores.end(), core) != vector_cores.end();
-  EXPECT_EQ(chosen == detail::GemmKernel::kBlas, expected) << "OpenBLAS core " << core;
+  if (openblas == nullptr) return "(none)";
+  using CoreName = const char* (*)();
+  std::string core = reinterpret_cast<CoreName>(dlsym(openblas, "openblas_get_corename"))();
+  dlclose(openblas);
+  return core;
 }
 
-/// The spine's product shapes give the same bits with one and with two OpenBLAS threads (it splits the output, not
-/// the inner dimension), so a training step does not depend on OPENBLAS_NUM_THREADS.
-TEST(DenseProductsKernelTest, OpenBlasResultsDoNotDependOnItsThreadCount) {
+/// Without a setting, a dtype's products run on OpenBLAS exactly when the process loaded it (scripts/install-deps.sh
+/// installs it) and it picked AVX2 or AVX-512 kernels whose results for that dtype do not depend on its thread count:
+/// SkylakeX and Cooperlake for both dtypes, Haswell and Zen for double only; its generic SSE fallback (Prescott) and
+/// other BLAS libraries leave them on Eigen. A setting overrides the choice for both dtypes.
+TEST(DenseProductsKernelTest, UsesOpenBlasOnlyWhereItsResultsDoNotDependOnItsThreads) {
+  ASSERT_EQ(detail::gemm_kernel(), detail::GemmKernel::kAuto);
+  const std::string core = openblas_core();
+  const auto listed = [&](std::initializer_list<const char*> cores) {
+    return std::find(cores.begin(), cores.end(), core) != cores.end();
+  };
+  const bool both = listed({"SkylakeX", "Cooperlake"});
+  const bool double_only = listed({"Haswell", "Zen"});
+  const auto on_blas = [](torch::ScalarType dtype) { return detail::gemm_kernel_for(dtype) == detail::GemmKernel::kBlas; };
+  EXPECT_EQ(on_blas(torch::kFloat), both) << "OpenBLAS core " << core;
+  EXPECT_EQ(on_blas(torch::kDouble), both || double_only) << "OpenBLAS core " << core;
+  for (const auto forced : {detail::GemmKernel::kEigen, detail::GemmKernel::kBlas}) {
+    const detail::GemmKernel previous = detail::set_gemm_kernel(forced);
+    EXPECT_EQ(detail::gemm_kernel_for(torch::kFloat), forced);
+    EXPECT_EQ(detail::gemm_kernel_for(torch::kDouble), forced);
+    detail::set_gemm_kernel(previous);
+  }
+}
+
+/// The products give the same bits with one and with two OpenBLAS threads on the kernel chosen for each dtype, at the
+/// spine's product shapes and at square ones, so a training step does not depend on OPENBLAS_NUM_THREADS (nor on the
+/// number of cores, OpenBLAS's default thread count).
+TEST(DenseProductsKernelTest, ResultsDoNotDependOnOpenBlasThreads) {
   void* openblas = loaded_openblas();
   if (openblas == nullptr) GTEST_SKIP() << "this process's BLAS is not OpenBLAS";
   using SetThreads = void (*)(int);
@@ -167,19 +185,22 @@ TEST(DenseProductsKernelTest, OpenBlasResultsDoNotDependOnItsThreadCount) {
   const auto get_threads = reinterpret_cast<GetThreads>(dlsym(openblas, "openblas_get_num_threads"));
   ASSERT_TRUE(set_threads != nullptr && get_threads != nullptr);
   const int threads_before = get_threads();
-  const detail::GemmKernel previous = detail::set_gemm_kernel(detail::GemmKernel::kBlas);
   Rng rng(testing::test_seed(904));
-  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{512, 128, 384}, {512, 512, 2048}, {96, 32, 512}}) {
-    const auto a = normal_tensor(rng, {m, k}, torch::kFloat32), b = normal_tensor(rng, {n, k}, torch::kFloat32);
-    torch::Tensor products[2];
-    for (const int threads : {1, 2}) {
-      set_threads(threads);
-      products[threads - 1] = detail::fast_linear(a, b, torch::Tensor());
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (const auto& [m, k, n] :
+         std::vector<std::array<int64_t, 3>>{{512, 128, 384}, {512, 512, 2048}, {96, 32, 512}, {128, 128, 128}}) {
+      const auto a = normal_tensor(rng, {m, k}, dtype), b = normal_tensor(rng, {n, k}, dtype);
+      torch::Tensor products[2];
+      for (const int threads : {1, 2}) {
+        set_threads(threads);
+        products[threads - 1] = detail::fast_linear(a, b, torch::Tensor());
+      }
+      EXPECT_TRUE(torch::equal(products[0], products[1]))
+          << dtype << " " << m << "x" << k << "x" << n << " on OpenBLAS core " << openblas_core() << " ("
+          << (detail::gemm_kernel_for(dtype) == detail::GemmKernel::kBlas ? "OpenBLAS" : "Eigen") << ")";
     }
-    EXPECT_TRUE(torch::equal(products[0], products[1])) << m << "x" << k << "x" << n;
   }
   set_threads(threads_before);
-  detail::set_gemm_kernel(previous);
   dlclose(openblas);
 }
 

@@ -129,7 +129,11 @@ TEST(FrequentDirectionsSpine, StreamingInChunksFollowsOnePass) {
       EXPECT_EQ(a.filled, b.filled);
       EXPECT_EQ(a.shrinks, b.shrinks);
       const auto gram = [](const torch::Tensor& s) { return s.transpose(-1, -2).matmul(s); };
-      EXPECT_TRUE(torch::allclose(gram(a.sketch), gram(b.sketch), 1e-6, 1e-8));
+      // The sketch is float64, but its rows come from float32 products whose last bits depend on the chunk's
+      // shape: entries agree to float32 rounding of the Gram matrix's scale.
+      const double scale = gram(a.sketch).abs().max().item<double>();
+      EXPECT_TRUE(torch::allclose(gram(a.sketch), gram(b.sketch), 1e-6, 1e-6 * scale))
+          << (gram(a.sketch) - gram(b.sketch)).abs().max().item<double>() << " of " << scale;
       EXPECT_TRUE(torch::allclose(a.sum_k, b.sum_k, 1e-6, 1e-8));
       EXPECT_TRUE(torch::allclose(a.mass, b.mass, 1e-6, 1e-8));
       EXPECT_TRUE(torch::equal(a.window_k, b.window_k) || torch::allclose(a.window_k, b.window_k, 1e-5, 1e-6));

@@ -131,7 +131,11 @@ TEST(TensorSketchSpine, StreamingInChunksEqualsOnePass) {
     const auto [parts, many] = stream(model, x, chunks);
     EXPECT_TRUE(torch::allclose(parts, whole, 1e-4, 1e-5)) << (parts - whole).abs().max().item<double>();
     for (size_t l = 0; l < one.layers.size(); ++l) {
-      EXPECT_TRUE(torch::allclose(one.layers[l].sum_kv, many.layers[l].sum_kv, 1e-6, 1e-8));
+      // float64 sums of float32 sketches whose last bits depend on the chunk's shape: equal to float32 rounding of
+      // the sums' scale.
+      const double scale = one.layers[l].sum_kv.abs().max().item<double>();
+      EXPECT_TRUE(torch::allclose(one.layers[l].sum_kv, many.layers[l].sum_kv, 1e-6, 1e-6 * scale))
+          << (one.layers[l].sum_kv - many.layers[l].sum_kv).abs().max().item<double>() << " of " << scale;
       EXPECT_TRUE(torch::allclose(one.layers[l].sum_k, many.layers[l].sum_k, 1e-6, 1e-8));
       EXPECT_TRUE(torch::allclose(one.layers[l].window_k, many.layers[l].window_k, 1e-5, 1e-6));
     }
