@@ -103,7 +103,7 @@ const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "l
 
 /// The flags of the moment-closure far field: meaningless for window and full attention.
 constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
-                                          "--merge-threshold", "--outliers"};
+                                          "--merge-threshold", "--outliers", "--cluster-rule"};
 
 int run_train(TrainArgs& args, const CLI::App* cmd) {
   LmTrainRequest& r = args.request;
@@ -137,6 +137,20 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
     throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r.holdout) + ")");
   r.options.threads = capped_threads(r.options.threads);
   return lm_plugin().train(r);
+}
+
+/// --cluster-rule (moment-closure's births and merges) of lm train, lm recall and lm memory-bench.
+void add_cluster_rule_flag(CLI::App* cmd, ClusterRule& rule) {
+  static const std::map<std::string, ClusterRule> kNames{{"threshold", ClusterRule::kThreshold},
+                                                          {"budget", ClusterRule::kBudget}};
+  cmd->add_option("--cluster-rule", rule,
+                  "moment-closure: how the far field founds and merges clusters: threshold (a chunk whose "
+                  "mean key fits no cluster founds one; clusters closer than --merge-threshold merge) or "
+                  "budget (every evicted chunk founds its own cluster; when --max-clusters are live the "
+                  "closest two merge first; the thresholds are not used)")
+      ->transform(CLI::CheckedTransformer(kNames))
+      ->type_name("RULE")
+      ->default_str(cluster_rule_name(rule));
 }
 
 void add_train(CLI::App* lm_cmd, int& exit_code) {
@@ -197,6 +211,7 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "moment-closure: two clusters closer than this (RMS standardised distance of "
                   "their key means) merge (default: 2.65 + 6/sqrt(n) for the smaller count n)")
       ->type_name("FLOAT");
+  add_cluster_rule_flag(cmd, o.model.cluster_rule);
   cmd->add_option("--outliers", o.model.outlier_capacity,
                   "moment-closure: per layer, stream and cluster, keep this many of the evicted "
                   "tokens the cluster predicts worst exactly (int8) and attend to them beside the "
@@ -342,6 +357,7 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
   cmd->add_option("--birth-threshold", o.birth_threshold,
                   "moment-closure: the cluster-birth threshold")
       ->capture_default_str();
+  add_cluster_rule_flag(cmd, o.cluster_rule);
   cmd->add_option("--outliers", o.outlier_capacity,
                   "moment-closure+outliers: the worst-fitting evicted tokens kept exactly (int8) per "
                   "layer, stream and cluster")

@@ -145,6 +145,8 @@ const std::vector<FixedFlag>& fixed_flags() {
        },
        kFarField},
       {"--outliers", "outlier_capacity", [](O o) { return text_of(o.model.outlier_capacity); }, kFarField},
+      {"--cluster-rule", "cluster_rule", [](O o) { return std::string(cluster_rule_name(o.model.cluster_rule)); },
+       kFarField},
       {"--sketch-rows", "sketch_rows", [](O o) { return text_of(o.model.sketch_rows); },
        lm::Mechanism::kFrequentDirections},
       {"--sketch-dim", "sketch_dim", [](O o) { return text_of(o.model.sketch_dim); }, lm::Mechanism::kTensorSketch},
@@ -181,9 +183,12 @@ std::string mechanism_text(const lm::ModelConfig& m) {
       return "moment-closure attention: the last " + std::to_string(m.window) +
              " tokens exactly and a far field of up to " + std::to_string(m.max_clusters) +
              (m.max_clusters == 1 ? " cluster" : " clusters") +
-             " per layer and head (birth threshold " + num(m.birth_threshold) +
-             ", merge threshold " +
-             (m.merge_threshold ? num(*m.merge_threshold) : std::string("2.65 + 6/sqrt(n)")) + ")" +
+             " per layer and head " +
+             (m.cluster_rule == ClusterRule::kBudget
+                  ? std::string("(budget rule: every evicted chunk founds a cluster, the closest two merge when "
+                                "all are live)")
+                  : "(birth threshold " + num(m.birth_threshold) + ", merge threshold " +
+                        (m.merge_threshold ? num(*m.merge_threshold) : std::string("2.65 + 6/sqrt(n)")) + ")") +
              (m.outlier_capacity > 0 ? ", plus the " + std::to_string(m.outlier_capacity) +
                                            " worst-fitting evicted tokens per cluster kept exactly (int8)"
                                      : std::string());
@@ -568,7 +573,9 @@ int run_recall(const LmRecallRequest& r) {
       << (o.n_layer == 1 ? " layer, " : " layers, ") << o.n_head
       << (o.n_head == 1 ? " head" : " heads") << ", chunks of " << o.chunk
       << " tokens; moment-closure: up to " << o.max_clusters
-      << " clusters per layer and head, birth threshold " << num(o.birth_threshold)
+      << " clusters per layer and head, "
+      << (o.cluster_rule == ClusterRule::kBudget ? std::string("budget rule")
+                                                 : "birth threshold " + num(o.birth_threshold))
       << "; moment-closure+outliers: " << o.outlier_capacity << " stored outliers per cluster"
       << "; frequent-directions: a sketch of " << o.sketch_rows << " rows per layer and head"
       << "; tensor-sketch: degree " << o.sketch_degree << ", width " << o.sketch_dim << "\n"
@@ -696,7 +703,8 @@ nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const lm::Memo
   const lm::RecallRunOptions& t = o.training;
   json out = {{"model", {{"d_model", t.d_model}, {"n_layer", t.n_layer}, {"n_head", t.n_head},
                          {"window", t.window}, {"chunk", t.chunk}, {"max_clusters", t.max_clusters},
-                         {"birth_threshold", t.birth_threshold}}},
+                         {"birth_threshold", t.birth_threshold},
+                         {"cluster_rule", cluster_rule_name(t.cluster_rule)}}},
               {"training", {{"steps", t.steps}, {"batch", t.batch}, {"lr", t.lr},
                             {"eval_sequences", t.eval_sequences}, {"threads", t.threads}}},
               {"runs", json::array()},
@@ -729,7 +737,7 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
       << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
       << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
       << t.window << " (window, moment-closure, the sketches), up to " << t.max_clusters
-      << " clusters (moment-closure), "
+      << " clusters (moment-closure, " << cluster_rule_name(t.cluster_rule) << " rule), "
       << t.outlier_capacity << " stored outliers per cluster (moment-closure+outliers), sketches of "
       << t.sketch_rows << " rows (frequent-directions), degree-" << t.sketch_degree << " sketches of width "
       << t.sketch_dim << " (tensor-sketch)\n"

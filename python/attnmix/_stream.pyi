@@ -61,6 +61,7 @@ def birth_and_merge(
     birth_threshold: float,
     merge_threshold: float | None = None,
     outlier_top_k: int = 4,
+    cluster_rule: str = "threshold",
 ) -> tuple[ClusterBank, list[Receipt]]: ...
 def ingest_cluster_batch(
     bank: ClusterBank,
@@ -70,6 +71,7 @@ def ingest_cluster_batch(
     birth_threshold: float,
     merge_threshold: float | None = None,
     outlier_top_k: int = 4,
+    cluster_rule: str = "threshold",
 ) -> tuple[ClusterBank, list[Receipt]]: ...
 
 class GaussianLaw:

@@ -161,8 +161,9 @@ py::tuple ingest_out(IngestResult&& result, bool ingest) {
 }
 
 BirthMergeOptions birth_merge_options(py::handle birth_threshold, py::handle merge_threshold,
-                                      py::handle outlier_top_k, std::string_view where) {
+                                      py::handle outlier_top_k, py::handle cluster_rule, std::string_view where) {
   BirthMergeOptions o;
+  o.cluster_rule = cluster_rule_arg(cluster_rule, where);
   o.birth_threshold = real_number(birth_threshold, where, "birth_threshold");
   if (!merge_threshold.is_none())
     o.merge_threshold = real_number(merge_threshold, where, "merge_threshold");
@@ -185,9 +186,9 @@ void bind_birth_merge(py::module_& m, const char* name,
       name,
       [fn, name, ingested](const ClusterBank& bank, const py::object& k_obj, const py::object& v_obj,
                            const py::object& birth_threshold, const py::object& merge_threshold,
-                           const py::object& outlier_top_k) {
+                           const py::object& outlier_top_k, const py::object& cluster_rule) {
         const std::string_view w = name;
-        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
+        const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, cluster_rule, w);
         const auto k = real_tensor(k_obj, w, "k");
         const auto v = real_tensor(v_obj, w, "v");
         IngestResult result;
@@ -199,7 +200,7 @@ void bind_birth_merge(py::module_& m, const char* name,
       },
       py::arg("bank"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("birth_threshold"),
       py::arg("merge_threshold") = py::none(),
-      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, doc);
+      py::arg("outlier_top_k") = BirthMergeOptions{}.outlier_top_k, py::arg("cluster_rule") = "threshold", doc);
 }
 
 // ---- attention_law ------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
     }
     return out;
   } else if constexpr (std::is_same_v<T, lm::Mechanism> || std::is_same_v<T, lm::Schedule> ||
-                       std::is_same_v<T, lm::WindowCache>) {
+                       std::is_same_v<T, lm::WindowCache> || std::is_same_v<T, ClusterRule>) {
     if (!PyUnicode_Check(value.ptr())) {
       throw TypeError(std::string(where) + ": " + std::string(name) + " must be a str (got " +
                       type_name(value) + ")");
@@ -285,6 +286,8 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
       return lm::parse_mechanism(text);
     } else if constexpr (std::is_same_v<T, lm::WindowCache>) {
       return lm::parse_window_cache(text);
+    } else if constexpr (std::is_same_v<T, ClusterRule>) {
+      return parse_cluster_rule(text, std::string(where));
     } else {
       return lm::parse_schedule(text);
     }
@@ -302,6 +305,8 @@ py::object option_out(const T& value) {
     return py::str(lm::schedule_name(value));
   } else if constexpr (std::is_same_v<T, lm::WindowCache>) {
     return py::str(lm::window_cache_name(value));
+  } else if constexpr (std::is_same_v<T, ClusterRule>) {
+    return py::str(cluster_rule_name(value));
   } else {
     return py::cast(value);  // numbers, bool, optional (None)
   }
@@ -334,6 +339,7 @@ const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
       ATTNMIX_OPTION(O, "birth_threshold", model.birth_threshold),
       ATTNMIX_OPTION(O, "merge_threshold", model.merge_threshold),
       ATTNMIX_OPTION(O, "outlier_capacity", model.outlier_capacity),
+      ATTNMIX_OPTION(O, "cluster_rule", model.cluster_rule),
       ATTNMIX_OPTION(O, "sketch_rows", model.sketch_rows),
       ATTNMIX_OPTION(O, "sketch_dim", model.sketch_dim),
       ATTNMIX_OPTION(O, "sketch_degree", model.sketch_degree),
@@ -384,6 +390,7 @@ const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
       ATTNMIX_OPTION(O, "sketch_dim", sketch_dim),
       ATTNMIX_OPTION(O, "sketch_degree", sketch_degree),
       ATTNMIX_OPTION(O, "birth_threshold", birth_threshold),
+      ATTNMIX_OPTION(O, "cluster_rule", cluster_rule),
       ATTNMIX_OPTION(O, "batch", batch),
       ATTNMIX_OPTION(O, "steps", steps),
       ATTNMIX_OPTION(O, "lr", lr),
@@ -418,6 +425,7 @@ const std::vector<OptionField<lm::MemoryBenchOptions>>& memory_bench_fields() {
       ATTNMIX_OPTION(O, "sketch_dim", training.sketch_dim),
       ATTNMIX_OPTION(O, "sketch_degree", training.sketch_degree),
       ATTNMIX_OPTION(O, "birth_threshold", training.birth_threshold),
+      ATTNMIX_OPTION(O, "cluster_rule", training.cluster_rule),
       ATTNMIX_OPTION(O, "batch", training.batch),
       ATTNMIX_OPTION(O, "steps", training.steps),
       ATTNMIX_OPTION(O, "lr", training.lr),
@@ -527,8 +535,8 @@ a random depth in filler text of each of passkey_lengths bytes, asked at the end
 Keyword options (defaults: default_memory_bench_options()): mechanisms, tasks, recall_gaps,
 recall_pairs, keys, values, mqar_lengths, mqar_pairs, passkey_lengths, seeds (lists where plural),
 and the model and training settings of run_recall (d_model, n_layer, n_head, window, chunk,
-max_clusters, outlier_capacity, sketch_rows, sketch_dim, sketch_degree, birth_threshold, batch,
-steps, lr, eval_sequences, threads).
+max_clusters, outlier_capacity, sketch_rows, sketch_dim, sketch_degree, birth_threshold,
+cluster_rule, batch, steps, lr, eval_sequences, threads).
 on_run(index, total, task, setting, mechanism, seed) is called before each run.
 Returns {"runs": [run_recall's dict plus task, setting, seed], "cases": [{task, setting, mechanism,
 seeds, accuracy (mean), accuracy_min, accuracy_max, cross_entropy, chance, state_bytes, seconds,
@@ -550,7 +558,9 @@ slots (ValueError); max_clusters, when given, must equal C. Banks pickle.)";
 constexpr const char* kBirthMergeDoc =
     R"(Birth, merge and the misfit receipt, per stream (SPEC.md §7.6).
 
-k, v: (B, t, H, d). Returns (bank, receipts): one dict per stream with the keys birthed,
+k, v: (B, t, H, d). cluster_rule: "threshold" (births and merges by birth_threshold and
+merge_threshold) or "budget" (every chunk births a cluster; when every slot is live the closest
+two merge first; no other merges). Returns (bank, receipts): one dict per stream with the keys birthed,
 birth_incorporated_batch, merged (list of (i, j)), merge_distances (only when a merge happened),
 misfit ({cluster: float}), per_cluster_outlier_tokens ({cluster: {k, v: (n_out, H, d), indices,
 member_indices}}) and misfit_scalar. ValueError for shapes, non-finite values or a bad
@@ -571,7 +581,7 @@ Keyword options (defaults: default_train_options()): mechanism ("window", "full"
 "moment-closure", "linear", "frequent-directions" or "tensor-sketch"), vocab, d_model, n_layer, n_head,
 window,
 max_clusters, birth_threshold, merge_threshold, outlier_capacity (moment-closure: evicted tokens kept
-exactly per cluster; 0: none), sketch_rows (frequent-directions: rows of each head's sketch),
+exactly per cluster; 0: none), cluster_rule ("threshold" or "budget"), sketch_rows (frequent-directions: rows of each head's sketch),
 sketch_dim, sketch_degree (tensor-sketch: the sketch's width and the kernel's degree), batch, chunk,
 steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or "cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
 final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
@@ -588,7 +598,8 @@ sketch_rows rows per head), "tensor-sketch" (the window plus sums over a degree-
 sketch of width sketch_dim) or "full".
 Keyword options (defaults: default_recall_options()): keys, values, filler, pairs, queries, gap,
 d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, sketch_rows, sketch_dim,
-sketch_degree, birth_threshold, batch, steps, lr,
+sketch_degree, birth_threshold, cluster_rule ("threshold" or "budget": moment-closure's births and
+merges), batch, steps, lr,
 eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
 {mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}.)";
 

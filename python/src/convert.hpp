@@ -34,6 +34,7 @@
 #include "attnmix/core/precision.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/types.hpp"
+#include "attnmix/stream/cluster_rule.hpp"
 
 namespace attnmix::python {
 
@@ -118,6 +119,8 @@ using BoolMatrix = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
                                                       std::string_view name);
 /// precision: the str "float64" or "mixed" (anything else → TypeError or ValueError).
 [[nodiscard]] Precision precision_arg(py::handle obj, std::string_view where);
+/// cluster_rule: the str "threshold" or "budget" (anything else → TypeError or ValueError).
+[[nodiscard]] ClusterRule cluster_rule_arg(py::handle obj, std::string_view where);
 /// The library stores "no name" as the empty string.
 [[nodiscard]] std::string name_arg(py::handle obj, std::string_view where);
 [[nodiscard]] py::object name_to_python(const std::string& name);

@@ -212,6 +212,7 @@ ModelConfig sequence_model_config(const std::string& mechanism, const RecallRunO
   m.window = o.window;
   m.max_clusters = o.max_clusters;
   m.birth_threshold = o.birth_threshold;
+  m.cluster_rule = o.cluster_rule;
   m.outlier_capacity = outliers ? o.outlier_capacity : 0;
   m.sketch_rows = o.sketch_rows;
   m.sketch_dim = o.sketch_dim;

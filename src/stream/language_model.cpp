@@ -180,6 +180,7 @@ json to_json(const TrainOptions& o) {
     j["birth_threshold"] = o.model.birth_threshold;
     j["merge_threshold"] = o.model.merge_threshold ? json(*o.model.merge_threshold) : json(nullptr);
     j["outlier_capacity"] = o.model.outlier_capacity;
+    j["cluster_rule"] = cluster_rule_name(o.model.cluster_rule);
   }
   if (o.model.mechanism == Mechanism::kFrequentDirections) j["sketch_rows"] = o.model.sketch_rows;
   if (o.model.mechanism == Mechanism::kTensorSketch) {
@@ -236,6 +237,9 @@ TrainOptions options_from_json(const json& j) {
     }
     if (j.contains("outlier_capacity")) {  // absent from checkpoints written before the outlier store
       o.model.outlier_capacity = option_field<int64_t>(j, "outlier_capacity");
+    }
+    if (j.contains("cluster_rule")) {  // absent from checkpoints written before the budget rule
+      o.model.cluster_rule = parse_cluster_rule(option_field<std::string>(j, "cluster_rule"), "options");
     }
   }
   if (o.model.mechanism == Mechanism::kFrequentDirections) {

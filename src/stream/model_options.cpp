@@ -59,6 +59,7 @@ MomentClosureOptions moment_options(const ModelConfig& m) {
   o.max_clusters = m.max_clusters;
   o.birth_threshold = m.birth_threshold;
   o.merge_threshold = m.merge_threshold;
+  o.cluster_rule = m.cluster_rule;
   o.outlier_capacity = m.outlier_capacity;
   return o;
 }

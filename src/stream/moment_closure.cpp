@@ -650,9 +650,37 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
         for (int64_t c = 0; c < C; ++c) slots.push_back(slot_of(bank, b, c));
       }
     };
-    // Birth: every head's best logit of the chunk mean below the threshold, and a free slot.
+    // Merge j into i: the pooled combine, the last live slot moved into j, the last slot zeroed.
+    const auto merge = [&](int64_t i, int64_t j, double distance) {
+      const int64_t last = m.n - 1;
+      if (differentiable) {  // the pooled combine carries the gradient of both clusters
+        materialise();
+        slots[static_cast<size_t>(i)] = pooled_combine(slots[static_cast<size_t>(i)], slots[static_cast<size_t>(j)]);
+        if (j != last) slots[static_cast<size_t>(j)] = slots[static_cast<size_t>(last)];
+        slots[static_cast<size_t>(last)] = zero_slot(bank);
+      }
+      mirror_combine(m, i, j);
+      if (j != last) mirror_copy_slot(m, last, j);
+      mirror_zero_slot(m, last);
+      --m.n;
+      receipt.merged.emplace_back(i, j);
+      receipt.merge_distances.push_back(distance);
+    };
+    const bool budget = o.cluster_rule == ClusterRule::kBudget;
+    if (budget && m.n == C && C >= 2) {  // make room: the closest pair merges (the first such pair on ties)
+      int64_t closest_i = 0, closest_j = 1;
+      double closest = kInf;
+      for (int64_t i = 0; i < m.n; ++i) {
+        for (int64_t j = i + 1; j < m.n; ++j) {
+          const double distance = mirror_distance(m, i, j);
+          if (distance < closest) std::tie(closest, closest_i, closest_j) = std::tuple(distance, i, j);
+        }
+      }
+      merge(closest_i, closest_j, closest);
+    }
+    // Birth: a free slot and (threshold rule) every head's best logit of the chunk mean below the threshold.
     bool birth = m.n < C;
-    for (int64_t h = 0; h < H && birth; ++h) {
+    for (int64_t h = 0; h < H && birth && !budget; ++h) {
       std::vector<double> k_bar(static_cast<size_t>(d), 0.0);
       for (int64_t i = 0; i < t; ++i) {
         for (int64_t a = 0; a < d; ++a) k_bar[a] += kb[(i * H + h) * d + a] / static_cast<double>(t);
@@ -671,9 +699,9 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
       ++m.n;
       receipt.birthed = receipt.birth_incorporated_batch = true;
     }
-    // Merge: scan pairs (i < j); on a merge, rescan from the same i.
+    // Merge (threshold rule): scan pairs (i < j); on a merge, rescan from the same i.
     int64_t i = 0;
-    while (i < m.n) {
+    while (i < m.n && !budget) {
       bool merged_here = false;
       for (int64_t j = i + 1; j < m.n; ++j) {
         const double distance = mirror_distance(m, i, j);
@@ -682,20 +710,7 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
         const double threshold =
             o.merge_threshold ? *o.merge_threshold : 2.65 + 6.0 / std::sqrt(std::max(n_small, 1.0));
         if (distance < threshold) {
-          const int64_t last = m.n - 1;
-          if (differentiable) {  // the pooled combine carries the gradient of both clusters
-            materialise();
-            slots[static_cast<size_t>(i)] =
-                pooled_combine(slots[static_cast<size_t>(i)], slots[static_cast<size_t>(j)]);
-            if (j != last) slots[static_cast<size_t>(j)] = slots[static_cast<size_t>(last)];
-            slots[static_cast<size_t>(last)] = zero_slot(bank);
-          }
-          mirror_combine(m, i, j);
-          if (j != last) mirror_copy_slot(m, last, j);
-          mirror_zero_slot(m, last);
-          --m.n;
-          receipt.merged.emplace_back(i, j);
-          receipt.merge_distances.push_back(distance);
+          merge(i, j, distance);
           merged_here = true;
           break;
         }
@@ -1186,6 +1201,7 @@ MomentClosureOutput MomentClosureAttentionImpl::advance_checked(const MomentClos
   BirthMergeOptions ingest_options;
   ingest_options.birth_threshold = options_.birth_threshold;
   ingest_options.merge_threshold = options_.merge_threshold;
+  ingest_options.cluster_rule = options_.cluster_rule;
   // A store is offered as many outliers per cluster as it can keep.
   ingest_options.outlier_top_k = std::max(ingest_options.outlier_top_k, options_.outlier_capacity);
 

@@ -306,6 +306,7 @@ MomentClosureSelfAttentionImpl::MomentClosureSelfAttentionImpl(const MomentClosu
   }
   ingest_.birth_threshold = options_.birth_threshold;
   ingest_.merge_threshold = options_.merge_threshold;
+  ingest_.cluster_rule = options_.cluster_rule;
   qkv = register_module("qkv", torch::nn::Linear(options_.d_model, 3 * options_.d_model));
   proj = register_module("proj", torch::nn::Linear(options_.d_model, options_.d_model));
 }

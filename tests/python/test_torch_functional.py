@@ -153,6 +153,52 @@ def test_ingest_cluster_batch_counts_every_token_once(gen):
     torch.testing.assert_close(bank.total_per_head(), torch.full((1, 2), 6.0, dtype=torch.float64))
 
 
+def test_the_budget_rule_births_every_chunk_and_makes_room_by_the_closest_pair(gen):
+    """cluster_rule="budget": chunks the threshold rule absorbs still birth; a full bank first merges its closest pair
+    (the two chunks near +5), whose pooled moments are the moments of their tokens together; the numpy binding of
+    attnmix.experimental agrees; a gradient reaches both merged clusters (gradcheck)."""
+    from attnmix import experimental as ex
+
+    chunks = [shift + 0.5 * torch.randn(1, 8, 1, 3, generator=gen, dtype=torch.float64) for shift in (5, 5.5, -5, 0)]
+    bank = at.empty_cluster_bank(1, 1, 3, 3, dtype=torch.float64)
+    _, receipts = at.ingest_cluster_batch(
+        at.ingest_cluster_batch(bank, chunks[0], chunks[0], birth_threshold=-2.0)[0], chunks[1], chunks[1],
+        birth_threshold=-2.0,
+    )
+    assert not receipts[0]["birthed"]  # the threshold rule absorbs the second chunk
+    for c in chunks[:3]:
+        bank, receipts = at.ingest_cluster_batch(bank, c, c * 2, birth_threshold=-2.0, cluster_rule="budget")
+        assert receipts[0]["birthed"] and receipts[0]["merged"] == []
+    full, receipts = at.ingest_cluster_batch(bank, chunks[3], chunks[3] * 2, birth_threshold=-2.0,
+                                             cluster_rule="budget")
+    assert receipts[0]["birthed"] and receipts[0]["merged"] == [(0, 1)] and full.n_clusters == [3]
+    union = torch.cat(chunks[:2], 1)[0, :, 0]  # (16, 3)
+    torch.testing.assert_close(full.mu_k[0, 0, 0], union.mean(0), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(full.sigma_kk[0, 0, 0], union.var(0, unbiased=False), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(full.mu_k[0, 0, 2], chunks[3][0, :, 0].mean(0), rtol=1e-13, atol=1e-13)
+    theirs, their_receipts = ex.birth_and_merge(
+        ex.ClusterBank(*(x.numpy() for x in (bank.count, bank.mu_k, bank.mu_v, bank.sigma_kk, bank.sigma_vk)),
+                       bank.n_clusters),
+        chunks[3].numpy(), (chunks[3] * 2).numpy(), birth_threshold=-2.0, cluster_rule="budget",
+    )
+    assert their_receipts[0]["merged"] == [(0, 1)]
+    torch.testing.assert_close(torch.from_numpy(theirs.mu_k), full.mu_k, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cluster_rule"):
+        at.birth_and_merge(bank, chunks[3], chunks[3], birth_threshold=-2.0, cluster_rule="budgets")
+    with pytest.raises(TypeError, match="cluster_rule"):
+        at.birth_and_merge(bank, chunks[3], chunks[3], birth_threshold=-2.0, cluster_rule=None)
+
+    small = random_bank(gen, [2], H=1, C=2, d=2)
+    k = torch.randn(1, 3, 1, 2, generator=gen, dtype=torch.float64)
+
+    def make_room(*stats):
+        b, r = at.birth_and_merge(rebuilt(small, stats), k, k, birth_threshold=-2.0, cluster_rule="budget")
+        assert r[0]["merged"] == [(0, 1)] and r[0]["birthed"]
+        return b.count, b.mu_k, b.mu_v, b.sigma_kk, b.sigma_vk
+
+    assert torch.autograd.gradcheck(make_room, bank_leaves(small), **GRADCHECK)
+
+
 def random_layer_and_law(gen, d):
     """A Gaussian law (mean, cov) over a layer input of size d and random qkv (W, bias) and proj (P, p) weights."""
     mean = torch.randn(d, generator=gen, dtype=torch.float64)

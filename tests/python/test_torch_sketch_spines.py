@@ -40,6 +40,11 @@ MECHANISMS = {
         MomentClosureAttention, dict(window=8, max_clusters=3, outlier_capacity=2),
         dict(mechanism="moment-closure", window=8, max_clusters=3, outlier_capacity=2),
     ),
+    # the budget rule with two slots: from the third evicted chunk on, every chunk makes room by a merge
+    "moment-closure budget": (
+        MomentClosureAttention, dict(window=8, max_clusters=2, outlier_capacity=2, cluster_rule="budget"),
+        dict(mechanism="moment-closure", window=8, max_clusters=2, outlier_capacity=2, cluster_rule="budget"),
+    ),
 }
 SIZES = dict(d_model=16, n_layer=2, n_head=2)
 
@@ -263,6 +268,10 @@ def test_constructor_errors():
         TensorSketchSpine(32, sketch_dim=0)
     with pytest.raises(ValueError, match="outlier_capacity"):
         MomentClosureAttention(32, outlier_capacity=-1)
+    with pytest.raises(ValueError, match="cluster_rule"):
+        MomentClosureAttention(32, cluster_rule="Budget")
+    with pytest.raises(TypeError, match="cluster_rule"):
+        MomentClosureAttention(32, cluster_rule=1)
     with pytest.raises(ValueError, match="d_model"):
         LinearAttentionSpine(32, d_model=15, n_head=2)
     with pytest.raises(ValueError, match="no entry window"):

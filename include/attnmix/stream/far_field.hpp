@@ -80,6 +80,7 @@ struct RecallRunOptions {
   int64_t sketch_dim = 64;        ///< tensor-sketch: the sketch's width (positive)
   int64_t sketch_degree = 2;      ///< tensor-sketch: the polynomial kernel's degree (positive)
   double birth_threshold = -2.0;  ///< moment-closure only
+  ClusterRule cluster_rule = ClusterRule::kThreshold;  ///< moment-closure only
   int64_t batch = 32;             ///< sequences per step
   int64_t steps = 300;
   double lr = 3e-3;

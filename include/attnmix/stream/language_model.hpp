@@ -19,6 +19,7 @@
 #pragma once
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/stream/cluster_rule.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -84,6 +85,7 @@ struct ModelConfig {
   int64_t max_clusters = 4;               ///< clusters per layer, stream and head (positive)
   double birth_threshold = -2.0;          ///< a chunk whose best cluster logit is below this on every head births
   std::optional<double> merge_threshold;  ///< cluster distance below which two merge; default 2.65 + 6/√n
+  ClusterRule cluster_rule = ClusterRule::kThreshold;  ///< births and merges by thresholds or by the budget
   int64_t outlier_capacity = 0;  ///< per layer, stream and cluster, worst-fitting evicted tokens kept exactly; 0: none
   int64_t sketch_rows = 16;  ///< kFrequentDirections: rows of each head's sketch (even, >= 4); stored only for it
   int64_t sketch_dim = 64;     ///< kTensorSketch: the sketch's width D; stored only for it

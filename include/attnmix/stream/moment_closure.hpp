@@ -14,6 +14,7 @@
 /// Cost per query O(window·d + C·d²), state O(layers·B·(window·d + C·H·d²)), both independent of stream length.
 #pragma once
 
+#include "attnmix/stream/cluster_rule.hpp"
 #include "attnmix/stream/context_spine.hpp"
 #include "attnmix/stream/kv_quantization.hpp"
 
@@ -116,6 +117,7 @@ struct BirthMergeOptions {
   double birth_threshold = -2.0;
   std::optional<double> merge_threshold;  ///< default 2.65 + 6/√max(n_small, 1)
   int64_t outlier_top_k = 4;
+  ClusterRule cluster_rule = ClusterRule::kThreshold;
 };
 
 struct IngestResult {
@@ -201,6 +203,7 @@ struct MomentClosureOptions {
   double birth_threshold = -2.0;
   std::optional<double> merge_threshold;
   int64_t outlier_capacity = 0;  ///< per layer, stream and cluster, outliers kept exactly (int8); 0: no store
+  ClusterRule cluster_rule = ClusterRule::kThreshold;
 };
 
 struct MomentClosureState {

@@ -112,6 +112,7 @@ struct MomentClosureSelfAttentionOptions {
   int64_t max_clusters = 4;
   double birth_threshold = -2.0;
   std::optional<double> merge_threshold;  ///< default 2.65 + 6/√max(n_small, 1)
+  ClusterRule cluster_rule = ClusterRule::kThreshold;
 };
 
 /// One layer's carried near state: the raw keys and values of the last min(window, pos) tokens (b, c, H, h_d),

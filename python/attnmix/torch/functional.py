@@ -223,7 +223,7 @@ def dequantize_kv_cache(q: QuantizedKv, dtype: torch.dtype = torch.float32) -> t
     return _torch._dequantize_kv_cache(codes, low, scale, dtype)
 
 
-def _ingestion(function, name, bank, k, v, birth_threshold, merge_threshold, outlier_top_k):
+def _ingestion(function, name, bank, k, v, birth_threshold, merge_threshold, outlier_top_k, cluster_rule):
     native, one_stream = _native(bank, name)
     out, receipts = function(
         native,
@@ -232,6 +232,7 @@ def _ingestion(function, name, bank, k, v, birth_threshold, merge_threshold, out
         birth_threshold,
         merge_threshold,
         outlier_top_k,
+        cluster_rule,
     )
     return _bank(out, one_stream), (receipts[0] if one_stream else receipts)
 
@@ -244,6 +245,7 @@ def birth_and_merge(
     birth_threshold: float,
     merge_threshold: Optional[float] = None,
     outlier_top_k: int = 4,
+    cluster_rule: str = "threshold",
 ):
     """Once per chunk: birth of a cluster, merges, and the misfit receipt. Returns ``(bank, receipt)``.
 
@@ -251,6 +253,9 @@ def birth_and_merge(
     is free, the chunk becomes a new cluster (its count, means, variances floored at 1e-6, and cross-covariance).
     **Merge**: two clusters whose RMS standardised key-mean distance is below ``merge_threshold`` (default
     ``2.65 + 6 / sqrt(max(n_small, 1))``, ``n_small`` the smaller count) are pooled and the bank compacted.
+    ``cluster_rule``: ``"threshold"`` (births and merges as above) or ``"budget"`` (every chunk births its own
+    cluster; when every slot is live the two closest clusters merge first to make room; no other merges, the thresholds
+    unused), TypeError for a non-str.
     The receipt (one dict per stream, or one dict for a one-stream bank) holds ``birthed``,
     ``birth_incorporated_batch``, ``merged`` ([(i, j)]: j merged into i), ``merge_distances`` (when any),
     ``misfit`` ({cluster: mean residual norm of its member tokens}), ``per_cluster_outlier_tokens`` ({cluster:
@@ -258,7 +263,15 @@ def birth_and_merge(
     merge pools the bank's own (differentiable) statistics. ValueError for bad shapes, dtypes or non-finite values.
     """
     return _ingestion(
-        _torch._birth_and_merge, "birth_and_merge", bank, k, v, birth_threshold, merge_threshold, outlier_top_k
+        _torch._birth_and_merge,
+        "birth_and_merge",
+        bank,
+        k,
+        v,
+        birth_threshold,
+        merge_threshold,
+        outlier_top_k,
+        cluster_rule,
     )
 
 
@@ -270,10 +283,11 @@ def ingest_cluster_batch(
     birth_threshold: float,
     merge_threshold: Optional[float] = None,
     outlier_top_k: int = 4,
+    cluster_rule: str = "threshold",
 ):
     """Adds a batch of evicted tokens to the bank exactly once. Returns ``(bank, receipt)``.
 
-    ``birth_and_merge`` on the detached tokens; then, for a stream with clusters whose batch no birth absorbed,
+    ``birth_and_merge`` on the detached tokens (with its ``cluster_rule``); then, for a stream with clusters whose batch no birth absorbed,
     the soft update with ``cluster_responsibilities(k)`` (differentiable in ``k``, ``v`` and the bank). The
     receipt adds ``soft_update_applied``, ``ingested_tokens_per_head``, ``expected_ingested_tokens_per_head`` and
     ``count_conserved``; RuntimeError when a head's total did not grow by exactly the number of tokens.
@@ -287,6 +301,7 @@ def ingest_cluster_batch(
         birth_threshold,
         merge_threshold,
         outlier_top_k,
+        cluster_rule,
     )
 
 

@@ -262,8 +262,9 @@ class MomentClosureSelfAttention(_StreamingSelfAttention):
     """Sliding-window self-attention plus a bounded far field over the tokens that left the window.
 
     ``MomentClosureSelfAttention(d_model, n_head, window, max_clusters, birth_threshold=-2.0,
-    merge_threshold=None)``: sizes as ``SlidingWindowSelfAttention`` (``window`` a positive integer),
-    ``max_clusters`` clusters per stream and head, finite thresholds. ValueError for invalid values, TypeError for
+    merge_threshold=None, cluster_rule="threshold")``: sizes as ``SlidingWindowSelfAttention`` (``window`` a positive
+    integer), ``max_clusters`` clusters per stream and head, finite thresholds, ``cluster_rule`` ``"threshold"`` or
+    ``"budget"`` (as ``attnmix.torch.functional.birth_and_merge``). ValueError for invalid values, TypeError for
     values of the wrong type.
 
     ``forward(h, state=None) -> (out, state)`` as ``SlidingWindowSelfAttention``, with a ``MomentClosureLayerState``.
@@ -285,6 +286,7 @@ class MomentClosureSelfAttention(_StreamingSelfAttention):
         max_clusters: int,
         birth_threshold: float = -2.0,
         merge_threshold: Optional[float] = None,
+        cluster_rule: str = "threshold",
     ):
         super().__init__(
             d_model=d_model,
@@ -293,6 +295,7 @@ class MomentClosureSelfAttention(_StreamingSelfAttention):
             max_clusters=max_clusters,
             birth_threshold=birth_threshold,
             merge_threshold=merge_threshold,
+            cluster_rule=cluster_rule,
         )
 
     def _native_state(self, state) -> tuple:

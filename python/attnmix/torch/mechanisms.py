@@ -453,13 +453,17 @@ class MomentClosureAttention(_Spine):
     """The sliding window plus a far field of Gaussian clusters over the evicted tokens (see the module docs).
 
     ``MomentClosureAttention(vocab, *, d_model=32, n_layer=2, n_head=2, window=16, max_clusters=4,
-    birth_threshold=-2.0, merge_threshold=None, outlier_capacity=0)``: sizes as for ``SlidingWindowSpine``
+    birth_threshold=-2.0, merge_threshold=None, outlier_capacity=0, cluster_rule="threshold")``: sizes as for
+    ``SlidingWindowSpine``
     (``window`` a positive integer), ``max_clusters`` a positive integer, the thresholds finite
     (``merge_threshold=None``: the default rule ``2.65 + 6 / sqrt(n)``), ``outlier_capacity`` a non-negative integer;
     ValueError otherwise. ``outlier_capacity=N > 0`` is "moment closure + outliers": per layer, stream and cluster the
     ``N`` evicted tokens the cluster represents worst are kept exactly (int8, ``state.stores``) and attended in the
     same softmax; each layer's receipt then has ``"outliers"`` (``offered``, ``stored``, ``evicted``, ``held``,
-    ``bytes``, ``max_reconstruction_error``).
+    ``bytes``, ``max_reconstruction_error``). ``cluster_rule="budget"``: every evicted chunk births its own cluster,
+    and when all ``max_clusters`` are live the two closest merge first to make room (no other merges; the thresholds
+    are not used) -- a chunk of rare key-value structure then keeps its own cluster instead of being diluted by the
+    filler that follows it (docs/far-field.md).
 
     Per step and layer: the window's exact attention and the clusters' moment-generating-function attention share
     one softmax; then the tokens that leave the window join the bank (a new cluster when the chunk's mean key is far
@@ -486,6 +490,7 @@ class MomentClosureAttention(_Spine):
         birth_threshold: float = -2.0,
         merge_threshold: Optional[float] = None,
         outlier_capacity: int = 0,
+        cluster_rule: str = "threshold",
     ) -> None:
         super().__init__()
         w = "MomentClosureAttention"
@@ -497,6 +502,7 @@ class MomentClosureAttention(_Spine):
             None if merge_threshold is None else _finite_real(merge_threshold, w, "merge_threshold")
         )
         config["outlier_capacity"] = _nonnegative_int(outlier_capacity, w, "outlier_capacity")
+        config["cluster_rule"] = cluster_rule
         self._setup(config)
 
     @staticmethod
@@ -519,7 +525,7 @@ class MomentClosureAttention(_Spine):
             )
         keys = (
             "vocab", "d_model", "n_layer", "n_head", "window", "max_clusters", "birth_threshold", "merge_threshold",
-            "outlier_capacity",
+            "outlier_capacity", "cluster_rule",
         )
         return cls._from_checkpoint(path, {k: info[k] for k in keys})
 

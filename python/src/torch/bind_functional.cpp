@@ -28,8 +28,9 @@ namespace py = pybind11;
 namespace {
 
 BirthMergeOptions birth_merge_options(py::handle birth_threshold, py::handle merge_threshold,
-                                      py::handle outlier_top_k, std::string_view where) {
+                                      py::handle outlier_top_k, py::handle cluster_rule, std::string_view where) {
   BirthMergeOptions o;
+  o.cluster_rule = cluster_rule_arg(cluster_rule, where);
   o.birth_threshold = real_number(birth_threshold, where, "birth_threshold");
   if (!merge_threshold.is_none()) o.merge_threshold = real_number(merge_threshold, where, "merge_threshold");
   // A non-integer outlier_top_k (bool included) is a ValueError, as in the reference design.
@@ -44,14 +45,15 @@ BirthMergeOptions birth_merge_options(py::handle birth_threshold, py::handle mer
 using IngestFunction = IngestResult (*)(const ClusterBank&, const torch::Tensor&, const torch::Tensor&,
                                         const BirthMergeOptions&);
 
-// birth_and_merge and ingest_cluster_batch: (bank, k, v, birth_threshold, merge_threshold, outlier_top_k) →
+// birth_and_merge and ingest_cluster_batch: (bank, k, v, birth_threshold, merge_threshold, outlier_top_k,
+// cluster_rule) →
 // (bank, [receipt per stream]).
 void bind_ingestion(py::module_& m, const char* name, IngestFunction fn, bool ingest) {
   m.def(name, [fn, name, ingest](const py::object& bank_obj, const py::object& k_obj, const py::object& v_obj,
                                  const py::object& birth_threshold, const py::object& merge_threshold,
-                                 const py::object& outlier_top_k) {
+                                 const py::object& outlier_top_k, const py::object& cluster_rule) {
     const std::string_view w = name + 1;  // without the leading underscore
-    const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, w);
+    const auto o = birth_merge_options(birth_threshold, merge_threshold, outlier_top_k, cluster_rule, w);
     const auto bank = bank_from_tuple(bank_obj, w, "bank");
     const auto k = real_tensor_arg(k_obj, w, "k");
     const auto v = real_tensor_arg(v_obj, w, "v");

@@ -129,7 +129,7 @@ void bind_layers(py::module_& m) {
                            "The C++ moment-closure attention sublayer (use attnmix.torch.MomentClosureSelfAttention).")
       .def(py::init([](const py::object& d_model, const py::object& n_head, const py::object& window,
                        const py::object& max_clusters, const py::object& birth_threshold,
-                       const py::object& merge_threshold) {
+                       const py::object& merge_threshold, const py::object& cluster_rule) {
              constexpr std::string_view w = "MomentClosureSelfAttention";
              MomentClosureSelfAttentionOptions o;
              o.d_model = positive_int(d_model, w, "d_model");
@@ -138,10 +138,11 @@ void bind_layers(py::module_& m) {
              o.max_clusters = positive_int(max_clusters, w, "max_clusters");
              o.birth_threshold = real_number(birth_threshold, w, "birth_threshold");
              if (!merge_threshold.is_none()) o.merge_threshold = real_number(merge_threshold, w, "merge_threshold");
+             o.cluster_rule = cluster_rule_arg(cluster_rule, w);
              return ClosureLayer{std::make_shared<MomentClosureSelfAttentionImpl>(o)};
            }),
            py::arg("d_model"), py::arg("n_head"), py::arg("window"), py::arg("max_clusters"),
-           py::arg("birth_threshold"), py::arg("merge_threshold"))
+           py::arg("birth_threshold"), py::arg("merge_threshold"), py::arg("cluster_rule"))
       .def("named_parameters", [](ClosureLayer& self) { return named_parameters_out(*self.impl); })
       .def("init_state",
            [](ClosureLayer& self, const py::object& batch_size) {

@@ -274,6 +274,7 @@ void bind_mechanisms(py::module_& m) {
              o.birth_threshold = c.real("birth_threshold");
              o.merge_threshold = c.optional_real("merge_threshold");
              o.outlier_capacity = c.nonnegative("outlier_capacity");
+             o.cluster_rule = c.cluster_rule("cluster_rule");
              return std::make_unique<BoundMechanism<MomentCodec>>(o);
            }),
            py::arg("config"))
@@ -302,7 +303,8 @@ void bind_mechanisms(py::module_& m) {
                         "window"_a = c.window, "max_clusters"_a = c.max_clusters,
                         "birth_threshold"_a = c.birth_threshold,
                         "merge_threshold"_a = optional_real_object(c.merge_threshold),
-                        "outlier_capacity"_a = c.outlier_capacity, "sketch_rows"_a = c.sketch_rows,
+                        "outlier_capacity"_a = c.outlier_capacity,
+                        "cluster_rule"_a = cluster_rule_name(c.cluster_rule), "sketch_rows"_a = c.sketch_rows,
                         "sketch_dim"_a = c.sketch_dim, "sketch_degree"_a = c.sketch_degree, "step"_a = info.step);
       },
       py::arg("path"), "The model configuration of an `attnmix lm train` checkpoint, and its step.");

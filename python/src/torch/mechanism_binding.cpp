@@ -113,6 +113,8 @@ std::optional<int64_t> MechanismConfig::optional_positive(const char* key) const
   return optional_positive_int(at(key), where_, key);
 }
 
+ClusterRule MechanismConfig::cluster_rule(const char* key) const { return cluster_rule_arg(at(key), where_); }
+
 std::optional<double> MechanismConfig::optional_real(const char* key) const {
   const auto value = at(key);
   if (value.is_none()) return std::nullopt;

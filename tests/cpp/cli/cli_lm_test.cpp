@@ -368,6 +368,45 @@ TEST_F(CliLmTest, MomentClosureTrainEvalResume) {
   EXPECT_EQ(g.out.size(), 3U + 12U + 1U);
 }
 
+/// --cluster-rule budget: train says which rule it uses, a resumed run continues it byte for byte (the checkpoint
+/// keeps the rule), the eval that reads the checkpoint agrees with train's held-out score, a conflicting rule on
+/// resume is refused, an unknown rule and the flag on another mechanism are usage errors; the memory benchmark
+/// names the rule.
+TEST_F(CliLmTest, MomentClosureBudgetRule) {
+  const auto mca = [this](const std::string& extra, const std::string& rule = "budget") {
+    return run(
+        "lm train --text text.txt --d-model 8 --n-layer 1 --n-head 2 --batch 2 --chunk 8 --lr 0.01 --seed 2 "
+        "--mechanism moment-closure --window 4 --max-clusters 2 --schedule constant --cluster-rule " + rule + " " +
+        extra);
+  };
+  const RunResult r = mca("--steps 6 --out whole.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "budget rule: every evicted chunk founds a cluster")) << r.out;
+  ASSERT_EQ(mca("--steps 3 --out part.ckpt").code, 0);
+  ASSERT_EQ(run("lm train --text text.txt --resume part.ckpt --steps 6 --out resumed.ckpt").code, 0);
+  EXPECT_EQ(read_text(path("resumed.ckpt")), read_text(path("whole.ckpt")));
+  const RunResult conflict = run("lm train --text text.txt --resume part.ckpt --steps 6 --cluster-rule threshold");
+  EXPECT_EQ(conflict.code, 2);
+  EXPECT_TRUE(contains(conflict.err, "cluster_rule = budget")) << conflict.err;
+  const RunResult e = run("lm eval --checkpoint whole.ckpt --text text.txt --holdout 0.1");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "budget rule")) << e.out;
+  EXPECT_NEAR(number_after(e.out, "bits per byte  "), number_after(r.out, "nats = "),
+              1e-3 * number_after(r.out, "nats = "));
+  const RunResult threshold = mca("--steps 6 --out threshold.ckpt", "threshold");
+  ASSERT_EQ(threshold.code, 0) << threshold.err;
+  EXPECT_NE(read_text(path("threshold.ckpt")), read_text(path("whole.ckpt")));
+  EXPECT_EQ(mca("--steps 2", "Budget").code, 1);
+  const RunResult window = train("--cluster-rule budget");
+  EXPECT_EQ(window.code, 1);
+  EXPECT_TRUE(contains(window.err, "--cluster-rule applies only to --mechanism moment-closure")) << window.err;
+  const RunResult bench = run(
+      "lm memory-bench --tasks recall --gaps 4 --pairs 1 --mechanisms moment-closure --cluster-rule budget "
+      "--steps 2 --batch 2 --eval-sequences 4 --d-model 8 --n-layer 1");
+  ASSERT_EQ(bench.code, 0) << bench.err;
+  EXPECT_TRUE(contains(bench.out, "budget rule")) << bench.out;
+}
+
 /// --outliers: train says what it keeps, a resumed run continues it byte for byte, a conflicting --outliers is
 /// refused; recall compares moment closure with and without the store (text runs included).
 TEST_F(CliLmTest, MomentClosureWithOutliers) {

@@ -806,6 +806,66 @@ TEST(MomentClosureTest, BirthsForFarChunksOnly) {
   ExpectAllClose(to_vector(third.bank.total_per_head()), {24.0, 24.0}, 0.0, 1e-10);
 }
 
+/// The budget rule: every chunk births its own cluster while a slot is free, even a chunk the threshold rule would
+/// absorb (its mean key fits the first cluster) and clusters the threshold rule would merge; when the bank is full,
+/// the closest pair merges first to make room. Oracle: the merged cluster's moments are the birth moments of the two
+/// chunks' tokens taken together (pooled population moments are the moments of the union).
+TEST(MomentClosureTest, BudgetRuleBirthsEveryChunkAndMakesRoomByTheClosestPair) {
+  const uint64_t seed = testing::test_seed(715);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int64_t H = 2, C = 3, d = 3, t = 8;
+  const auto k1 = normal_tensor(rng, {1, t, H, d}, 1.0, 5.0), v1 = normal_tensor(rng, {1, t, H, d});
+  const auto k2 = normal_tensor(rng, {1, t, H, d}, 1.0, 5.5), v2 = normal_tensor(rng, {1, t, H, d});
+  const auto k3 = normal_tensor(rng, {1, t, H, d}, 1.0, -5.0), v3 = normal_tensor(rng, {1, t, H, d});
+  const auto k4 = normal_tensor(rng, {1, t, H, d}, 1.0, 0.0), v4 = normal_tensor(rng, {1, t, H, d});
+  BirthMergeOptions threshold;
+  BirthMergeOptions budget;
+  budget.cluster_rule = ClusterRule::kBudget;
+  const auto empty = empty_cluster_bank(1, H, C, d, f64_options());
+
+  // The threshold rule absorbs the second chunk into the first cluster (no birth).
+  const auto one = ingest_cluster_batch(empty, k1, v1, threshold);
+  EXPECT_FALSE(ingest_cluster_batch(one.bank, k2, v2, threshold).receipts[0].birthed);
+
+  auto bank = empty;
+  for (const auto& [k, v] : {std::pair{k1, v1}, std::pair{k2, v2}, std::pair{k3, v3}}) {
+    const auto step = ingest_cluster_batch(bank, k, v, budget);
+    EXPECT_TRUE(step.receipts[0].birthed);
+    EXPECT_TRUE(step.receipts[0].merged.empty());
+    EXPECT_FALSE(step.receipts[0].soft_update_applied);
+    bank = step.bank;
+  }
+  ASSERT_EQ(bank.n_clusters, std::vector<int64_t>{3});
+  // Under the threshold rule, the first two clusters are close enough to merge.
+  EXPECT_FALSE(birth_and_merge(bank, k4, v4, threshold).receipts[0].merged.empty());
+
+  const auto full = ingest_cluster_batch(bank, k4, v4, budget);
+  const auto& r = full.receipts[0];
+  EXPECT_TRUE(r.birthed);
+  EXPECT_EQ(r.merged, (std::vector<std::pair<int64_t, int64_t>>{{0, 1}}));
+  EXPECT_TRUE(r.count_conserved);
+  EXPECT_EQ(full.bank.n_clusters, std::vector<int64_t>{3});
+  const auto k12 = torch::cat({k1, k2}, 1), v12 = torch::cat({v1, v2}, 1);
+  for (int64_t h = 0; h < H; ++h) {
+    SCOPED_TRACE("head " + std::to_string(h));
+    expect_slot_close(slot_stats(full.bank, 0, h, 0), hand_birth(k12, v12, 0, h), 1e-12, 1e-12);
+    expect_slot_close(slot_stats(full.bank, 0, h, 1), hand_birth(k3, v3, 0, h), 1e-12, 1e-12);
+    expect_slot_close(slot_stats(full.bank, 0, h, 2), hand_birth(k4, v4, 0, h), 1e-12, 1e-12);
+  }
+  ExpectAllClose(to_vector(full.bank.total_per_head()), {32.0, 32.0}, 0.0, 1e-10);
+
+  // With one slot there is no pair to merge: a full bank takes the soft update.
+  const auto single = ingest_cluster_batch(empty_cluster_bank(1, H, 1, d, f64_options()), k1, v1, budget);
+  const auto soft = ingest_cluster_batch(single.bank, k3, v3, budget);
+  EXPECT_FALSE(soft.receipts[0].birthed);
+  EXPECT_TRUE(soft.receipts[0].merged.empty());
+  EXPECT_TRUE(soft.receipts[0].soft_update_applied);
+  EXPECT_EQ(parse_cluster_rule("budget", "t"), ClusterRule::kBudget);
+  EXPECT_STREQ(cluster_rule_name(ClusterRule::kThreshold), "threshold");
+  EXPECT_THROW(static_cast<void>(parse_cluster_rule("Budget", "t")), ValueError);
+}
+
 /// SPEC §7.6: a birth needs *every* head's best logit below the threshold and a free slot. A chunk
 /// that is far from the cluster in one head but close to it in the other (either way round) does
 /// not birth; the same chunk births once both heads are far; a full bank (C = 1) never births.
