@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "attnmix/core/any.hpp"
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "fuzz_support.hpp"
 #include "model_data.hpp"
 

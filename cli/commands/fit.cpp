@@ -19,7 +19,7 @@
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/any.hpp"
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/progress.hpp"
 #include "attnmix/inference/reduce.hpp"

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "model_data.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "cli_support.hpp"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <string>
 
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "bindings.hpp"
@@ -370,9 +370,9 @@ void bind_model_files(py::module_& m) {
         save_model(model.any, p);
       },
       "dist"_a, "path"_a,
-      "Writes the model as the CLI's JSON model file (SPEC.md §1.10), atomically. Families with a "
-      "model-file format: responsibility, chained, variational embedding and variational multi-hop "
-      "attention, and mixtures of them.");
+      "Writes the model as the CLI's JSON model file (SPEC.md §1.10), atomically. Every family has a "
+      "model-file format: the four attention families, categorical, diagonal Gaussian, and mixtures and "
+      "composites of them.");
   m.def(
       "load_model",
       [](py::object path) {

@@ -31,6 +31,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class ChainedAttentionEncoder;
 class ChainedAttentionEstimator;
 class ChainedAttentionSampler;
@@ -255,6 +257,9 @@ class ChainedAttentionSampler {
   Rng rng_;
   int64_t context_length_;
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& chained_attention_family();
 
 }  // namespace attnmix
 

@@ -38,6 +38,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class ResponsibilityAttentionEncoder;
 class ResponsibilityAttentionEstimator;
 class ResponsibilityAttentionSampler;
@@ -293,6 +295,9 @@ class ResponsibilityAttentionSampler {
                                                                int64_t context_length,
                                                                std::optional<int64_t> n_symbols = std::nullopt,
                                                                const Matrix* embeddings = nullptr);
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& responsibility_attention_family();
 
 }  // namespace attnmix
 

@@ -37,6 +37,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class VariationalEmbeddingAttentionEncoder;
 class VariationalEmbeddingAttentionEstimator;
 class VariationalEmbeddingAttentionSampler;
@@ -297,6 +299,9 @@ class VariationalEmbeddingAttentionSampler {
   bool posterior_predictive_;
   Matrix table_;  // the posterior-predictive table of the current event
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& variational_embedding_attention_family();
 
 }  // namespace attnmix
 

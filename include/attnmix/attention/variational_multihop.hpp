@@ -31,6 +31,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class VariationalMultiHopAttentionEstimator;
 class VariationalMultiHopAttentionSampler;
 
@@ -226,6 +228,9 @@ class VariationalMultiHopAttentionSampler {
   bool posterior_predictive_;
   Matrix table_;
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& variational_multihop_attention_family();
 
 }  // namespace attnmix
 

@@ -28,6 +28,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class CategoricalEncoder;
 class CategoricalEstimator;
 class CategoricalSampler;
@@ -182,6 +184,9 @@ class CategoricalSampler {
   Categorical model_;
   Rng rng_;
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& categorical_family();
 
 }  // namespace attnmix
 

@@ -29,6 +29,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class CompositeEstimator;
 class CompositeSampler;
 
@@ -167,6 +169,9 @@ class CompositeSampler {
   Composite model_;
   Rng rng_;
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& composite_family();
 
 }  // namespace attnmix
 

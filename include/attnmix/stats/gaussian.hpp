@@ -28,6 +28,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class DiagonalGaussianEncoder;
 class DiagonalGaussianEstimator;
 class DiagonalGaussianSampler;
@@ -191,6 +193,9 @@ class DiagonalGaussianSampler {
   DiagonalGaussian model_;
   Rng rng_;
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& diagonal_gaussian_family();
 
 }  // namespace attnmix
 

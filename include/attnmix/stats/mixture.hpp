@@ -22,6 +22,8 @@
 
 namespace attnmix {
 
+struct FamilySpec;
+
 class MixtureEstimator;
 
 class MixtureAccumulator {
@@ -115,6 +117,9 @@ class MixtureEstimator {
   std::optional<std::string> keys_;
   std::string name_;
 };
+
+/// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
+[[nodiscard]] const FamilySpec& mixture_family();
 
 }  // namespace attnmix
 

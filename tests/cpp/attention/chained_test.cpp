@@ -26,7 +26,7 @@
 #include "attnmix/attention/transitive_task.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/errors.hpp"
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "attnmix/stats/mixture.hpp"

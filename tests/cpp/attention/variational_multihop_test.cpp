@@ -30,7 +30,7 @@
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/errors.hpp"
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/reduce.hpp"

@@ -23,7 +23,7 @@
 #include "attnmix/attention/transitive_task.hpp"
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "testing/cli_fixture.hpp"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Model files (SPEC.md §1.10, acceptance F-7): save → load is bit-identical and always validates;
 // the writer is atomic; every documented content error names the file and the field.
-#include "attnmix/core/json.hpp"
+#include "attnmix/io/model_file.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -22,6 +22,10 @@
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/family/spec.hpp"
+#include "attnmix/stats/categorical.hpp"
+#include "attnmix/stats/composite.hpp"
+#include "attnmix/stats/gaussian.hpp"
 #include "attnmix/stats/mixture.hpp"
 #include "testing/all_close.hpp"
 
@@ -146,6 +150,71 @@ TEST(ModelJsonTest, MixtureRoundTripIsBitIdentical) {
   const json doc = model_to_json(AnyDistribution(mixture));
   EXPECT_FALSE(doc["params"]["components"][0].contains("format"));
   EXPECT_EQ(doc["params"]["components"][0]["family"], "responsibility_attention");
+}
+
+/// The classical leaves and the composite have model files too: a composite of a categorical and a diagonal Gaussian
+/// (awkward doubles, names), inside a mixture, round-trips bit for bit, and each object names its family.
+TEST(ModelJsonTest, CategoricalGaussianAndCompositeRoundTripIsBitIdentical) {
+  Rng rng(testing::test_seed(3));
+  const auto composite = [&](const std::string& name) {
+    Vector p(3), mu(2), sigma2(2);
+    for (Index k = 0; k < 3; ++k) p[k] = 0.1 + rng.uniform();
+    p /= p.sum();
+    for (Index d = 0; d < 2; ++d) {
+      mu[d] = rng.normal() * 1e3;
+      sigma2[d] = 1e-3 + rng.uniform();
+    }
+    return AnyDistribution(Composite({AnyDistribution(Categorical({p, "colour"})),
+                                      AnyDistribution(DiagonalGaussian({mu, sigma2, ""}))},
+                                     name));
+  };
+  Vector w(2);
+  w << 0.3, 0.7;
+  const AnyDistribution mixture(Mixture({composite("a"), composite("")}, w, "two"));
+  const TempDir dir;
+  save_model(mixture, dir.file("m.json"));
+  const AnyDistribution loaded = load_model(dir.file("m.json"));
+  EXPECT_EQ(model_to_json(loaded), model_to_json(mixture));
+  const auto& parts = loaded.get_if<Mixture>()->components();
+  const auto& original = mixture.get_if<Mixture>()->components();
+  for (size_t k = 0; k < 2; ++k) {
+    const auto& fields = parts[k].get_if<Composite>()->components();
+    const auto& expected = original[k].get_if<Composite>()->components();
+    EXPECT_TRUE(bit_identical(fields[0].get_if<Categorical>()->params().p,
+                              expected[0].get_if<Categorical>()->params().p));
+    EXPECT_EQ(fields[0].get_if<Categorical>()->params().name, "colour");
+    EXPECT_TRUE(bit_identical(fields[1].get_if<DiagonalGaussian>()->params().mu,
+                              expected[1].get_if<DiagonalGaussian>()->params().mu));
+    EXPECT_TRUE(bit_identical(fields[1].get_if<DiagonalGaussian>()->params().sigma2,
+                              expected[1].get_if<DiagonalGaussian>()->params().sigma2));
+  }
+  EXPECT_EQ(parts[0].get_if<Composite>()->name(), "a");
+  const json doc = model_to_json(mixture);
+  EXPECT_EQ(doc["params"]["components"][0]["family"], "composite");
+  EXPECT_EQ(doc["params"]["components"][0]["params"]["components"][1]["family"], "diagonal_gaussian");
+  // Loading validates through the constructors.
+  json bad = doc;
+  bad["params"]["components"][1]["params"]["components"][0]["params"]["p"][0] = 5.0;
+  expect_load_error(bad, {"model.json: params.components[1].params.components[0].params", "p"});
+  bad = doc;
+  bad["params"]["components"][0]["params"]["components"][1]["params"]["sigma2"][1] = -1.0;
+  expect_load_error(bad, {"params.components[0].params.components[1].params", "sigma2"});
+}
+
+/// Every registered family has a model-file codec and is found by its file name; spec_of names a model's family.
+TEST(ModelJsonTest, EveryRegisteredFamilyIsFoundByItsFileName) {
+  std::vector<std::string_view> names;
+  for (const FamilySpec* spec : families()) {
+    EXPECT_EQ(family_of_file(spec->file_family), spec);
+    EXPECT_NE(spec->codec.from_json, nullptr);
+    names.push_back(spec->name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string_view>{"responsibility", "chained", "variational", "variational-multihop",
+                                                  "mixture", "categorical", "gaussian", "composite"}));
+  EXPECT_EQ(family_of_file("banana"), nullptr);
+  Rng rng(testing::test_seed(4));
+  EXPECT_EQ(spec_of(AnyDistribution(ResponsibilityAttention(random_params(rng, 2, 2, 2, 2)))).name, "responsibility");
+  EXPECT_THROW(static_cast<void>(spec_of(AnyDistribution())), ValueError);
 }
 
 /// The document has the documented top-level layout.

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file spec.hpp
+/// A family's descriptor: what every adapter — model files, the `attnmix` program, the Python module — needs to
+/// know about a family, so that none of them asks "which family is this" with a chain of casts. Each family
+/// defines its descriptor beside its code (for example `attention/responsibility_family.cpp`) and is registered once,
+/// by one line in the library's one list of families (`src/family/registry.cpp`).
+///
+///   name, aliases   how users name the family (`attnmix fit --family responsibility`, or `ra`)
+///   file_family     the "family" of its model files, equal to AnyDistribution::family()
+///   codec           its model-file parameters (io/model_file.hpp writes the document around them)
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnmix/core/any.hpp"
+#include "attnmix/core/json.hpp"
+
+namespace attnmix {
+
+/// How a family's models are written to and read from model files: the "params" object (the validating
+/// constructor's arguments under their Python names), the model's name beside it, and, for families that carry one,
+/// the "optimizer_state" object.
+struct ModelCodec {
+  /// params of the model.
+  nlohmann::json (*params_to_json)(const AnyDistribution& model);
+  /// The model's name ("" when unnamed; then no "name" field is written).
+  std::string (*name_of)(const AnyDistribution& model);
+  /// Builds the model through its validating constructor from `params`, the name and the optional
+  /// "optimizer_state" sibling of params (null when the object has none).
+  AnyDistribution (*from_json)(const ModelJsonField& params, const std::string& name,
+                               const ModelJsonField* optimizer_state);
+  /// The "optimizer_state" written beside params, or null for families without one (a file of such a family that
+  /// carries the field is rejected).
+  nlohmann::json (*state_to_json)(const AnyDistribution& model) = nullptr;
+};
+
+struct FamilySpec {
+  std::string_view name;                  ///< "responsibility"
+  std::vector<std::string_view> aliases;  ///< "ra"
+  std::string_view file_family;           ///< "responsibility_attention"
+  ModelCodec codec;
+};
+
+/// Every registered family, in registration order.
+[[nodiscard]] std::span<const FamilySpec* const> families();
+
+/// The family whose model files say `file_family`, or null.
+[[nodiscard]] const FamilySpec* family_of_file(std::string_view file_family);
+
+/// The descriptor of a model's family. @throws ValueError for a model of an unregistered family.
+[[nodiscard]] const FamilySpec& spec_of(const AnyDistribution& model);
+
+/// "responsibility_attention, chained_attention, …": the registered file families, for messages.
+[[nodiscard]] std::string file_families_text();
+
+}  // namespace attnmix
