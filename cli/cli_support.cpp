@@ -88,17 +88,6 @@ void check_output_path(const std::string& path, std::string_view what,
     throw std::runtime_error(cannot + ": directory " + directory + ": " + std::strerror(errno));
 }
 
-void check_input_file(const std::string& path, std::string_view what, std::string_view advice) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) return;  // the reader reports a missing file
-  const std::string cannot = path + ": cannot read " + std::string(what);
-  if (S_ISDIR(info.st_mode)) throw IoError(cannot + ": it is a directory", EISDIR);
-  if (!S_ISREG(info.st_mode))
-    throw IoError(cannot + ": it is not a regular file (a pipe or a device)" +
-                      (advice.empty() ? std::string() : "; " + std::string(advice)),
-                  EINVAL);
-}
-
 // ---- threads -----------------------------------------------------------------------------------
 
 namespace {

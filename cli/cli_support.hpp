@@ -53,14 +53,6 @@ struct InputFile {
 void check_output_path(const std::string& path, std::string_view what = "the model",
                        const std::vector<InputFile>& inputs = {}, std::string_view flag = "--out");
 
-/// Throws std::runtime_error unless `path`, when it exists, is a regular file (or a symbolic link
-/// to one): a directory ("path: cannot read <what>: it is a directory") or a pipe, device or socket
-/// ("it is not a regular file (a pipe or a device); <advice>") is refused before anything opens it
-/// (opening a FIFO waits for a writer forever). A path that does not exist passes: the reader says
-/// so in its own words. Every command calls it for every file it reads: data files, text corpora,
-/// model files, language-model checkpoints.
-void check_input_file(const std::string& path, std::string_view what,
-                      std::string_view advice = "save its contents to a file first");
 
 // ---- threads -----------------------------------------------------------------------------------
 

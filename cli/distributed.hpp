@@ -22,7 +22,7 @@
 
 #include "attnmix/inference/communicator.hpp"
 #include "cli_support.hpp"
-#include "data_fields.hpp"
+#include "attnmix/io/fields.hpp"
 
 namespace attnmix::cli {
 

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 
 namespace attnmix::cli {

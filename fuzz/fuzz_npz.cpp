@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: NumPy .npz archives (cli/npz.cpp: the zip layer through libzip, the .npy header and data decoding,
-// row stripes) and the family readers on top of them (cli/data_io.cpp, cli/chained_data_io.cpp,
-// cli/variational_data_io.cpp). Input: one mode byte (data_rows.hpp: family, declared dimensions, target policy,
+// Fuzz target: NumPy .npz archives (io/npz.hpp: the zip layer through libzip, the .npy header and data decoding,
+// row stripes) and the schema reader on top of them (io/rows.hpp) for three families' schemas. Input: one mode byte (data_rows.hpp: family, declared dimensions, target policy,
 // stripe), then the archive's bytes. Family 3 decodes every member with read_npz alone and checks that each stripe
 // holds what its shape says; the .npy decoder (parse_npy) is also fed the bytes directly when they start with the
 // .npy magic, so that mutations of a bare member reach it without the zip layer.
@@ -11,7 +10,7 @@
 
 #include "data_rows.hpp"
 #include "fuzz_support.hpp"
-#include "npz.hpp"
+#include "attnmix/io/npz.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnmix;
@@ -26,11 +25,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const std::string text(reinterpret_cast<const char*>(input.data), input.size);
     if (text.rfind("\x93NUMPY", 0) == 0) {
-      const cli::NpyArray array = cli::parse_npy(text, "fuzz.npy");
+      const NpyArray array = parse_npy(text, "fuzz.npy");
       (void)array.shape_text();
       return;
     }
-    for (const auto& [name, array] : cli::read_npz(path, mode.stripe.part, mode.stripe.parts)) {
+    for (const auto& [name, array] : read_npz(path, mode.stripe.part, mode.stripe.parts)) {
       (void)array.shape_text();
       if (array.shape.empty()) {
         if (array.size() != 1) __builtin_trap();  // a scalar holds one element

@@ -23,6 +23,7 @@
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/progress.hpp"
 #include "attnmix/inference/reduce.hpp"
+#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "commands/fit_problem.hpp"

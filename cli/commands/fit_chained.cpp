@@ -6,58 +6,39 @@
 #include <vector>
 
 #include "attnmix/attention/chained.hpp"
-#include "chained_data_io.hpp"
+#include "attnmix/family/spec.hpp"
 #include "cli_support.hpp"
 #include "commands/fit_data.hpp"
 #include "commands/fit_problem.hpp"
 
 namespace attnmix::cli {
 
-const RowFormat<CaRows, CaDims>& chained_row_format() {
-  static const RowFormat<CaRows, CaDims> format{
-      &read_ca_rows,
-      &infer_ca_dims,
-      {{"keys", "N", &CaDims::context_length, [](const CaRows& r) { return r.keys.cols(); },
-        [](CaRows& r, Index n) {
-          r.keys.resize(0, n);
-          r.values.resize(0, n);
-        }}}};
-  return format;
-}
-
 FitProblem prepare_chained_fit(const FitArgs& args, const FitInit* init) {
   const ChainedAttention* init_model =
       init ? &init_model_as<ChainedAttention>(*init, args.family) : nullptr;
   // A chained model fixes S, T and L, not the context length N.
-  const CaDims declared{settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
-                                   init_model ? init_model->n_symbols() : 0),
-                        flag_dim(args.context_length_opt, args.context_length, "--context-length"),
-                        settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
-                                   init_model ? init_model->n_targets() : 0)};
+  const Dims declared = declared_dims(
+      {{"S", settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init, init_model ? init_model->n_symbols() : 0)},
+       {"N", flag_dim(args.context_length_opt, args.context_length, "--context-length")},
+       {"T", settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                        init_model ? init_model->n_targets() : 0)}});
   const int64_t L = settle_dim(args.hops_opt, args.hops, "--hops", "L", init,
                                init_model ? init_model->n_hops() : 0)
                         .value_or(Dim{args.hops, "--hops"})
                         .value;
   FitProblem problem;
-  FitRows<CaRows, CaDims> rows = read_fit_rows(args, declared, chained_row_format());
-  problem.train_source = args.data;
-  if (rows.valid) problem.valid_source = args.valid;
-  const CaDims& dims = rows.dims;
-  problem.train_counts = std::move(rows.train_counts);
-  problem.valid_total = rows.valid_total;
-  problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  FitRows rows = read_fit_rows(args, declared, *chained_attention_family().schema);
+  const Dims dims = rows.dims;
 
   ChainedAttentionEstimatorOptions options;  // the library's M-step defaults
   options.sigma2 = settle_sigma2(args, init, init_model ? init_model->sigma2() : 0.0, options.sigma2);
   if (given(args.emission_smoothing_opt)) options.emission_smoothing = args.emission_smoothing;
-  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  const auto S = dims.at("S").value, N = dims.at("N").value, T = dims.at("T").value;
   problem.mechanism = "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
   // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.
   problem.estimator = build_estimator([&] { return ChainedAttentionEstimator(L, S, T, options); },
-                                      {{"S", &*dims.n_symbols}, {"T", &*dims.n_targets}});
-  // The row matrices move into the batches (no copy).
-  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
-  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
+                                      {{"S", &dims.at("S")}, {"T", &dims.at("T")}});
+  take_fit_rows(problem, std::move(rows), args, chained_attention_family().encode);
   problem.dims_brief = "L=" + std::to_string(L) + ", S=" + std::to_string(S) +
                        ", N=" + std::to_string(N) + ", T=" + std::to_string(T);
   problem.dims_summary = "L=" + std::to_string(L) + (L == 1 ? " hop, S=" : " hops, S=") +

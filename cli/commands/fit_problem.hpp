@@ -23,7 +23,8 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/inference/communicator.hpp"
 #include "attnmix/inference/optimize.hpp"
-#include "data_fields.hpp"
+#include "attnmix/io/fields.hpp"
+#include "attnmix/io/rows.hpp"
 
 namespace attnmix::cli {
 
@@ -91,6 +92,15 @@ struct FitInit {
   return Dim{value, flag};
 }
 
+/// The declared sizes of a fit: each (symbol, size) whose size is set.
+[[nodiscard]] inline Dims declared_dims(std::initializer_list<std::pair<const char*, std::optional<Dim>>> sizes) {
+  Dims dims;
+  for (const auto& [symbol, size] : sizes)
+    if (size) dims[symbol] = *size;
+  return dims;
+}
+
+
 /// A dimension of a fit: without --init, the flag's value when given (else nothing: the data
 /// decide); with --init, the model's value `model_value`, which a given flag must equal.
 /// @throws ValueError ("--symbols 10 does not match the --init model a.json (S = 12)").
@@ -149,6 +159,7 @@ struct FitProblem {
   std::vector<int64_t> train_counts;  // training rows of each process (rank order; one entry alone)
   int64_t valid_total = 0;            // validation rows over every process
 };
+
 
 /// Responsibility attention from --data files or a --text corpus (fit_responsibility.cpp).
 [[nodiscard]] FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init);

@@ -7,67 +7,55 @@
 #include <vector>
 
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/family/spec.hpp"
 #include "cli_support.hpp"
 #include "commands/fit_data.hpp"
 #include "commands/fit_problem.hpp"
-#include "data_io.hpp"
 #include "text_corpus.hpp"
 
 namespace attnmix::cli {
 
 namespace {
 
-/// Data and dimensions of a responsibility fit, before the estimator is built.
+/// Data and dimensions of a responsibility fit, before the estimator is built: the rows of --data files (encoded
+/// once the estimator exists) or the batches of a --text corpus.
 struct RaInput {
   FitProblem problem;
-  RaDims dims;
+  Dims dims;
+  std::optional<FitRows> rows;
 };
 
 /// The dimensions the flags and the --init model declare (init_model: the --init model, or null).
-RaDims declared_dims(const FitArgs& args, const FitInit* init,
-                     const ResponsibilityAttention* init_model) {
+Dims declared_dims(const FitArgs& args, const FitInit* init, const ResponsibilityAttention* init_model) {
   const auto model_dim = [&](int64_t (ResponsibilityAttention::*dim)() const) {
     return init_model ? (init_model->*dim)() : 0;
   };
-  return RaDims{settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
-                           model_dim(&ResponsibilityAttention::n_symbols)),
-                settle_dim(args.context_length_opt, args.context_length, "--context-length", "N",
-                           init, model_dim(&ResponsibilityAttention::context_length)),
-                settle_dim(args.query_dim_opt, args.query_dim, "--query-dim", "D", init,
-                           model_dim(&ResponsibilityAttention::query_dim)),
-                settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
-                           model_dim(&ResponsibilityAttention::n_targets))};
+  return cli::declared_dims(
+      {{"S", settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
+                        model_dim(&ResponsibilityAttention::n_symbols))},
+       {"N", settle_dim(args.context_length_opt, args.context_length, "--context-length", "N", init,
+                        model_dim(&ResponsibilityAttention::context_length))},
+       {"D", settle_dim(args.query_dim_opt, args.query_dim, "--query-dim", "D", init,
+                        model_dim(&ResponsibilityAttention::query_dim))},
+       {"T", settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                        model_dim(&ResponsibilityAttention::n_targets))}});
 }
 
-/// Responsibility-attention rows: context (N) and query (D) widths.
-const RowFormat<RaRows, RaDims>& ra_format() {
-  static const RowFormat<RaRows, RaDims> format{
-      &read_ra_rows,
-      &infer_ra_dims,
-      {{"context", "N", &RaDims::context_length, [](const RaRows& r) { return r.contexts.cols(); },
-        [](RaRows& r, Index n) { r.contexts.resize(0, n); }},
-       {"query", "D", &RaDims::query_dim, [](const RaRows& r) { return r.queries.cols(); },
-        [](RaRows& r, Index d) { r.queries.resize(0, d); }}}};
-  return format;
-}
-
-RaInput read_data_files(const FitArgs& args, const RaDims& declared) {
+RaInput read_data_files(const FitArgs& args, const Dims& declared) {
   RaInput input;
-  FitRows<RaRows, RaDims> rows = read_fit_rows(args, declared, ra_format());
-  input.problem.train_source = args.data;
-  if (rows.valid) input.problem.valid_source = args.valid;
-  input.dims = rows.dims;
-  input.problem.train_counts = std::move(rows.train_counts);
-  input.problem.valid_total = rows.valid_total;
-  input.problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
-  // The row matrices move into the batches (no copy).
-  input.problem.train = AnyBatch(encode_ra_rows(std::move(rows.train), input.dims));
-  if (rows.valid) input.problem.valid = AnyBatch(encode_ra_rows(std::move(*rows.valid), input.dims));
+  input.rows = read_fit_rows(args, declared, *responsibility_attention_family().schema);
+  input.dims = input.rows->dims;
   return input;
 }
 
-RaInput read_text_corpus(const FitArgs& args, const RaDims& declared) {
-  if (!declared.context_length)
+RaInput read_text_corpus(const FitArgs& args, const Dims& declared) {
+  const auto given_dim = [&](const char* symbol) -> std::optional<Dim> {
+    const auto it = declared.find(symbol);
+    return it == declared.end() ? std::nullopt : std::optional<Dim>(it->second);
+  };
+  const std::optional<Dim> n_symbols = given_dim("S"), context_length = given_dim("N"), query_dim = given_dim("D"),
+                           n_targets = given_dim("T");
+  if (!context_length)
     throw UsageError(
         "--text needs --context-length N: how many tokens (the current one included) each "
         "prediction attends over");
@@ -78,7 +66,7 @@ RaInput read_text_corpus(const FitArgs& args, const RaDims& declared) {
   std::optional<TokenizedText> valid;
   if (!args.valid.empty()) valid = tokenize_text(args.valid, mode, vocab, /*grow=*/false);
   const int64_t V = vocab.size();
-  const int64_t N = declared.context_length->value;
+  const int64_t N = context_length->value;
   const auto check_length = [&](const TokenizedText& t, const std::string& path) {
     if (static_cast<int64_t>(t.ids.size()) <= N)
       throw ValueError(path + ": has " + std::to_string(t.ids.size()) + " " + token_kind +
@@ -88,27 +76,27 @@ RaInput read_text_corpus(const FitArgs& args, const RaDims& declared) {
   check_length(train, args.text);
   if (valid) check_length(*valid, args.valid);
   int64_t S = V;
-  if (declared.n_symbols) {
-    if (declared.n_symbols->value < V)
+  if (n_symbols) {
+    if (n_symbols->value < V)
       throw ValueError(args.text + ": has " + std::to_string(V) + " distinct " + token_kind +
-                       " but " + dim_text("S", *declared.n_symbols));
-    S = declared.n_symbols->value;
+                       " but " + dim_text("S", *n_symbols));
+    S = n_symbols->value;
   }
-  if (declared.query_dim && declared.query_dim->value != S)
-    throw ValueError(dim_text("D", *declared.query_dim) +
+  if (query_dim && query_dim->value != S)
+    throw ValueError(dim_text("D", *query_dim) +
                      " does not fit a text corpus: its queries are one-hot codes of the current "
                      "token, so D = S = " +
                      std::to_string(S));
   int64_t T = S;
-  if (declared.n_targets) {
-    if (declared.n_targets->value < V)
+  if (n_targets) {
+    if (n_targets->value < V)
       throw ValueError(args.text + ": has " + std::to_string(V) + " distinct " + token_kind +
-                       " (every one can be a target) but " + dim_text("T", *declared.n_targets));
-    T = declared.n_targets->value;
+                       " (every one can be a target) but " + dim_text("T", *n_targets));
+    T = n_targets->value;
   }
   const std::string from = "the text";
   RaInput input;
-  input.dims = RaDims{Dim{S, from}, *declared.context_length, Dim{S, from}, Dim{T, from}};
+  input.dims = Dims{{"S", Dim{S, from}}, {"N", *context_length}, {"D", Dim{S, from}}, {"T", Dim{T, from}}};
   input.problem.data_note =
       " (vocabulary: " + std::to_string(V) + " distinct " + token_kind + ")";
   input.problem.train = AnyBatch(sequence_to_triples(train.ids, N, S));
@@ -132,7 +120,7 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
     throw UsageError("--tokens applies only to --text corpora");
   const ResponsibilityAttention* init_model =
       init ? &init_model_as<ResponsibilityAttention>(*init, args.family) : nullptr;
-  const RaDims declared = declared_dims(args, init, init_model);
+  const Dims declared = declared_dims(args, init, init_model);
   RaInput input =
       args.text.empty() ? read_data_files(args, declared) : read_text_corpus(args, declared);
   ResponsibilityAttentionEstimatorOptions options;  // the library's M-step defaults
@@ -141,16 +129,15 @@ FitProblem prepare_responsibility_fit(const FitArgs& args, const FitInit* init) 
   if (given(args.min_sigma2_opt)) options.min_sigma2 = args.min_sigma2;
   options.estimate_sigma2 = args.estimate_sigma2;
   options.precision = parse_precision(args.precision, "--precision");
-  const RaDims& d = input.dims;
-  const auto S = d.n_symbols->value, N = d.context_length->value, D = d.query_dim->value,
-             T = d.n_targets->value;
+  const Dims& d = input.dims;
+  const auto S = d.at("S").value, N = d.at("N").value, D = d.at("D").value, T = d.at("T").value;
   FitProblem& problem = input.problem;
   problem.mechanism = "responsibility attention";
   if (init_model && options.precision != init_model->precision())
     problem.initial = AnyDistribution(ResponsibilityAttention(init_model->params(), options.precision));
   problem.estimator = build_estimator([&] { return ResponsibilityAttentionEstimator(S, N, D, T, options); },
-                                      {{"S", &*d.n_symbols}, {"N", &*d.context_length},
-                                       {"D", &*d.query_dim}, {"T", &*d.n_targets}});
+                                      {{"S", &d.at("S")}, {"N", &d.at("N")}, {"D", &d.at("D")}, {"T", &d.at("T")}});
+  if (input.rows) take_fit_rows(problem, std::move(*input.rows), args, responsibility_attention_family().encode);
   problem.dims_brief = "S=" + std::to_string(S) + ", N=" + std::to_string(N) +
                        ", D=" + std::to_string(D) + ", T=" + std::to_string(T);
   problem.dims_summary = "S=" + std::to_string(S) + " symbols, N=" + std::to_string(N) +

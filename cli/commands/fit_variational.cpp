@@ -11,11 +11,10 @@
 
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
-#include "chained_data_io.hpp"
+#include "attnmix/family/spec.hpp"
 #include "cli_support.hpp"
 #include "commands/fit_data.hpp"
 #include "commands/fit_problem.hpp"
-#include "variational_data_io.hpp"
 
 namespace attnmix::cli {
 
@@ -42,17 +41,6 @@ int64_t embed_dim(const FitArgs& args, const FitInit* init, const Model* init_mo
       .value;
 }
 
-/// Variational-embedding-attention rows: the context width N.
-const RowFormat<VeaRows, VeaDims>& vea_row_format() {
-  static const RowFormat<VeaRows, VeaDims> format{
-      &read_vea_rows,
-      &infer_vea_dims,
-      {{"context", "N", &VeaDims::context_length,
-        [](const VeaRows& r) { return r.contexts.cols(); },
-        [](VeaRows& r, Index n) { r.contexts.resize(0, n); }}}};
-  return format;
-}
-
 std::string dims_brief(int64_t S, int64_t N, int64_t D, int64_t T) {
   return "S=" + std::to_string(S) + ", N=" + std::to_string(N) + ", D=" + std::to_string(D) +
          ", T=" + std::to_string(T);
@@ -72,36 +60,27 @@ FitProblem prepare_variational_fit(const FitArgs& args, const FitInit* init) {
   const auto model_dim = [&](int64_t (Model::*dim)() const) {
     return init_model ? (init_model->*dim)() : 0;
   };
-  const VeaDims declared{
-      settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
-                 model_dim(&Model::n_symbols)),
-      settle_dim(args.context_length_opt, args.context_length, "--context-length", "N", init,
-                 model_dim(&Model::context_length)),
-      settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
-                 model_dim(&Model::n_targets))};
+  const Dims declared = declared_dims(
+      {{"S", settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init, model_dim(&Model::n_symbols))},
+       {"N", settle_dim(args.context_length_opt, args.context_length, "--context-length", "N", init,
+                        model_dim(&Model::context_length))},
+       {"T", settle_dim(args.targets_opt, args.targets, "--targets", "T", init, model_dim(&Model::n_targets))}});
   const int64_t D = embed_dim(args, init, init_model);
 
   FitProblem problem;
-  FitRows<VeaRows, VeaDims> rows = read_fit_rows(args, declared, vea_row_format());
-  problem.train_source = args.data;
-  if (rows.valid) problem.valid_source = args.valid;
-  const VeaDims& dims = rows.dims;
-  problem.train_counts = std::move(rows.train_counts);
-  problem.valid_total = rows.valid_total;
-  problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  FitRows rows = read_fit_rows(args, declared, *variational_embedding_attention_family().schema);
+  const Dims dims = rows.dims;
   VariationalEmbeddingAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init, init_model, options);
   options.precision = parse_precision(args.precision, "--precision");
   if (init_model && options.precision != init_model->precision())
     problem.initial = AnyDistribution(VariationalEmbeddingAttention(init_model->params(), options.precision));
-  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  const auto S = dims.at("S").value, N = dims.at("N").value, T = dims.at("T").value;
   problem.mechanism = "variational embedding attention";
   // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.
   problem.estimator = build_estimator([&] { return VariationalEmbeddingAttentionEstimator(S, N, D, T, std::move(options)); },
-                                      {{"S", &*dims.n_symbols}, {"N", &*dims.context_length}, {"T", &*dims.n_targets}});
-  // The row matrices move into the batches (no copy).
-  problem.train = AnyBatch(encode_vea_rows(std::move(rows.train), dims));
-  if (rows.valid) problem.valid = AnyBatch(encode_vea_rows(std::move(*rows.valid), dims));
+                                      {{"S", &dims.at("S")}, {"N", &dims.at("N")}, {"T", &dims.at("T")}});
+  take_fit_rows(problem, std::move(rows), args, variational_embedding_attention_family().encode);
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;
@@ -111,32 +90,25 @@ FitProblem prepare_variational_multihop_fit(const FitArgs& args, const FitInit* 
   using Model = VariationalMultiHopAttention;
   const Model* init_model = init ? &init_model_as<Model>(*init, args.family) : nullptr;
   // A multi-hop model fixes S and T, not the context length N (as chained attention).
-  const CaDims declared{settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init,
-                                   init_model ? init_model->n_symbols() : 0),
-                        flag_dim(args.context_length_opt, args.context_length, "--context-length"),
-                        settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
-                                   init_model ? init_model->n_targets() : 0)};
+  const Dims declared = declared_dims(
+      {{"S", settle_dim(args.symbols_opt, args.symbols, "--symbols", "S", init, init_model ? init_model->n_symbols() : 0)},
+       {"N", flag_dim(args.context_length_opt, args.context_length, "--context-length")},
+       {"T", settle_dim(args.targets_opt, args.targets, "--targets", "T", init,
+                        init_model ? init_model->n_targets() : 0)}});
   const int64_t D = embed_dim(args, init, init_model);
 
   FitProblem problem;
-  FitRows<CaRows, CaDims> rows = read_fit_rows(args, declared, chained_row_format());
-  problem.train_source = args.data;
-  if (rows.valid) problem.valid_source = args.valid;
-  const CaDims& dims = rows.dims;
-  problem.train_counts = std::move(rows.train_counts);
-  problem.valid_total = rows.valid_total;
-  problem.train_origin = std::move(static_cast<RowOrigin&>(rows.train));
+  FitRows rows = read_fit_rows(args, declared, *variational_multihop_attention_family().schema);
+  const Dims dims = rows.dims;
   VariationalMultiHopAttentionEstimatorOptions options;  // the library's M-step defaults
   apply_common_flags(args, init, init_model, options);
   if (given(args.anneal_iters_opt)) options.anneal_iters = args.anneal_iters;
-  const auto S = dims.n_symbols->value, N = dims.context_length->value, T = dims.n_targets->value;
+  const auto S = dims.at("S").value, N = dims.at("N").value, T = dims.at("T").value;
   problem.mechanism = "variational multi-hop attention (2 hops)";
   // Built before the rows are encoded: dimensions too large for the model fail here, before anything is sized.
   problem.estimator = build_estimator([&] { return VariationalMultiHopAttentionEstimator(S, D, T, std::move(options)); },
-                                      {{"S", &*dims.n_symbols}, {"T", &*dims.n_targets}});
-  // The row matrices move into the batches (no copy).
-  problem.train = AnyBatch(encode_ca_rows(std::move(rows.train), dims));
-  if (rows.valid) problem.valid = AnyBatch(encode_ca_rows(std::move(*rows.valid), dims));
+                                      {{"S", &dims.at("S")}, {"T", &dims.at("T")}});
+  take_fit_rows(problem, std::move(rows), args, variational_multihop_attention_family().encode);
   problem.dims_brief = dims_brief(S, N, D, T);
   problem.dims_summary = dims_summary(S, N, D, T);
   return problem;

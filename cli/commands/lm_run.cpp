@@ -30,6 +30,7 @@
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
+#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/lm_plugin.hpp"
 #include "commands/lm_support.hpp"

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attnmix/io/model_file.hpp"
+#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "model_data.hpp"

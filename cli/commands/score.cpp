@@ -10,6 +10,7 @@
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "attnmix/stats/log_math.hpp"
+#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "model_data.hpp"

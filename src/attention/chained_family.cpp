@@ -36,10 +36,53 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
   return params.construct(ChainedAttention::kWhere, [&] { return AnyDistribution(ChainedAttention(std::move(p))); });
 }
 
+// Data files: {"keys": [ids < S] (N), "values": [ids < S] (N, paired with keys), "query": id < S, "target": id < T};
+// variational multi-hop attention reads them too.
+const RowSchema kRows{{{.name = "keys", .kind = DataKind::kIds, .width = "N", .bound = "S", .noun = "key"},
+                       {.name = "values", .kind = DataKind::kIds, .width = "N", .bound = "S", .noun = "value",
+                        .pairs_with = "keys"},
+                       {.name = "query", .kind = DataKind::kIds, .bound = "S", .noun = "query"},
+                       {.name = "target", .kind = DataKind::kIds, .bound = "T", .noun = "target", .target = true}}};
+
+// A chained model reads contexts of any length N (only a file's own rows must agree).
+DataOf data_files_of(const AnyDistribution& model) {
+  const auto& m = *model.get_if<ChainedAttention>();
+  return {&chained_attention_family(), {{"S", {m.n_symbols(), "the model"}}, {"T", {m.n_targets(), "the model"}}}};
+}
+
+AnyBatch encode(Rows rows, const Dims& dims) {
+  ChainedAttentionEncoder encoder;
+  encoder.n_symbols = dims.at("S").value;
+  encoder.n_targets = dims.at("T").value;
+  return AnyBatch(encoder.encode(std::move(rows.columns[0].ids), std::move(rows.columns[1].ids),
+                                 id_vector(rows.columns[2]), id_vector(rows.columns[3])));
+}
+
+Rows rows_of(const AnyBatch& any) {
+  const auto& batch = any.get<ChainedAttentionBatch>("chained attention rows");
+  Rows rows;
+  rows.columns = {{batch.keys(), {}}, {batch.values(), {}}, {batch.queries(), {}}, {batch.targets(), {}}};
+  return rows;
+}
+
+AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) {
+  const auto& ca = *model.get_if<ChainedAttention>();
+  return AnyBatch(width ? ca.sampler(seed, *width).sample(m) : ca.sampler(seed).sample(m));
+}
+
 }  // namespace
 
 const FamilySpec& chained_attention_family() {
-  static const FamilySpec spec{"chained", {"ca"}, ChainedAttention::kFamily, {&params_to_json, &name_of, &from_json}};
+  static const FamilySpec spec{.name = "chained",
+                               .aliases = {"ca"},
+                               .title = "chained attention",
+                               .file_family = ChainedAttention::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json},
+                               .schema = &kRows,
+                               .data_of = &data_files_of,
+                               .encode = &encode,
+                               .rows_of = &rows_of,
+                               .sample = &sample};
   return spec;
 }
 

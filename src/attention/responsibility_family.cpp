@@ -37,11 +37,54 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
                           [&] { return AnyDistribution(ResponsibilityAttention(std::move(p))); });
 }
 
+// Data files: {"context": [ids < S] (N), "query": [reals] (D), "target": id < T}.
+const RowSchema kRows{{{.name = "context", .kind = DataKind::kIds, .width = "N", .bound = "S", .noun = "context"},
+                       {.name = "query", .kind = DataKind::kReals, .width = "D"},
+                       {.name = "target", .kind = DataKind::kIds, .bound = "T", .noun = "target", .target = true}}};
+
+DataOf data_files_of(const AnyDistribution& model) {
+  const auto& m = *model.get_if<ResponsibilityAttention>();
+  const std::string from = "the model";
+  return {&responsibility_attention_family(),
+          {{"S", {m.n_symbols(), from}}, {"N", {m.context_length(), from}}, {"D", {m.query_dim(), from}},
+           {"T", {m.n_targets(), from}}}};
+}
+
+AnyBatch encode(Rows rows, const Dims& dims) {
+  const ResponsibilityAttentionEncoder encoder{dims.at("S").value, dims.at("N").value, dims.at("D").value,
+                                               dims.at("T").value};
+  return AnyBatch(encoder.encode(std::move(rows.columns[0].ids), std::move(rows.columns[1].reals),
+                                 id_vector(rows.columns[2])));
+}
+
+Rows rows_of(const AnyBatch& any) {
+  const auto& batch = any.get<ResponsibilityAttentionBatch>("responsibility attention rows");
+  Rows rows;
+  rows.columns = {{batch.contexts(), {}}, {{}, batch.queries()}, {batch.targets(), {}}};
+  return rows;
+}
+
+AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) {
+  const auto& ra = *model.get_if<ResponsibilityAttention>();
+  if (width && *width != ra.context_length())
+    throw ValueError("responsibility attention has a fixed context length, N = " +
+                     std::to_string(ra.context_length()) + " for this model (got " + std::to_string(*width) + ")");
+  return AnyBatch(ra.sampler(seed).sample(m));
+}
+
 }  // namespace
 
 const FamilySpec& responsibility_attention_family() {
-  static const FamilySpec spec{"responsibility", {"ra"}, ResponsibilityAttention::kFamily,
-                               {&params_to_json, &name_of, &from_json}};
+  static const FamilySpec spec{.name = "responsibility",
+                               .aliases = {"ra"},
+                               .title = "responsibility attention",
+                               .file_family = ResponsibilityAttention::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json},
+                               .schema = &kRows,
+                               .data_of = &data_files_of,
+                               .encode = &encode,
+                               .rows_of = &rows_of,
+                               .sample = &sample};
   return spec;
 }
 

@@ -46,11 +46,55 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
                                        [&] { return AnyDistribution(Model(std::move(p))); });
 }
 
+// Data files: {"context": [ids < S] (N), "query": id < S, "target": id < T}.
+const RowSchema kRows{{{.name = "context", .kind = DataKind::kIds, .width = "N", .bound = "S", .noun = "context"},
+                       {.name = "query", .kind = DataKind::kIds, .bound = "S", .noun = "query"},
+                       {.name = "target", .kind = DataKind::kIds, .bound = "T", .noun = "target", .target = true}}};
+
+DataOf data_files_of(const AnyDistribution& model) {
+  const auto& m = *model.get_if<Model>();
+  const std::string from = "the model";
+  return {&variational_embedding_attention_family(),
+          {{"S", {m.n_symbols(), from}}, {"N", {m.context_length(), from}}, {"T", {m.n_targets(), from}}}};
+}
+
+AnyBatch encode(Rows rows, const Dims& dims) {
+  VariationalEmbeddingAttentionEncoder encoder;
+  encoder.n_symbols = dims.at("S").value;
+  encoder.context_length = dims.at("N").value;
+  encoder.n_targets = dims.at("T").value;
+  return AnyBatch(encoder.encode(std::move(rows.columns[0].ids), id_vector(rows.columns[1]),
+                                 id_vector(rows.columns[2])));
+}
+
+Rows rows_of(const AnyBatch& any) {
+  const auto& batch = any.get<VariationalEmbeddingAttentionBatch>("variational embedding attention rows");
+  Rows rows;
+  rows.columns = {{batch.contexts(), {}}, {batch.queries(), {}}, {batch.targets(), {}}};
+  return rows;
+}
+
+AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) {
+  const auto& vea = *model.get_if<Model>();
+  if (width && *width != vea.context_length())
+    throw ValueError("variational embedding attention has a fixed context length, N = " +
+                     std::to_string(vea.context_length()) + " for this model (got " + std::to_string(*width) + ")");
+  return AnyBatch(vea.sampler(seed).sample(m));
+}
+
 }  // namespace
 
 const FamilySpec& variational_embedding_attention_family() {
-  static const FamilySpec spec{"variational", {"vea"}, Model::kFamily,
-                               {&params_to_json, &name_of, &from_json, &state_to_json}};
+  static const FamilySpec spec{.name = "variational",
+                               .aliases = {"vea"},
+                               .title = "variational embedding attention",
+                               .file_family = Model::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json, &state_to_json},
+                               .schema = &kRows,
+                               .data_of = &data_files_of,
+                               .encode = &encode,
+                               .rows_of = &rows_of,
+                               .sample = &sample};
   return spec;
 }
 

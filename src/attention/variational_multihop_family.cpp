@@ -4,6 +4,7 @@
 #include <string_view>
 #include <utility>
 
+#include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/family/spec.hpp"
 #include "variational_codec_impl.hpp"
@@ -44,11 +45,32 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
                                        [&] { return AnyDistribution(Model(std::move(p))); });
 }
 
+// It reads chained attention's rows, of any context length N.
+DataOf data_files_of(const AnyDistribution& model) {
+  const auto& m = *model.get_if<Model>();
+  return {&variational_multihop_attention_family(),
+          {{"S", {m.n_symbols(), "the model"}}, {"T", {m.n_targets(), "the model"}}}};
+}
+
+AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) {
+  const auto& vmha = *model.get_if<Model>();
+  return AnyBatch(width ? vmha.sampler(seed, *width).sample(m) : vmha.sampler(seed).sample(m));
+}
+
 }  // namespace
 
 const FamilySpec& variational_multihop_attention_family() {
-  static const FamilySpec spec{"variational-multihop", {"vmha"}, Model::kFamily,
-                               {&params_to_json, &name_of, &from_json, &state_to_json}};
+  const FamilySpec& chained = chained_attention_family();
+  static const FamilySpec spec{.name = "variational-multihop",
+                               .aliases = {"vmha"},
+                               .title = "variational multi-hop attention",
+                               .file_family = Model::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json, &state_to_json},
+                               .schema = chained.schema,
+                               .data_of = &data_files_of,
+                               .encode = chained.encode,
+                               .rows_of = chained.rows_of,
+                               .sample = &sample};
   return spec;
 }
 

@@ -43,6 +43,12 @@ const FamilySpec& spec_of(const AnyDistribution& model) {
   throw ValueError("attnmix: family '" + family + "' is not registered (known: " + file_families_text() + ")");
 }
 
+DataOf data_of(const AnyDistribution& model) {
+  const FamilySpec& spec = spec_of(model);
+  if (!spec.data_of) throw ValueError("models of family '" + model.family() + "' cannot read data files in this build");
+  return spec.data_of(model);
+}
+
 std::string file_families_text() {
   std::string out;
   for (const FamilySpec* spec : families()) out += (out.empty() ? "" : ", ") + std::string(spec->file_family);

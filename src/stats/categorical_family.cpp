@@ -30,7 +30,10 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
 }  // namespace
 
 const FamilySpec& categorical_family() {
-  static const FamilySpec spec{"categorical", {}, Categorical::kFamily, {&params_to_json, &name_of, &from_json}};
+  static const FamilySpec spec{.name = "categorical",
+                               .title = "categorical distribution",
+                               .file_family = Categorical::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json}};
   return spec;
 }
 

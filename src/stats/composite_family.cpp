@@ -38,7 +38,10 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
 }  // namespace
 
 const FamilySpec& composite_family() {
-  static const FamilySpec spec{"composite", {}, Composite::kFamily, {&params_to_json, &name_of, &from_json}};
+  static const FamilySpec spec{.name = "composite",
+                               .title = "composite",
+                               .file_family = Composite::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json}};
   return spec;
 }
 

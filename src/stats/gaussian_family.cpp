@@ -32,7 +32,10 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
 }  // namespace
 
 const FamilySpec& diagonal_gaussian_family() {
-  static const FamilySpec spec{"gaussian", {}, DiagonalGaussian::kFamily, {&params_to_json, &name_of, &from_json}};
+  static const FamilySpec spec{.name = "gaussian",
+                               .title = "diagonal Gaussian",
+                               .file_family = DiagonalGaussian::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json}};
   return spec;
 }
 

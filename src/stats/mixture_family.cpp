@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The mixture's family descriptor (family/spec.hpp): its components are stored as model objects without "format",
 // so a mixture of any registered family is saved without extra code.
+#include <algorithm>
 #include <array>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "attnmix/core/errors.hpp"
 #include "attnmix/family/spec.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/stats/mixture.hpp"
@@ -15,6 +18,11 @@ namespace attnmix {
 namespace {
 
 using nlohmann::json;
+
+bool same_values(const Dims& a, const Dims& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.first == y.first && x.second.value == y.second.value; });
+}
 
 // params: w [K], components (model objects).
 json params_to_json(const AnyDistribution& model) {
@@ -37,10 +45,27 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
                           [&] { return AnyDistribution(Mixture(std::move(components), std::move(w), name)); });
 }
 
+// A mixture reads its components' rows: they must all read the same data files with the same sizes.
+DataOf data_files_of(const AnyDistribution& model) {
+  std::optional<DataOf> data;
+  for (const AnyDistribution& component : model.get_if<Mixture>()->components()) {
+    DataOf d = attnmix::data_of(component);
+    if (data && (d.family->schema != data->family->schema || !same_values(d.dims, data->dims)))
+      throw ValueError(
+          "the mixture's components have different families or dimensions, so no data file fits all of them");
+    if (!data) data = std::move(d);
+  }
+  return *data;
+}
+
 }  // namespace
 
 const FamilySpec& mixture_family() {
-  static const FamilySpec spec{"mixture", {}, Mixture::kFamily, {&params_to_json, &name_of, &from_json}};
+  static const FamilySpec spec{.name = "mixture",
+                               .title = "mixture",
+                               .file_family = Mixture::kFamily,
+                               .codec = {&params_to_json, &name_of, &from_json},
+                               .data_of = &data_files_of};
   return spec;
 }
 

@@ -6,11 +6,15 @@
 /// by one line in the library's one list of families (`src/family/registry.cpp`).
 ///
 ///   name, aliases   how users name the family (`attnmix fit --family responsibility`, or `ra`)
+///   title           how messages name it ("responsibility attention")
 ///   file_family     the "family" of its model files, equal to AnyDistribution::family()
 ///   codec           its model-file parameters (io/model_file.hpp writes the document around them)
+///   schema          its data files (io/rows.hpp); data_of, encode, rows_of and sample connect them to its models
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +22,7 @@
 
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/json.hpp"
+#include "attnmix/io/rows.hpp"
 
 namespace attnmix {
 
@@ -26,24 +31,49 @@ namespace attnmix {
 /// the "optimizer_state" object.
 struct ModelCodec {
   /// params of the model.
-  nlohmann::json (*params_to_json)(const AnyDistribution& model);
+  nlohmann::json (*params_to_json)(const AnyDistribution& model) = nullptr;
   /// The model's name ("" when unnamed; then no "name" field is written).
-  std::string (*name_of)(const AnyDistribution& model);
+  std::string (*name_of)(const AnyDistribution& model) = nullptr;
   /// Builds the model through its validating constructor from `params`, the name and the optional
   /// "optimizer_state" sibling of params (null when the object has none).
   AnyDistribution (*from_json)(const ModelJsonField& params, const std::string& name,
-                               const ModelJsonField* optimizer_state);
+                               const ModelJsonField* optimizer_state) = nullptr;
   /// The "optimizer_state" written beside params, or null for families without one (a file of such a family that
   /// carries the field is rejected).
   nlohmann::json (*state_to_json)(const AnyDistribution& model) = nullptr;
 };
 
-struct FamilySpec {
-  std::string_view name;                  ///< "responsibility"
-  std::vector<std::string_view> aliases;  ///< "ra"
-  std::string_view file_family;           ///< "responsibility_attention"
-  ModelCodec codec;
+struct FamilySpec;
+
+/// The data files a model reads: the family whose schema and encoder read them and the sizes the model fixes (each
+/// "from the model"); the sizes it leaves open (a chained model's context length N) come from the data.
+struct DataOf {
+  const FamilySpec* family = nullptr;
+  Dims dims = {};
 };
+
+struct FamilySpec {
+  std::string_view name = {};                  ///< "responsibility"
+  std::vector<std::string_view> aliases = {};  ///< "ra"
+  std::string_view title = {};                 ///< "responsibility attention"
+  std::string_view file_family = {};           ///< "responsibility_attention"
+  ModelCodec codec = {};
+  /// The family's data files; null for a family that reads none of its own (a mixture reads its components').
+  const RowSchema* schema = nullptr;
+  /// The data files `model` reads. @throws ValueError when it reads none (null for such a family).
+  DataOf (*data_of)(const AnyDistribution& model) = nullptr;
+  /// The batch of validated rows whose sizes are all in `dims`.
+  AnyBatch (*encode)(Rows rows, const Dims& dims) = nullptr;
+  /// The rows of one of the family's batches (what `attnmix sample` writes).
+  Rows (*rows_of)(const AnyBatch& batch) = nullptr;
+  /// m observations from the model's sampler with `seed`; `width` is the sampled rows' context length where the
+  /// family leaves it open (its schema's width that data_of does not fix), and must equal the model's otherwise.
+  /// @throws ValueError for a width the model cannot use.
+  AnyBatch (*sample)(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) = nullptr;
+};
+
+/// The data files a model reads (spec_of(model).data_of). @throws ValueError for a family that reads none.
+[[nodiscard]] DataOf data_of(const AnyDistribution& model);
 
 /// Every registered family, in registration order.
 [[nodiscard]] std::span<const FamilySpec* const> families();

@@ -17,9 +17,9 @@
 #include <string>
 #include <utility>
 
-#include "data_fields.hpp"
+#include "attnmix/io/fields.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 
 /// Calls visit(line_number, object) for every non-blank line of the stripe, in order. With
 /// on_row_count, the file's data lines are counted first (one more pass when the file is read
@@ -49,4 +49,4 @@ inline void for_each_json_line(
 /// "a bool", "a string", "null", ... for messages.
 [[nodiscard]] std::string json_kind(const nlohmann::json& value);
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Two pieces of the data readers on their own (white-box: cli/jsonl.cpp is compiled into the test, row_table.hpp is
-// header-only). for_each_json_line reports the number of data lines of a stripe before visiting them, which the
-// readers use to allocate their rows once; RowTable fills those rows in place and hands them over.
+// Two pieces of the data reader on their own (io/jsonl.hpp, and the private io/row_table_impl.hpp): for_each_json_line
+// reports the number of data lines of a stripe before visiting them, which the reader uses to allocate its rows once;
+// RowTable fills those rows in place and hands them over.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "jsonl.hpp"
-#include "row_table.hpp"
+#include "attnmix/io/jsonl.hpp"
+#include "io/row_table_impl.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 namespace {
 
 TEST(RowTableTest, FillsRowsInPlaceAndHandsThemOver) {
@@ -81,4 +81,4 @@ TEST(JsonLinesTest, ReportsTheRowCountOfEveryStripeBeforeTheRows) {
 }
 
 }  // namespace
-}  // namespace attnmix::cli
+}  // namespace attnmix

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // .npz archives through libzip and the .npy header/data decoder (format documented in
 // numpy.lib.format).
-#include "npz.hpp"
+#include "attnmix/io/npz.hpp"
 
 #include <zip.h>
 
@@ -16,7 +16,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/sizes.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 
 size_t NpyArray::size() const { return kind == Kind::kFloat ? reals.size() : ints.size(); }
 
@@ -416,4 +416,4 @@ std::map<std::string, NpyArray> read_npz(const std::string& path, int part, int 
   return arrays;
 }
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

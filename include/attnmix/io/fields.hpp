@@ -1,16 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file data_fields.hpp
-/// The pieces every data-file reader shares (SPEC.md §1.2, §1.10), whatever the family: declared
-/// dimensions and where they came from, where a row sits in its file, the kind of file (chosen by
-/// content: a zip archive starts with "PK"), and strict exact-id parsing from JSON values and .npz
-/// elements with messages that name the file, the line (JSONL, 1-based) or the array index (npz,
-/// 0-based) and the field. Each family's reader (data_io.hpp, chained_data_io.hpp) is written with
-/// these, so every family reports the same problem in the same words.
+/// @file fields.hpp
+/// The pieces of the data-file reader (io/rows.hpp): declared sizes and where they came from, where a row sits in
+/// its file, the kind of file (chosen by content: a zip archive starts with "PK"), and strict exact-id parsing from
+/// JSON values and .npz elements with messages that name the file, the line (JSONL, 1-based) or the array index
+/// (npz, 0-based) and the field, so that every family reports the same problem in the same words.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -21,9 +18,9 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/types.hpp"
 #include "attnmix/inference/communicator.hpp"
-#include "npz.hpp"
+#include "attnmix/io/npz.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 
 /// A declared dimension and where it came from ("the model", "--symbols", "line 1", "the training
 /// data"), which messages quote: "context has 5 entries; expected N = 6 (from the model)".
@@ -109,18 +106,11 @@ void check_id_range(int64_t id, const std::string& where, const std::string& fie
 /// Checks the keys of one JSON Lines object: every key in `known` (else "unknown field 'x' (expected
 /// …)"), every one of `required` present (else "missing field 'x'"). @throws ValueError.
 void check_json_fields(const nlohmann::json& object, const std::string& where,
-                       std::initializer_list<const char*> known,
-                       std::initializer_list<const char*> required);
+                       const std::vector<std::string>& known, const std::vector<std::string>& required);
 
 /// The same for the members of an .npz archive ("unknown array", "missing array").
 void check_npz_arrays(const std::vector<std::string>& names, const std::string& path,
-                      std::initializer_list<const char*> known,
-                      std::initializer_list<const char*> required);
-
-/// An .npz id array: not bool, `dims` dimensions ((n, N) or (n,)), and n rows when n ≥ 0 (n is the row count of
-/// the archive's first array, `first`). @throws TypeError / ValueError naming the file and the array.
-void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n, const char* first,
-                    const std::string& path);
+                      const std::vector<std::string>& known, const std::vector<std::string>& required);
 
 /// Fixes a width dimension from the first row (`first_row` names it) when it is not declared, then
 /// checks `width` against it: "where: keys has 4 entries; expected N = 5 (from line 1)".
@@ -181,4 +171,4 @@ class TargetPresence {
   std::optional<bool> seen_;
 };
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace attnmix::cli {
+namespace attnmix {
 
 /// One array of an archive, decoded to int64 (bool, int, uint dtypes) or double (float dtypes), in
 /// C order: all of it, or only a stripe of its rows (axis 0), [first_row, first_row + held rows).
@@ -48,4 +48,4 @@ struct NpyArray {
 /// context.npy").
 [[nodiscard]] NpyArray parse_npy(const std::string& bytes, const std::string& where);
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file row_table.hpp
+/// @file row_table_impl.hpp
 /// A data reader's rows, written in place. Each field's table (rows × width, row-major, or a vector) is allocated
 /// once, when the field's width is first known, for the number of rows the reader counted before parsing (the data
 /// lines of a JSON Lines stripe, the rows of an .npz stripe), then filled entry by entry in row order and handed over
@@ -12,7 +12,7 @@
 
 #include "attnmix/core/types.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 
 /// M: IdMatrix or Matrix (rows × width), or IdVector (one entry per row).
 template <class M>
@@ -45,4 +45,4 @@ class RowTable {
   bool allocated_ = false;
 };
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// JSON Lines integrity (cli/jsonl.cpp, white-box): a NUL byte in a data line is an error naming the file, the line
+// JSON Lines integrity (io/jsonl.hpp): a NUL byte in a data line is an error naming the file, the line
 // and the column (nlohmann's lexer takes NUL for the end of its input, so `{...}\0 junk {{{` used to parse as
 // `{...}`), in whichever stripe reads that line; duplicate keys stay errors; well-formed lines read as before.
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
-#include "jsonl.hpp"
+#include "attnmix/io/jsonl.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 namespace {
 
 using namespace std::string_literals;
@@ -92,4 +92,4 @@ TEST(JsonLinesIntegrityTest, DuplicateKeysStayErrorsAndCleanLinesReadAsBefore) {
 }
 
 }  // namespace
-}  // namespace attnmix::cli
+}  // namespace attnmix

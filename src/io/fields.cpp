@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Located, strict parsing of data-file fields shared by every family's reader (SPEC.md §1.2).
-#include "data_fields.hpp"
+#include "attnmix/io/fields.hpp"
 
 #include <sys/stat.h>
 
@@ -15,10 +15,10 @@
 
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/sizes.hpp"
-#include "cli_support.hpp"
-#include "jsonl.hpp"
+#include "attnmix/io/input_file.hpp"
+#include "attnmix/io/jsonl.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 
 using nlohmann::json;
 
@@ -144,50 +144,34 @@ std::string index_text(const char* name, int64_t r, int64_t c) {
 
 namespace {
 
-std::string expected_text(std::initializer_list<const char*> known) {
+std::string expected_text(const std::vector<std::string>& known) {
   std::string text = "expected ";
-  for (const char* name : known) text += (text.size() > 9 ? ", " : "") + std::string(name);
+  for (const std::string& name : known) text += (text.size() > 9 ? ", " : "") + name;
   return text;
 }
 
-bool is_known(const std::string& name, std::initializer_list<const char*> known) {
-  return std::any_of(known.begin(), known.end(), [&](const char* k) { return name == k; });
+bool is_known(const std::string& name, const std::vector<std::string>& known) {
+  return std::find(known.begin(), known.end(), name) != known.end();
 }
 
 }  // namespace
 
-void check_json_fields(const json& object, const std::string& where,
-                       std::initializer_list<const char*> known,
-                       std::initializer_list<const char*> required) {
+void check_json_fields(const json& object, const std::string& where, const std::vector<std::string>& known,
+                       const std::vector<std::string>& required) {
   for (const auto& item : object.items())
     if (!is_known(item.key(), known))
       throw ValueError(where + ": unknown field '" + item.key() + "' (" + expected_text(known) +
                        ")");
-  for (const char* field : required)
+  for (const std::string& field : required)
     if (!object.contains(field)) throw ValueError(where + ": missing field '" + field + "'");
 }
 
-void check_id_array(const NpyArray& a, const char* name, size_t dims, int64_t n, const char* first,
-                    const std::string& path) {
-  if (a.kind == NpyArray::Kind::kBool)
-    throw TypeError(path + ": " + name + ": ids must be integers, not bools (dtype " + a.descr +
-                    ")");
-  const char* shape = dims == 2 ? "(n, N)" : "(n,)";
-  if (a.shape.size() != dims)
-    throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " + shape +
-                     " (got shape " + a.shape_text() + ")");
-  if (n >= 0 && a.shape[0] != n)
-    throw ValueError(path + ": " + name + ": has " + std::to_string(a.shape[0]) + " rows but " +
-                     first + " has " + std::to_string(n));
-}
-
 void check_npz_arrays(const std::vector<std::string>& names, const std::string& path,
-                      std::initializer_list<const char*> known,
-                      std::initializer_list<const char*> required) {
+                      const std::vector<std::string>& known, const std::vector<std::string>& required) {
   for (const std::string& name : names)
     if (!is_known(name, known))
       throw ValueError(path + ": unknown array '" + name + "' (" + expected_text(known) + ")");
-  for (const char* field : required)
+  for (const std::string& field : required)
     if (std::find(names.begin(), names.end(), field) == names.end())
       throw ValueError(path + ": missing array '" + field + "'");
 }
@@ -212,4 +196,4 @@ void TargetPresence::see(bool has_target, const std::string& where) {
                      "; either every line carries a target or none does");
 }
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // JSON Lines reading with file:line:field error messages (nlohmann's parser callback tracks the
 // current field).
-#include "jsonl.hpp"
+#include "attnmix/io/jsonl.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -11,7 +11,7 @@
 
 #include "attnmix/core/errors.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 
 using nlohmann::json;
 
@@ -182,4 +182,4 @@ std::optional<std::pair<int64_t, json>> first_json_object(const std::string& pat
   return std::nullopt;
 }
 
-}  // namespace attnmix::cli
+}  // namespace attnmix

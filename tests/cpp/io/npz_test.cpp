@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The .npz reader (cli/npz.cpp, white-box): a stripe of rows read for one process of a distributed fit holds
+// The .npz reader (io/npz.hpp): a stripe of rows read for one process of a distributed fit holds
 // exactly those rows of the whole array, for deflated and stored members, C and Fortran order, and every way of
 // splitting six rows; shapes still describe the whole file. The oracle is the whole-array decode, which the CLI
 // tests check against the same rows in JSON Lines. The integrity cases build their archives here (a small writer
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
-#include "npz.hpp"
+#include "attnmix/io/npz.hpp"
 
-namespace attnmix::cli {
+namespace attnmix {
 namespace {
 
 std::string data(const std::string& name) { return std::string(ATTNMIX_TEST_DATA_DIR) + "/" + name; }
@@ -341,4 +341,4 @@ TEST(NpzIntegrityTest, HeadersTooShortToHoldTheirFieldsAreValueErrors) {
 }
 
 }  // namespace
-}  // namespace attnmix::cli
+}  // namespace attnmix
