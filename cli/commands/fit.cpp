@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// `attnmix fit`: the generic half. Parses the flags, lets the chosen family prepare its data and
-// estimator (fit_problem.hpp), fits by EM with the library's optimize(), prints the §1.7 progress
-// lines with per-iteration seconds and a closing summary, and writes the model atomically only
-// after a successful fit. Every default comes from the library's options structs.
+// `attnmix fit`: parses the flags (the family flags generated from the family descriptors, fit_flags.hpp), prepares
+// the chosen family's data and estimator (fit_problem.hpp), fits by EM with the library's optimize(), prints the
+// §1.7 progress lines with per-iteration seconds and a closing summary, and writes the model atomically only after
+// a successful fit. Every default comes from the library's options structs.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,11 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "attnmix/attention/chained.hpp"
-#include "attnmix/attention/responsibility.hpp"
-#include "attnmix/attention/variational_embedding.hpp"
-#include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/any.hpp"
+#include "attnmix/family/spec.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/progress.hpp"
@@ -26,6 +23,7 @@
 #include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
+#include "commands/fit_flags.hpp"
 #include "commands/fit_problem.hpp"
 #include "distributed.hpp"
 
@@ -33,79 +31,10 @@ namespace attnmix::cli {
 
 namespace {
 
-/// A family --family can name: its names (the first is canonical), its preparation function, the
-/// family-specific flags that apply to it (a flag listed by some family is a usage error with every
-/// family that does not list it) and whether its objective is stochastic (then --delta defaults to
-/// none: a Monte-Carlo score does not rise monotonically, SPEC.md §1.7).
-struct FitFamily {
-  std::vector<std::string> names;
-  FitProblem (*prepare)(const FitArgs&, const FitInit*);
-  std::vector<CLI::Option* FitArgs::*> flags;
-  bool stochastic = false;
-};
-
-const std::vector<FitFamily>& fit_families() {
-  static const std::vector<FitFamily> families{
-      {{"responsibility", "ra"},
-       &prepare_responsibility_fit,
-       {&FitArgs::text_opt, &FitArgs::tokens_opt, &FitArgs::query_dim_opt,
-        &FitArgs::estimate_sigma2_opt, &FitArgs::min_sigma2_opt, &FitArgs::precision_opt},
-       false},
-      {{"chained", "ca"}, &prepare_chained_fit, {&FitArgs::hops_opt}, false},
-      {{"variational", "vea"},
-       &prepare_variational_fit,
-       {&FitArgs::embed_dim_opt, &FitArgs::lr_opt, &FitArgs::mc_opt, &FitArgs::prior_strength_opt,
-        &FitArgs::precision_opt},
-       true},
-      {{"variational-multihop", "vmha"},
-       &prepare_variational_multihop_fit,
-       {&FitArgs::embed_dim_opt, &FitArgs::lr_opt, &FitArgs::mc_opt, &FitArgs::prior_strength_opt,
-        &FitArgs::anneal_iters_opt},
-       true},
-  };
-  return families;
-}
-
-std::vector<std::string> family_names() {
-  std::vector<std::string> names;
-  for (const FitFamily& family : fit_families())
-    names.insert(names.end(), family.names.begin(), family.names.end());
-  return names;
-}
-
-bool lists_flag(const FitFamily& family, CLI::Option* FitArgs::*flag) {
-  return std::find(family.flags.begin(), family.flags.end(), flag) != family.flags.end();
-}
-
-/// The family named by --family, after checking that no flag of another family was given.
-const FitFamily& choose_family(const FitArgs& args) {
-  const FitFamily* chosen = nullptr;
-  for (const FitFamily& family : fit_families())
-    if (std::find(family.names.begin(), family.names.end(), args.family) != family.names.end())
-      chosen = &family;
-  if (chosen == nullptr) throw UsageError("--family " + args.family + ": unknown family");
-  for (const FitFamily& family : fit_families())
-    for (CLI::Option* FitArgs::*flag : family.flags) {
-      if (!given(args.*flag) || lists_flag(*chosen, flag)) continue;
-      std::string owners;  // every family the flag applies to
-      for (const FitFamily& owner : fit_families())
-        if (lists_flag(owner, flag)) owners += (owners.empty() ? "" : " or ") + owner.names[0];
-      throw UsageError((args.*flag)->get_name() + " applies only to --family " + owners +
-                       ", not to --family " + chosen->names[0]);
-    }
-  return *chosen;
-}
-
 /// "the model in a.json", with the Adam step a variational model continues from.
 std::string init_description(const FitInit& init) {
-  std::string text = "the model in " + init.path;
-  std::optional<int64_t> steps;
-  if (const auto* vea = init.model.get_if<VariationalEmbeddingAttention>())
-    steps = vea->optimizer_state().iteration;
-  if (const auto* vmha = init.model.get_if<VariationalMultiHopAttention>())
-    steps = vmha->optimizer_state().iteration;
-  if (steps) text += " (its Adam trajectory goes on after step " + std::to_string(*steps) + ")";
-  return text;
+  const FamilySpec& family = spec_of(init.model);
+  return "the model in " + init.path + (family.fit.resume_note ? family.fit.resume_note(init.model) : "");
 }
 
 std::string delta_text(const std::optional<double>& delta) {
@@ -193,7 +122,7 @@ int run_fit(const FitArgs& args) {
   const Communicator* comm = args.communicator;
   const bool root = !comm || comm->rank() == 0;
   std::ostream& out = report_stream(root);
-  const FitFamily* family = nullptr;
+  const FamilySpec* family = nullptr;
   OptimizeOptions options = args.optimize;
   options.n_threads = capped_threads(options.n_threads);
   std::optional<FitInit> init;
@@ -214,7 +143,7 @@ int run_fit(const FitArgs& args) {
                        " sets up the random initialisation, which --init replaces (a variational "
                        "model's Monte-Carlo noise seed is part of its optimizer state)");
     options.delta =
-        family->stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
+        family->fit.stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
     options.reuse_estep_ll = !args.classic;
     if (root) check_output_path(args.out, "the model", fit_inputs(args, comm));
     if (!args.init.empty()) {
@@ -228,7 +157,7 @@ int run_fit(const FitArgs& args) {
   options.communicator = comm;
 
   std::optional<FitProblem> prepared;
-  agree(comm, [&] { prepared.emplace(family->prepare(args, init ? &*init : nullptr)); });
+  agree(comm, [&] { prepared.emplace(prepare_fit(*family, args, init ? &*init : nullptr)); });
   const FitProblem& input = *prepared;
   const auto n_rows =
       std::accumulate(input.train_counts.begin(), input.train_counts.end(), int64_t{0});
@@ -265,9 +194,11 @@ int run_fit(const FitArgs& args) {
       << "\n";
   if (comm) out << "  processes       " << processes_text(args, input.train_counts) << "\n";
   out << "  dimensions      " << input.dims_summary << "\n";
-  if (given(args.precision_opt))
-    out << "  precision       " << args.precision
-        << (args.precision == "mixed" ? " (float distances and exponentials, double sums and M-step)\n" : "\n");
+  if (const FamilyFlag* precision = given_flag(args, "precision")) {
+    const std::string& name = std::get<std::string>(precision->value);
+    out << "  precision       " << name
+        << (name == "mixed" ? " (float distances and exponentials, double sums and M-step)\n" : "\n");
+  }
   if (init) out << "  started from    " << init_description(*init) << "\n";
   out << "  iterations      " << fit->n_iterations << " run; ";
   if (converged) {
@@ -311,164 +242,51 @@ int run_fit(const FitArgs& args) {
 
 }  // namespace
 
-std::optional<Dim> settle_dim(const CLI::Option* option, int64_t value, const char* flag,
-                              const char* symbol, const FitInit* init, int64_t model_value) {
-  if (!init) return flag_dim(option, value, flag);
-  if (given(option) && value != model_value)
-    throw ValueError(std::string(flag) + " " + std::to_string(value) +
-                     " does not match the --init model " + init->path + " (" + symbol + " = " +
-                     std::to_string(model_value) + ")");
-  return Dim{model_value, "the --init model " + init->path};
-}
-
-double settle_sigma2(const FitArgs& args, const FitInit* init, double model_sigma2, double default_sigma2) {
-  if (!init) return given(args.sigma2_opt) ? args.sigma2 : default_sigma2;
-  if (given(args.sigma2_opt) && args.sigma2 != model_sigma2)
-    throw ValueError("--sigma2 " + number_text(args.sigma2) + " does not match the --init model " + init->path +
-                     " (sigma2 = " + number_text(model_sigma2) +
-                     "); leave --sigma2 out to continue with the model's");
-  return model_sigma2;
-}
-
 void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
   auto args = std::make_shared<FitArgs>();
   args->communicator = comm;
   args->delta = delta_text(args->optimize.delta);
-  CLI::App* cmd =
-      app.add_subcommand("fit", "Fit a model to data by EM and save it as a JSON model file");
+  CLI::App* cmd = app.add_subcommand("fit", "Fit a model to data by EM and save it as a JSON model file");
+  std::string stochastic, text;
+  for (const FamilySpec* family : fitted_families()) {
+    if (family->fit.stochastic) stochastic += (stochastic.empty() ? "" : ", ") + std::string(family->name);
+    if (family->fit.text.rows) text += (text.empty() ? "" : ", ") + std::string(family->name);
+  }
   cmd->footer(
-      "Data: --data takes JSON Lines or a NumPy .npz archive with the fields of the family: "
-      "responsibility {\"context\":[ids],\"query\":[reals],\"target\":id} (arrays context (n,N) "
-      "int, query (n,D) float, target (n,) int); chained and variational-multihop "
-      "{\"keys\":[ids],\"values\":[ids],\"query\":id,\"target\":id} (arrays keys (n,N), "
-      "values (n,N), query (n,), target (n,), all int); variational "
-      "{\"context\":[ids],\"query\":id,\"target\":id} (arrays context (n,N), query (n,), "
-      "target (n,), all int). --text (responsibility only) takes a plain-text corpus, split into "
-      "UTF-8 characters (or words with --tokens words) and turned into next-token triples with "
-      "one-hot queries.\n"
-      "Variational families: the embeddings are fitted by one Adam step per EM iteration on a "
-      "Monte-Carlo objective, so --delta defaults to none (every --max-its iteration runs).\n"
-      "--init M.json starts from a saved model of the same family instead of the random "
-      "initialisation; dimensions and the stored hyperparameters (sigma2, --hops) default to the "
-      "model's, and a variational model continues its Adam trajectory (give --lr, --mc, "
-      "--prior-strength, --anneal-iters, --emission-smoothing again: they are not stored in the "
-      "model).\n"
-      "Output: one progress line per iteration on stdout, then a summary. The model is written "
-      "only after a successful fit, atomically; a failed fit leaves --out untouched.\n"
-      "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is "
-      "then not written).\n"
-      "Distributed: mpirun -np P attnmix fit ... runs the same fit on P processes. Process r reads "
-      "its stripe of the rows of --data and --valid (with L rows, rows [r*L/P, (r+1)*L/P)), or, "
-      "when the path holds {rank} (--data part-{rank}.jsonl), its own file with {rank} replaced "
-      "by r. The model equals the single-process fit of all the rows (up to rounding). Rank 0 "
-      "prints the progress lines and the summary and writes the model; an error on any process "
-      "stops every process with the same exit code and is printed once, by rank 0. --text is not "
+      "Data: --data takes JSON Lines or a NumPy .npz archive with the fields of the family: " + data_formats_text() +
+      ". --text (" + text +
+      ") takes a plain-text corpus, split into UTF-8 characters (or words with --tokens words) and turned into "
+      "next-token rows.\n"
+      "Families with a Monte-Carlo objective (" + stochastic +
+      "): the embeddings are fitted by one Adam step per EM iteration, so --delta defaults to none (every --max-its "
+      "iteration runs).\n"
+      "--init M.json starts from a saved model of the same family instead of the random initialisation; the sizes "
+      "the model fixes and the options it stores default to the model's (the help says 'with --init: the model's'), "
+      "and a variational model continues its Adam trajectory (give its other options again: they are not stored in "
+      "the model).\n"
+      "Output: one progress line per iteration on stdout, then a summary. The model is written only after a "
+      "successful fit, atomically; a failed fit leaves --out untouched.\n"
+      "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is then not "
+      "written).\n"
+      "Distributed: mpirun -np P attnmix fit ... runs the same fit on P processes. Process r reads its stripe of the "
+      "rows of --data and --valid (with L rows, rows [r*L/P, (r+1)*L/P)), or, when the path holds {rank} (--data "
+      "part-{rank}.jsonl), its own file with {rank} replaced by r. The model equals the single-process fit of all "
+      "the rows (up to rounding). Rank 0 prints the progress lines and the summary and writes the model; an error on "
+      "any process stops every process with the same exit code and is printed once, by rank 0. --text is not "
       "distributed.");
-  cmd->add_option("--family", args->family,
-                  "Mechanism: responsibility (ra), chained (ca), variational (vea) or "
-                  "variational-multihop (vmha)")
-      ->check(CLI::IsMember(family_names()))
-      ->capture_default_str();
   cmd->add_option("--data", args->data, "Training data: JSON Lines or .npz")->type_name("FILE");
-  args->text_opt =
-      cmd->add_option("--text", args->text, "Training text corpus (plain text; responsibility)")
-          ->type_name("FILE");
-  args->tokens_opt = cmd->add_option("--tokens", args->tokens,
-                                     "How --text is split: chars (UTF-8 characters) or words")
-                         ->check(CLI::IsMember({"chars", "words"}))
-                         ->capture_default_str();
-  cmd->add_option("--out", args->out, "Where to write the fitted model (JSON)")
-      ->required()
-      ->type_name("FILE");
+  cmd->add_option("--out", args->out, "Where to write the fitted model (JSON)")->required()->type_name("FILE");
   cmd->add_option("--valid", args->valid,
                   "Validation data (same kind as the training input), scored each iteration")
       ->type_name("FILE");
-  args->hops_opt = cmd->add_option("--hops", args->hops, "L, attention hops (chained)")
-                       ->check(CLI::PositiveNumber)
-                       ->capture_default_str();
-  args->context_length_opt =
-      cmd->add_option("--context-length", args->context_length,
-                      "N, context positions (default: from the data; required with --text)")
-          ->check(CLI::PositiveNumber);
-  args->symbols_opt =
-      cmd->add_option("--symbols", args->symbols,
-                      "S, number of symbols (default: largest context, key, value or query id + 1)")
-          ->check(CLI::PositiveNumber);
-  args->embed_dim_opt =
-      cmd->add_option("--embed-dim", args->embed_dim,
-                      "D, embedding dimension (variational, variational-multihop; default: " +
-                          std::to_string(kDefaultEmbedDim) + ")")
-          ->check(CLI::PositiveNumber);
-  args->query_dim_opt = cmd->add_option("--query-dim", args->query_dim,
-                                        "D, query dimension (responsibility; default: from the data)")
-                            ->check(CLI::PositiveNumber);
-  args->targets_opt = cmd->add_option("--targets", args->targets,
-                                      "T, number of targets (default: largest target + 1)")
-                          ->check(CLI::PositiveNumber);
-  const ResponsibilityAttentionEstimatorOptions ra;  // the defaults quoted in the help
-  const ChainedAttentionEstimatorOptions ca;
-  const VariationalEmbeddingAttentionEstimatorOptions vea;
-  const VariationalMultiHopAttentionEstimatorOptions vmha;
-  args->sigma2_opt =
-      cmd->add_option("--sigma2", args->sigma2,
-                      "Gate variance sigma^2, fixed unless --estimate-sigma2 (default: " +
-                          format_short(ra.sigma2) + " responsibility, " + format_short(ca.sigma2) +
-                          " chained, " + format_short(vea.sigma2) + " variational, " +
-                          format_short(vmha.sigma2) +
-                          " variational-multihop; with --init: the "
-                          "model's)")
-          ->check(CLI::PositiveNumber);
-  args->estimate_sigma2_opt = cmd->add_flag("--estimate-sigma2", args->estimate_sigma2,
-                                            "Learn sigma^2 in the M-step (responsibility)");
-  args->precision_opt =
-      cmd->add_option("--precision", args->precision,
-                      "Arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials "
-                      "in float, every sum and the M-step in double; the log-likelihood agrees with float64 to "
-                      "about 8 digits; docs/mixed_precision.md; responsibility and variational; default: float64)")
-          ->check(CLI::IsMember({"float64", "mixed"}));
-  args->min_sigma2_opt = cmd->add_option("--min-sigma2", args->min_sigma2,
-                                         "Floor for a learned sigma^2 (responsibility; default: " +
-                                             format_short(ra.min_sigma2) + ")")
-                             ->check(CLI::PositiveNumber);
-  args->emission_smoothing_opt =
-      cmd->add_option("--emission-smoothing", args->emission_smoothing,
-                      "Pseudo-count added to every emission count (default: " +
-                          format_short(ra.emission_smoothing) + " responsibility, " +
-                          format_short(ca.emission_smoothing) + " chained, " +
-                          format_short(vea.emission_smoothing) + " variational, " +
-                          format_short(vmha.emission_smoothing) + " variational-multihop)")
-          ->check(CLI::NonNegativeNumber);
-  args->lr_opt = cmd->add_option("--lr", args->lr,
-                                 "Adam step size of the embedding update (variational: default " +
-                                     format_short(vea.lr) +
-                                     "; variational-multihop: " + format_short(vmha.lr) + ")")
-                     ->check(CLI::PositiveNumber);
-  args->mc_opt = cmd->add_option("--mc", args->mc,
-                                 "Monte-Carlo samples of the embeddings per E-step (variational: "
-                                 "default " +
-                                     std::to_string(vea.mc) +
-                                     "; variational-multihop: " + std::to_string(vmha.mc) + ")")
-                     ->check(CLI::PositiveNumber);
-  args->prior_strength_opt =
-      cmd->add_option(
-             "--prior-strength", args->prior_strength,
-             "Weight of the KL term to the N(0, I) embedding prior (variational: default " +
-                 format_short(vea.prior_strength) +
-                 "; variational-multihop: " + format_short(vmha.prior_strength) + ")")
-          ->check(CLI::NonNegativeNumber);
-  args->anneal_iters_opt =
-      cmd->add_option("--anneal-iters", args->anneal_iters,
-                      "Adam steps over which the KL weight rises linearly to --prior-strength "
-                      "(variational-multihop; default " +
-                          std::to_string(vmha.anneal_iters) + ")")
-          ->check(CLI::PositiveNumber);
+  add_family_flags(cmd, *args);
   cmd->add_option("--max-its", args->optimize.max_its, "Maximum EM iterations")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   args->delta_opt =
       cmd->add_option("--delta", args->delta,
                       "Stop when the log-likelihood improves by less than this (or decreases); "
-                      "'none' runs every iteration (the default of the variational families)")
+                      "'none' runs every iteration (the default of families with a Monte-Carlo objective)")
           ->capture_default_str();
   cmd->add_option("--init", args->init,
                   "Start EM from this saved model (same family and dimensions) instead of the "

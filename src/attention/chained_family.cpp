@@ -70,6 +70,39 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
   return AnyBatch(width ? ca.sampler(seed, *width).sample(m) : ca.sampler(seed).sample(m));
 }
 
+// Fits.
+using Options = ChainedAttentionEstimatorOptions;
+
+const OptionTable<Options>& options() {
+  static const auto table =
+      OptionTable<Options>()
+          .add("sigma2", &Options::sigma2, "gate variance sigma^2", OptionCheck::kPositive, /*from_model=*/true)
+          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
+               OptionCheck::kNonNegative);
+  return table;
+}
+
+// A chained model fixes L, S and T, not the context length N.
+Dims model_sizes(const AnyDistribution& model) {
+  const auto& m = *model.get_if<ChainedAttention>();
+  return {{"L", {m.n_hops(), ""}}, {"S", {m.n_symbols(), ""}}, {"T", {m.n_targets(), ""}}};
+}
+
+OptionValues model_options(const AnyDistribution& model) {
+  return {{"sigma2", model.get_if<ChainedAttention>()->sigma2()}};
+}
+
+AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t /*seed*/,
+                            const AnyDistribution* /*init*/) {
+  return AnyEstimator(ChainedAttentionEstimator(dims.at("L").value, dims.at("S").value, dims.at("T").value,
+                                                options().apply(values, "fit")));
+}
+
+std::string mechanism(const Dims& dims) {
+  const int64_t L = dims.at("L").value;
+  return "chained attention (L = " + std::to_string(L) + (L == 1 ? " hop)" : " hops)");
+}
+
 }  // namespace
 
 const FamilySpec& chained_attention_family() {
@@ -82,7 +115,18 @@ const FamilySpec& chained_attention_family() {
                                .data_of = &data_files_of,
                                .encode = &encode,
                                .rows_of = &rows_of,
-                               .sample = &sample};
+                               .sample = &sample,
+                               .fit = {.sizes = {{.symbol = "L", .flag = "hops", .noun = "hops", .one = "hop",
+                                                  .help = "attention hops", .fallback = 2},
+                                                 {.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
+                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
+                                                  .help = "context positions"},
+                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                                       .options = options().specs(),
+                                       .model_sizes = &model_sizes,
+                                       .model_options = &model_options,
+                                       .make_estimator = &make_estimator,
+                                       .mechanism = &mechanism}};
   return spec;
 }
 

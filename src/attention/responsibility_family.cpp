@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
 
 namespace attnmix {
@@ -72,6 +73,77 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
   return AnyBatch(ra.sampler(seed).sample(m));
 }
 
+// Fits.
+using Options = ResponsibilityAttentionEstimatorOptions;
+
+const OptionTable<Options>& options() {
+  static const auto table =
+      OptionTable<Options>()
+          .add("sigma2", &Options::sigma2, "gate variance sigma^2, fixed unless {estimate_sigma2}",
+               OptionCheck::kPositive, /*from_model=*/true)
+          .add("estimate_sigma2", &Options::estimate_sigma2, "learn sigma^2 in the M-step")
+          .add("min_sigma2", &Options::min_sigma2, "floor for a learned sigma^2", OptionCheck::kPositive)
+          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
+               OptionCheck::kNonNegative)
+          .add_choice("precision", &Options::precision,
+                      "arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials in "
+                      "float, every sum and the M-step in double; the log-likelihood agrees with float64 to about 8 "
+                      "digits; docs/mixed_precision.md)",
+                      {"float64", "mixed"}, &precision_name, &parse_precision);
+  return table;
+}
+
+Dims model_sizes(const AnyDistribution& model) {
+  const auto& m = *model.get_if<ResponsibilityAttention>();
+  return {{"S", {m.n_symbols(), ""}}, {"N", {m.context_length(), ""}}, {"D", {m.query_dim(), ""}},
+          {"T", {m.n_targets(), ""}}};
+}
+
+OptionValues model_options(const AnyDistribution& model) {
+  return {{"sigma2", model.get_if<ResponsibilityAttention>()->sigma2()}};
+}
+
+AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t /*seed*/,
+                            const AnyDistribution* /*init*/) {
+  return AnyEstimator(ResponsibilityAttentionEstimator(dims.at("S").value, dims.at("N").value, dims.at("D").value,
+                                                       dims.at("T").value, options().apply(values, "fit")));
+}
+
+std::optional<AnyDistribution> initial(const AnyDistribution& init, const OptionValues& values) {
+  const auto& m = *init.get_if<ResponsibilityAttention>();
+  const Precision precision = options().apply(values, "fit").precision;
+  if (precision == m.precision()) return std::nullopt;
+  return AnyDistribution(ResponsibilityAttention(m.params(), precision));
+}
+
+// A text corpus: one-hot queries of the current token, so D = S; every token can be a target.
+Dims text_dims(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind) {
+  const auto given = [&](const char* symbol) -> const Dim* {
+    const auto it = declared.find(symbol);
+    return it == declared.end() ? nullptr : &it->second;
+  };
+  const std::string V = std::to_string(vocab) + " distinct " + std::string(kind);
+  int64_t S = vocab;
+  if (const Dim* s = given("S")) {
+    if (s->value < vocab) throw ValueError(source + ": has " + V + " but " + dim_text("S", *s));
+    S = s->value;
+  }
+  if (const Dim* d = given("D"); d && d->value != S)
+    throw ValueError(dim_text("D", *d) + " does not fit a text corpus: its queries are one-hot codes of the current "
+                     "token, so D = S = " + std::to_string(S));
+  int64_t T = S;
+  if (const Dim* t = given("T")) {
+    if (t->value < vocab) throw ValueError(source + ": has " + V + " (every one can be a target) but " + dim_text("T", *t));
+    T = t->value;
+  }
+  const std::string from = "the text";
+  return {{"S", {S, from}}, {"N", declared.at("N")}, {"D", {S, from}}, {"T", {T, from}}};
+}
+
+AnyBatch text_rows(const std::vector<int64_t>& tokens, const Dims& dims) {
+  return AnyBatch(sequence_to_triples(tokens, dims.at("N").value, dims.at("S").value));
+}
+
 }  // namespace
 
 const FamilySpec& responsibility_attention_family() {
@@ -84,7 +156,19 @@ const FamilySpec& responsibility_attention_family() {
                                .data_of = &data_files_of,
                                .encode = &encode,
                                .rows_of = &rows_of,
-                               .sample = &sample};
+                               .sample = &sample,
+                               .fit = {.sizes = {{.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
+                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
+                                                  .help = "context positions"},
+                                                 {.symbol = "D", .flag = "query-dim", .noun = "query dims",
+                                                  .help = "query dimension"},
+                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                                       .options = options().specs(),
+                                       .model_sizes = &model_sizes,
+                                       .model_options = &model_options,
+                                       .make_estimator = &make_estimator,
+                                       .initial = &initial,
+                                       .text = {.dims = &text_dims, .rows = &text_rows}}};
   return spec;
 }
 

@@ -5,8 +5,9 @@
 #include <utility>
 
 #include "attnmix/attention/variational_embedding.hpp"
+#include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
-#include "variational_codec_impl.hpp"
+#include "variational_family_impl.hpp"
 
 namespace attnmix {
 
@@ -82,6 +83,50 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
   return AnyBatch(vea.sampler(seed).sample(m));
 }
 
+// Fits.
+using Options = VariationalEmbeddingAttentionEstimatorOptions;
+
+const OptionTable<Options>& options() {
+  static const auto table =
+      OptionTable<Options>()
+          .add("sigma2", &Options::sigma2, "gate variance sigma^2", OptionCheck::kPositive, /*from_model=*/true)
+          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
+               OptionCheck::kNonNegative)
+          .add("lr", &Options::lr, "Adam step size of the embedding update", OptionCheck::kPositive)
+          .add("mc", &Options::mc, "Monte-Carlo samples of the embeddings per E-step", OptionCheck::kPositive)
+          .add("prior_strength", &Options::prior_strength, "weight of the KL term to the N(0, I) embedding prior",
+               OptionCheck::kNonNegative)
+          .add_choice("precision", &Options::precision,
+                      "arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials in "
+                      "float, every sum and the M-step in double; the log-likelihood agrees with float64 to about 8 "
+                      "digits; docs/mixed_precision.md)",
+                      {"float64", "mixed"}, &precision_name, &parse_precision);
+  return table;
+}
+
+Dims model_sizes(const AnyDistribution& model) {
+  const auto& m = *model.get_if<Model>();
+  return {{"S", {m.n_symbols(), ""}}, {"N", {m.context_length(), ""}}, {"D", {m.embed_dim(), ""}},
+          {"T", {m.n_targets(), ""}}};
+}
+
+OptionValues model_options(const AnyDistribution& model) { return {{"sigma2", model.get_if<Model>()->sigma2()}}; }
+
+// The seed of a fresh initialisation, or the saved model's noise seed: the fit continues its Adam trajectory.
+AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t seed, const AnyDistribution* init) {
+  Options o = options().apply(values, "fit");
+  o.seed = init ? init->get_if<Model>()->optimizer_state().seed : seed;
+  return AnyEstimator(VariationalEmbeddingAttentionEstimator(dims.at("S").value, dims.at("N").value,
+                                                             dims.at("D").value, dims.at("T").value, std::move(o)));
+}
+
+std::optional<AnyDistribution> initial(const AnyDistribution& init, const OptionValues& values) {
+  const auto& m = *init.get_if<Model>();
+  const Precision precision = options().apply(values, "fit").precision;
+  if (precision == m.precision()) return std::nullopt;
+  return AnyDistribution(Model(m.params(), precision));
+}
+
 }  // namespace
 
 const FamilySpec& variational_embedding_attention_family() {
@@ -94,7 +139,20 @@ const FamilySpec& variational_embedding_attention_family() {
                                .data_of = &data_files_of,
                                .encode = &encode,
                                .rows_of = &rows_of,
-                               .sample = &sample};
+                               .sample = &sample,
+                               .fit = {.sizes = {{.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
+                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
+                                                  .help = "context positions"},
+                                                 {.symbol = "D", .flag = "embed-dim", .noun = "embedding dims",
+                                                  .help = "embedding dimension", .fallback = 8},
+                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                                       .options = options().specs(),
+                                       .stochastic = true,
+                                       .model_sizes = &model_sizes,
+                                       .model_options = &model_options,
+                                       .make_estimator = &make_estimator,
+                                       .initial = &initial,
+                                       .resume_note = &detail::adam_resume_note<Model>}};
   return spec;
 }
 

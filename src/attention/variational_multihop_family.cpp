@@ -7,7 +7,7 @@
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/family/spec.hpp"
-#include "variational_codec_impl.hpp"
+#include "variational_family_impl.hpp"
 
 namespace attnmix {
 
@@ -57,6 +57,42 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
   return AnyBatch(width ? vmha.sampler(seed, *width).sample(m) : vmha.sampler(seed).sample(m));
 }
 
+// Fits.
+using Options = VariationalMultiHopAttentionEstimatorOptions;
+
+const OptionTable<Options>& options() {
+  static const auto table =
+      OptionTable<Options>()
+          .add("sigma2", &Options::sigma2, "gate variance sigma^2", OptionCheck::kPositive, /*from_model=*/true)
+          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
+               OptionCheck::kNonNegative)
+          .add("lr", &Options::lr, "Adam step size of the embedding update", OptionCheck::kPositive)
+          .add("mc", &Options::mc, "Monte-Carlo samples of the embeddings per E-step", OptionCheck::kPositive)
+          .add("prior_strength", &Options::prior_strength, "weight of the KL term to the N(0, I) embedding prior",
+               OptionCheck::kNonNegative)
+          .add("anneal_iters", &Options::anneal_iters,
+               "Adam steps over which the KL weight rises linearly to {prior_strength}", OptionCheck::kPositive);
+  return table;
+}
+
+// A multi-hop model fixes S, D and T, not the context length N (as chained attention).
+Dims model_sizes(const AnyDistribution& model) {
+  const auto& m = *model.get_if<Model>();
+  return {{"S", {m.n_symbols(), ""}}, {"D", {m.embed_dim(), ""}}, {"T", {m.n_targets(), ""}}};
+}
+
+OptionValues model_options(const AnyDistribution& model) { return {{"sigma2", model.get_if<Model>()->sigma2()}}; }
+
+// The seed of a fresh initialisation, or the saved model's noise seed: the fit continues its Adam trajectory.
+AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t seed, const AnyDistribution* init) {
+  Options o = options().apply(values, "fit");
+  o.seed = init ? init->get_if<Model>()->optimizer_state().seed : seed;
+  return AnyEstimator(VariationalMultiHopAttentionEstimator(dims.at("S").value, dims.at("D").value,
+                                                            dims.at("T").value, std::move(o)));
+}
+
+std::string mechanism(const Dims& /*dims*/) { return "variational multi-hop attention (2 hops)"; }
+
 }  // namespace
 
 const FamilySpec& variational_multihop_attention_family() {
@@ -70,7 +106,20 @@ const FamilySpec& variational_multihop_attention_family() {
                                .data_of = &data_files_of,
                                .encode = chained.encode,
                                .rows_of = chained.rows_of,
-                               .sample = &sample};
+                               .sample = &sample,
+                               .fit = {.sizes = {{.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
+                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
+                                                  .help = "context positions"},
+                                                 {.symbol = "D", .flag = "embed-dim", .noun = "embedding dims",
+                                                  .help = "embedding dimension", .fallback = 8},
+                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                                       .options = options().specs(),
+                                       .stochastic = true,
+                                       .model_sizes = &model_sizes,
+                                       .model_options = &model_options,
+                                       .make_estimator = &make_estimator,
+                                       .mechanism = &mechanism,
+                                       .resume_note = &detail::adam_resume_note<Model>}};
   return spec;
 }
 

@@ -10,6 +10,7 @@
 ///   file_family     the "family" of its model files, equal to AnyDistribution::family()
 ///   codec           its model-file parameters (io/model_file.hpp writes the document around them)
 ///   schema          its data files (io/rows.hpp); data_of, encode, rows_of and sample connect them to its models
+///   fit             what fitting it takes: its sizes, its option table (family/options.hpp) and its estimator
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/json.hpp"
+#include "attnmix/family/options.hpp"
 #include "attnmix/io/rows.hpp"
 
 namespace attnmix {
@@ -52,6 +54,47 @@ struct DataOf {
   Dims dims = {};
 };
 
+/// A size of a family's data or model as a fit takes and reports it: "S=4 symbols", `--symbols 4`.
+struct SizeSpec {
+  std::string_view symbol = {};          ///< "S"
+  std::string_view flag = {};            ///< "symbols": the flag --symbols
+  std::string_view noun = {};            ///< "symbols"
+  std::string_view one = {};             ///< the noun for a size of 1, where it differs ("hop")
+  std::string_view help = {};            ///< "number of symbols"
+  std::optional<int64_t> fallback = {};  ///< a size the data do not give: its default (2 hops)
+};
+
+/// A family that can be fitted to a plain-text corpus: the corpus's tokens become its rows.
+struct TextSpec {
+  /// The sizes of a fit to a corpus of `vocab` distinct tokens (`kind`: "characters" or "words") read from `source`,
+  /// within the declared ones. @throws ValueError naming the size that cannot hold the corpus.
+  Dims (*dims)(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind) = nullptr;
+  /// The rows of a token sequence (row r predicts token r + N).
+  AnyBatch (*rows)(const std::vector<int64_t>& tokens, const Dims& dims) = nullptr;
+};
+
+/// What fitting a family takes (null make_estimator: the family is not fitted by itself, as a mixture).
+struct FitSpec {
+  std::vector<SizeSpec> sizes = {};       ///< in the order messages list them
+  std::vector<OptionSpec> options = {};   ///< the option table (family/options.hpp)
+  bool stochastic = false;                ///< a Monte-Carlo objective: the score does not rise monotonically
+  /// Every size a saved model fixes, each "from" nothing (the caller names the file).
+  Dims (*model_sizes)(const AnyDistribution& model) = nullptr;
+  /// The values a saved model holds of the options marked from_model.
+  OptionValues (*model_options)(const AnyDistribution& model) = nullptr;
+  /// The estimator of the sizes and options (given ones over the defaults); `seed` seeds a fresh initialisation and
+  /// `init` is the model the fit starts from, if any. @throws ValueError for sizes or options the estimator refuses.
+  AnyEstimator (*make_estimator)(const Dims& dims, const OptionValues& options, uint64_t seed,
+                                 const AnyDistribution* init) = nullptr;
+  /// The model a fit from `init` starts with when the options change how it computes (its precision); else none.
+  std::optional<AnyDistribution> (*initial)(const AnyDistribution& init, const OptionValues& options) = nullptr;
+  /// "chained attention (L = 2 hops)": how a fit of these sizes names the model; null: the family's title.
+  std::string (*mechanism)(const Dims& dims) = nullptr;
+  /// " (its Adam trajectory goes on after step 3)": what a fit from this saved model continues; null: nothing.
+  std::string (*resume_note)(const AnyDistribution& init) = nullptr;
+  TextSpec text = {};
+};
+
 struct FamilySpec {
   std::string_view name = {};                  ///< "responsibility"
   std::vector<std::string_view> aliases = {};  ///< "ra"
@@ -70,6 +113,7 @@ struct FamilySpec {
   /// family leaves it open (its schema's width that data_of does not fix), and must equal the model's otherwise.
   /// @throws ValueError for a width the model cannot use.
   AnyBatch (*sample)(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) = nullptr;
+  FitSpec fit = {};
 };
 
 /// The data files a model reads (spec_of(model).data_of). @throws ValueError for a family that reads none.

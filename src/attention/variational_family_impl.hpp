@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the model-file codecs of the two variational families share (private): they keep their Adam state beside
+// What the descriptors of the two variational families share (private). Their model files keep the Adam state beside
 // params, as "optimizer_state" (optimizer_state_to_json). A file without it loads with a fresh state (the
 // constructor's default); a state that does not belong to the params (another family or geometry, mean/log_var not
 // bit-identical) is rejected by the constructor, and the message names the field.
@@ -43,6 +43,13 @@ AnyDistribution construct_variational(const ModelJsonField& params, const ModelJ
     // Every other error: construct() names the params member (rethrowing the error being handled).
     return params.construct(family_where, [&]() -> AnyDistribution { throw; });
   }
+}
+
+/// A fit from a saved model continues its Adam trajectory: " (its Adam trajectory goes on after step 3)".
+template <class Model>
+std::string adam_resume_note(const AnyDistribution& init) {
+  return " (its Adam trajectory goes on after step " +
+         std::to_string(init.get_if<Model>()->optimizer_state().iteration) + ")";
 }
 
 }  // namespace attnmix::detail

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file options.hpp
+/// A family's hyperparameters as one table (family/spec.hpp): each entry names an option, says what it means, checks
+/// its values and knows the member of the family's estimator options struct it sets, so that the struct stays the
+/// one source of every default and every adapter — `attnmix fit`'s flags and help, Python's keywords — is generated
+/// from the table.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+
+namespace attnmix {
+
+/// An option's value: a flag, an integer, a real or a named choice.
+using OptionValue = std::variant<bool, int64_t, double, std::string>;
+/// Option values by name (the options that were given; the others keep their defaults).
+using OptionValues = std::map<std::string, OptionValue, std::less<>>;
+
+enum class OptionCheck { kAny, kPositive, kNonNegative };
+
+/// One hyperparameter: `sigma2` is the flag `--sigma2` and the keyword `sigma2=` (underscores become dashes in flags).
+struct OptionSpec {
+  std::string_view name = {};
+  /// "gate variance sigma^2, fixed unless {estimate_sigma2}": another option is named in braces, which each adapter
+  /// writes its way (`--estimate-sigma2` in the CLI, `estimate_sigma2` in Python).
+  std::string_view help = {};
+  OptionValue fallback = {};                   ///< the default (its alternative is the option's type)
+  OptionCheck check = OptionCheck::kAny;       ///< for numbers
+  std::vector<std::string_view> choices = {};  ///< for named choices: the names
+  bool from_model = false;                     ///< a model stores it: fitting from a saved model continues with its value
+};
+
+/// "1", "0.10000000000000001", "mixed", "true": a value as messages quote it (17 significant digits for reals).
+[[nodiscard]] std::string option_text(const OptionValue& value);
+
+/// Checks a value against its option (type, sign, choices). @throws ValueError naming `where` and the option.
+void check_option(const OptionSpec& spec, const OptionValue& value, std::string_view where);
+
+/// A family's option table over its estimator options struct `Options`.
+template <class Options>
+class OptionTable {
+ public:
+  /// A bool, integer or real member.
+  template <class T>
+  OptionTable add(std::string_view name, T Options::*member, std::string_view help,
+                  OptionCheck check = OptionCheck::kAny, bool from_model = false) && {
+    static_assert(std::is_same_v<T, bool> || std::is_same_v<T, int64_t> || std::is_same_v<T, double>);
+    specs_.push_back({name, help, OptionValue(Options{}.*member), check, {}, from_model});
+    setters_.push_back([member](Options& o, const OptionValue& v) { o.*member = std::get<T>(v); });
+    return std::move(*this);
+  }
+  /// A member of an enumeration with named values (`name_of` and `parse` convert).
+  template <class T>
+  OptionTable add_choice(std::string_view name, T Options::*member, std::string_view help,
+                         std::vector<std::string_view> choices, std::string_view (*name_of)(T) noexcept,
+                         T (*parse)(std::string_view, std::string_view)) && {
+    specs_.push_back({name, help, OptionValue(std::string(name_of(Options{}.*member))), OptionCheck::kAny,
+                      std::move(choices), false});
+    setters_.push_back([member, parse, name](Options& o, const OptionValue& v) {
+      o.*member = parse(std::get<std::string>(v), name);
+    });
+    return std::move(*this);
+  }
+
+  [[nodiscard]] const std::vector<OptionSpec>& specs() const noexcept { return specs_; }
+
+  /// The options struct with `values` set (each checked) over its defaults.
+  /// @throws ValueError for an unknown option or a bad value, naming `where`.
+  [[nodiscard]] Options apply(const OptionValues& values, std::string_view where) const {
+    Options out;
+    for (const auto& [name, value] : values) {
+      size_t k = 0;
+      while (k < specs_.size() && specs_[k].name != name) ++k;
+      if (k == specs_.size()) throw ValueError(std::string(where) + ": unknown option '" + name + "'");
+      check_option(specs_[k], value, where);
+      setters_[k](out, value);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<OptionSpec> specs_;
+  std::vector<std::function<void(Options&, const OptionValue&)>> setters_;
+};
+
+}  // namespace attnmix

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "attnmix/family/options.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+
+namespace attnmix {
+
+std::string option_text(const OptionValue& value) {
+  if (const auto* b = std::get_if<bool>(&value)) return *b ? "true" : "false";
+  if (const auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
+  if (const auto* s = std::get_if<std::string>(&value)) return *s;
+  std::array<char, 64> buf{};
+  std::snprintf(buf.data(), buf.size(), "%.17g", std::get<double>(value));
+  return buf.data();
+}
+
+void check_option(const OptionSpec& spec, const OptionValue& value, std::string_view where) {
+  const std::string name = std::string(where) + ": " + std::string(spec.name);
+  if (value.index() != spec.fallback.index())
+    throw ValueError(name + " has the wrong type (" + option_text(value) + ")");
+  if (const auto* s = std::get_if<std::string>(&value)) {
+    if (std::find(spec.choices.begin(), spec.choices.end(), *s) == spec.choices.end()) {
+      std::string names;
+      for (std::string_view c : spec.choices) names += (names.empty() ? "" : ", ") + std::string(c);
+      throw ValueError(name + " must be one of " + names + " (got " + *s + ")");
+    }
+    return;
+  }
+  double x = 0.0;
+  if (const auto* i = std::get_if<int64_t>(&value)) x = static_cast<double>(*i);
+  if (const auto* d = std::get_if<double>(&value)) x = *d;
+  if (!std::isfinite(x)) throw ValueError(name + " must be finite (got " + option_text(value) + ")");
+  if (spec.check == OptionCheck::kPositive && !(x > 0.0))
+    throw ValueError(name + " must be positive (got " + option_text(value) + ")");
+  if (spec.check == OptionCheck::kNonNegative && !(x >= 0.0))
+    throw ValueError(name + " must be non-negative (got " + option_text(value) + ")");
+}
+
+}  // namespace attnmix
