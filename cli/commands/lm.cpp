@@ -486,7 +486,9 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
       "table gives per case the mean accuracy over the seeds (with its range when several), the "
       "answer cross-entropy, chance, the state one stream carries at the end of a sequence, the "
       "training time and the share of full attention's gain over the window that the mechanism "
-      "recovers. --json FILE writes every run and case.\n"
+      "recovers. --json FILE writes every run and case, rewritten (atomically) after every run, so a sweep "
+      "that stops keeps what it finished; --resume continues such a sweep, reusing the runs --json holds "
+      "(written with the same model and training settings) and training only the rest.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/validation error. See docs/far-field.md.");
   cmd->add_option("--mechanisms", b.mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
@@ -524,12 +526,14 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--seeds", b.seeds, "Seeds of the parameters and the sequences (one run each)")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--json", r->json, "Also write every run and case to this file (JSON)")
+  cmd->add_option("--json", r->json, "Also write every run and case to this file (JSON), after every run")
       ->type_name("FILE");
+  cmd->add_flag("--resume", r->resume, "Reuse the finished runs of --json FILE (same settings) and train the rest");
   add_recall_model_flags(cmd, b.training);
   cmd->callback([r, &exit_code] {
     if (!std::isfinite(r->options.training.birth_threshold))
       throw UsageError("--birth-threshold must be a finite number");
+    if (r->resume && r->json.empty()) throw UsageError("--resume needs --json FILE: the sweep to continue");
     r->options.training.threads = capped_threads(r->options.training.threads);
     exit_code = lm_plugin().memory_bench(*r);
   });

@@ -71,13 +71,14 @@ struct LmRecallRequest {
 /// `lm memory-bench`: the memory benchmark (lm::run_memory_benchmark) as a table and, with --json, a file.
 struct LmMemoryBenchRequest {
   lm::MemoryBenchOptions options;  ///< the library's defaults with the flags applied
-  std::string json;                ///< --json (empty: no file)
+  std::string json;                ///< --json (empty: no file), rewritten after every run
+  bool resume = false;             ///< --resume: reuse the finished runs of --json
 };
 
 /// The steps `lm recall` trains each mechanism for unless --steps says otherwise.
 inline constexpr int64_t kDefaultRecallSteps = 400;
 
-inline constexpr int kLmPluginVersion = 3;
+inline constexpr int kLmPluginVersion = 4;
 
 /// What the plugin exports. Each command returns its exit code or throws.
 struct LmPlugin {

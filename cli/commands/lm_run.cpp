@@ -27,10 +27,10 @@
 
 #include "attnmix/core/atomic_file.hpp"
 #include "attnmix/core/errors.hpp"
+#include "attnmix/io/input_file.hpp"
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
-#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/lm_plugin.hpp"
 #include "commands/lm_support.hpp"
@@ -699,25 +699,32 @@ int run_recall(const LmRecallRequest& r) {
 
 // ---- lm memory-bench -----------------------------------------------------------------------------
 
-nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const lm::MemoryBenchReport& report) {
-  using nlohmann::json;
+/// The settings a sweep's runs depend on (model and training), as --json records them.
+nlohmann::json memory_bench_settings(const lm::MemoryBenchOptions& o) {
   const lm::RecallRunOptions& t = o.training;
-  json out = {{"model", {{"d_model", t.d_model}, {"n_layer", t.n_layer}, {"n_head", t.n_head},
-                         {"window", t.window}, {"chunk", t.chunk}, {"max_clusters", t.max_clusters},
-                         {"birth_threshold", t.birth_threshold},
-                         {"cluster_rule", cluster_rule_name(t.cluster_rule)}}},
-              {"training", {{"steps", t.steps}, {"batch", t.batch}, {"lr", t.lr},
-                            {"eval_sequences", t.eval_sequences}, {"threads", t.threads}}},
-              {"runs", json::array()},
-              {"cases", json::array()}};
-  for (const auto& run : report.runs) {
+  return {{"model", {{"d_model", t.d_model}, {"n_layer", t.n_layer}, {"n_head", t.n_head},
+                     {"window", t.window}, {"chunk", t.chunk}, {"max_clusters", t.max_clusters},
+                     {"birth_threshold", t.birth_threshold},
+                     {"cluster_rule", cluster_rule_name(t.cluster_rule)}, {"outlier_capacity", t.outlier_capacity},
+                     {"sketch_rows", t.sketch_rows}, {"sketch_dim", t.sketch_dim}, {"sketch_degree", t.sketch_degree}}},
+          {"training", {{"steps", t.steps}, {"batch", t.batch}, {"lr", t.lr}, {"eval_sequences", t.eval_sequences},
+                        {"keys", t.task.keys}, {"values", t.task.values}, {"filler", t.task.filler},
+                        {"mqar_pairs", o.mqar_pairs}, {"threads", t.threads}}}};
+}
+
+nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const std::vector<lm::MemoryBenchRun>& runs) {
+  using nlohmann::json;
+  json out = memory_bench_settings(o);
+  out["runs"] = json::array();
+  out["cases"] = json::array();
+  for (const auto& run : runs) {
     const lm::RecallResult& r = run.result;
     out["runs"].push_back({{"task", run.task}, {"setting", run.setting}, {"mechanism", r.mechanism},
                            {"seed", run.seed}, {"accuracy", r.accuracy}, {"cross_entropy", r.cross_entropy},
                            {"first_loss", r.first_loss}, {"last_loss", r.last_loss},
                            {"state_bytes", r.state_bytes}, {"seconds", r.seconds}});
   }
-  for (const auto& c : report.cases) {
+  for (const auto& c : lm::memory_bench_cases(o, runs)) {
     out["cases"].push_back({{"task", c.task}, {"setting", c.setting}, {"mechanism", c.mechanism},
                             {"seeds", c.seeds}, {"accuracy", c.accuracy}, {"accuracy_min", c.accuracy_min},
                             {"accuracy_max", c.accuracy_max}, {"cross_entropy", c.cross_entropy},
@@ -728,10 +735,53 @@ nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const lm::Memo
   return out;
 }
 
+/// The runs a sweep written to `path` finished. @throws ValueError naming the file when it cannot be read as one,
+/// or when it was written with other settings (its runs would not be this sweep's).
+std::vector<lm::MemoryBenchRun> finished_runs(const std::string& path, const lm::MemoryBenchOptions& o) {
+  using nlohmann::json;
+  check_input_file(path, "the benchmark results");
+  std::ifstream in(path);
+  if (!in) throw_io_error(path, "cannot open the benchmark results to resume", errno);
+  json doc;
+  try {
+    doc = json::parse(in);
+  } catch (const json::exception& e) {
+    throw ValueError(path + ": not the JSON of lm memory-bench: " + e.what());
+  }
+  const json settings = memory_bench_settings(o);
+  for (const char* part : {"model", "training"})
+    if (!doc.is_object() || !doc.contains(part) || doc[part] != settings[part])
+      throw ValueError(path + ": --resume: written with other " + part + " settings (" +
+                       (doc.is_object() && doc.contains(part) ? doc[part].dump() : std::string("none")) + ", now " +
+                       settings[part].dump() + "); rerun without --resume or with the same flags");
+  std::vector<lm::MemoryBenchRun> runs;
+  try {
+    for (const json& r : doc.at("runs")) {
+      lm::MemoryBenchRun run;
+      run.task = r.at("task").get<std::string>();
+      run.setting = r.at("setting").get<std::string>();
+      run.seed = r.at("seed").get<uint64_t>();
+      run.result.mechanism = r.at("mechanism").get<std::string>();
+      run.result.accuracy = r.at("accuracy").get<double>();
+      run.result.cross_entropy = r.at("cross_entropy").get<double>();
+      run.result.first_loss = r.at("first_loss").get<double>();
+      run.result.last_loss = r.at("last_loss").get<double>();
+      run.result.state_bytes = r.at("state_bytes").get<int64_t>();
+      run.result.seconds = r.at("seconds").get<double>();
+      runs.push_back(std::move(run));
+    }
+  } catch (const json::exception& e) {
+    throw ValueError(path + ": runs: " + e.what());
+  }
+  return runs;
+}
+
 int run_memory_bench(const LmMemoryBenchRequest& r) {
   std::ostream& out = std::cout;
   const lm::MemoryBenchOptions& o = r.options;
   lm::validate(o);  // before anything trains or is written
+  lm::MemoryBenchHooks hooks;
+  if (r.resume) hooks.done = finished_runs(r.json, o);
   if (!r.json.empty()) check_output_path(r.json, "the benchmark results", {}, "--json");
   const lm::RecallRunOptions& t = o.training;
   out << "Memory benchmark (docs/far-field.md)\n"
@@ -746,29 +796,34 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
       << ", loss at the answers only), " << t.threads << (t.threads == 1 ? " thread" : " threads") << "\n"
       << "  scoring   " << t.eval_sequences << " fresh sequences per run\n\n"
       << std::flush;
+  if (r.resume) out << "  resuming " << hooks.done.size() << " finished runs of " << r.json << "\n\n";
   ProgressBar bar(std::cerr);
   auto start = std::chrono::steady_clock::now();
   double tokens_per_step = 0.0;
-  const auto report = lm::run_memory_benchmark(
-      o,
-      [&](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
-        bar.finish();
-        std::cerr << "run " << index << "/" << total << ": " << run.task << " (" << run.setting << "), "
-                  << run.result.mechanism << ", seed " << run.seed << "\n";
-        start = std::chrono::steady_clock::now();
-        tokens_per_step = static_cast<double>(t.batch * (run.length - 1));
-      },
-      [&](int64_t step, double loss) {
-        lm::Progress p;
-        p.step = step;
-        p.steps = t.steps;
-        p.loss = loss;
-        p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        p.eta_seconds = p.elapsed_seconds / static_cast<double>(step) * static_cast<double>(t.steps - step);
-        p.tokens_per_second =
-            p.elapsed_seconds > 0 ? tokens_per_step * static_cast<double>(step) / p.elapsed_seconds : 0.0;
-        bar.update(p);
-      });
+  hooks.on_run = [&](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
+    bar.finish();
+    std::cerr << "run " << index << "/" << total << ": " << run.task << " (" << run.setting << "), "
+              << run.result.mechanism << ", seed " << run.seed << "\n";
+    start = std::chrono::steady_clock::now();
+    tokens_per_step = static_cast<double>(t.batch * (run.length - 1));
+  };
+  hooks.on_step = [&](int64_t step, double loss) {
+    lm::Progress p;
+    p.step = step;
+    p.steps = t.steps;
+    p.loss = loss;
+    p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    p.eta_seconds = p.elapsed_seconds / static_cast<double>(step) * static_cast<double>(t.steps - step);
+    p.tokens_per_second =
+        p.elapsed_seconds > 0 ? tokens_per_step * static_cast<double>(step) / p.elapsed_seconds : 0.0;
+    bar.update(p);
+  };
+  // Every finished run goes to --json at once (atomically): a sweep that stops keeps it, and --resume reuses it.
+  if (!r.json.empty())
+    hooks.on_result = [&](const lm::MemoryBenchReport& so_far) {
+      write_file_atomically(r.json, memory_bench_json(o, so_far.runs).dump(2) + "\n", "the benchmark results");
+    };
+  const auto report = lm::run_memory_benchmark(o, hooks);
   bar.finish();
   out << "Results (accuracy at the answers, mean over " << o.seeds.size()
       << (o.seeds.size() == 1 ? " seed" : " seeds") << "; share: of full attention's gain over the window)\n"
@@ -787,10 +842,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   out << "  (state bytes: what one stream carries at the end of one sequence; every mechanism but full "
          "attention stays at that size however long the stream, full attention grows with every token. share: "
          "shown where window and full attention ran on the case and full attention beat the window)\n";
-  if (!r.json.empty()) {
-    write_file_atomically(r.json, memory_bench_json(o, report).dump(2) + "\n", "the benchmark results");
+  if (!r.json.empty())
     out << "  wrote " << r.json << " (" << report.runs.size() << " runs, " << report.cases.size() << " cases)\n";
-  }
   out << std::flush;
   return kExitOk;
 }

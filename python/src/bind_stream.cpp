@@ -931,9 +931,9 @@ void bind_stream(py::module_& m) {
         constexpr std::string_view w = "run_memory_benchmark";
         const auto options = options_from(kwargs, memory_bench_fields(), w);
         require_callable(on_run, w, "on_run");
-        lm::MemoryBenchProgress report;
+        lm::MemoryBenchHooks hooks;
         if (!on_run.is_none()) {
-          report = [callback = py::handle(on_run)](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
+          hooks.on_run = [callback = py::handle(on_run)](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
             py::gil_scoped_acquire acquire;
             callback(index, total, run.task, run.setting, run.result.mechanism, run.seed);
           };
@@ -941,7 +941,7 @@ void bind_stream(py::module_& m) {
         lm::MemoryBenchReport result;
         {
           py::gil_scoped_release release;
-          result = lm::run_memory_benchmark(options, report);
+          result = lm::run_memory_benchmark(options, hooks);
         }
         return memory_bench_out(result);
       },

@@ -118,37 +118,58 @@ void validate(const MemoryBenchOptions& o) {
   validate_training(o.training);
 }
 
-MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& o, const MemoryBenchProgress& on_run,
-                                       const std::function<void(int64_t, double)>& on_step) {
+MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& o, const MemoryBenchHooks& hooks) {
   validate(o);
   const auto cases = settings(o);
   MemoryBenchReport report;
   const auto total = static_cast<int64_t>(cases.size() * o.mechanisms.size() * o.seeds.size());
   int64_t index = 0;
   for (const Setting& setting : cases) {
-    std::map<std::string, std::vector<const RecallResult*>> by_mechanism;
-    const size_t first_run = report.runs.size();
     for (const std::string& mechanism : o.mechanisms) {
       for (const uint64_t seed : o.seeds) {
-        MemoryBenchRun run{setting.task, setting.label, setting.sequences.length, seed, {}};
-        run.result.mechanism = mechanism;
-        if (on_run) on_run(++index, total, run);
-        RecallRunOptions training = o.training;
-        training.seed = seed;
-        run.result = run_sequence_task(mechanism, setting.sequences, training, on_step);
-        report.runs.push_back(std::move(run));
+        ++index;
+        const auto earlier = std::find_if(hooks.done.begin(), hooks.done.end(), [&](const MemoryBenchRun& r) {
+          return r.task == setting.task && r.setting == setting.label && r.result.mechanism == mechanism &&
+                 r.seed == seed;
+        });
+        if (earlier != hooks.done.end()) {
+          report.runs.push_back(*earlier);
+          report.runs.back().length = setting.sequences.length;
+        } else {
+          MemoryBenchRun run{setting.task, setting.label, setting.sequences.length, seed, {}};
+          run.result.mechanism = mechanism;
+          if (hooks.on_run) hooks.on_run(index, total, run);
+          RecallRunOptions training = o.training;
+          training.seed = seed;
+          run.result = run_sequence_task(mechanism, setting.sequences, training, hooks.on_step);
+          report.runs.push_back(std::move(run));
+        }
+        if (hooks.on_result) hooks.on_result(report);
       }
     }
-    for (size_t i = first_run; i < report.runs.size(); ++i) {
-      by_mechanism[report.runs[i].result.mechanism].push_back(&report.runs[i].result);
-    }
-    const size_t first_case = report.cases.size();
+  }
+  report.cases = memory_bench_cases(o, report.runs);
+  return report;
+}
+
+std::vector<MemoryBenchCase> memory_bench_cases(const MemoryBenchOptions& o, const std::vector<MemoryBenchRun>& runs) {
+  std::vector<MemoryBenchCase> out;
+  for (const Setting& setting : settings(o)) {
+    const size_t first_case = out.size();
     for (const std::string& mechanism : o.mechanisms) {
-      report.cases.push_back(summarise(setting, mechanism, by_mechanism[mechanism]));
+      std::vector<const RecallResult*> results;
+      for (const uint64_t seed : o.seeds)
+        for (const MemoryBenchRun& run : runs)
+          if (run.task == setting.task && run.setting == setting.label && run.result.mechanism == mechanism &&
+              run.seed == seed) {
+            results.push_back(&run.result);
+            break;
+          }
+      if (results.size() == o.seeds.size()) out.push_back(summarise(setting, mechanism, results));
     }
     const auto find = [&](const char* name) -> const MemoryBenchCase* {
-      for (size_t i = first_case; i < report.cases.size(); ++i) {
-        if (report.cases[i].mechanism == name) return &report.cases[i];
+      for (size_t i = first_case; i < out.size(); ++i) {
+        if (out[i].mechanism == name) return &out[i];
       }
       return nullptr;
     };
@@ -156,12 +177,10 @@ MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& o, const Memory
     const MemoryBenchCase* full = find("full");
     if (window && full && full->accuracy > window->accuracy) {
       const double gain = full->accuracy - window->accuracy, base = window->accuracy;
-      for (size_t i = first_case; i < report.cases.size(); ++i) {
-        report.cases[i].share_of_full_gain = (report.cases[i].accuracy - base) / gain;
-      }
+      for (size_t i = first_case; i < out.size(); ++i) out[i].share_of_full_gain = (out[i].accuracy - base) / gain;
     }
   }
-  return report;
+  return out;
 }
 
 }  // namespace attnmix::lm

@@ -68,16 +68,30 @@ struct MemoryBenchCase {
 };
 
 struct MemoryBenchReport {
-  std::vector<MemoryBenchRun> runs;
+  std::vector<MemoryBenchRun> runs;    ///< in sweep order
   std::vector<MemoryBenchCase> cases;  ///< in sweep order: task, setting, then the mechanisms' order
 };
 
-/// Called before each run: its 1-based index, the total number of runs and the run (without a result yet).
+/// Called before each run that trains: its 1-based index, the total number of runs and the run (without a result
+/// yet).
 using MemoryBenchProgress = std::function<void(int64_t index, int64_t total, const MemoryBenchRun& run)>;
 
-/// Runs the sweep; on_step, if set, is called after every training step of every run.
-/// @throws ValueError for invalid options (before any run).
-MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& options, const MemoryBenchProgress& on_run = {},
-                                       const std::function<void(int64_t step, double loss)>& on_step = {});
+/// How a sweep reports while it goes, and what it may reuse.
+struct MemoryBenchHooks {
+  MemoryBenchProgress on_run;                                ///< before each run that trains
+  std::function<void(int64_t step, double loss)> on_step;    ///< after every training step of every run
+  std::function<void(const MemoryBenchReport& so_far)> on_result;  ///< after each run, with every run so far
+  /// Runs finished earlier with the same options (a resumed sweep): a planned run with the same task, setting,
+  /// mechanism and seed takes its result from here instead of training again; the others are ignored.
+  std::vector<MemoryBenchRun> done;
+};
+
+/// Runs the sweep. @throws ValueError for invalid options (before any run).
+MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& options, const MemoryBenchHooks& hooks = {});
+
+/// The cases of `runs`: one per task setting and mechanism whose runs for every seed are all there, in sweep order,
+/// with the share of full attention's gain where window and full attention are complete too.
+[[nodiscard]] std::vector<MemoryBenchCase> memory_bench_cases(const MemoryBenchOptions& options,
+                                                              const std::vector<MemoryBenchRun>& runs);
 
 }  // namespace attnmix::lm

@@ -588,6 +588,41 @@ TEST_F(CliLmTest, MemoryBenchRunsEveryTaskAndWritesJson) {
   EXPECT_FALSE(fs::exists(path("bad.json")));
 }
 
+/// --json is rewritten after every run, so a sweep that stops keeps what it finished; --resume then trains only the
+/// runs the file lacks and ends with the uninterrupted sweep's results (the runs are deterministic for a seed). A file
+/// written with other settings, or that is not a sweep's JSON, is refused and left as it was; --resume needs --json.
+TEST_F(CliLmTest, MemoryBenchResumesAStoppedSweep) {
+  const std::string sweep =
+      "lm memory-bench --tasks recall --gaps 4 --pairs 1,2 --mechanisms window,full --steps 3 --batch 2 "
+      "--eval-sequences 4 --d-model 8 --n-layer 1 ";
+  ASSERT_EQ(run(sweep + "--json whole.json").code, 0);
+  auto stopped = nlohmann::json::parse(read_text(path("whole.json")));
+  stopped["runs"].erase(stopped["runs"].begin() + 1, stopped["runs"].end());  // as if it stopped after one run
+  stopped["cases"] = nlohmann::json::array();
+  write("part.json", stopped.dump());
+  const RunResult resumed = run(sweep + "--json part.json --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.out, "resuming 1 finished runs of part.json")) << resumed.out;
+  EXPECT_FALSE(contains(resumed.err, "run 1/4")) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "run 2/4: recall (gap 4, pairs 1), full")) << resumed.err;
+  const auto whole = nlohmann::json::parse(read_text(path("whole.json")));
+  const auto part = nlohmann::json::parse(read_text(path("part.json")));
+  ASSERT_EQ(part.at("runs").size(), 4U);
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* field : {"mechanism", "setting", "accuracy", "cross_entropy", "first_loss", "last_loss"})
+      EXPECT_EQ(part["runs"][i].at(field), whole["runs"][i].at(field)) << i << " " << field;
+  EXPECT_EQ(part.at("cases").size(), whole.at("cases").size());
+
+  const std::string before = read_text(path("part.json"));
+  const RunResult other = run(sweep + "--lr 0.01 --json part.json --resume");
+  EXPECT_EQ(other.code, 2);
+  EXPECT_TRUE(contains(other.err, "--resume: written with other training settings")) << other.err;
+  write("garbage.json", "not json");
+  EXPECT_EQ(run(sweep + "--json garbage.json --resume").code, 2);
+  EXPECT_EQ(read_text(path("part.json")), before);
+  EXPECT_EQ(run(sweep + "--resume").code, 1);
+}
+
 /// --checkpoint-every writes the checkpoint during the run; the end result is the same file.
 TEST_F(CliLmTest, PeriodicCheckpointsDoNotChangeTheResult) {
   ASSERT_EQ(train("--steps 8 --out a.ckpt").code, 0);
