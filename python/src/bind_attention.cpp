@@ -422,6 +422,8 @@ void bind_sequence_to_triples(py::module_& m) {
 }  // namespace
 
 void bind_attention(py::module_& m) {
+  register_leaf_family<ResponsibilityAttention, ResponsibilityAttentionEstimator, ResponsibilityAttentionAccumulator,
+                       Encoder>();
   bind_distribution(m);
   bind_estimator(m);
   bind_accumulator(m);

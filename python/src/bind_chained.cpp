@@ -333,6 +333,8 @@ void bind_encoder(py::module_& m) {
 }  // namespace
 
 void bind_chained(py::module_& m) {
+  register_leaf_family<ChainedAttention, ChainedAttentionEstimator, ChainedAttentionAccumulator,
+                       ChainedAttentionDataEncoderPy>();
   bind_distribution(m);
   bind_estimator(m);
   bind_accumulator(m);

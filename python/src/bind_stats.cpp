@@ -516,7 +516,73 @@ void bind_gaussian(py::module_& m) {
 
 }  // namespace
 
+namespace {
+
+/// The entries of the two combinators: their encoders and value() tuples are their children's.
+void register_combinators() {
+  PythonFamily mixture;
+  mixture.distribution = [](AnyDistribution d) { return py::cast(DistributionOf<Mixture>(std::move(d))); };
+  mixture.estimator = [](AnyEstimator e, py::object pseudo) {
+    return py::cast(EstimatorOf<MixtureEstimator>(std::move(e), std::move(pseudo)));
+  };
+  mixture.accumulator = [](AccumulatorHandle site) { return py::cast(AccumulatorOf<MixtureAccumulator>(std::move(site))); };
+  mixture.model_encoder = [](const AnyDistribution& d) -> std::shared_ptr<DataEncoder> {
+    return std::make_shared<MixtureDataEncoderPy>(encoder_of(d.get_if<Mixture>()->components().front()));
+  };
+  mixture.accumulator_encoder = [](const AnyAccumulator& a) -> std::shared_ptr<DataEncoder> {
+    return std::make_shared<MixtureDataEncoderPy>(encoder_of(a.get_if<MixtureAccumulator>()->components().front()));
+  };
+  // (comp_count (K,), (component statistics …))
+  mixture.value_out = [](const AnyAccumulator& a, py::tuple children) -> py::object {
+    const Vector& counts = a.get_if<MixtureAccumulator>()->comp_count();
+    return py::make_tuple(copy_reals(counts.data(), {counts.size()}), std::move(children));
+  };
+  mixture.value_in = [](py::handle value, const AnyAccumulator& like, std::string_view where,
+                        std::vector<double>& out) {
+    const auto K = static_cast<Index>(like.children().size());
+    const py::tuple items = statistics_tuple(
+        value, 2, where, "comp_count (" + std::to_string(K) + ",), (component statistics ...)");
+    reals_of_shape(items[0], {K}, where, "comp_count", out);
+    return statistics_tuple(items[1], static_cast<size_t>(K), where, std::to_string(K) + " component statistics");
+  };
+  register_python_family(typeid(Mixture), typeid(MixtureEstimator), typeid(MixtureAccumulator), mixture);
+
+  PythonFamily composite;
+  composite.distribution = [](AnyDistribution d) { return py::cast(DistributionOf<Composite>(std::move(d))); };
+  composite.estimator = [](AnyEstimator e, py::object pseudo) {
+    return py::cast(EstimatorOf<CompositeEstimator>(std::move(e), std::move(pseudo)));
+  };
+  composite.accumulator = [](AccumulatorHandle site) {
+    return py::cast(AccumulatorOf<CompositeAccumulator>(std::move(site)));
+  };
+  composite.model_encoder = [](const AnyDistribution& d) -> std::shared_ptr<DataEncoder> {
+    std::vector<std::shared_ptr<DataEncoder>> fields;
+    for (const AnyDistribution& c : d.get_if<Composite>()->components()) fields.push_back(encoder_of(c));
+    return std::make_shared<CompositeDataEncoderPy>(std::move(fields));
+  };
+  composite.accumulator_encoder = [](const AnyAccumulator& a) -> std::shared_ptr<DataEncoder> {
+    std::vector<std::shared_ptr<DataEncoder>> fields;
+    for (const AnyAccumulator& c : a.children()) fields.push_back(encoder_of(c));
+    return std::make_shared<CompositeDataEncoderPy>(std::move(fields));
+  };
+  // (field statistics …)
+  composite.value_out = [](const AnyAccumulator&, py::tuple children) -> py::object { return children; };
+  composite.value_in = [](py::handle value, const AnyAccumulator& like, std::string_view where,
+                          std::vector<double>&) {
+    const size_t F = like.children().size();
+    return statistics_tuple(value, F, where, std::to_string(F) + " field statistics");
+  };
+  register_python_family(typeid(Composite), typeid(CompositeEstimator), typeid(CompositeAccumulator), composite);
+}
+
+}  // namespace
+
 void bind_stats(py::module_& m) {
+  register_combinators();
+  register_leaf_family<Categorical, CategoricalEstimator, CategoricalAccumulator, CategoricalDataEncoderPy,
+                       /*Factory=*/false>();
+  register_leaf_family<DiagonalGaussian, DiagonalGaussianEstimator, DiagonalGaussianAccumulator,
+                       DiagonalGaussianDataEncoderPy, /*Factory=*/false>();
   bind_mixture(m);
   bind_composite(m);
   bind_categorical(m);

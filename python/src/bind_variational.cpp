@@ -895,7 +895,26 @@ std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(py::h
   return obj.cast<const OptimizerStatePy&>().state;
 }
 
+namespace {
+
+/// The entry of a variational family: its statistics carry the optimizer state (SPEC.md §4.3).
+template <class D, class E, class A, class Encoder>
+void register_variational_family() {
+  PythonFamily state;
+  state.state_of = [](const AnyAccumulator& acc) { return acc.get_if<A>()->optimizer_state(); };
+  state.set_state = [](AnyAccumulator& acc, std::shared_ptr<const AttentionOptimizerState> s) {
+    acc.get_if<A>()->set_optimizer_state(std::move(s));
+  };
+  register_leaf_family<D, E, A, Encoder>(state);
+}
+
+}  // namespace
+
 void bind_variational(py::module_& m) {
+  register_variational_family<VariationalEmbeddingAttention, VariationalEmbeddingAttentionEstimator,
+                              VariationalEmbeddingAttentionAccumulator, VeaEncoder>();
+  register_variational_family<VariationalMultiHopAttention, VariationalMultiHopAttentionEstimator,
+                              VariationalMultiHopAttentionAccumulator, VmhaEncoder>();
   bind_optimizer_state(m);
   bind_vea_distribution(m);
   bind_vea_estimator(m);

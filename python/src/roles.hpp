@@ -6,8 +6,8 @@
 /// Every Python distribution, estimator and accumulator holds the library's type-erased handle
 /// (STYLE.md §4), so Mixture and Composite take components of any family and one set of generic
 /// methods (bind_core.cpp) serves all families. Each family has its own Python class, i.e. its own
-/// C++ type: DistributionOf<D>, EstimatorOf<E>, AccumulatorOf<A>. families.cpp is the one place
-/// that maps a type-erased handle to its family's Python class, encoder and statistics tuple.
+/// C++ type: DistributionOf<D>, EstimatorOf<E>, AccumulatorOf<A>. families.cpp maps a type-erased handle to its
+/// family's Python class, encoder and statistics tuple through the entries the families register (PythonFamily).
 ///
 ///   DistributionHandle   AnyDistribution (immutable, shared)
 ///   EstimatorHandle      AnyEstimator (immutable, shared) + pseudo_count (accepted and ignored)
@@ -25,9 +25,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <typeinfo>
 #include <vector>
 
 #include "attnmix/core/any.hpp"
+
+namespace attnmix {
+struct AttentionOptimizerState;
+}  // namespace attnmix
 
 namespace attnmix::python {
 
@@ -131,6 +137,56 @@ struct FactoryOf final : FactoryHandle {
 };
 
 // ---- the family table (families.cpp) ------------------------------------------------------------
+
+/// A family's Python classes and encoder, found by the C++ type that a type-erased handle holds (never by a chain
+/// of casts). Each family's binding file registers its entry once (python_family below, register_python_family).
+struct PythonFamily {
+  py::object (*distribution)(AnyDistribution model) = nullptr;
+  py::object (*estimator)(AnyEstimator estimator, py::object pseudo_count) = nullptr;
+  py::object (*accumulator)(AccumulatorHandle site) = nullptr;
+  /// The family's accumulator factory class; null: the generic AccumulatorFactory.
+  py::object (*factory)(AnyAccumulator prototype, py::object name) = nullptr;
+  std::shared_ptr<DataEncoder> (*model_encoder)(const AnyDistribution& model) = nullptr;
+  std::shared_ptr<DataEncoder> (*accumulator_encoder)(const AnyAccumulator& acc) = nullptr;
+  /// A combinator's value() tuple around its children's values (a leaf's is its flat fields: null).
+  py::object (*value_out)(const AnyAccumulator& acc, py::tuple children) = nullptr;
+  /// The inverse: appends the combinator's own numbers of `value` to `out` and returns its children's values.
+  py::tuple (*value_in)(py::handle value, const AnyAccumulator& like, std::string_view where,
+                        std::vector<double>& out) = nullptr;
+  /// A leaf whose statistics carry an optimizer state (SPEC.md §4.3): its value() tuple ends with it.
+  std::shared_ptr<const AttentionOptimizerState> (*state_of)(const AnyAccumulator& acc) = nullptr;
+  void (*set_state)(AnyAccumulator& acc, std::shared_ptr<const AttentionOptimizerState> state) = nullptr;
+};
+
+/// The items of a statistics tuple (or list) of exactly `arity` entries, described by `layout` in messages.
+/// @throws TypeError for another kind of object, ValueError for another number of entries.
+[[nodiscard]] py::tuple statistics_tuple(py::handle value, size_t arity, std::string_view where,
+                                         const std::string& layout);
+
+/// Registers a family's entry under the types of its distribution, estimator and accumulator.
+void register_python_family(const std::type_info& distribution, const std::type_info& estimator,
+                            const std::type_info& accumulator, const PythonFamily& family);
+
+/// The standard entry of a leaf family: DistributionOf<D>, EstimatorOf<E>, AccumulatorOf<A> (and FactoryOf<A>
+/// when `Factory` is true), and the Python encoder `Encoder` built from the model's or accumulator's encoder().
+template <class D, class E, class A, class Encoder, bool Factory = true>
+void register_leaf_family(PythonFamily extra = {}) {
+  PythonFamily f = extra;
+  f.distribution = [](AnyDistribution m) { return py::cast(DistributionOf<D>(std::move(m))); };
+  f.estimator = [](AnyEstimator e, py::object pseudo) { return py::cast(EstimatorOf<E>(std::move(e), std::move(pseudo))); };
+  f.accumulator = [](AccumulatorHandle site) { return py::cast(AccumulatorOf<A>(std::move(site))); };
+  if constexpr (Factory)
+    f.factory = [](AnyAccumulator prototype, py::object name) {
+      return py::cast(FactoryOf<A>(std::move(prototype), std::move(name)));
+    };
+  f.model_encoder = [](const AnyDistribution& m) -> std::shared_ptr<DataEncoder> {
+    return std::make_shared<Encoder>(m.get_if<D>()->encoder());
+  };
+  f.accumulator_encoder = [](const AnyAccumulator& a) -> std::shared_ptr<DataEncoder> {
+    return std::make_shared<Encoder>(a.get_if<A>()->encoder());
+  };
+  register_python_family(typeid(D), typeid(E), typeid(A), f);
+}
 
 /// The Python object of a model (its family's class). @throws TypeError for a family without a
 /// Python class.

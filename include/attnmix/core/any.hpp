@@ -15,9 +15,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
+#include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/types.hpp"
@@ -137,6 +139,13 @@ class AnyAccumulator {
     self_->initialize_shard(batch, w, rng, rows_before, rows_after);
   }
   [[nodiscard]] std::optional<std::string> keys() const { return self_->keys(); }
+  /// The type of the family's accumulator held (adapters find their wrappers by it).
+  [[nodiscard]] const std::type_info& type() const { return self_->type(); }
+  /// The sub-accumulators of a combinator (Mixture components, Composite fields); empty for a leaf.
+  [[nodiscard]] std::span<AnyAccumulator> children() { return self_->children(); }
+  [[nodiscard]] std::span<const AnyAccumulator> children() const { return self_->children(); }
+  /// A leaf's flat statistics buffer (core/accumulator.hpp), or null for a combinator.
+  [[nodiscard]] const FlatStats* flat_stats() const { return self_->flat_stats(); }
   /// SPEC.md §1.4, this site then its children depth-first.
   void key_merge(KeyPool& pool);
   void key_replace(const KeyPool& pool);
@@ -180,6 +189,7 @@ class AnyAccumulator {
                                   Index rows_after) = 0;
     [[nodiscard]] virtual std::optional<std::string> keys() const = 0;
     [[nodiscard]] virtual std::span<AnyAccumulator> children() = 0;
+    [[nodiscard]] virtual const FlatStats* flat_stats() const = 0;
     [[nodiscard]] virtual bool equals(const Concept& other) const = 0;
   };
   template <class A>
@@ -214,6 +224,12 @@ class AnyAccumulator {
       else
         return {};
     }
+    const FlatStats* flat_stats() const override {
+      if constexpr (std::is_base_of_v<FlatStats, A>)
+        return &acc;
+      else
+        return nullptr;
+    }
     bool equals(const Concept& other) const override { return other.type() == typeid(A) && acc == peer(other); }
     A acc;
   };
@@ -233,6 +249,8 @@ class AnyEstimator {
   explicit AnyEstimator(E estimator) : self_(std::make_shared<const Model<E>>(std::move(estimator))) {}
 
   [[nodiscard]] AnyAccumulator make_accumulator() const { return self_->make_accumulator(); }
+  /// The type of the family's estimator held (adapters find their wrappers by it).
+  [[nodiscard]] const std::type_info& type() const { return self_->type(); }
   /// @throws ValueError on invalid statistics.
   [[nodiscard]] AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const;
   template <class E>
@@ -274,6 +292,8 @@ class AnyDistribution {
   [[nodiscard]] bool has_value() const noexcept { return self_ != nullptr; }
   /// The model-file family name ("responsibility_attention", "mixture", ...).
   [[nodiscard]] std::string family() const { return self_->family(); }
+  /// The type of the family's distribution held (adapters find their wrappers by it).
+  [[nodiscard]] const std::type_info& type() const { return self_->type(); }
   void log_density(const AnyBatch& batch, std::span<double> out) const { self_->log_density(batch, out); }
   /// The E-step (atomic). @throws ImpossibleEvidenceError, ValueError, TypeError.
   void accumulate(const AnyBatch& batch, std::span<const double> w, AnyAccumulator& acc,
