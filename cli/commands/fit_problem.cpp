@@ -119,7 +119,8 @@ void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims,
 AnyEstimator build_estimator(const FamilySpec& family, const Dims& dims, const OptionValues& options,
                              const FitArgs& args, const FitInit* init) {
   try {
-    return family.fit.make_estimator(dims, options, args.optimize.seed, init ? &init->model : nullptr);
+    return family.fit.make_estimator({.sizes = dims, .options = options, .seed = args.optimize.seed},
+                                     init ? &init->model : nullptr);
   } catch (const ValueError& e) {
     std::string origins;
     for (const SizeSpec& size : family.fit.sizes)

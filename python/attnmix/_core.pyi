@@ -118,24 +118,38 @@ class ResponsibilityAttentionSampler:
     @overload
     def sample(self, size: int, *, batched: bool = True) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int]]: ...
 
+# >>> generated: ResponsibilityAttentionEstimator (scripts/generate_stubs.py)
 class ResponsibilityAttentionEstimator(Estimator):
-    def __init__(self, num_symbols: int, context_length: int, query_dim: int, num_targets: int, *,
-                 sigma2: float = 1.0, estimate_sigma2: bool = False, min_sigma2: float = 1e-6,
-                 emission_smoothing: float = 1e-6, pseudo_count: float | None = None, name: str | None = None,
-                 keys: str | None = None, precision: Literal["float64", "mixed"] = "float64") -> None: ...
+    def __init__(
+        self,
+        num_symbols: int,
+        context_length: int,
+        query_dim: int,
+        num_targets: int,
+        *,
+        sigma2: float = 1.0,
+        estimate_sigma2: bool = False,
+        min_sigma2: float = 1e-06,
+        emission_smoothing: float = 1e-06,
+        precision: Literal["float64", "mixed"] = 'float64',
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
     num_symbols: int
     context_length: int
     query_dim: int
     num_targets: int
     sigma2: float
-    precision: Literal["float64", "mixed"]
     estimate_sigma2: bool
     min_sigma2: float
     emission_smoothing: float
+    precision: Literal["float64", "mixed"]
     name: str | None
     keys: str | None
     def accumulator_factory(self) -> ResponsibilityAttentionAccumulatorFactory: ...
     def estimate(self, nobs: float | None, value: Any) -> ResponsibilityAttentionDistribution: ...
+# <<< generated: ResponsibilityAttentionEstimator
 
 class ResponsibilityAttentionAccumulator(Accumulator):
     def __init__(self, num_symbols: int, context_length: int, query_dim: int, num_targets: int,
@@ -195,10 +209,20 @@ class ChainedAttentionSampler:
     @overload
     def sample(self, size: int, *, batched: bool = True) -> list[CaObservation]: ...
 
+# >>> generated: ChainedAttentionEstimator (scripts/generate_stubs.py)
 class ChainedAttentionEstimator(Estimator):
-    def __init__(self, n_hops: int, num_symbols: int, num_targets: int, *, sigma2: float = 0.1,
-                 emission_smoothing: float = 1e-4, pseudo_count: float | None = None, name: str | None = None,
-                 keys: str | None = None) -> None: ...
+    def __init__(
+        self,
+        n_hops: int,
+        num_symbols: int,
+        num_targets: int,
+        *,
+        sigma2: float = 0.1,
+        emission_smoothing: float = 0.0001,
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
     n_hops: int
     num_symbols: int
     num_targets: int
@@ -208,6 +232,7 @@ class ChainedAttentionEstimator(Estimator):
     keys: str | None
     def accumulator_factory(self) -> ChainedAttentionAccumulatorFactory: ...
     def estimate(self, nobs: float | None, value: Any) -> ChainedAttentionDistribution: ...
+# <<< generated: ChainedAttentionEstimator
 
 class ChainedAttentionAccumulator(Accumulator):
     def __init__(self, n_hops: int, num_symbols: int, num_targets: int, keys: str | None = None,
@@ -295,27 +320,42 @@ class VariationalEmbeddingAttentionSampler:
     @overload
     def sample(self, size: int, *, batched: bool = True) -> list[VeaObservation]: ...
 
+# >>> generated: VariationalEmbeddingAttentionEstimator (scripts/generate_stubs.py)
 class VariationalEmbeddingAttentionEstimator(Estimator):
-    def __init__(self, num_symbols: int, context_length: int, embed_dim: int, num_targets: int, *,
-                 sigma2: float = 0.5, lr: float = 0.05, mc: int = 6, prior_strength: float = 1.0,
-                 emission_smoothing: float = 1e-4, seed: int = 0, pseudo_count: float | None = None,
-                 name: str | None = None, keys: str | None = None,
-                 precision: Literal["float64", "mixed"] = "float64") -> None: ...
+    def __init__(
+        self,
+        num_symbols: int,
+        context_length: int,
+        embed_dim: int,
+        num_targets: int,
+        *,
+        sigma2: float = 0.5,
+        emission_smoothing: float = 0.0001,
+        lr: float = 0.05,
+        mc: int = 6,
+        prior_strength: float = 1.0,
+        precision: Literal["float64", "mixed"] = 'float64',
+        seed: int = 0,
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
     num_symbols: int
     context_length: int
     embed_dim: int
     num_targets: int
-    precision: Literal["float64", "mixed"]
     sigma2: float
+    emission_smoothing: float
     lr: float
     mc: int
     prior_strength: float
-    emission_smoothing: float
+    precision: Literal["float64", "mixed"]
     seed: int
     name: str | None
     keys: str | None
     def accumulator_factory(self) -> VariationalEmbeddingAttentionAccumulatorFactory: ...
     def estimate(self, nobs: float | None, value: Any) -> VariationalEmbeddingAttentionDistribution: ...
+# <<< generated: VariationalEmbeddingAttentionEstimator
 
 class VariationalEmbeddingAttentionAccumulator(Accumulator):
     def __init__(self, num_symbols: int, context_length: int, embed_dim: int, num_targets: int, mc: int = 6,
@@ -379,25 +419,40 @@ class VariationalMultiHopAttentionSampler:
     @overload
     def sample(self, size: int, *, batched: bool = True) -> list[CaObservation]: ...
 
+# >>> generated: VariationalMultiHopAttentionEstimator (scripts/generate_stubs.py)
 class VariationalMultiHopAttentionEstimator(Estimator):
-    def __init__(self, num_symbols: int, embed_dim: int, num_targets: int, *, sigma2: float = 0.3, lr: float = 0.05,
-                 mc: int = 5, prior_strength: float = 0.1, anneal_iters: int = 100, emission_smoothing: float = 1e-4,
-                 seed: int = 0, pseudo_count: float | None = None, name: str | None = None,
-                 keys: str | None = None) -> None: ...
+    def __init__(
+        self,
+        num_symbols: int,
+        embed_dim: int,
+        num_targets: int,
+        *,
+        sigma2: float = 0.3,
+        emission_smoothing: float = 0.0001,
+        lr: float = 0.05,
+        mc: int = 5,
+        prior_strength: float = 0.1,
+        anneal_iters: int = 100,
+        seed: int = 0,
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
     num_symbols: int
     embed_dim: int
     num_targets: int
     sigma2: float
+    emission_smoothing: float
     lr: float
     mc: int
     prior_strength: float
     anneal_iters: int
-    emission_smoothing: float
     seed: int
     name: str | None
     keys: str | None
     def accumulator_factory(self) -> VariationalMultiHopAttentionAccumulatorFactory: ...
     def estimate(self, nobs: float | None, value: Any) -> VariationalMultiHopAttentionDistribution: ...
+# <<< generated: VariationalMultiHopAttentionEstimator
 
 class VariationalMultiHopAttentionAccumulator(Accumulator):
     def __init__(self, num_symbols: int, embed_dim: int, num_targets: int, mc: int = 5, keys: str | None = None,

@@ -12,6 +12,7 @@
 #include "bindings.hpp"
 #include "convert.hpp"
 #include "encoders.hpp"
+#include "estimator_class.hpp"
 #include "roles.hpp"
 
 namespace attnmix::python {
@@ -20,7 +21,6 @@ namespace {
 
 using namespace pybind11::literals;
 using Dist = DistributionOf<ResponsibilityAttention>;
-using Est = EstimatorOf<ResponsibilityAttentionEstimator>;
 using Acc = AccumulatorOf<ResponsibilityAttentionAccumulator>;
 using Factory = FactoryOf<ResponsibilityAttentionAccumulator>;
 using Encoder = ResponsibilityAttentionDataEncoderPy;
@@ -273,61 +273,6 @@ void bind_distribution(py::module_& m) {
            "sample() calls.");
 }
 
-void bind_estimator(py::module_& m) {
-  const ResponsibilityAttentionEstimatorOptions defaults;
-  py::class_<Est, EstimatorHandle>(
-      m, "ResponsibilityAttentionEstimator",
-      "The closed-form M-step of responsibility attention (SPEC.md §2.3).")
-      .def(py::init([](py::object S, py::object N, py::object D, py::object T, py::object sigma2,
-                       py::object estimate_sigma2, py::object min_sigma2,
-                       py::object emission_smoothing, py::object pseudo_count, py::object name,
-                       py::object keys, py::object precision) {
-             constexpr const char* where = "ResponsibilityAttentionEstimator";
-             const int64_t s = positive_int(S, where, "num_symbols");
-             const int64_t n = positive_int(N, where, "context_length");
-             const int64_t d = positive_int(D, where, "query_dim");
-             const int64_t t = positive_int(T, where, "num_targets");
-             ResponsibilityAttentionEstimatorOptions o;
-             o.sigma2 = positive_real(sigma2, where, "sigma2");
-             o.estimate_sigma2 = flag(estimate_sigma2, where, "estimate_sigma2");
-             o.min_sigma2 = positive_real(min_sigma2, where, "min_sigma2");
-             o.emission_smoothing =
-                 nonnegative_real(emission_smoothing, where, "emission_smoothing");
-             o.name = name_arg(name, where);
-             o.keys = optional_str(keys, where, "keys");
-             o.precision = precision_arg(precision, where);
-             py::object pseudo = pseudo_count_arg(pseudo_count, where);
-             return Est(AnyEstimator(ResponsibilityAttentionEstimator(s, n, d, t, std::move(o))),
-                        std::move(pseudo));
-           }),
-           "num_symbols"_a, "context_length"_a, "query_dim"_a, "num_targets"_a, py::kw_only(),
-           "sigma2"_a = defaults.sigma2, "estimate_sigma2"_a = defaults.estimate_sigma2,
-           "min_sigma2"_a = defaults.min_sigma2,
-           "emission_smoothing"_a = defaults.emission_smoothing, "pseudo_count"_a = py::none(),
-           "name"_a = py::none(), "keys"_a = py::none(), "precision"_a = "float64")
-      .def_property_readonly("num_symbols", [](const Est& e) { return e.estimator().n_symbols(); })
-      .def_property_readonly("context_length",
-                             [](const Est& e) { return e.estimator().context_length(); })
-      .def_property_readonly("query_dim", [](const Est& e) { return e.estimator().query_dim(); })
-      .def_property_readonly("num_targets", [](const Est& e) { return e.estimator().n_targets(); })
-      .def_property_readonly("sigma2", [](const Est& e) { return e.estimator().options().sigma2; })
-      .def_property_readonly("estimate_sigma2",
-                             [](const Est& e) { return e.estimator().options().estimate_sigma2; })
-      .def_property_readonly("min_sigma2",
-                             [](const Est& e) { return e.estimator().options().min_sigma2; })
-      .def_property_readonly(
-          "emission_smoothing",
-          [](const Est& e) { return e.estimator().options().emission_smoothing; })
-      .def_property_readonly(
-          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
-      .def_property_readonly(
-          "precision",
-          [](const Est& e) { return std::string(precision_name(e.estimator().options().precision)); })
-      .def_property_readonly("keys", [](const Est& e) -> py::object {
-        const auto& keys = e.estimator().options().keys;
-        return keys ? py::object(py::str(*keys)) : py::none();
-      });
-}
 
 /// The dimension attributes of the accumulator and of its factory.
 template <class Class>
@@ -425,7 +370,9 @@ void bind_attention(py::module_& m) {
   register_leaf_family<ResponsibilityAttention, ResponsibilityAttentionEstimator, ResponsibilityAttentionAccumulator,
                        Encoder>();
   bind_distribution(m);
-  bind_estimator(m);
+  bind_estimator_class<ResponsibilityAttentionEstimator>(
+      m, responsibility_attention_family(), "ResponsibilityAttentionEstimator",
+      "The closed-form M-step of responsibility attention (SPEC.md §2.3).");
   bind_accumulator(m);
   bind_encoder(m);
   bind_sequence_to_triples(m);

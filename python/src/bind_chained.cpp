@@ -12,6 +12,7 @@
 #include "bindings.hpp"
 #include "convert.hpp"
 #include "encoders.hpp"
+#include "estimator_class.hpp"
 #include "roles.hpp"
 
 namespace attnmix::python {
@@ -20,7 +21,6 @@ namespace {
 
 using namespace pybind11::literals;
 using Dist = DistributionOf<ChainedAttention>;
-using Est = EstimatorOf<ChainedAttentionEstimator>;
 using Acc = AccumulatorOf<ChainedAttentionAccumulator>;
 using Factory = FactoryOf<ChainedAttentionAccumulator>;
 using Encoder = ChainedAttentionDataEncoderPy;
@@ -234,47 +234,6 @@ void bind_distribution(py::module_& m) {
            "sample() calls.");
 }
 
-void bind_estimator(py::module_& m) {
-  const ChainedAttentionEstimatorOptions defaults;
-  py::class_<Est, EstimatorHandle>(
-      m, "ChainedAttentionEstimator",
-      "The M-step of chained attention (SPEC.md §3.3): K_l[s] = key_num[l][s] / "
-      "max(key_mass[l][s], 1e-9), B = (emission_count + emission_smoothing) row-normalised, sigma2 "
-      "fixed.")
-      .def(py::init([](py::object L, py::object S, py::object T, py::object sigma2,
-                       py::object emission_smoothing, py::object pseudo_count, py::object name,
-                       py::object keys) {
-             constexpr const char* where = "ChainedAttentionEstimator";
-             const int64_t l = positive_int(L, where, "n_hops");
-             const int64_t s = positive_int(S, where, "num_symbols");
-             const int64_t t = positive_int(T, where, "num_targets");
-             ChainedAttentionEstimatorOptions o;
-             o.sigma2 = positive_real(sigma2, where, "sigma2");
-             o.emission_smoothing =
-                 nonnegative_real(emission_smoothing, where, "emission_smoothing");
-             o.name = name_arg(name, where);
-             o.keys = optional_str(keys, where, "keys");
-             py::object pseudo = pseudo_count_arg(pseudo_count, where);
-             return Est(AnyEstimator(ChainedAttentionEstimator(l, s, t, std::move(o))),
-                        std::move(pseudo));
-           }),
-           "n_hops"_a, "num_symbols"_a, "num_targets"_a, py::kw_only(),
-           "sigma2"_a = defaults.sigma2, "emission_smoothing"_a = defaults.emission_smoothing,
-           "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none())
-      .def_property_readonly("n_hops", [](const Est& e) { return e.estimator().n_hops(); })
-      .def_property_readonly("num_symbols", [](const Est& e) { return e.estimator().n_symbols(); })
-      .def_property_readonly("num_targets", [](const Est& e) { return e.estimator().n_targets(); })
-      .def_property_readonly("sigma2", [](const Est& e) { return e.estimator().options().sigma2; })
-      .def_property_readonly(
-          "emission_smoothing",
-          [](const Est& e) { return e.estimator().options().emission_smoothing; })
-      .def_property_readonly(
-          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
-      .def_property_readonly("keys", [](const Est& e) -> py::object {
-        const auto& keys = e.estimator().options().keys;
-        return keys ? py::object(py::str(*keys)) : py::none();
-      });
-}
 
 /// The dimension attributes of the accumulator and of its factory.
 template <class Class>
@@ -336,7 +295,10 @@ void bind_chained(py::module_& m) {
   register_leaf_family<ChainedAttention, ChainedAttentionEstimator, ChainedAttentionAccumulator,
                        ChainedAttentionDataEncoderPy>();
   bind_distribution(m);
-  bind_estimator(m);
+  bind_estimator_class<ChainedAttentionEstimator>(
+      m, chained_attention_family(), "ChainedAttentionEstimator",
+      "The M-step of chained attention (SPEC.md §3.3): K_l[s] = key_num[l][s] / max(key_mass[l][s], 1e-9), B = "
+      "(emission_count + emission_smoothing) row-normalised, sigma2 fixed.");
   bind_accumulator(m);
   bind_encoder(m);
 }

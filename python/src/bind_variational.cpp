@@ -20,6 +20,7 @@
 #include "bindings.hpp"
 #include "convert.hpp"
 #include "encoders.hpp"
+#include "estimator_class.hpp"
 #include "roles.hpp"
 
 namespace attnmix::python {
@@ -30,12 +31,10 @@ using namespace pybind11::literals;
 
 using State = AttentionOptimizerState;
 using VeaDist = DistributionOf<VariationalEmbeddingAttention>;
-using VeaEst = EstimatorOf<VariationalEmbeddingAttentionEstimator>;
 using VeaAcc = AccumulatorOf<VariationalEmbeddingAttentionAccumulator>;
 using VeaFactory = FactoryOf<VariationalEmbeddingAttentionAccumulator>;
 using VeaEncoder = VariationalEmbeddingAttentionDataEncoderPy;
 using VmhaDist = DistributionOf<VariationalMultiHopAttention>;
-using VmhaEst = EstimatorOf<VariationalMultiHopAttentionEstimator>;
 using VmhaAcc = AccumulatorOf<VariationalMultiHopAttentionAccumulator>;
 using VmhaFactory = FactoryOf<VariationalMultiHopAttentionAccumulator>;
 using VmhaEncoder = VariationalMultiHopAttentionDataEncoderPy;
@@ -51,10 +50,6 @@ constexpr int64_t kDefaultContextLength = 6;
 
 py::object optional_int(const std::optional<int64_t>& v) {
   return v ? py::object(py::int_(*v)) : py::none();
-}
-
-py::object optional_str_to_python(const std::optional<std::string>& s) {
-  return s ? py::object(py::str(*s)) : py::none();
 }
 
 py::array matrix_view(const Matrix& m, py::handle owner) {
@@ -146,39 +141,6 @@ py::object sample_draws(SamplerPy<Sampler>& s, py::object size, py::object batch
   py::list out;
   for (int64_t k = 0; k < m; ++k) out.append(to_python(s.sampler.sample()));
   return out;
-}
-
-/// The estimator options both variational families share (SPEC.md §4.7), read into `o`.
-template <class Options>
-void read_shared_options(Options& o, const char* where, py::handle sigma2, py::handle lr,
-                         py::handle mc, py::handle prior_strength, py::handle emission_smoothing,
-                         py::handle seed, py::handle name, py::handle keys) {
-  o.sigma2 = positive_real(sigma2, where, "sigma2");
-  o.lr = positive_real(lr, where, "lr");
-  o.mc = positive_int(mc, where, "mc");
-  o.prior_strength = nonnegative_real(prior_strength, where, "prior_strength");
-  o.emission_smoothing = nonnegative_real(emission_smoothing, where, "emission_smoothing");
-  o.seed = static_cast<uint64_t>(nonnegative_int(seed, where, "seed"));
-  o.name = name_arg(name, where);
-  o.keys = optional_str(keys, where, "keys");
-}
-
-/// The estimator attributes both variational families share.
-template <class Class>
-void def_shared_estimator_attributes(Class& cls) {
-  using E = typename Class::type;
-  cls.def_property_readonly("sigma2", [](const E& e) { return e.estimator().options().sigma2; })
-      .def_property_readonly("lr", [](const E& e) { return e.estimator().options().lr; })
-      .def_property_readonly("mc", [](const E& e) { return e.estimator().options().mc; })
-      .def_property_readonly("prior_strength",
-                             [](const E& e) { return e.estimator().options().prior_strength; })
-      .def_property_readonly("emission_smoothing",
-                             [](const E& e) { return e.estimator().options().emission_smoothing; })
-      .def_property_readonly("seed", [](const E& e) { return e.estimator().options().seed; })
-      .def_property_readonly(
-          "name", [](const E& e) { return name_to_python(e.estimator().options().name); })
-      .def_property_readonly(
-          "keys", [](const E& e) { return optional_str_to_python(e.estimator().options().keys); });
 }
 
 /// The distribution attributes both variational families share: the embedding posterior, its
@@ -531,49 +493,6 @@ void bind_vea_distribution(py::module_& m) {
            "sample() calls.");
 }
 
-void bind_vea_estimator(py::module_& m) {
-  const VariationalEmbeddingAttentionEstimatorOptions defaults;
-  py::class_<VeaEst, EstimatorHandle> est(
-      m, "VariationalEmbeddingAttentionEstimator",
-      "The stateless variational M-step (SPEC.md §4.4): one Adam ascent step on the embedding "
-      "posterior carried by the statistics' optimizer state (or the initial embeddings when there "
-      "is none), then B and pi in closed form.");
-  est.def(py::init([](py::object S, py::object N, py::object D, py::object T, py::object sigma2,
-                      py::object lr, py::object mc, py::object prior_strength,
-                      py::object emission_smoothing, py::object seed, py::object pseudo_count,
-                      py::object name, py::object keys, py::object precision) {
-            constexpr const char* where = "VariationalEmbeddingAttentionEstimator";
-            const int64_t s = positive_int(S, where, "num_symbols");
-            const int64_t n = positive_int(N, where, "context_length");
-            const int64_t d = positive_int(D, where, "embed_dim");
-            const int64_t t = positive_int(T, where, "num_targets");
-            VariationalEmbeddingAttentionEstimatorOptions o;
-            read_shared_options(o, where, sigma2, lr, mc, prior_strength, emission_smoothing, seed,
-                                name, keys);
-            o.precision = precision_arg(precision, where);
-            py::object pseudo = pseudo_count_arg(pseudo_count, where);
-            return VeaEst(
-                AnyEstimator(VariationalEmbeddingAttentionEstimator(s, n, d, t, std::move(o))),
-                std::move(pseudo));
-          }),
-          "num_symbols"_a, "context_length"_a, "embed_dim"_a, "num_targets"_a, py::kw_only(),
-          "sigma2"_a = defaults.sigma2, "lr"_a = defaults.lr, "mc"_a = defaults.mc,
-          "prior_strength"_a = defaults.prior_strength,
-          "emission_smoothing"_a = defaults.emission_smoothing, "seed"_a = defaults.seed,
-          "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none(),
-          "precision"_a = "float64");
-  est.def_property_readonly("num_symbols",
-                            [](const VeaEst& e) { return e.estimator().n_symbols(); })
-      .def_property_readonly("context_length",
-                             [](const VeaEst& e) { return e.estimator().context_length(); })
-      .def_property_readonly("embed_dim", [](const VeaEst& e) { return e.estimator().embed_dim(); })
-      .def_property_readonly("num_targets",
-                             [](const VeaEst& e) { return e.estimator().n_targets(); })
-      .def_property_readonly("precision", [](const VeaEst& e) {
-        return std::string(precision_name(e.estimator().options().precision));
-      });
-  def_shared_estimator_attributes(est);
-}
 
 /// The dimension attributes of the VEA accumulator and of its factory.
 template <class Class>
@@ -775,45 +694,6 @@ void bind_vmha_distribution(py::module_& m) {
            "sample() calls.");
 }
 
-void bind_vmha_estimator(py::module_& m) {
-  const VariationalMultiHopAttentionEstimatorOptions defaults;
-  py::class_<VmhaEst, EstimatorHandle> est(
-      m, "VariationalMultiHopAttentionEstimator",
-      "The stateless variational M-step of multi-hop attention (SPEC.md §5): one Adam ascent step "
-      "with the annealed KL weight prior_strength * min(1, tau / anneal_iters), then B in closed "
-      "form.");
-  est.def(
-      py::init([](py::object S, py::object D, py::object T, py::object sigma2, py::object lr,
-                  py::object mc, py::object prior_strength, py::object anneal_iters,
-                  py::object emission_smoothing, py::object seed, py::object pseudo_count,
-                  py::object name, py::object keys) {
-        constexpr const char* where = "VariationalMultiHopAttentionEstimator";
-        const int64_t s = positive_int(S, where, "num_symbols");
-        const int64_t d = positive_int(D, where, "embed_dim");
-        const int64_t t = positive_int(T, where, "num_targets");
-        VariationalMultiHopAttentionEstimatorOptions o;
-        read_shared_options(o, where, sigma2, lr, mc, prior_strength, emission_smoothing, seed,
-                            name, keys);
-        o.anneal_iters = positive_int(anneal_iters, where, "anneal_iters");
-        py::object pseudo = pseudo_count_arg(pseudo_count, where);
-        return VmhaEst(AnyEstimator(VariationalMultiHopAttentionEstimator(s, d, t, std::move(o))),
-                       std::move(pseudo));
-      }),
-      "num_symbols"_a, "embed_dim"_a, "num_targets"_a, py::kw_only(), "sigma2"_a = defaults.sigma2,
-      "lr"_a = defaults.lr, "mc"_a = defaults.mc, "prior_strength"_a = defaults.prior_strength,
-      "anneal_iters"_a = defaults.anneal_iters,
-      "emission_smoothing"_a = defaults.emission_smoothing, "seed"_a = defaults.seed,
-      "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none());
-  est.def_property_readonly("num_symbols",
-                            [](const VmhaEst& e) { return e.estimator().n_symbols(); })
-      .def_property_readonly("embed_dim",
-                             [](const VmhaEst& e) { return e.estimator().embed_dim(); })
-      .def_property_readonly("num_targets",
-                             [](const VmhaEst& e) { return e.estimator().n_targets(); })
-      .def_property_readonly("anneal_iters",
-                             [](const VmhaEst& e) { return e.estimator().options().anneal_iters; });
-  def_shared_estimator_attributes(est);
-}
 
 /// The dimension attributes of the VMHA accumulator and of its factory.
 template <class Class>
@@ -917,11 +797,18 @@ void bind_variational(py::module_& m) {
                               VariationalMultiHopAttentionAccumulator, VmhaEncoder>();
   bind_optimizer_state(m);
   bind_vea_distribution(m);
-  bind_vea_estimator(m);
+  bind_estimator_class<VariationalEmbeddingAttentionEstimator>(
+      m, variational_embedding_attention_family(), "VariationalEmbeddingAttentionEstimator",
+      "The stateless variational M-step (SPEC.md §4.4): one Adam ascent step on the embedding posterior carried by "
+      "the statistics' optimizer state (or the initial embeddings when there is none), then B and pi in closed "
+      "form.");
   bind_vea_accumulator(m);
   bind_vea_encoder(m);
   bind_vmha_distribution(m);
-  bind_vmha_estimator(m);
+  bind_estimator_class<VariationalMultiHopAttentionEstimator>(
+      m, variational_multihop_attention_family(), "VariationalMultiHopAttentionEstimator",
+      "The stateless variational M-step of multi-hop attention (SPEC.md §5): one Adam ascent step with the annealed "
+      "KL weight prior_strength * min(1, tau / anneal_iters), then B in closed form.");
   bind_vmha_accumulator(m);
   bind_vmha_encoder(m);
 }

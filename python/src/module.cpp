@@ -9,6 +9,7 @@
 
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "estimator_class.hpp"
 #include "module_support.hpp"
 
 namespace py = pybind11;
@@ -33,5 +34,6 @@ PYBIND11_MODULE(_core, m) {
   attnmix::python::bind_stats(m);
   attnmix::python::bind_inference(m);
   attnmix::python::bind_assign(m);
+  attnmix::python::bind_estimator_table(m);
   attnmix::python::harden_classes(m);  // last: every class is bound
 }

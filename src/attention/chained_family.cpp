@@ -6,6 +6,7 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/family/spec.hpp"
+#include "sizes_impl.hpp"
 
 namespace attnmix {
 
@@ -92,10 +93,18 @@ OptionValues model_options(const AnyDistribution& model) {
   return {{"sigma2", model.get_if<ChainedAttention>()->sigma2()}};
 }
 
-AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t /*seed*/,
-                            const AnyDistribution* /*init*/) {
-  return AnyEstimator(ChainedAttentionEstimator(dims.at("L").value, dims.at("S").value, dims.at("T").value,
-                                                options().apply(values, "fit")));
+AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* /*init*/) {
+  Options o = options().apply(s.options, ChainedAttentionEstimator::kWhere);
+  o.name = s.name;
+  o.keys = s.keys;
+  return AnyEstimator(
+      ChainedAttentionEstimator(s.sizes.at("L").value, s.sizes.at("S").value, s.sizes.at("T").value, std::move(o)));
+}
+
+EstimatorSettings settings_of(const AnyEstimator& estimator) {
+  const auto& e = *estimator.get_if<ChainedAttentionEstimator>();
+  return {{{"L", {e.n_hops(), ""}}, {"S", {e.n_symbols(), ""}}, {"T", {e.n_targets(), ""}}},
+          options().values(e.options()), 0, e.options().name, e.options().keys};
 }
 
 std::string mechanism(const Dims& dims) {
@@ -116,16 +125,14 @@ const FamilySpec& chained_attention_family() {
                                .encode = &encode,
                                .rows_of = &rows_of,
                                .sample = &sample,
-                               .fit = {.sizes = {{.symbol = "L", .flag = "hops", .noun = "hops", .one = "hop",
-                                                  .help = "attention hops", .fallback = 2},
-                                                 {.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
-                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
-                                                  .help = "context positions"},
-                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                               .fit = {.sizes = {{.symbol = "L", .flag = "hops", .keyword = "n_hops", .noun = "hops",
+                                                  .one = "hop", .help = "attention hops", .fallback = 2},
+                                                 detail::kSymbols, detail::kOpenContext, detail::kTargets},
                                        .options = options().specs(),
                                        .model_sizes = &model_sizes,
                                        .model_options = &model_options,
                                        .make_estimator = &make_estimator,
+                                       .settings_of = &settings_of,
                                        .mechanism = &mechanism}};
   return spec;
 }

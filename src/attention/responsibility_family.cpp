@@ -7,6 +7,7 @@
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
+#include "sizes_impl.hpp"
 
 namespace attnmix {
 
@@ -103,15 +104,24 @@ OptionValues model_options(const AnyDistribution& model) {
   return {{"sigma2", model.get_if<ResponsibilityAttention>()->sigma2()}};
 }
 
-AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t /*seed*/,
-                            const AnyDistribution* /*init*/) {
-  return AnyEstimator(ResponsibilityAttentionEstimator(dims.at("S").value, dims.at("N").value, dims.at("D").value,
-                                                       dims.at("T").value, options().apply(values, "fit")));
+AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* /*init*/) {
+  Options o = options().apply(s.options, ResponsibilityAttentionEstimator::kWhere);
+  o.name = s.name;
+  o.keys = s.keys;
+  return AnyEstimator(ResponsibilityAttentionEstimator(s.sizes.at("S").value, s.sizes.at("N").value,
+                                                       s.sizes.at("D").value, s.sizes.at("T").value, std::move(o)));
+}
+
+EstimatorSettings settings_of(const AnyEstimator& estimator) {
+  const auto& e = *estimator.get_if<ResponsibilityAttentionEstimator>();
+  return {{{"S", {e.n_symbols(), ""}}, {"N", {e.context_length(), ""}}, {"D", {e.query_dim(), ""}},
+           {"T", {e.n_targets(), ""}}},
+          options().values(e.options()), 0, e.options().name, e.options().keys};
 }
 
 std::optional<AnyDistribution> initial(const AnyDistribution& init, const OptionValues& values) {
   const auto& m = *init.get_if<ResponsibilityAttention>();
-  const Precision precision = options().apply(values, "fit").precision;
+  const Precision precision = options().apply(values, ResponsibilityAttentionEstimator::kWhere).precision;
   if (precision == m.precision()) return std::nullopt;
   return AnyDistribution(ResponsibilityAttention(m.params(), precision));
 }
@@ -157,16 +167,13 @@ const FamilySpec& responsibility_attention_family() {
                                .encode = &encode,
                                .rows_of = &rows_of,
                                .sample = &sample,
-                               .fit = {.sizes = {{.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
-                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
-                                                  .help = "context positions"},
-                                                 {.symbol = "D", .flag = "query-dim", .noun = "query dims",
-                                                  .help = "query dimension"},
-                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                               .fit = {.sizes = {detail::kSymbols, detail::kContext, {.symbol = "D", .flag = "query-dim", .keyword = "query_dim",
+                                                  .noun = "query dims", .help = "query dimension"}, detail::kTargets},
                                        .options = options().specs(),
                                        .model_sizes = &model_sizes,
                                        .model_options = &model_options,
                                        .make_estimator = &make_estimator,
+                                       .settings_of = &settings_of,
                                        .initial = &initial,
                                        .text = {.dims = &text_dims, .rows = &text_rows}}};
   return spec;

@@ -7,6 +7,7 @@
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
+#include "sizes_impl.hpp"
 #include "variational_family_impl.hpp"
 
 namespace attnmix {
@@ -113,16 +114,25 @@ Dims model_sizes(const AnyDistribution& model) {
 OptionValues model_options(const AnyDistribution& model) { return {{"sigma2", model.get_if<Model>()->sigma2()}}; }
 
 // The seed of a fresh initialisation, or the saved model's noise seed: the fit continues its Adam trajectory.
-AnyEstimator make_estimator(const Dims& dims, const OptionValues& values, uint64_t seed, const AnyDistribution* init) {
-  Options o = options().apply(values, "fit");
-  o.seed = init ? init->get_if<Model>()->optimizer_state().seed : seed;
-  return AnyEstimator(VariationalEmbeddingAttentionEstimator(dims.at("S").value, dims.at("N").value,
-                                                             dims.at("D").value, dims.at("T").value, std::move(o)));
+AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* init) {
+  Options o = options().apply(s.options, VariationalEmbeddingAttentionEstimator::kWhere);
+  o.seed = init ? init->get_if<Model>()->optimizer_state().seed : s.seed;
+  o.name = s.name;
+  o.keys = s.keys;
+  return AnyEstimator(VariationalEmbeddingAttentionEstimator(s.sizes.at("S").value, s.sizes.at("N").value,
+                                                             s.sizes.at("D").value, s.sizes.at("T").value, std::move(o)));
+}
+
+EstimatorSettings settings_of(const AnyEstimator& estimator) {
+  const auto& e = *estimator.get_if<VariationalEmbeddingAttentionEstimator>();
+  return {{{"S", {e.n_symbols(), ""}}, {"N", {e.context_length(), ""}}, {"D", {e.embed_dim(), ""}},
+           {"T", {e.n_targets(), ""}}},
+          options().values(e.options()), e.options().seed, e.options().name, e.options().keys};
 }
 
 std::optional<AnyDistribution> initial(const AnyDistribution& init, const OptionValues& values) {
   const auto& m = *init.get_if<Model>();
-  const Precision precision = options().apply(values, "fit").precision;
+  const Precision precision = options().apply(values, VariationalEmbeddingAttentionEstimator::kWhere).precision;
   if (precision == m.precision()) return std::nullopt;
   return AnyDistribution(Model(m.params(), precision));
 }
@@ -140,17 +150,13 @@ const FamilySpec& variational_embedding_attention_family() {
                                .encode = &encode,
                                .rows_of = &rows_of,
                                .sample = &sample,
-                               .fit = {.sizes = {{.symbol = "S", .flag = "symbols", .noun = "symbols", .help = "number of symbols"},
-                                                 {.symbol = "N", .flag = "context-length", .noun = "context positions",
-                                                  .help = "context positions"},
-                                                 {.symbol = "D", .flag = "embed-dim", .noun = "embedding dims",
-                                                  .help = "embedding dimension", .fallback = 8},
-                                                 {.symbol = "T", .flag = "targets", .noun = "targets", .help = "number of targets"}},
+                               .fit = {.sizes = {detail::kSymbols, detail::kContext, detail::kEmbedding, detail::kTargets},
                                        .options = options().specs(),
                                        .stochastic = true,
                                        .model_sizes = &model_sizes,
                                        .model_options = &model_options,
                                        .make_estimator = &make_estimator,
+                                       .settings_of = &settings_of,
                                        .initial = &initial,
                                        .resume_note = &detail::adam_resume_note<Model>}};
   return spec;

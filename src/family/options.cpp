@@ -17,16 +17,20 @@ std::string option_text(const OptionValue& value) {
   return buf.data();
 }
 
+std::string choices_text(const OptionSpec& spec) {
+  std::string out;
+  for (size_t i = 0; i < spec.choices.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == spec.choices.size() ? " or " : ", ") + ("'" + std::string(spec.choices[i]) + "'");
+  return out;
+}
+
 void check_option(const OptionSpec& spec, const OptionValue& value, std::string_view where) {
   const std::string name = std::string(where) + ": " + std::string(spec.name);
   if (value.index() != spec.fallback.index())
     throw ValueError(name + " has the wrong type (" + option_text(value) + ")");
   if (const auto* s = std::get_if<std::string>(&value)) {
-    if (std::find(spec.choices.begin(), spec.choices.end(), *s) == spec.choices.end()) {
-      std::string names;
-      for (std::string_view c : spec.choices) names += (names.empty() ? "" : ", ") + std::string(c);
-      throw ValueError(name + " must be one of " + names + " (got " + *s + ")");
-    }
+    if (std::find(spec.choices.begin(), spec.choices.end(), *s) == spec.choices.end())
+      throw ValueError(name + " must be " + choices_text(spec) + " (got '" + *s + "')");
     return;
   }
   double x = 0.0;

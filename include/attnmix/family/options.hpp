@@ -42,6 +42,9 @@ struct OptionSpec {
 /// "1", "0.10000000000000001", "mixed", "true": a value as messages quote it (17 significant digits for reals).
 [[nodiscard]] std::string option_text(const OptionValue& value);
 
+/// "'float64' or 'mixed'": the choices of a named-choice option, for messages.
+[[nodiscard]] std::string choices_text(const OptionSpec& spec);
+
 /// Checks a value against its option (type, sign, choices). @throws ValueError naming `where` and the option.
 void check_option(const OptionSpec& spec, const OptionValue& value, std::string_view where);
 
@@ -56,6 +59,7 @@ class OptionTable {
     static_assert(std::is_same_v<T, bool> || std::is_same_v<T, int64_t> || std::is_same_v<T, double>);
     specs_.push_back({name, help, OptionValue(Options{}.*member), check, {}, from_model});
     setters_.push_back([member](Options& o, const OptionValue& v) { o.*member = std::get<T>(v); });
+    getters_.push_back([member](const Options& o) { return OptionValue(o.*member); });
     return std::move(*this);
   }
   /// A member of an enumeration with named values (`name_of` and `parse` convert).
@@ -68,10 +72,18 @@ class OptionTable {
     setters_.push_back([member, parse, name](Options& o, const OptionValue& v) {
       o.*member = parse(std::get<std::string>(v), name);
     });
+    getters_.push_back([member, name_of](const Options& o) { return OptionValue(std::string(name_of(o.*member))); });
     return std::move(*this);
   }
 
   [[nodiscard]] const std::vector<OptionSpec>& specs() const noexcept { return specs_; }
+
+  /// Every option's value in `options`.
+  [[nodiscard]] OptionValues values(const Options& options) const {
+    OptionValues out;
+    for (size_t k = 0; k < specs_.size(); ++k) out[std::string(specs_[k].name)] = getters_[k](options);
+    return out;
+  }
 
   /// The options struct with `values` set (each checked) over its defaults.
   /// @throws ValueError for an unknown option or a bad value, naming `where`.
@@ -90,6 +102,7 @@ class OptionTable {
  private:
   std::vector<OptionSpec> specs_;
   std::vector<std::function<void(Options&, const OptionValue&)>> setters_;
+  std::vector<std::function<OptionValue(const Options&)>> getters_;
 };
 
 }  // namespace attnmix

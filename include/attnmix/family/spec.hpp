@@ -58,10 +58,22 @@ struct DataOf {
 struct SizeSpec {
   std::string_view symbol = {};          ///< "S"
   std::string_view flag = {};            ///< "symbols": the flag --symbols
+  std::string_view keyword = {};         ///< "num_symbols": the Python keyword
   std::string_view noun = {};            ///< "symbols"
   std::string_view one = {};             ///< the noun for a size of 1, where it differs ("hop")
   std::string_view help = {};            ///< "number of symbols"
   std::optional<int64_t> fallback = {};  ///< a size the data do not give: its default (2 hops)
+  bool fixed_by_model = true;            ///< a model (and its estimator) fixes it; else each data set sets it (N of chained rows)
+};
+
+/// Everything an estimator is built from, and what it reports: its sizes (those fixed by the model), options, the
+/// seed of a fresh initialisation (families with a Monte-Carlo objective), name and keys.
+struct EstimatorSettings {
+  Dims sizes = {};
+  OptionValues options = {};  ///< to make one: the given options (the others keep their defaults)
+  uint64_t seed = 0;
+  std::string name = {};
+  std::optional<std::string> keys = {};
 };
 
 /// A family that can be fitted to a plain-text corpus: the corpus's tokens become its rows.
@@ -82,10 +94,11 @@ struct FitSpec {
   Dims (*model_sizes)(const AnyDistribution& model) = nullptr;
   /// The values a saved model holds of the options marked from_model.
   OptionValues (*model_options)(const AnyDistribution& model) = nullptr;
-  /// The estimator of the sizes and options (given ones over the defaults); `seed` seeds a fresh initialisation and
-  /// `init` is the model the fit starts from, if any. @throws ValueError for sizes or options the estimator refuses.
-  AnyEstimator (*make_estimator)(const Dims& dims, const OptionValues& options, uint64_t seed,
-                                 const AnyDistribution* init) = nullptr;
+  /// The estimator of these settings; `init` is the model a fit starts from, if any (a variational fit continues its
+  /// noise seed). @throws ValueError for sizes or options the estimator refuses.
+  AnyEstimator (*make_estimator)(const EstimatorSettings& settings, const AnyDistribution* init) = nullptr;
+  /// The settings of one of the family's estimators, every option included.
+  EstimatorSettings (*settings_of)(const AnyEstimator& estimator) = nullptr;
   /// The model a fit from `init` starts with when the options change how it computes (its precision); else none.
   std::optional<AnyDistribution> (*initial)(const AnyDistribution& init, const OptionValues& options) = nullptr;
   /// "chained attention (L = 2 hops)": how a fit of these sizes names the model; null: the family's title.

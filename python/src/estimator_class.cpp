@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+// The estimator classes generated from the family descriptors (estimator_class.hpp).
+#include "estimator_class.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attnmix/core/errors.hpp"
+#include "convert.hpp"
+
+namespace attnmix::python {
+
+namespace {
+
+std::vector<const SizeSpec*> estimator_sizes(const FamilySpec& family) {
+  std::vector<const SizeSpec*> out;
+  for (const SizeSpec& size : family.fit.sizes)
+    if (size.fixed_by_model) out.push_back(&size);
+  return out;
+}
+
+/// A keyword's value as its option's type, checked. @throws TypeError / ValueError.
+OptionValue option_from_python(const OptionSpec& spec, py::handle obj, const std::string& where) {
+  const std::string name(spec.name);
+  OptionValue value;
+  if (std::holds_alternative<bool>(spec.fallback)) {
+    value = flag(obj, where, name);
+  } else if (std::holds_alternative<int64_t>(spec.fallback)) {
+    value = spec.check == OptionCheck::kPositive ? positive_int(obj, where, name) : nonnegative_int(obj, where, name);
+  } else if (std::holds_alternative<double>(spec.fallback)) {
+    value = spec.check == OptionCheck::kPositive      ? positive_real(obj, where, name)
+            : spec.check == OptionCheck::kNonNegative ? nonnegative_real(obj, where, name)
+                                                      : real_number(obj, where, name);
+  } else {
+    if (!PyUnicode_Check(obj.ptr()))
+      throw TypeError(where + ": " + name + " must be " + choices_text(spec) + " (got " + type_name(obj) + ")");
+    value = obj.cast<std::string>();
+  }
+  check_option(spec, value, where);
+  return value;
+}
+
+}  // namespace
+
+EstimatorSettings estimator_settings(const FamilySpec& family, const std::string& where, const py::args& args,
+                                     const py::kwargs& kwargs, py::object& pseudo_count) {
+  const std::vector<const SizeSpec*> sizes = estimator_sizes(family);
+  if (args.size() > sizes.size())
+    throw TypeError(where + "() takes " + std::to_string(sizes.size()) + " positional arguments (its sizes) but " +
+                    std::to_string(args.size()) + " were given; the options are keyword-only");
+  std::map<std::string, py::object> given;
+  for (size_t i = 0; i < args.size(); ++i) given[std::string(sizes[i]->keyword)] = args[i];
+  for (const auto& [key, value] : kwargs) {
+    const std::string k = key.cast<std::string>();
+    if (!given.emplace(k, py::reinterpret_borrow<py::object>(value)).second)
+      throw TypeError(where + "() got multiple values for argument '" + k + "'");
+  }
+  const auto take = [&](const std::string& key) -> py::object {
+    const auto it = given.find(key);
+    if (it == given.end()) return py::none();
+    py::object out = it->second;
+    given.erase(it);
+    return out;
+  };
+  EstimatorSettings settings;
+  for (const SizeSpec* size : sizes) {
+    const std::string keyword(size->keyword);
+    if (!given.count(keyword)) throw TypeError(where + "() missing required argument '" + keyword + "'");
+    settings.sizes[std::string(size->symbol)] = Dim{positive_int(take(keyword), where, keyword), ""};
+  }
+  for (const OptionSpec& spec : family.fit.options)
+    if (given.count(std::string(spec.name)))
+      settings.options[std::string(spec.name)] = option_from_python(spec, take(std::string(spec.name)), where);
+  if (family.fit.stochastic && given.count("seed"))
+    settings.seed = static_cast<uint64_t>(nonnegative_int(take("seed"), where, "seed"));
+  settings.name = name_arg(take("name"), where);
+  settings.keys = optional_str(take("keys"), where, "keys");
+  pseudo_count = pseudo_count_arg(take("pseudo_count"), where);
+  if (!given.empty()) throw TypeError(where + "() got an unexpected keyword argument '" + given.begin()->first + "'");
+  return settings;
+}
+
+std::string estimator_signature(const FamilySpec& family) {
+  std::string out = "(";
+  for (const SizeSpec* size : estimator_sizes(family)) out += std::string(size->keyword) + ", ";
+  out += "*";
+  for (const OptionSpec& spec : family.fit.options)
+    out += ", " + std::string(spec.name) + "=" + py::repr(option_to_python(spec.fallback)).cast<std::string>();
+  if (family.fit.stochastic) out += ", seed=0";
+  return out + ", pseudo_count=None, name=None, keys=None)";
+}
+
+namespace {
+
+std::vector<std::pair<std::string, const FamilySpec*>>& estimator_classes() {
+  static std::vector<std::pair<std::string, const FamilySpec*>> classes;
+  return classes;
+}
+
+}  // namespace
+
+void record_estimator_class(const char* class_name, const FamilySpec& family) {
+  estimator_classes().emplace_back(class_name, &family);
+}
+
+void bind_estimator_table(py::module_& m) {
+  m.def(
+      "_estimator_classes",
+      [] {
+        py::list out;
+        for (const auto& [name, family] : estimator_classes()) {
+          py::list sizes, options;
+          for (const SizeSpec* size : estimator_sizes(*family))
+            sizes.append(py::dict(py::arg("keyword") = std::string(size->keyword),
+                                  py::arg("symbol") = std::string(size->symbol), py::arg("help") = std::string(size->help)));
+          for (const OptionSpec& spec : family->fit.options) {
+            py::list choices;
+            for (std::string_view c : spec.choices) choices.append(std::string(c));
+            options.append(py::dict(py::arg("name") = std::string(spec.name), py::arg("help") = std::string(spec.help),
+                                    py::arg("default") = option_to_python(spec.fallback), py::arg("choices") = choices,
+                                    py::arg("from_model") = spec.from_model));
+          }
+          out.append(py::dict(py::arg("class") = name, py::arg("family") = std::string(family->name),
+                              py::arg("sizes") = sizes, py::arg("options") = options,
+                              py::arg("seeded") = family->fit.stochastic));
+        }
+        return out;
+      },
+      "Private: the generated estimator classes, with their sizes and option tables (scripts/generate_stubs.py).");
+}
+
+py::object option_to_python(const OptionValue& value) {
+  if (const auto* b = std::get_if<bool>(&value)) return py::bool_(*b);
+  if (const auto* i = std::get_if<int64_t>(&value)) return py::int_(*i);
+  if (const auto* d = std::get_if<double>(&value)) return py::float_(*d);
+  return py::str(std::get<std::string>(value));
+}
+
+}  // namespace attnmix::python

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file estimator_class.hpp
+/// A family's Python estimator class, generated from its descriptor (family/spec.hpp), so that the family's option
+/// table is the one source of its keywords, defaults, checks and attributes (the CLI's flags come from the same
+/// table):
+///   Class(<the sizes its models fix, positional or by keyword>, *, <options>=<defaults>, [seed=0],
+///         pseudo_count=None, name=None, keys=None)
+/// with one read-only attribute per size, option, seed (families with a Monte-Carlo objective), name and keys.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "attnmix/family/spec.hpp"
+#include "roles.hpp"
+
+namespace attnmix::python {
+
+/// The settings of an estimator constructor call (sizes, options, seed, name, keys) and its pseudo_count.
+/// @throws TypeError (a missing, repeated or unknown argument, a value of the wrong type) or ValueError (a value the
+///         option's check refuses), naming `where` and the argument.
+[[nodiscard]] EstimatorSettings estimator_settings(const FamilySpec& family, const std::string& where,
+                                                   const py::args& args, const py::kwargs& kwargs,
+                                                   py::object& pseudo_count);
+
+/// The constructor's signature, for its docstring: "(num_symbols, …, *, sigma2=1.0, …, keys=None)".
+[[nodiscard]] std::string estimator_signature(const FamilySpec& family);
+
+/// A value of an option as Python sees it.
+[[nodiscard]] py::object option_to_python(const OptionValue& value);
+
+/// Records that `class_name` is the generated estimator class of `family` (for _estimator_classes()).
+void record_estimator_class(const char* class_name, const FamilySpec& family);
+
+/// `_core._estimator_classes()`: each generated estimator class with its family's sizes and option table, from
+/// which scripts/generate_stubs.py writes their stubs in _core.pyi.
+void bind_estimator_table(py::module_& m);
+
+/// Binds `class_name`, the Python class of the estimators of `family` (C++ type E).
+template <class E>
+void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* class_name, const char* doc) {
+  using Est = EstimatorOf<E>;
+  record_estimator_class(class_name, family);
+  py::class_<Est, EstimatorHandle> cls(m, class_name, doc);
+  const std::string where = class_name;
+  cls.def(py::init([&family, where](const py::args& args, const py::kwargs& kwargs) {
+            py::object pseudo;
+            const EstimatorSettings settings = estimator_settings(family, where, args, kwargs, pseudo);
+            return Est(family.fit.make_estimator(settings, nullptr), std::move(pseudo));
+          }),
+          (std::string(class_name) + estimator_signature(family)).c_str());
+  for (const SizeSpec& size : family.fit.sizes) {
+    if (!size.fixed_by_model) continue;
+    const std::string symbol(size.symbol);
+    cls.def_property_readonly(std::string(size.keyword).c_str(), [&family, symbol](const Est& e) {
+      return family.fit.settings_of(e.any).sizes.at(symbol).value;
+    });
+  }
+  for (const OptionSpec& option : family.fit.options) {
+    const std::string name(option.name);
+    cls.def_property_readonly(name.c_str(), [&family, name](const Est& e) {
+      return option_to_python(family.fit.settings_of(e.any).options.at(name));
+    });
+  }
+  if (family.fit.stochastic)
+    cls.def_property_readonly("seed", [&family](const Est& e) { return family.fit.settings_of(e.any).seed; });
+  cls.def_property_readonly("name", [&family](const Est& e) { return name_to_python(family.fit.settings_of(e.any).name); })
+      .def_property_readonly("keys", [&family](const Est& e) -> py::object {
+        const auto keys = family.fit.settings_of(e.any).keys;
+        return keys ? py::object(py::str(*keys)) : py::none();
+      });
+}
+
+}  // namespace attnmix::python

@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The stubs of the generated estimator classes in _core.pyi are what scripts/generate_stubs.py writes from the
+family descriptors (CI fails when they are stale), and each generated class accepts exactly the keywords its stub
+lists, with the defaults the stub shows."""
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+import attnmix
+from attnmix import _core
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def test_generated_stubs_are_current():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "generate_stubs.py"), "--check"],
+                            capture_output=True, text=True, env=dict(os.environ))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("entry", _core._estimator_classes(), ids=lambda e: e["class"])
+def test_every_option_is_a_keyword_with_its_default(entry):
+    cls = getattr(attnmix, entry["class"])
+    sizes = [2] * len(entry["sizes"])
+    estimator = cls(*sizes)
+    for size in entry["sizes"]:
+        assert getattr(estimator, size["keyword"]) == 2
+    for option in entry["options"]:
+        assert getattr(estimator, option["name"]) == option["default"]
+        assert type(getattr(estimator, option["name"])) is type(option["default"])
+    # The same class from keywords only, every option set to its default explicitly.
+    keywords = {s["keyword"]: 3 for s in entry["sizes"]}
+    keywords.update({o["name"]: o["default"] for o in entry["options"]})
+    again = cls(**keywords)
+    assert all(getattr(again, s["keyword"]) == 3 for s in entry["sizes"])
+    assert entry["class"] + "(" in cls.__init__.__doc__
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        cls(*sizes, bogus=1)
+    with pytest.raises(TypeError, match="missing required argument"):
+        cls(*sizes[:-1])
+    with pytest.raises(TypeError, match="keyword-only"):
+        cls(*sizes, 1.0)
+    assert inspect.isclass(cls) and issubclass(cls, attnmix.Estimator)
