@@ -128,9 +128,9 @@ class ResponsibilityAttentionEstimator(Estimator):
         num_targets: int,
         *,
         sigma2: float = 1.0,
+        emission_smoothing: float = 1e-06,
         estimate_sigma2: bool = False,
         min_sigma2: float = 1e-06,
-        emission_smoothing: float = 1e-06,
         precision: Literal["float64", "mixed"] = 'float64',
         pseudo_count: float | None = None,
         name: str | None = None,
@@ -141,9 +141,9 @@ class ResponsibilityAttentionEstimator(Estimator):
     query_dim: int
     num_targets: int
     sigma2: float
+    emission_smoothing: float
     estimate_sigma2: bool
     min_sigma2: float
-    emission_smoothing: float
     precision: Literal["float64", "mixed"]
     name: str | None
     keys: str | None

@@ -6,7 +6,7 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/family/spec.hpp"
-#include "sizes_impl.hpp"
+#include "family_impl.hpp"
 
 namespace attnmix {
 
@@ -21,8 +21,6 @@ json params_to_json(const AnyDistribution& model) {
   for (const Matrix& K : p.key_tables) tables.push_back(matrix_to_json(K));
   return json{{"keys", std::move(tables)}, {"emission", matrix_to_json(p.emission)}, {"sigma2", p.sigma2}};
 }
-
-std::string name_of(const AnyDistribution& model) { return model.get_if<ChainedAttention>()->params().name; }
 
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* /*state*/) {
   constexpr std::array<std::string_view, 3> kRequired{"keys", "emission", "sigma2"};
@@ -75,36 +73,25 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
 using Options = ChainedAttentionEstimatorOptions;
 
 const OptionTable<Options>& options() {
-  static const auto table =
-      OptionTable<Options>()
-          .add("sigma2", &Options::sigma2, "gate variance sigma^2", OptionCheck::kPositive, /*from_model=*/true)
-          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
-               OptionCheck::kNonNegative);
+  static const auto table = detail::with_gate(OptionTable<Options>());
   return table;
 }
 
 // A chained model fixes L, S and T, not the context length N.
 Dims model_sizes(const AnyDistribution& model) {
   const auto& m = *model.get_if<ChainedAttention>();
-  return {{"L", {m.n_hops(), ""}}, {"S", {m.n_symbols(), ""}}, {"T", {m.n_targets(), ""}}};
-}
-
-OptionValues model_options(const AnyDistribution& model) {
-  return {{"sigma2", model.get_if<ChainedAttention>()->sigma2()}};
+  return detail::sizes({{"L", m.n_hops()}, {"S", m.n_symbols()}, {"T", m.n_targets()}});
 }
 
 AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* /*init*/) {
-  Options o = options().apply(s.options, ChainedAttentionEstimator::kWhere);
-  o.name = s.name;
-  o.keys = s.keys;
-  return AnyEstimator(
-      ChainedAttentionEstimator(s.sizes.at("L").value, s.sizes.at("S").value, s.sizes.at("T").value, std::move(o)));
+  return AnyEstimator(ChainedAttentionEstimator(s.sizes.at("L").value, s.sizes.at("S").value, s.sizes.at("T").value,
+                                                detail::estimator_options(options(), s, ChainedAttentionEstimator::kWhere)));
 }
 
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<ChainedAttentionEstimator>();
-  return {{{"L", {e.n_hops(), ""}}, {"S", {e.n_symbols(), ""}}, {"T", {e.n_targets(), ""}}},
-          options().values(e.options()), 0, e.options().name, e.options().keys};
+  return detail::estimator_settings(detail::sizes({{"L", e.n_hops()}, {"S", e.n_symbols()}, {"T", e.n_targets()}}),
+                                    options(), e.options());
 }
 
 std::string mechanism(const Dims& dims) {
@@ -119,7 +106,7 @@ const FamilySpec& chained_attention_family() {
                                .aliases = {"ca"},
                                .title = "chained attention",
                                .file_family = ChainedAttention::kFamily,
-                               .codec = {&params_to_json, &name_of, &from_json},
+                               .codec = {&params_to_json, &params_name<ChainedAttention>, &from_json},
                                .schema = &kRows,
                                .data_of = &data_files_of,
                                .encode = &encode,
@@ -130,7 +117,7 @@ const FamilySpec& chained_attention_family() {
                                                  detail::kSymbols, detail::kOpenContext, detail::kTargets},
                                        .options = options().specs(),
                                        .model_sizes = &model_sizes,
-                                       .model_options = &model_options,
+                                       .model_options = &detail::stored_sigma2<ChainedAttention>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
                                        .mechanism = &mechanism}};

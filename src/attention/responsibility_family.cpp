@@ -5,9 +5,8 @@
 #include <utility>
 
 #include "attnmix/attention/responsibility.hpp"
-#include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
-#include "sizes_impl.hpp"
+#include "family_impl.hpp"
 
 namespace attnmix {
 
@@ -23,8 +22,6 @@ json params_to_json(const AnyDistribution& model) {
               {"position_prior", vector_to_json(p.position_prior)},
               {"sigma2", p.sigma2}};
 }
-
-std::string name_of(const AnyDistribution& model) { return model.get_if<ResponsibilityAttention>()->params().name; }
 
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* /*state*/) {
   constexpr std::array<std::string_view, 4> kRequired{"key_means", "emission", "position_prior", "sigma2"};
@@ -78,45 +75,29 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
 using Options = ResponsibilityAttentionEstimatorOptions;
 
 const OptionTable<Options>& options() {
-  static const auto table =
-      OptionTable<Options>()
-          .add("sigma2", &Options::sigma2, "gate variance sigma^2, fixed unless {estimate_sigma2}",
-               OptionCheck::kPositive, /*from_model=*/true)
+  static const auto table = detail::with_precision(
+      detail::with_gate(OptionTable<Options>(), "gate variance sigma^2, fixed unless {estimate_sigma2}")
           .add("estimate_sigma2", &Options::estimate_sigma2, "learn sigma^2 in the M-step")
-          .add("min_sigma2", &Options::min_sigma2, "floor for a learned sigma^2", OptionCheck::kPositive)
-          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
-               OptionCheck::kNonNegative)
-          .add_choice("precision", &Options::precision,
-                      "arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials in "
-                      "float, every sum and the M-step in double; the log-likelihood agrees with float64 to about 8 "
-                      "digits; docs/mixed_precision.md)",
-                      {"float64", "mixed"}, &precision_name, &parse_precision);
+          .add("min_sigma2", &Options::min_sigma2, "floor for a learned sigma^2", OptionCheck::kPositive));
   return table;
 }
 
 Dims model_sizes(const AnyDistribution& model) {
   const auto& m = *model.get_if<ResponsibilityAttention>();
-  return {{"S", {m.n_symbols(), ""}}, {"N", {m.context_length(), ""}}, {"D", {m.query_dim(), ""}},
-          {"T", {m.n_targets(), ""}}};
-}
-
-OptionValues model_options(const AnyDistribution& model) {
-  return {{"sigma2", model.get_if<ResponsibilityAttention>()->sigma2()}};
+  return detail::sizes({{"S", m.n_symbols()}, {"N", m.context_length()}, {"D", m.query_dim()}, {"T", m.n_targets()}});
 }
 
 AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* /*init*/) {
-  Options o = options().apply(s.options, ResponsibilityAttentionEstimator::kWhere);
-  o.name = s.name;
-  o.keys = s.keys;
-  return AnyEstimator(ResponsibilityAttentionEstimator(s.sizes.at("S").value, s.sizes.at("N").value,
-                                                       s.sizes.at("D").value, s.sizes.at("T").value, std::move(o)));
+  return AnyEstimator(ResponsibilityAttentionEstimator(
+      s.sizes.at("S").value, s.sizes.at("N").value, s.sizes.at("D").value, s.sizes.at("T").value,
+      detail::estimator_options(options(), s, ResponsibilityAttentionEstimator::kWhere)));
 }
 
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<ResponsibilityAttentionEstimator>();
-  return {{{"S", {e.n_symbols(), ""}}, {"N", {e.context_length(), ""}}, {"D", {e.query_dim(), ""}},
-           {"T", {e.n_targets(), ""}}},
-          options().values(e.options()), 0, e.options().name, e.options().keys};
+  return detail::estimator_settings(
+      detail::sizes({{"S", e.n_symbols()}, {"N", e.context_length()}, {"D", e.query_dim()}, {"T", e.n_targets()}}),
+      options(), e.options());
 }
 
 std::optional<AnyDistribution> initial(const AnyDistribution& init, const OptionValues& values) {
@@ -161,7 +142,7 @@ const FamilySpec& responsibility_attention_family() {
                                .aliases = {"ra"},
                                .title = "responsibility attention",
                                .file_family = ResponsibilityAttention::kFamily,
-                               .codec = {&params_to_json, &name_of, &from_json},
+                               .codec = {&params_to_json, &params_name<ResponsibilityAttention>, &from_json},
                                .schema = &kRows,
                                .data_of = &data_files_of,
                                .encode = &encode,
@@ -171,7 +152,7 @@ const FamilySpec& responsibility_attention_family() {
                                                   .noun = "query dims", .help = "query dimension"}, detail::kTargets},
                                        .options = options().specs(),
                                        .model_sizes = &model_sizes,
-                                       .model_options = &model_options,
+                                       .model_options = &detail::stored_sigma2<ResponsibilityAttention>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
                                        .initial = &initial,

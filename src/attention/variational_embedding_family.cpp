@@ -5,9 +5,8 @@
 #include <utility>
 
 #include "attnmix/attention/variational_embedding.hpp"
-#include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
-#include "sizes_impl.hpp"
+#include "family_impl.hpp"
 #include "variational_family_impl.hpp"
 
 namespace attnmix {
@@ -25,12 +24,6 @@ json params_to_json(const AnyDistribution& model) {
               {"emission", matrix_to_json(p.emission)},
               {"position_prior", vector_to_json(p.position_prior)},
               {"sigma2", p.sigma2}};
-}
-
-std::string name_of(const AnyDistribution& model) { return model.get_if<Model>()->params().name; }
-
-json state_to_json(const AnyDistribution& model) {
-  return optimizer_state_to_json(model.get_if<Model>()->optimizer_state());
 }
 
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* state) {
@@ -88,46 +81,28 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
 using Options = VariationalEmbeddingAttentionEstimatorOptions;
 
 const OptionTable<Options>& options() {
-  static const auto table =
-      OptionTable<Options>()
-          .add("sigma2", &Options::sigma2, "gate variance sigma^2", OptionCheck::kPositive, /*from_model=*/true)
-          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
-               OptionCheck::kNonNegative)
-          .add("lr", &Options::lr, "Adam step size of the embedding update", OptionCheck::kPositive)
-          .add("mc", &Options::mc, "Monte-Carlo samples of the embeddings per E-step", OptionCheck::kPositive)
-          .add("prior_strength", &Options::prior_strength, "weight of the KL term to the N(0, I) embedding prior",
-               OptionCheck::kNonNegative)
-          .add_choice("precision", &Options::precision,
-                      "arithmetic of the E-step: float64, or mixed (distances, gate logits and their exponentials in "
-                      "float, every sum and the M-step in double; the log-likelihood agrees with float64 to about 8 "
-                      "digits; docs/mixed_precision.md)",
-                      {"float64", "mixed"}, &precision_name, &parse_precision);
+  static const auto table = detail::with_precision(detail::with_adam(detail::with_gate(OptionTable<Options>())));
   return table;
 }
 
 Dims model_sizes(const AnyDistribution& model) {
   const auto& m = *model.get_if<Model>();
-  return {{"S", {m.n_symbols(), ""}}, {"N", {m.context_length(), ""}}, {"D", {m.embed_dim(), ""}},
-          {"T", {m.n_targets(), ""}}};
+  return detail::sizes({{"S", m.n_symbols()}, {"N", m.context_length()}, {"D", m.embed_dim()}, {"T", m.n_targets()}});
 }
-
-OptionValues model_options(const AnyDistribution& model) { return {{"sigma2", model.get_if<Model>()->sigma2()}}; }
 
 // The seed of a fresh initialisation, or the saved model's noise seed: the fit continues its Adam trajectory.
 AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* init) {
-  Options o = options().apply(s.options, VariationalEmbeddingAttentionEstimator::kWhere);
+  Options o = detail::estimator_options(options(), s, VariationalEmbeddingAttentionEstimator::kWhere);
   o.seed = init ? init->get_if<Model>()->optimizer_state().seed : s.seed;
-  o.name = s.name;
-  o.keys = s.keys;
   return AnyEstimator(VariationalEmbeddingAttentionEstimator(s.sizes.at("S").value, s.sizes.at("N").value,
                                                              s.sizes.at("D").value, s.sizes.at("T").value, std::move(o)));
 }
 
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<VariationalEmbeddingAttentionEstimator>();
-  return {{{"S", {e.n_symbols(), ""}}, {"N", {e.context_length(), ""}}, {"D", {e.embed_dim(), ""}},
-           {"T", {e.n_targets(), ""}}},
-          options().values(e.options()), e.options().seed, e.options().name, e.options().keys};
+  return detail::estimator_settings(
+      detail::sizes({{"S", e.n_symbols()}, {"N", e.context_length()}, {"D", e.embed_dim()}, {"T", e.n_targets()}}),
+      options(), e.options(), e.options().seed);
 }
 
 std::optional<AnyDistribution> initial(const AnyDistribution& init, const OptionValues& values) {
@@ -144,7 +119,7 @@ const FamilySpec& variational_embedding_attention_family() {
                                .aliases = {"vea"},
                                .title = "variational embedding attention",
                                .file_family = Model::kFamily,
-                               .codec = {&params_to_json, &name_of, &from_json, &state_to_json},
+                               .codec = {&params_to_json, &params_name<Model>, &from_json, &detail::state_to_json<Model>},
                                .schema = &kRows,
                                .data_of = &data_files_of,
                                .encode = &encode,
@@ -154,7 +129,7 @@ const FamilySpec& variational_embedding_attention_family() {
                                        .options = options().specs(),
                                        .stochastic = true,
                                        .model_sizes = &model_sizes,
-                                       .model_options = &model_options,
+                                       .model_options = &detail::stored_sigma2<Model>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
                                        .initial = &initial,

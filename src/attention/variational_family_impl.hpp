@@ -15,6 +15,8 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/json.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace attnmix::detail {
 
 /// The optimizer state of a model object, when it has one.
@@ -43,6 +45,12 @@ AnyDistribution construct_variational(const ModelJsonField& params, const ModelJ
     // Every other error: construct() names the params member (rethrowing the error being handled).
     return params.construct(family_where, [&]() -> AnyDistribution { throw; });
   }
+}
+
+/// ModelCodec::state_to_json: the model's Adam state.
+template <class Model>
+nlohmann::json state_to_json(const AnyDistribution& model) {
+  return optimizer_state_to_json(model.get_if<Model>()->optimizer_state());
 }
 
 /// A fit from a saved model continues its Adam trajectory: " (its Adam trajectory goes on after step 3)".

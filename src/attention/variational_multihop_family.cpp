@@ -7,7 +7,7 @@
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/family/spec.hpp"
-#include "sizes_impl.hpp"
+#include "family_impl.hpp"
 #include "variational_family_impl.hpp"
 
 namespace attnmix {
@@ -24,12 +24,6 @@ json params_to_json(const AnyDistribution& model) {
               {"log_var", matrix_to_json(p.log_var)},
               {"emission", matrix_to_json(p.emission)},
               {"sigma2", p.sigma2}};
-}
-
-std::string name_of(const AnyDistribution& model) { return model.get_if<Model>()->params().name; }
-
-json state_to_json(const AnyDistribution& model) {
-  return optimizer_state_to_json(model.get_if<Model>()->optimizer_state());
 }
 
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* state) {
@@ -62,42 +56,31 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
 using Options = VariationalMultiHopAttentionEstimatorOptions;
 
 const OptionTable<Options>& options() {
-  static const auto table =
-      OptionTable<Options>()
-          .add("sigma2", &Options::sigma2, "gate variance sigma^2", OptionCheck::kPositive, /*from_model=*/true)
-          .add("emission_smoothing", &Options::emission_smoothing, "pseudo-count added to every emission count",
-               OptionCheck::kNonNegative)
-          .add("lr", &Options::lr, "Adam step size of the embedding update", OptionCheck::kPositive)
-          .add("mc", &Options::mc, "Monte-Carlo samples of the embeddings per E-step", OptionCheck::kPositive)
-          .add("prior_strength", &Options::prior_strength, "weight of the KL term to the N(0, I) embedding prior",
-               OptionCheck::kNonNegative)
-          .add("anneal_iters", &Options::anneal_iters,
-               "Adam steps over which the KL weight rises linearly to {prior_strength}", OptionCheck::kPositive);
+  static const auto table = detail::with_adam(detail::with_gate(OptionTable<Options>()))
+                                .add("anneal_iters", &Options::anneal_iters,
+                                     "Adam steps over which the KL weight rises linearly to {prior_strength}",
+                                     OptionCheck::kPositive);
   return table;
 }
 
 // A multi-hop model fixes S, D and T, not the context length N (as chained attention).
 Dims model_sizes(const AnyDistribution& model) {
   const auto& m = *model.get_if<Model>();
-  return {{"S", {m.n_symbols(), ""}}, {"D", {m.embed_dim(), ""}}, {"T", {m.n_targets(), ""}}};
+  return detail::sizes({{"S", m.n_symbols()}, {"D", m.embed_dim()}, {"T", m.n_targets()}});
 }
-
-OptionValues model_options(const AnyDistribution& model) { return {{"sigma2", model.get_if<Model>()->sigma2()}}; }
 
 // The seed of a fresh initialisation, or the saved model's noise seed: the fit continues its Adam trajectory.
 AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* init) {
-  Options o = options().apply(s.options, VariationalMultiHopAttentionEstimator::kWhere);
+  Options o = detail::estimator_options(options(), s, VariationalMultiHopAttentionEstimator::kWhere);
   o.seed = init ? init->get_if<Model>()->optimizer_state().seed : s.seed;
-  o.name = s.name;
-  o.keys = s.keys;
   return AnyEstimator(VariationalMultiHopAttentionEstimator(s.sizes.at("S").value, s.sizes.at("D").value,
                                                             s.sizes.at("T").value, std::move(o)));
 }
 
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<VariationalMultiHopAttentionEstimator>();
-  return {{{"S", {e.n_symbols(), ""}}, {"D", {e.embed_dim(), ""}}, {"T", {e.n_targets(), ""}}},
-          options().values(e.options()), e.options().seed, e.options().name, e.options().keys};
+  return detail::estimator_settings(detail::sizes({{"S", e.n_symbols()}, {"D", e.embed_dim()}, {"T", e.n_targets()}}),
+                                    options(), e.options(), e.options().seed);
 }
 
 std::string mechanism(const Dims& /*dims*/) { return "variational multi-hop attention (2 hops)"; }
@@ -110,7 +93,7 @@ const FamilySpec& variational_multihop_attention_family() {
                                .aliases = {"vmha"},
                                .title = "variational multi-hop attention",
                                .file_family = Model::kFamily,
-                               .codec = {&params_to_json, &name_of, &from_json, &state_to_json},
+                               .codec = {&params_to_json, &params_name<Model>, &from_json, &detail::state_to_json<Model>},
                                .schema = chained.schema,
                                .data_of = &data_files_of,
                                .encode = chained.encode,
@@ -120,7 +103,7 @@ const FamilySpec& variational_multihop_attention_family() {
                                        .options = options().specs(),
                                        .stochastic = true,
                                        .model_sizes = &model_sizes,
-                                       .model_options = &model_options,
+                                       .model_options = &detail::stored_sigma2<Model>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
                                        .mechanism = &mechanism,

@@ -18,8 +18,6 @@ json params_to_json(const AnyDistribution& model) {
   return json{{"p", vector_to_json(model.get_if<Categorical>()->params().p)}};
 }
 
-std::string name_of(const AnyDistribution& model) { return model.get_if<Categorical>()->params().name; }
-
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* /*state*/) {
   constexpr std::array<std::string_view, 1> kRequired{"p"};
   params.expect_object(kRequired, {});
@@ -33,7 +31,7 @@ const FamilySpec& categorical_family() {
   static const FamilySpec spec{.name = "categorical",
                                .title = "categorical distribution",
                                .file_family = Categorical::kFamily,
-                               .codec = {&params_to_json, &name_of, &from_json}};
+                               .codec = {&params_to_json, &params_name<Categorical>, &from_json}};
   return spec;
 }
 

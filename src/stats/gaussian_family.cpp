@@ -19,8 +19,6 @@ json params_to_json(const AnyDistribution& model) {
   return json{{"mu", vector_to_json(p.mu)}, {"sigma2", vector_to_json(p.sigma2)}};
 }
 
-std::string name_of(const AnyDistribution& model) { return model.get_if<DiagonalGaussian>()->params().name; }
-
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* /*state*/) {
   constexpr std::array<std::string_view, 2> kRequired{"mu", "sigma2"};
   params.expect_object(kRequired, {});
@@ -35,7 +33,7 @@ const FamilySpec& diagonal_gaussian_family() {
   static const FamilySpec spec{.name = "gaussian",
                                .title = "diagonal Gaussian",
                                .file_family = DiagonalGaussian::kFamily,
-                               .codec = {&params_to_json, &name_of, &from_json}};
+                               .codec = {&params_to_json, &params_name<DiagonalGaussian>, &from_json}};
   return spec;
 }
 

@@ -45,6 +45,12 @@ struct ModelCodec {
   nlohmann::json (*state_to_json)(const AnyDistribution& model) = nullptr;
 };
 
+/// ModelCodec::name_of of a family whose params carry the name.
+template <class Model>
+std::string params_name(const AnyDistribution& model) {
+  return model.get_if<Model>()->params().name;
+}
+
 struct FamilySpec;
 
 /// The data files a model reads: the family whose schema and encoder read them and the sizes the model fixes (each
