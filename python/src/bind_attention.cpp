@@ -21,8 +21,6 @@ namespace {
 
 using namespace pybind11::literals;
 using Dist = DistributionOf<ResponsibilityAttention>;
-using Acc = AccumulatorOf<ResponsibilityAttentionAccumulator>;
-using Factory = FactoryOf<ResponsibilityAttentionAccumulator>;
 using Encoder = ResponsibilityAttentionDataEncoderPy;
 
 constexpr const char* kDist = "ResponsibilityAttentionDistribution";
@@ -42,14 +40,6 @@ Dist make_distribution(py::object key_means, py::object emission, py::object pos
   p.name = name_arg(name, kDist);
   const Precision arithmetic = precision_arg(precision, kDist);
   return Dist(AnyDistribution(ResponsibilityAttention(std::move(p), arithmetic)));  // validates (SPEC.md §2.5)
-}
-
-ResponsibilityAttentionAccumulator make_accumulator(py::object S, py::object N, py::object D,
-                                                    py::object T, py::object keys,
-                                                    const char* where) {
-  return {positive_int(S, where, "num_symbols"), positive_int(N, where, "context_length"),
-          positive_int(D, where, "query_dim"), positive_int(T, where, "num_targets"),
-          optional_str(keys, where, "keys")};
 }
 
 /// key_means, emission, position_prior, sigma2, name, precision: the constructor's arguments (pickling).
@@ -274,44 +264,6 @@ void bind_distribution(py::module_& m) {
 }
 
 
-/// The dimension attributes of the accumulator and of its factory.
-template <class Class>
-void def_dimensions(Class& cls) {
-  using T = typename Class::type;
-  cls.def_property_readonly("num_symbols", [](const T& h) { return h.acc().n_symbols(); })
-      .def_property_readonly("context_length", [](const T& h) { return h.acc().context_length(); })
-      .def_property_readonly("query_dim", [](const T& h) { return h.acc().query_dim(); })
-      .def_property_readonly("num_targets", [](const T& h) { return h.acc().n_targets(); });
-}
-
-void bind_accumulator(py::module_& m) {
-  constexpr const char* kAcc = "ResponsibilityAttentionAccumulator";
-  constexpr const char* kFactory = "ResponsibilityAttentionAccumulatorFactory";
-  py::class_<Acc, AccumulatorHandle> acc(m, kAcc,
-                                         "Statistics, value() = (key_sum (S,D), key_mass (S,), "
-                                         "emission_count (S,T), position_count (N,), query_sq).");
-  acc.def(py::init([kAcc](py::object S, py::object N, py::object D, py::object T, py::object keys,
-                          py::object name) {
-            py::object nm = name_to_python(name_arg(name, kAcc));
-            return Acc(AccumulatorHandle(AnyAccumulator(make_accumulator(S, N, D, T, keys, kAcc)),
-                                         std::move(nm)));
-          }),
-          "num_symbols"_a, "context_length"_a, "query_dim"_a, "num_targets"_a,
-          "keys"_a = py::none(), "name"_a = py::none());
-  def_dimensions(acc);
-
-  py::class_<Factory, FactoryHandle> factory(m, kFactory);
-  factory.def(
-      py::init([kFactory](py::object S, py::object N, py::object D, py::object T, py::object keys,
-                          py::object name) {
-        py::object nm = name_to_python(name_arg(name, kFactory));
-        return Factory(AnyAccumulator(make_accumulator(S, N, D, T, keys, kFactory)), std::move(nm));
-      }),
-      "num_symbols"_a, "context_length"_a, "query_dim"_a, "num_targets"_a, "keys"_a = py::none(),
-      "name"_a = py::none());
-  def_dimensions(factory);
-}
-
 void bind_encoder(py::module_& m) {
   py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
       m, "ResponsibilityAttentionDataEncoder",
@@ -373,7 +325,10 @@ void bind_attention(py::module_& m) {
   bind_estimator_class<ResponsibilityAttentionEstimator>(
       m, responsibility_attention_family(), "ResponsibilityAttentionEstimator",
       "The closed-form M-step of responsibility attention (SPEC.md §2.3).");
-  bind_accumulator(m);
+  bind_accumulator_classes<ResponsibilityAttentionAccumulator>(
+      m, responsibility_attention_family(), "ResponsibilityAttentionAccumulator",
+      "ResponsibilityAttentionAccumulatorFactory",
+      "Statistics, value() = (key_sum (S,D), key_mass (S,), emission_count (S,T), position_count (N,), query_sq).");
   bind_encoder(m);
   bind_sequence_to_triples(m);
 }

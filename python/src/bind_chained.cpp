@@ -21,8 +21,6 @@ namespace {
 
 using namespace pybind11::literals;
 using Dist = DistributionOf<ChainedAttention>;
-using Acc = AccumulatorOf<ChainedAttentionAccumulator>;
-using Factory = FactoryOf<ChainedAttentionAccumulator>;
 using Encoder = ChainedAttentionDataEncoderPy;
 
 constexpr const char* kDist = "ChainedAttentionDistribution";
@@ -72,12 +70,6 @@ py::array_t<double> key_tables_of(const ChainedAttention& m) {
   for (const Matrix& K : m.params().key_tables)
     flat.insert(flat.end(), K.data(), K.data() + K.size());
   return copy_reals(flat.data(), {L, S, S});
-}
-
-ChainedAttentionAccumulator make_accumulator(py::object L, py::object S, py::object T,
-                                             py::object keys, const char* where) {
-  return {positive_int(L, where, "n_hops"), positive_int(S, where, "num_symbols"),
-          positive_int(T, where, "num_targets"), optional_str(keys, where, "keys")};
 }
 
 /// keys, emission, sigma2, name: the constructor's arguments (pickling).
@@ -235,41 +227,6 @@ void bind_distribution(py::module_& m) {
 }
 
 
-/// The dimension attributes of the accumulator and of its factory.
-template <class Class>
-void def_dimensions(Class& cls) {
-  using H = typename Class::type;
-  cls.def_property_readonly("n_hops", [](const H& h) { return h.acc().n_hops(); })
-      .def_property_readonly("num_symbols", [](const H& h) { return h.acc().n_symbols(); })
-      .def_property_readonly("num_targets", [](const H& h) { return h.acc().n_targets(); });
-}
-
-void bind_accumulator(py::module_& m) {
-  constexpr const char* kAcc = "ChainedAttentionAccumulator";
-  constexpr const char* kFactory = "ChainedAttentionAccumulatorFactory";
-  py::class_<Acc, AccumulatorHandle> acc(
-      m, kAcc,
-      "Statistics, value() = (key_num (L,S,S), key_mass (L,S), emission_count (S,T), ll, n).");
-  acc.def(
-      py::init([kAcc](py::object L, py::object S, py::object T, py::object keys, py::object name) {
-        py::object nm = name_to_python(name_arg(name, kAcc));
-        return Acc(AccumulatorHandle(AnyAccumulator(make_accumulator(L, S, T, keys, kAcc)),
-                                     std::move(nm)));
-      }),
-      "n_hops"_a, "num_symbols"_a, "num_targets"_a, "keys"_a = py::none(), "name"_a = py::none());
-  def_dimensions(acc);
-
-  py::class_<Factory, FactoryHandle> factory(m, kFactory);
-  factory.def(
-      py::init([kFactory](py::object L, py::object S, py::object T, py::object keys,
-                          py::object name) {
-        py::object nm = name_to_python(name_arg(name, kFactory));
-        return Factory(AnyAccumulator(make_accumulator(L, S, T, keys, kFactory)), std::move(nm));
-      }),
-      "n_hops"_a, "num_symbols"_a, "num_targets"_a, "keys"_a = py::none(), "name"_a = py::none());
-  def_dimensions(factory);
-}
-
 void bind_encoder(py::module_& m) {
   py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
       m, "ChainedAttentionDataEncoder",
@@ -299,7 +256,9 @@ void bind_chained(py::module_& m) {
       m, chained_attention_family(), "ChainedAttentionEstimator",
       "The M-step of chained attention (SPEC.md §3.3): K_l[s] = key_num[l][s] / max(key_mass[l][s], 1e-9), B = "
       "(emission_count + emission_smoothing) row-normalised, sigma2 fixed.");
-  bind_accumulator(m);
+  bind_accumulator_classes<ChainedAttentionAccumulator>(
+      m, chained_attention_family(), "ChainedAttentionAccumulator", "ChainedAttentionAccumulatorFactory",
+      "Statistics, value() = (key_num (L,S,S), key_mass (L,S), emission_count (S,T), ll, n).");
   bind_encoder(m);
 }
 

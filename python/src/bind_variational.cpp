@@ -31,12 +31,8 @@ using namespace pybind11::literals;
 
 using State = AttentionOptimizerState;
 using VeaDist = DistributionOf<VariationalEmbeddingAttention>;
-using VeaAcc = AccumulatorOf<VariationalEmbeddingAttentionAccumulator>;
-using VeaFactory = FactoryOf<VariationalEmbeddingAttentionAccumulator>;
 using VeaEncoder = VariationalEmbeddingAttentionDataEncoderPy;
 using VmhaDist = DistributionOf<VariationalMultiHopAttention>;
-using VmhaAcc = AccumulatorOf<VariationalMultiHopAttentionAccumulator>;
-using VmhaFactory = FactoryOf<VariationalMultiHopAttentionAccumulator>;
 using VmhaEncoder = VariationalMultiHopAttentionDataEncoderPy;
 
 constexpr const char* kState = "AttentionOptimizerState";
@@ -409,15 +405,6 @@ py::object vea_sample(VeaSampler& s, py::object size, py::object batched) {
       });
 }
 
-VariationalEmbeddingAttentionAccumulator make_vea_accumulator(py::handle S, py::handle N,
-                                                              py::handle D, py::handle T,
-                                                              py::handle mc, py::handle keys,
-                                                              const char* where) {
-  return {positive_int(S, where, "num_symbols"), positive_int(N, where, "context_length"),
-          positive_int(D, where, "embed_dim"),   positive_int(T, where, "num_targets"),
-          positive_int(mc, where, "mc"),         optional_str(keys, where, "keys")};
-}
-
 void bind_vea_distribution(py::module_& m) {
   py::class_<VeaDist, DistributionHandle> cls(
       m, kVeaDist,
@@ -493,48 +480,6 @@ void bind_vea_distribution(py::module_& m) {
            "sample() calls.");
 }
 
-
-/// The dimension attributes of the VEA accumulator and of its factory.
-template <class Class>
-void def_vea_dimensions(Class& cls) {
-  using H = typename Class::type;
-  cls.def_property_readonly("num_symbols", [](const H& h) { return h.acc().n_symbols(); })
-      .def_property_readonly("context_length", [](const H& h) { return h.acc().context_length(); })
-      .def_property_readonly("embed_dim", [](const H& h) { return h.acc().embed_dim(); })
-      .def_property_readonly("num_targets", [](const H& h) { return h.acc().n_targets(); })
-      .def_property_readonly("mc", [](const H& h) { return h.acc().mc(); });
-}
-
-void bind_vea_accumulator(py::module_& m) {
-  constexpr const char* kAcc = "VariationalEmbeddingAttentionAccumulator";
-  constexpr const char* kFactory = "VariationalEmbeddingAttentionAccumulatorFactory";
-  const int64_t default_mc = VariationalEmbeddingAttentionEstimatorOptions{}.mc;
-  py::class_<VeaAcc, AccumulatorHandle> acc(
-      m, kAcc,
-      "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), position_count "
-      "(N,), ll, n, optimizer_state or None); the E-step averages mc Monte-Carlo samples.");
-  acc.def(py::init([kAcc](py::object S, py::object N, py::object D, py::object T, py::object mc,
-                          py::object keys, py::object name) {
-            py::object nm = name_to_python(name_arg(name, kAcc));
-            return VeaAcc(AccumulatorHandle(
-                AnyAccumulator(make_vea_accumulator(S, N, D, T, mc, keys, kAcc)), std::move(nm)));
-          }),
-          "num_symbols"_a, "context_length"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc,
-          "keys"_a = py::none(), "name"_a = py::none());
-  def_vea_dimensions(acc);
-
-  py::class_<VeaFactory, FactoryHandle> factory(m, kFactory);
-  factory.def(
-      py::init([kFactory](py::object S, py::object N, py::object D, py::object T, py::object mc,
-                          py::object keys, py::object name) {
-        py::object nm = name_to_python(name_arg(name, kFactory));
-        return VeaFactory(AnyAccumulator(make_vea_accumulator(S, N, D, T, mc, keys, kFactory)),
-                          std::move(nm));
-      }),
-      "num_symbols"_a, "context_length"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc,
-      "keys"_a = py::none(), "name"_a = py::none());
-  def_vea_dimensions(factory);
-}
 
 void bind_vea_encoder(py::module_& m) {
   py::class_<VeaEncoder, DataEncoder, std::shared_ptr<VeaEncoder>>(
@@ -624,14 +569,6 @@ py::object vmha_sample(VmhaSampler& s, py::object size, py::object batched) {
       });
 }
 
-VariationalMultiHopAttentionAccumulator make_vmha_accumulator(py::handle S, py::handle D,
-                                                              py::handle T, py::handle mc,
-                                                              py::handle keys, const char* where) {
-  return {positive_int(S, where, "num_symbols"), positive_int(D, where, "embed_dim"),
-          positive_int(T, where, "num_targets"), positive_int(mc, where, "mc"),
-          optional_str(keys, where, "keys")};
-}
-
 void bind_vmha_distribution(py::module_& m) {
   py::class_<VmhaDist, DistributionHandle> cls(
       m, kVmhaDist,
@@ -694,47 +631,6 @@ void bind_vmha_distribution(py::module_& m) {
            "sample() calls.");
 }
 
-
-/// The dimension attributes of the VMHA accumulator and of its factory.
-template <class Class>
-void def_vmha_dimensions(Class& cls) {
-  using H = typename Class::type;
-  cls.def_property_readonly("num_symbols", [](const H& h) { return h.acc().n_symbols(); })
-      .def_property_readonly("embed_dim", [](const H& h) { return h.acc().embed_dim(); })
-      .def_property_readonly("num_targets", [](const H& h) { return h.acc().n_targets(); })
-      .def_property_readonly("mc", [](const H& h) { return h.acc().mc(); });
-}
-
-void bind_vmha_accumulator(py::module_& m) {
-  constexpr const char* kAcc = "VariationalMultiHopAttentionAccumulator";
-  constexpr const char* kFactory = "VariationalMultiHopAttentionAccumulatorFactory";
-  const int64_t default_mc = VariationalMultiHopAttentionEstimatorOptions{}.mc;
-  py::class_<VmhaAcc, AccumulatorHandle> acc(
-      m, kAcc,
-      "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), ll, n, "
-      "optimizer_state or None); the E-step averages mc Monte-Carlo samples.");
-  acc.def(py::init([kAcc](py::object S, py::object D, py::object T, py::object mc, py::object keys,
-                          py::object name) {
-            py::object nm = name_to_python(name_arg(name, kAcc));
-            return VmhaAcc(AccumulatorHandle(
-                AnyAccumulator(make_vmha_accumulator(S, D, T, mc, keys, kAcc)), std::move(nm)));
-          }),
-          "num_symbols"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc,
-          "keys"_a = py::none(), "name"_a = py::none());
-  def_vmha_dimensions(acc);
-
-  py::class_<VmhaFactory, FactoryHandle> factory(m, kFactory);
-  factory.def(
-      py::init([kFactory](py::object S, py::object D, py::object T, py::object mc, py::object keys,
-                          py::object name) {
-        py::object nm = name_to_python(name_arg(name, kFactory));
-        return VmhaFactory(AnyAccumulator(make_vmha_accumulator(S, D, T, mc, keys, kFactory)),
-                           std::move(nm));
-      }),
-      "num_symbols"_a, "embed_dim"_a, "num_targets"_a, "mc"_a = default_mc, "keys"_a = py::none(),
-      "name"_a = py::none());
-  def_vmha_dimensions(factory);
-}
 
 void bind_vmha_encoder(py::module_& m) {
   py::class_<VmhaEncoder, DataEncoder, std::shared_ptr<VmhaEncoder>>(
@@ -802,14 +698,22 @@ void bind_variational(py::module_& m) {
       "The stateless variational M-step (SPEC.md §4.4): one Adam ascent step on the embedding posterior carried by "
       "the statistics' optimizer state (or the initial embeddings when there is none), then B and pi in closed "
       "form.");
-  bind_vea_accumulator(m);
+  bind_accumulator_classes<VariationalEmbeddingAttentionAccumulator>(
+      m, variational_embedding_attention_family(), "VariationalEmbeddingAttentionAccumulator",
+      "VariationalEmbeddingAttentionAccumulatorFactory",
+      "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), position_count (N,), ll, n, "
+      "optimizer_state or None); the E-step averages mc Monte-Carlo samples.");
   bind_vea_encoder(m);
   bind_vmha_distribution(m);
   bind_estimator_class<VariationalMultiHopAttentionEstimator>(
       m, variational_multihop_attention_family(), "VariationalMultiHopAttentionEstimator",
       "The stateless variational M-step of multi-hop attention (SPEC.md §5): one Adam ascent step with the annealed "
       "KL weight prior_strength * min(1, tau / anneal_iters), then B in closed form.");
-  bind_vmha_accumulator(m);
+  bind_accumulator_classes<VariationalMultiHopAttentionAccumulator>(
+      m, variational_multihop_attention_family(), "VariationalMultiHopAttentionAccumulator",
+      "VariationalMultiHopAttentionAccumulatorFactory",
+      "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), ll, n, optimizer_state or None); "
+      "the E-step averages mc Monte-Carlo samples.");
   bind_vmha_encoder(m);
 }
 

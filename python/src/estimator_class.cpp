@@ -2,6 +2,7 @@
 // The estimator classes generated from the family descriptors (estimator_class.hpp).
 #include "estimator_class.hpp"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -79,6 +80,41 @@ EstimatorSettings estimator_settings(const FamilySpec& family, const std::string
   pseudo_count = pseudo_count_arg(take("pseudo_count"), where);
   if (!given.empty()) throw TypeError(where + "() got an unexpected keyword argument '" + given.begin()->first + "'");
   return settings;
+}
+
+AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where, const py::args& args,
+                              const py::kwargs& kwargs, py::object& name) {
+  const std::vector<const SizeSpec*> sizes = estimator_sizes(family);
+  std::vector<std::string> order;  // the positional arguments' names
+  for (const SizeSpec* size : sizes) order.emplace_back(size->keyword);
+  for (const OptionSpec& spec : family.fit.options)
+    if (spec.shapes_statistics) order.emplace_back(spec.name);
+  order.emplace_back("keys");
+  order.emplace_back("name");
+  if (args.size() > order.size())
+    throw TypeError(where + "() takes at most " + std::to_string(order.size()) + " arguments (" +
+                    std::to_string(args.size()) + " given)");
+  std::map<std::string, py::object> given;
+  for (size_t i = 0; i < args.size(); ++i) given[order[i]] = args[i];
+  for (const auto& [key, value] : kwargs) {
+    const std::string k = key.cast<std::string>();
+    if (std::find(order.begin(), order.end(), k) == order.end())
+      throw TypeError(where + "() got an unexpected keyword argument '" + k + "'");
+    if (!given.emplace(k, py::reinterpret_borrow<py::object>(value)).second)
+      throw TypeError(where + "() got multiple values for argument '" + k + "'");
+  }
+  EstimatorSettings settings;
+  for (const SizeSpec* size : sizes) {
+    const std::string keyword(size->keyword);
+    if (!given.count(keyword)) throw TypeError(where + "() missing required argument '" + keyword + "'");
+    settings.sizes[std::string(size->symbol)] = Dim{positive_int(given[keyword], where, keyword), ""};
+  }
+  for (const OptionSpec& spec : family.fit.options)
+    if (spec.shapes_statistics && given.count(std::string(spec.name)))
+      settings.options[std::string(spec.name)] = option_from_python(spec, given[std::string(spec.name)], where);
+  settings.keys = optional_str(given.count("keys") ? given["keys"] : py::none(), where, "keys");
+  name = name_to_python(name_arg(given.count("name") ? given["name"] : py::none(), where));
+  return family.fit.make_estimator(settings, nullptr).make_accumulator();
 }
 
 std::string estimator_signature(const FamilySpec& family) {

@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file estimator_class.hpp
-/// A family's Python estimator class, generated from its descriptor (family/spec.hpp), so that the family's option
-/// table is the one source of its keywords, defaults, checks and attributes (the CLI's flags come from the same
-/// table):
-///   Class(<the sizes its models fix, positional or by keyword>, *, <options>=<defaults>, [seed=0],
-///         pseudo_count=None, name=None, keys=None)
+/// A family's Python estimator, accumulator and accumulator-factory classes, generated from its descriptor
+/// (family/spec.hpp), so that the family's option table is the one source of their keywords, defaults, checks and
+/// attributes (the CLI's flags come from the same table):
+///   XEstimator(<the sizes its models fix, positional or by keyword>, *, <options>=<defaults>, [seed=0],
+///              pseudo_count=None, name=None, keys=None)
+///   XAccumulator(<sizes>, <the options that shape its statistics>=<defaults>, keys=None, name=None), and
+///   XAccumulatorFactory with the same arguments: the statistics the estimator of those settings accumulates
 /// with one read-only attribute per size, option, seed (families with a Monte-Carlo objective), name and keys.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <type_traits>
 
 #include "attnmix/family/spec.hpp"
 #include "roles.hpp"
@@ -29,6 +32,11 @@ namespace attnmix::python {
 
 /// A value of an option as Python sees it.
 [[nodiscard]] py::object option_to_python(const OptionValue& value);
+
+/// The accumulator of a constructor call: the statistics of the estimator of (sizes, the options that shape the
+/// statistics, keys) — positional in that order, then name — and its name. @throws TypeError / ValueError.
+[[nodiscard]] AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where, const py::args& args,
+                                            const py::kwargs& kwargs, py::object& name);
 
 /// Records that `class_name` is the generated estimator class of `family` (for _estimator_classes()).
 void record_estimator_class(const char* class_name, const FamilySpec& family);
@@ -70,6 +78,44 @@ void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* 
         const auto keys = family.fit.settings_of(e.any).keys;
         return keys ? py::object(py::str(*keys)) : py::none();
       });
+}
+
+/// Binds the Python classes of the accumulators of `family` (C++ type A) and of their factories.
+template <class A>
+void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const char* accumulator_name,
+                              const char* factory_name, const char* doc) {
+  py::class_<AccumulatorOf<A>, AccumulatorHandle> acc(m, accumulator_name, doc);
+  const std::string where_acc = accumulator_name, where_factory = factory_name;
+  acc.def(py::init([&family, where_acc](const py::args& args, const py::kwargs& kwargs) {
+    py::object name;
+    AnyAccumulator statistics = accumulator_of(family, where_acc, args, kwargs, name);
+    return AccumulatorOf<A>(AccumulatorHandle(std::move(statistics), std::move(name)));
+  }));
+  py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name);
+  factory.def(py::init([&family, where_factory](const py::args& args, const py::kwargs& kwargs) {
+    py::object name;
+    AnyAccumulator prototype = accumulator_of(family, where_factory, args, kwargs, name);
+    return FactoryOf<A>(std::move(prototype), std::move(name));
+  }));
+  const auto attributes = [&family](auto& cls, auto statistics) {
+    using H = typename std::remove_reference_t<decltype(cls)>::type;
+    for (const SizeSpec& size : family.fit.sizes) {
+      if (!size.fixed_by_model) continue;
+      const std::string symbol(size.symbol);
+      cls.def_property_readonly(std::string(size.keyword).c_str(), [&family, symbol, statistics](const H& h) {
+        return family.fit.accumulator_settings(statistics(h)).sizes.at(symbol).value;
+      });
+    }
+    for (const OptionSpec& option : family.fit.options) {
+      if (!option.shapes_statistics) continue;
+      const std::string name(option.name);
+      cls.def_property_readonly(name.c_str(), [&family, name, statistics](const H& h) {
+        return option_to_python(family.fit.accumulator_settings(statistics(h)).options.at(name));
+      });
+    }
+  };
+  attributes(acc, [](const AccumulatorOf<A>& h) -> const AnyAccumulator& { return h.get(); });
+  attributes(factory, [](const FactoryOf<A>& h) -> const AnyAccumulator& { return h.prototype; });
 }
 
 }  // namespace attnmix::python

@@ -88,6 +88,12 @@ AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* /
                                                 detail::estimator_options(options(), s, ChainedAttentionEstimator::kWhere)));
 }
 
+EstimatorSettings accumulator_settings(const AnyAccumulator& accumulator) {
+  const auto& a = *accumulator.get_if<ChainedAttentionAccumulator>();
+  return detail::accumulator_settings(detail::sizes({{"L", a.n_hops()}, {"S", a.n_symbols()}, {"T", a.n_targets()}}),
+                                      a.keys());
+}
+
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<ChainedAttentionEstimator>();
   return detail::estimator_settings(detail::sizes({{"L", e.n_hops()}, {"S", e.n_symbols()}, {"T", e.n_targets()}}),
@@ -120,6 +126,7 @@ const FamilySpec& chained_attention_family() {
                                        .model_options = &detail::stored_sigma2<ChainedAttention>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
+                                       .accumulator_settings = &accumulator_settings,
                                        .mechanism = &mechanism}};
   return spec;
 }

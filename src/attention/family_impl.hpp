@@ -47,7 +47,8 @@ template <class Options>
 OptionTable<Options> with_adam(OptionTable<Options> table) {
   return std::move(table)
       .add("lr", &Options::lr, "Adam step size of the embedding update", OptionCheck::kPositive)
-      .add("mc", &Options::mc, "Monte-Carlo samples of the embeddings per E-step", OptionCheck::kPositive)
+      .add("mc", &Options::mc, "Monte-Carlo samples of the embeddings per E-step", OptionCheck::kPositive,
+           /*from_model=*/false, /*shapes_statistics=*/true)
       .add("prior_strength", &Options::prior_strength, "weight of the KL term to the N(0, I) embedding prior",
            OptionCheck::kNonNegative);
 }
@@ -78,6 +79,12 @@ template <class Options>
 EstimatorSettings estimator_settings(Dims sizes, const OptionTable<Options>& table, const Options& o,
                                      uint64_t seed = 0) {
   return {std::move(sizes), table.values(o), seed, o.name, o.keys};
+}
+
+/// The settings an accumulator reports: its sizes, the options that shape its statistics, and its keys.
+inline EstimatorSettings accumulator_settings(Dims sizes, const std::optional<std::string>& keys,
+                                              OptionValues options = {}) {
+  return {std::move(sizes), std::move(options), 0, {}, keys};
 }
 
 /// The options a model stores: its gate variance.

@@ -93,6 +93,13 @@ AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* /
       detail::estimator_options(options(), s, ResponsibilityAttentionEstimator::kWhere)));
 }
 
+EstimatorSettings accumulator_settings(const AnyAccumulator& accumulator) {
+  const auto& a = *accumulator.get_if<ResponsibilityAttentionAccumulator>();
+  return detail::accumulator_settings(
+      detail::sizes({{"S", a.n_symbols()}, {"N", a.context_length()}, {"D", a.query_dim()}, {"T", a.n_targets()}}),
+      a.keys());
+}
+
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<ResponsibilityAttentionEstimator>();
   return detail::estimator_settings(
@@ -155,6 +162,7 @@ const FamilySpec& responsibility_attention_family() {
                                        .model_options = &detail::stored_sigma2<ResponsibilityAttention>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
+                                       .accumulator_settings = &accumulator_settings,
                                        .initial = &initial,
                                        .text = {.dims = &text_dims, .rows = &text_rows}}};
   return spec;

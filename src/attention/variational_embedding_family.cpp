@@ -98,6 +98,13 @@ AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* i
                                                              s.sizes.at("D").value, s.sizes.at("T").value, std::move(o)));
 }
 
+EstimatorSettings accumulator_settings(const AnyAccumulator& accumulator) {
+  const auto& a = *accumulator.get_if<VariationalEmbeddingAttentionAccumulator>();
+  return detail::accumulator_settings(
+      detail::sizes({{"S", a.n_symbols()}, {"N", a.context_length()}, {"D", a.embed_dim()}, {"T", a.n_targets()}}),
+      a.keys(), {{"mc", a.mc()}});
+}
+
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<VariationalEmbeddingAttentionEstimator>();
   return detail::estimator_settings(
@@ -132,6 +139,7 @@ const FamilySpec& variational_embedding_attention_family() {
                                        .model_options = &detail::stored_sigma2<Model>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
+                                       .accumulator_settings = &accumulator_settings,
                                        .initial = &initial,
                                        .resume_note = &detail::adam_resume_note<Model>}};
   return spec;

@@ -77,6 +77,12 @@ AnyEstimator make_estimator(const EstimatorSettings& s, const AnyDistribution* i
                                                             s.sizes.at("T").value, std::move(o)));
 }
 
+EstimatorSettings accumulator_settings(const AnyAccumulator& accumulator) {
+  const auto& a = *accumulator.get_if<VariationalMultiHopAttentionAccumulator>();
+  return detail::accumulator_settings(detail::sizes({{"S", a.n_symbols()}, {"D", a.embed_dim()}, {"T", a.n_targets()}}),
+                                      a.keys(), {{"mc", a.mc()}});
+}
+
 EstimatorSettings settings_of(const AnyEstimator& estimator) {
   const auto& e = *estimator.get_if<VariationalMultiHopAttentionEstimator>();
   return detail::estimator_settings(detail::sizes({{"S", e.n_symbols()}, {"D", e.embed_dim()}, {"T", e.n_targets()}}),
@@ -106,6 +112,7 @@ const FamilySpec& variational_multihop_attention_family() {
                                        .model_options = &detail::stored_sigma2<Model>,
                                        .make_estimator = &make_estimator,
                                        .settings_of = &settings_of,
+                                       .accumulator_settings = &accumulator_settings,
                                        .mechanism = &mechanism,
                                        .resume_note = &detail::adam_resume_note<Model>}};
   return spec;

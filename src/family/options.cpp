@@ -19,8 +19,10 @@ std::string option_text(const OptionValue& value) {
 
 std::string choices_text(const OptionSpec& spec) {
   std::string out;
-  for (size_t i = 0; i < spec.choices.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == spec.choices.size() ? " or " : ", ") + ("'" + std::string(spec.choices[i]) + "'");
+  for (size_t i = 0; i < spec.choices.size(); ++i) {
+    out.append(i == 0 ? "" : i + 1 == spec.choices.size() ? " or " : ", ");
+    out.append("'").append(spec.choices[i]).append("'");
+  }
   return out;
 }
 

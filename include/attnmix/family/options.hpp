@@ -37,6 +37,7 @@ struct OptionSpec {
   OptionCheck check = OptionCheck::kAny;       ///< for numbers
   std::vector<std::string_view> choices = {};  ///< for named choices: the names
   bool from_model = false;                     ///< a model stores it: fitting from a saved model continues with its value
+  bool shapes_statistics = false;              ///< the family's statistics depend on it too (their Monte-Carlo samples)
 };
 
 /// "1", "0.10000000000000001", "mixed", "true": a value as messages quote it (17 significant digits for reals).
@@ -55,9 +56,9 @@ class OptionTable {
   /// A bool, integer or real member.
   template <class T>
   OptionTable add(std::string_view name, T Options::*member, std::string_view help,
-                  OptionCheck check = OptionCheck::kAny, bool from_model = false) && {
+                  OptionCheck check = OptionCheck::kAny, bool from_model = false, bool shapes_statistics = false) && {
     static_assert(std::is_same_v<T, bool> || std::is_same_v<T, int64_t> || std::is_same_v<T, double>);
-    specs_.push_back({name, help, OptionValue(Options{}.*member), check, {}, from_model});
+    specs_.push_back({name, help, OptionValue(Options{}.*member), check, {}, from_model, shapes_statistics});
     setters_.push_back([member](Options& o, const OptionValue& v) { o.*member = std::get<T>(v); });
     getters_.push_back([member](const Options& o) { return OptionValue(o.*member); });
     return std::move(*this);
@@ -68,7 +69,7 @@ class OptionTable {
                          std::vector<std::string_view> choices, std::string_view (*name_of)(T) noexcept,
                          T (*parse)(std::string_view, std::string_view)) && {
     specs_.push_back({name, help, OptionValue(std::string(name_of(Options{}.*member))), OptionCheck::kAny,
-                      std::move(choices), false});
+                      std::move(choices), false, false});
     setters_.push_back([member, parse, name](Options& o, const OptionValue& v) {
       o.*member = parse(std::get<std::string>(v), name);
     });

@@ -105,6 +105,9 @@ struct FitSpec {
   AnyEstimator (*make_estimator)(const EstimatorSettings& settings, const AnyDistribution* init) = nullptr;
   /// The settings of one of the family's estimators, every option included.
   EstimatorSettings (*settings_of)(const AnyEstimator& estimator) = nullptr;
+  /// The settings of one of the family's accumulators (the estimator of these settings makes alike ones): its
+  /// sizes, the options that shape its statistics, and its keys.
+  EstimatorSettings (*accumulator_settings)(const AnyAccumulator& accumulator) = nullptr;
   /// The model a fit from `init` starts with when the options change how it computes (its precision); else none.
   std::optional<AnyDistribution> (*initial)(const AnyDistribution& init, const OptionValues& options) = nullptr;
   /// "chained attention (L = 2 hops)": how a fit of these sizes names the model; null: the family's title.
