@@ -661,13 +661,19 @@ py::object optimizer_state_to_python(const std::shared_ptr<const AttentionOptimi
   return py::cast(OptimizerStatePy{state});
 }
 
+py::object optimizer_state_to_dict(const std::shared_ptr<const AttentionOptimizerState>& state) {
+  if (!state) return py::none();
+  return state_to_dict(*state);
+}
+
 std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(py::handle obj,
                                                                            std::string_view where,
                                                                            std::string_view name) {
   if (obj.is_none()) return nullptr;
+  if (PyDict_Check(obj.ptr())) return state_from_dict(obj).state;  // the to_dict() form that value() gives
   if (!py::isinstance<OptimizerStatePy>(obj))
     throw TypeError(std::string(where) + ": " + std::string(name) +
-                    " must be an AttentionOptimizerState or None (got " + type_name(obj) + ")");
+                    " must be an AttentionOptimizerState, its to_dict() dict, or None (got " + type_name(obj) + ")");
   return obj.cast<const OptimizerStatePy&>().state;
 }
 

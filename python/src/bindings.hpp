@@ -36,8 +36,11 @@ void bind_assign(pybind11::module_& m);
 /// (bind_variational.cpp): an immutable attnmix.AttentionOptimizerState sharing `state`, or None.
 [[nodiscard]] pybind11::object optimizer_state_to_python(
     const std::shared_ptr<const AttentionOptimizerState>& state);
-/// The state behind None (nullptr) or an attnmix.AttentionOptimizerState.
-/// @throws TypeError for anything else, naming `where` and `name`.
+/// The state as the last entry of a value() tuple: its to_dict() form (JSON-serialisable, as the reference's value()
+/// gives it), or None.
+[[nodiscard]] pybind11::object optimizer_state_to_dict(const std::shared_ptr<const AttentionOptimizerState>& state);
+/// The state behind None (nullptr), an attnmix.AttentionOptimizerState or its to_dict() dict (validated).
+/// @throws TypeError for anything else, naming `where` and `name`; ValueError for a dict that is not a valid state.
 [[nodiscard]] std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(
     pybind11::handle obj, std::string_view where, std::string_view name);
 

@@ -117,6 +117,13 @@ AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where
   return family.fit.make_estimator(settings, nullptr).make_accumulator();
 }
 
+py::object statistics_field(const AnyAccumulator& acc, size_t index) {
+  const FlatStats& stats = *acc.flat_stats();
+  const FieldSpec& field = stats.layout().fields()[index];
+  const double* p = stats.flat().data() + field.offset;
+  return field.shape.empty() ? py::object(py::float_(*p)) : py::object(copy_reals(p, field.shape));
+}
+
 std::string estimator_signature(const FamilySpec& family) {
   std::string out = "(";
   for (const SizeSpec* size : estimator_sizes(family)) out += std::string(size->keyword) + ", ";

@@ -7,7 +7,8 @@
 ///              pseudo_count=None, name=None, keys=None)
 ///   XAccumulator(<sizes>, <the options that shape its statistics>=<defaults>, keys=None, name=None), and
 ///   XAccumulatorFactory with the same arguments: the statistics the estimator of those settings accumulates
-/// with one read-only attribute per size, option, seed (families with a Monte-Carlo objective), name and keys.
+/// with one read-only attribute per size, option, seed (families with a Monte-Carlo objective), name and keys; an
+/// accumulator also has one per field of its statistics (key_sum, …, ll, n: copies, as the reference's attributes).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -80,6 +81,23 @@ void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* 
       });
 }
 
+/// The field `index` of a leaf's statistics as value() gives it: a float (a scalar field) or a new array.
+[[nodiscard]] py::object statistics_field(const AnyAccumulator& acc, size_t index);
+
+/// One read-only attribute per field of the statistics of the family's accumulators (their layout's names).
+template <class Class>
+void def_statistics_attributes(Class& cls, const FamilySpec& family) {
+  using H = typename Class::type;
+  EstimatorSettings smallest;
+  for (const SizeSpec& size : family.fit.sizes)
+    if (size.fixed_by_model) smallest.sizes[std::string(size.symbol)] = Dim{1, ""};
+  const AnyAccumulator example = family.fit.make_estimator(smallest, nullptr).make_accumulator();
+  const auto& fields = example.flat_stats()->layout().fields();
+  for (size_t i = 0; i < fields.size(); ++i)
+    cls.def_property_readonly(fields[i].name.c_str(), [i](const H& h) { return statistics_field(h.get(), i); },
+                              ("The statistic " + fields[i].name + " (a copy, as in value()).").c_str());
+}
+
 /// Binds the Python classes of the accumulators of `family` (C++ type A) and of their factories.
 template <class A>
 void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const char* accumulator_name,
@@ -115,6 +133,7 @@ void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const ch
     }
   };
   attributes(acc, [](const AccumulatorOf<A>& h) -> const AnyAccumulator& { return h.get(); });
+  def_statistics_attributes(acc, family);
   attributes(factory, [](const FactoryOf<A>& h) -> const AnyAccumulator& { return h.prototype; });
 }
 

@@ -46,7 +46,7 @@ void flatten_statistics(py::handle value, const AnyAccumulator& like, std::strin
     const bool stateful = family.state_of != nullptr;
     const auto& fields = leaf->layout().fields();
     std::string layout = leaf->layout().describe();
-    if (stateful) layout += ", optimizer_state or None";
+    if (stateful) layout += ", optimizer_state (a dict or an AttentionOptimizerState) or None";
     const py::tuple items = statistics_tuple(value, fields.size() + (stateful ? 1 : 0), where, layout);
     for (size_t i = 0; i < fields.size(); ++i) reals_of_shape(items[i], fields[i].shape, where, fields[i].name, out);
     if (stateful) states.push_back(optimizer_state_from_python(items[fields.size()], where, "optimizer_state"));
@@ -155,7 +155,7 @@ py::object statistics_to_python(const AnyAccumulator& acc) {
       const double* p = leaf->flat().data() + fields[i].offset;
       values[i] = fields[i].shape.empty() ? py::object(py::float_(*p)) : py::object(copy_reals(p, fields[i].shape));
     }
-    if (stateful) values[fields.size()] = optimizer_state_to_python(family.state_of(acc));
+    if (stateful) values[fields.size()] = optimizer_state_to_dict(family.state_of(acc));
     return values;
   }
   const std::span<const AnyAccumulator> children = acc.children();

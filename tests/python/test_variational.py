@@ -148,7 +148,9 @@ def finite_difference_gradient(log_p, model, rows, w, h=1e-5):
 
 
 def adam_oracle(state, grad_m, grad_logv, lr, kl_weight):
-    """One Adam ascent step of SPEC.md §4.4 from state (numpy)."""
+    """One Adam ascent step of SPEC.md §4.4 from state (numpy; an AttentionOptimizerState or its to_dict() form, as
+    value() gives it)."""
+    state = AttentionOptimizerState.from_dict(state) if isinstance(state, dict) else state
     tau = state.iteration + 1
     m, lv = np.array(state.mean), np.array(state.log_var)
     g_m = grad_m - kl_weight * m
@@ -185,7 +187,7 @@ def assert_values_close(a, b, rtol=1e-12, atol=1e-15):
     """Every numeric field within rtol (SPEC.md §9 "rel"), the optimizer states equal."""
     assert len(a) == len(b)
     for x, y in zip(a, b):
-        if x is None or isinstance(x, AttentionOptimizerState):
+        if x is None or isinstance(x, (dict, AttentionOptimizerState)):
             assert x == y
         else:
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
@@ -194,7 +196,7 @@ def assert_values_close(a, b, rtol=1e-12, atol=1e-15):
 def assert_values_equal(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
-        if x is None or isinstance(x, AttentionOptimizerState):
+        if x is None or isinstance(x, (dict, AttentionOptimizerState)):
             assert x == y
         else:
             np.testing.assert_array_equal(x, y)
@@ -619,8 +621,10 @@ def test_vea_supplied_optimizer_state_must_match(rng):
     with pytest.raises(ValueError):
         VariationalEmbeddingAttentionDistribution(
             mean, lv, *args, optimizer_state=AttentionOptimizerState.fresh(VEA, mean[:, :1], lv[:, :1]))
+    # The to_dict() form (what value() gives) is accepted as well as the object.
+    assert VariationalEmbeddingAttentionDistribution(mean, lv, *args, optimizer_state=state.to_dict()).optimizer_state == state
     with pytest.raises(TypeError):
-        VariationalEmbeddingAttentionDistribution(mean, lv, *args, optimizer_state=state.to_dict())
+        VariationalEmbeddingAttentionDistribution(mean, lv, *args, optimizer_state=[state])
 
 
 def test_vea_estimator_and_accumulator_argument_validation():
@@ -685,7 +689,7 @@ def test_vea_e_step_matches_the_gradient_of_the_log_likelihood(rng):
     w = rng.random(25)
     w[3] = 0.0
     grad_m, grad_logv, emission_count, position_count, ll, n, state = e_step(model, rows, w).value()
-    assert state == model.optimizer_state
+    assert state == model.optimizer_state.to_dict()
     np.testing.assert_allclose(grad_m, finite_difference_gradient(vea_log_p, model, rows, w), rtol=1e-5, atol=1e-7)
     assert np.max(np.abs(grad_logv)) < 1e-9
     expected_emission, expected_position = np.zeros((6, 5)), np.zeros(4)
@@ -761,7 +765,7 @@ def test_vea_value_is_a_snapshot_and_round_trips(rng):
     np.testing.assert_allclose(acc.value()[2], 2 * kept[2], rtol=1e-12)
     other = VariationalEmbeddingAttentionAccumulator(6, 4, 3, 5).from_value(acc.value())
     assert_values_equal(other.value(), acc.value())
-    assert other.value()[6] == model.optimizer_state
+    assert other.value()[6] == model.optimizer_state.to_dict()
     assert other.from_value(VariationalEmbeddingAttentionAccumulator(6, 4, 3, 5).value()).value()[6] is None
 
 
@@ -831,8 +835,11 @@ def test_vea_combine_requires_equal_optimizer_states(rng):
     with pytest.raises(ValueError, match=DIFFERENT_STATES):
         acc.seq_update(model.dist_to_encoder().seq_encode(rows), np.ones(10), later)  # E-step of another state
     assert_values_equal(acc.value(), before)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="missing field 'schema_version'"):  # a dict that is no state's to_dict()
         acc.from_value(before[:6] + ({"iteration": 0},))
+    with pytest.raises(TypeError):
+        acc.from_value(before[:6] + (["not", "a", "state"],))
+    assert_values_equal(acc.value(), before)
     acc.combine(e_step(model, rows).value())  # the same state combines
     np.testing.assert_allclose(acc.value()[5], 20.0)
 
@@ -1050,9 +1057,9 @@ def test_vea_mixture_statistics_carry_each_components_state(rng):
     acc.seq_update(enc, np.ones(20), mixture)
     comp_count, children = acc.value()
     assert comp_count.sum() == pytest.approx(20.0, rel=1e-12)
-    assert children[0][6] == a.optimizer_state and children[1][6] == b.optimizer_state
+    assert children[0][6] == a.optimizer_state.to_dict() and children[1][6] == b.optimizer_state.to_dict()
     copy = mixture.estimator().accumulator_factory().make().from_value(acc.value())
-    assert copy.value()[1][1][6] == b.optimizer_state
+    assert copy.value()[1][1][6] == b.optimizer_state.to_dict()
     fit = mixture.estimator().estimate(None, acc.value())
     assert [c.optimizer_state.iteration for c in fit.components] == [1, 3]
     assert fit.components[1].optimizer_state.seed == 8
@@ -1262,7 +1269,7 @@ def test_vmha_e_step_matches_the_gradient_of_the_log_likelihood(rng):
     w = rng.random(20)
     w[5] = 0.0
     grad_m, grad_logv, emission_count, ll, n, state = e_step(model, rows, w).value()
-    assert state == model.optimizer_state
+    assert state == model.optimizer_state.to_dict()
     np.testing.assert_allclose(grad_m, finite_difference_gradient(vmha_log_p, model, rows, w), rtol=1e-5, atol=1e-7)
     assert np.max(np.abs(grad_logv)) < 1e-9
     expected = np.zeros((6, 5))
