@@ -158,6 +158,17 @@ class ResponsibilityAttentionAccumulator(Accumulator):
     context_length: int
     query_dim: int
     num_targets: int
+    # The statistics as attributes (read-only copies, as in value()).
+    @property
+    def key_sum(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def key_mass(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def emission_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def position_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def query_sq(self) -> float: ...
     def value(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64],
                              npt.NDArray[np.float64], float]: ...
 
@@ -240,6 +251,17 @@ class ChainedAttentionAccumulator(Accumulator):
     n_hops: int
     num_symbols: int
     num_targets: int
+    # The statistics as attributes (read-only copies, as in value()).
+    @property
+    def key_num(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def key_mass(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def emission_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def ll(self) -> float: ...
+    @property
+    def n(self) -> float: ...
     def value(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], float,
                              float]: ...
 
@@ -285,13 +307,14 @@ class AttentionOptimizerState:
 # ---- variational embedding attention (SPEC.md §4.6) ---------------------------------------------------------------
 
 VeaObservation = tuple[npt.NDArray[np.int64], int, int]
+# value() ends with the optimizer state's to_dict() form (or None); from_value and combine also take the object.
 VeaValue = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64],
-                 float, float, AttentionOptimizerState | None]
+                 float, float, dict[str, Any] | None]
 
 class VariationalEmbeddingAttentionDistribution(Distribution):
     def __init__(self, mean: ArrayLike, log_var: ArrayLike, emission: ArrayLike, position_prior: ArrayLike,
                  sigma2: float = 0.5, name: str | None = None,
-                 optimizer_state: AttentionOptimizerState | None = None, *,
+                 optimizer_state: AttentionOptimizerState | dict[str, Any] | None = None, *,
                  precision: Literal["float64", "mixed"] = "float64") -> None: ...
     mean: npt.NDArray[np.float64]
     log_var: npt.NDArray[np.float64]
@@ -365,6 +388,19 @@ class VariationalEmbeddingAttentionAccumulator(Accumulator):
     embed_dim: int
     num_targets: int
     mc: int
+    # The statistics as attributes (read-only copies, as in value()).
+    @property
+    def grad_m(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def grad_logv(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def emission_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def position_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def ll(self) -> float: ...
+    @property
+    def n(self) -> float: ...
     def value(self) -> VeaValue: ...
 
 class VariationalEmbeddingAttentionAccumulatorFactory(AccumulatorFactory):
@@ -387,11 +423,12 @@ class VariationalEmbeddingAttentionDataEncoder(DataEncoder):
 # ---- variational multi-hop attention (SPEC.md §5) -----------------------------------------------------------------
 
 VmhaValue = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], float, float,
-                  AttentionOptimizerState | None]
+                  dict[str, Any] | None]
 
 class VariationalMultiHopAttentionDistribution(Distribution):
     def __init__(self, mean: ArrayLike, log_var: ArrayLike, emission: ArrayLike, sigma2: float = 0.3,
-                 name: str | None = None, optimizer_state: AttentionOptimizerState | None = None) -> None: ...
+                 name: str | None = None,
+                 optimizer_state: AttentionOptimizerState | dict[str, Any] | None = None) -> None: ...
     mean: npt.NDArray[np.float64]
     log_var: npt.NDArray[np.float64]
     emission: npt.NDArray[np.float64]
@@ -461,6 +498,17 @@ class VariationalMultiHopAttentionAccumulator(Accumulator):
     embed_dim: int
     num_targets: int
     mc: int
+    # The statistics as attributes (read-only copies, as in value()).
+    @property
+    def grad_m(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def grad_logv(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def emission_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def ll(self) -> float: ...
+    @property
+    def n(self) -> float: ...
     def value(self) -> VmhaValue: ...
 
 class VariationalMultiHopAttentionAccumulatorFactory(AccumulatorFactory):

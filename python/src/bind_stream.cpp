@@ -706,12 +706,21 @@ void bind_stream(py::module_& m) {
   py::class_<GaussianLaw>(
       m, "GaussianLaw",
       "A Gaussian law over a d-vector: mean (d,), cov (d, d). Unpacks as (mean, cov).")
-      .def(py::init([](const py::object& mean, const py::object& cov) {
-             return make_law(mean, cov, "GaussianLaw");
+      .def(py::init([](const py::object& mean, const py::object& cov, const py::object& mu, const py::object& covar) {
+             // mean/cov, or the reference design's names mu/covar: one of each pair.
+             const auto either = [](const py::object& a, const py::object& b, const char* names) -> py::object {
+               if (a.is_none() == b.is_none())
+                 throw TypeError(std::string("GaussianLaw: give exactly one of ") + names);
+               return a.is_none() ? b : a;
+             };
+             return make_law(either(mean, mu, "mean or mu"), either(cov, covar, "cov or covar"), "GaussianLaw");
            }),
-           py::arg("mean"), py::arg("cov"))
+           py::arg("mean") = py::none(), py::arg("cov") = py::none(), py::kw_only(), py::arg("mu") = py::none(),
+           py::arg("covar") = py::none())
       .def_property_readonly("mean", [](const GaussianLaw& l) { return array_out(l.mean); })
       .def_property_readonly("cov", [](const GaussianLaw& l) { return array_out(l.cov); })
+      .def_property_readonly("mu", [](const GaussianLaw& l) { return array_out(l.mean); }, "mean, by the reference's name")
+      .def_property_readonly("covar", [](const GaussianLaw& l) { return array_out(l.cov); }, "cov, by the reference's name")
       .def("__iter__",
            [](const GaussianLaw& l) {
              return py::iter(py::make_tuple(array_out(l.mean), array_out(l.cov)));
@@ -729,7 +738,8 @@ void bind_stream(py::module_& m) {
         const auto wq = real_tensor(qkv_weight, w, "qkv_weight");
         const auto bq = real_tensor(qkv_bias, w, "qkv_bias");
         const auto wp = real_tensor(proj_weight, w, "proj_weight");
-        const auto bp = real_tensor(proj_bias, w, "proj_bias");
+        // proj_bias=None: no bias (the reference's default).
+        const auto bp = proj_bias.is_none() ? torch::zeros({wp.size(0)}, wp.options()) : real_tensor(proj_bias, w, "proj_bias");
         const int64_t heads = positive_int(n_head, w, "n_head");
         AttentionLawResult result;
         {
@@ -739,10 +749,10 @@ void bind_stream(py::module_& m) {
         return py::make_tuple(result.law, array_out(result.jacobian));
       },
       py::arg("law"), py::arg("qkv_weight"), py::arg("qkv_bias"), py::arg("proj_weight"),
-      py::arg("proj_bias"), py::arg("n_head"),
+      py::arg("proj_bias") = py::none(), py::arg("n_head") = 1,
       "The exact Gaussian law of an attention layer's output (SPEC.md §7.2): law (a GaussianLaw or "
       "(mean, cov)) over the layer input, qkv_weight (3d, d), qkv_bias (3d,), proj_weight (d, d), "
-      "proj_bias (d,) -> (GaussianLaw, jacobian (d, d)).");
+      "proj_bias (d,) or None (no bias), n_head (default 1) -> (GaussianLaw, jacobian (d, d)).");
 
   // ---- RoPE ----
   m.def(

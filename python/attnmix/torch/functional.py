@@ -306,25 +306,40 @@ def ingest_cluster_batch(
 
 
 class GaussianLaw:
-    """A Gaussian law over a d-vector: ``mean (d,)`` and ``cov (d, d)`` tensors."""
+    """A Gaussian law over a d-vector: ``mean (d,)`` and ``cov (d, d)`` tensors. ``GaussianLaw(mu=..., covar=...)``
+    and the attributes ``mu`` and ``covar`` are the reference design's names for the same."""
 
-    def __init__(self, mean: torch.Tensor, cov: torch.Tensor):
-        self.mean = mean
-        self.cov = cov
+    def __init__(self, mean: Optional[torch.Tensor] = None, cov: Optional[torch.Tensor] = None, *,
+                 mu: Optional[torch.Tensor] = None, covar: Optional[torch.Tensor] = None):
+        if (mean is None) == (mu is None) or (cov is None) == (covar is None):
+            raise TypeError("GaussianLaw: give exactly one of mean or mu, and one of cov or covar")
+        self.mean = mean if mu is None else mu
+        self.cov = cov if covar is None else covar
+
+    @property
+    def mu(self) -> torch.Tensor:
+        return self.mean
+
+    @property
+    def covar(self) -> torch.Tensor:
+        return self.cov
 
     def __repr__(self) -> str:
         return f"GaussianLaw(mean={self.mean!r}, cov={self.cov!r})"
 
 
-def attention_law(law, qkv_weight, qkv_bias, proj_weight, proj_bias, n_head: int):
+def attention_law(law, qkv_weight, qkv_bias, proj_weight, proj_bias=None, n_head: int = 1):
     """The exact Gaussian law of an attention layer's output when its input ``h`` is ``N(law.mean, law.cov)``.
 
     ``law`` is a GaussianLaw or a ``(mean, cov)`` pair; the weights are those of ``qkv = Linear(d, 3d)`` and
     ``proj = Linear(d, d)``. Per head the population's attention output is affine in the query,
     ``mu_v + Sigma_vk q / sqrt(d_head)``, so the law is pushed exactly through ``qkv``, that map and ``proj``.
+    ``proj_bias=None`` is no bias; ``n_head`` defaults to one head.
     Returns ``(GaussianLaw, jacobian (d, d))``; differentiable in every tensor. ValueError when ``d_model`` is not
     a multiple of ``n_head`` or a shape does not match.
     """
+    if proj_bias is None:
+        proj_bias = torch.zeros(proj_weight.shape[0], dtype=proj_weight.dtype, device=proj_weight.device)
     if isinstance(law, GaussianLaw):
         mean, cov = law.mean, law.cov
     elif isinstance(law, (tuple, list)) and len(law) == 2:

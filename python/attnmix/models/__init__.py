@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnmix.models: the reference design's ``mixle.models`` path (``attnmix.models.moment_propagation``)."""

@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnmix.utils: the reference design's ``mixle.utils`` path (``attnmix.utils.vector``)."""
