@@ -18,6 +18,7 @@
 #include "attnmix/assign/experiment.hpp"
 #include "attnmix/core/atomic_file.hpp"
 #include "cli_support.hpp"
+#include "number_checks.hpp"
 #include "commands/commands.hpp"
 
 namespace attnmix::cli {
@@ -196,7 +197,7 @@ void add_assign_tree_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", args->n_threads,
                   "Threads for the frequency estimates (0 = all cores)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->callback([args, &exit_code] { exit_code = run_assign_tree(*args); });
 }

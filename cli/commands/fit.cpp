@@ -25,6 +25,7 @@
 #include "commands/commands.hpp"
 #include "commands/fit_flags.hpp"
 #include "commands/fit_problem.hpp"
+#include "number_checks.hpp"
 #include "distributed.hpp"
 
 namespace attnmix::cli {
@@ -281,7 +282,7 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       ->type_name("FILE");
   add_family_flags(cmd, *args);
   cmd->add_option("--max-its", args->optimize.max_its, "Maximum EM iterations")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   args->delta_opt =
       cmd->add_option("--delta", args->delta,
@@ -301,10 +302,10 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
                                    "of the Monte-Carlo noise)")
                        ->capture_default_str();
   cmd->add_option("--threads", args->optimize.n_threads, "Threads for the E-step (0 = all cores)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--print-iter", args->optimize.print_iter, "Print every k-th iteration")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_flag("--classic", args->classic,
                 "Use the classic loop (score each new model separately)");

@@ -11,6 +11,7 @@
 
 #include "attnmix/core/errors.hpp"
 #include "cli_support.hpp"
+#include "number_checks.hpp"
 
 namespace attnmix::cli {
 
@@ -181,8 +182,8 @@ void add_family_flags(CLI::App* cmd, FitArgs& args) {
         if (flag_of(option.name) == flag) check = option.check;
     if (check == OptionCheck::kPositive && !std::holds_alternative<bool>(f.value) &&
         !std::holds_alternative<std::string>(f.value))
-      f.option->check(CLI::PositiveNumber);
-    if (check == OptionCheck::kNonNegative) f.option->check(CLI::NonNegativeNumber);
+      f.option->check(kPositive);
+    if (check == OptionCheck::kNonNegative) f.option->check(kNonNegative);
   }
 }
 

@@ -59,7 +59,7 @@ Dims declared_sizes(const FitSpec& fit, const FitArgs& args, const FitInit* init
 /// must equal it. @throws ValueError ("--sigma2 0.5 does not match the --init model a.json (sigma2 = 0.1…); leave
 /// --sigma2 out to continue with the model's").
 OptionValues declared_options(const FitSpec& fit, const FitArgs& args, const FitInit* init) {
-  const OptionValues stored = init ? fit.model_options(init->model) : OptionValues{};
+  const OptionValues stored = init && fit.model_options ? fit.model_options(init->model) : OptionValues{};
   OptionValues values;
   for (const OptionSpec& spec : fit.options) {
     const std::string name(spec.name), flag = "--" + flag_name(spec.name);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli_support.hpp"
+#include "number_checks.hpp"
 #include "commands/commands.hpp"
 #include "commands/demo_sections.hpp"
 #include "commands/lm_plugin.hpp"
@@ -197,11 +198,11 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--window", o.model.window,
                   "Tokens a query sees exactly (window and moment-closure)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--max-clusters", o.model.max_clusters,
                   "moment-closure: far-field clusters per layer, stream and head")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--birth-threshold", o.model.birth_threshold,
                   "moment-closure: a chunk of evicted tokens whose best cluster logit lies below "
@@ -216,49 +217,49 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "moment-closure: per layer, stream and cluster, keep this many of the evicted "
                   "tokens the cluster predicts worst exactly (int8) and attend to them beside the "
                   "clusters (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--sketch-rows", o.model.sketch_rows,
                   "frequent-directions: rows of each layer's and head's sketch of the evicted "
                   "tokens (even, >= 4; the sketch keeps rows/2 - 1 directions after each shrink)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--sketch-dim", o.model.sketch_dim,
                   "tensor-sketch: width of each layer's and head's sketch")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--sketch-degree", o.model.sketch_degree,
                   "tensor-sketch: degree p of the kernel (q.k)^p the window computes and the sketch "
                   "estimates")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--d-model", o.model.d_model, "Width of the model")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--n-layer", o.model.n_layer, "Transformer layers")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--n-head", o.model.n_head,
                   "Attention heads (d_model / n_head must be an even integer)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Parallel streams")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--chunk", o.chunk, "Bytes per stream per step")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--steps", o.steps,
                   "Total steps (with --resume: the step to reach; default the checkpoint's)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--detach-horizon", o.detach_horizon,
                   "Chunks per optimizer update (truncated BPTT: gradients flow back over this "
                   "many chunks)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--lr", o.lr, "Peak learning rate (AdamW)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--min-lr-ratio", o.min_lr_ratio, "The cosine schedule ends at lr times this")
       ->check(CLI::Range(0.0, 1.0))
@@ -268,20 +269,20 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
       ->check(CLI::IsMember({"cosine", "constant"}))
       ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--clip", o.clip, "Maximum global gradient norm (0: no clipping)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the initial parameters")->capture_default_str();
   cmd->add_option("--threads", o.threads,
                   "libtorch intra-op threads, at most the machine's hardware threads (results are "
                   "reproducible for a fixed count)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every,
                   "Also write --out every this many steps (at whole updates; 0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->callback([args, cmd, &exit_code] { exit_code = run_train(*args, cmd); });
 }
@@ -319,9 +320,9 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
                   "Score only this final fraction of the text (0: all of it)")
       ->capture_default_str();
   cmd->add_option("--chunk", r->chunk, "Bytes per step (default: the checkpoint's --chunk)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--threads", r->threads, "libtorch intra-op threads (at most the hardware threads)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   add_window_cache_flag(cmd, r->window_cache);
   cmd->callback([r, &exit_code] {
@@ -337,22 +338,22 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
   cmd->add_option("--window", o.window,
                   "Tokens a query sees exactly (window, moment-closure and the sketches; linear and full "
                   "have none)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--chunk", o.chunk, "Tokens per streamed chunk")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--d-model", o.d_model, "Width of the model")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--n-layer", o.n_layer, "Transformer layers")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--n-head", o.n_head, "Attention heads (d_model / n_head an even integer)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--max-clusters", o.max_clusters, "moment-closure: clusters per layer and head")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--birth-threshold", o.birth_threshold,
                   "moment-closure: the cluster-birth threshold")
@@ -361,32 +362,32 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
   cmd->add_option("--outliers", o.outlier_capacity,
                   "moment-closure+outliers: the worst-fitting evicted tokens kept exactly (int8) per "
                   "layer, stream and cluster")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--sketch-rows", o.sketch_rows,
                   "frequent-directions: rows of each layer's and head's sketch (even, >= 4)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--sketch-dim", o.sketch_dim, "tensor-sketch: width of each layer's and head's sketch")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--sketch-degree", o.sketch_degree, "tensor-sketch: degree of the polynomial kernel")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per training step")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--steps", o.steps, "Training steps per mechanism")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--lr", o.lr, "Learning rate of the recall runs (AdamW, constant)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--eval-sequences", o.eval_sequences, "Held-out sequences scored")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--threads", o.threads, "libtorch intra-op threads (at most the hardware threads)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
 }
 
@@ -420,22 +421,22 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       ->check(CLI::IsMember(lm::kSequenceMechanisms))
       ->capture_default_str();
   cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--values", o.task.values, "Value tokens (chance accuracy is 1/values)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--filler", o.task.filler, "Filler tokens")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--pairs", o.task.pairs, "Key-value pairs per sequence (at most --keys)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--queries", o.task.queries, "Keys asked per sequence (at most --pairs)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--gap", o.task.gap, "Filler tokens between the last pair and the first query")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   add_recall_model_flags(cmd, o);
   cmd->add_option("--seed", o.seed, "Seed of the parameters and the sequences")
@@ -448,14 +449,14 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--text-steps", r->text_steps,
                   "Training steps of each text run (8 streams; 0: no text comparison)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--text-chunk", r->text_chunk,
                   "Bytes per stream per step of the text runs (default: --chunk)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--text-lr", r->text_lr,
                   "Peak learning rate of the text runs (AdamW, cosine decay to a tenth)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->callback([r, &exit_code] {
     if (!std::isfinite(r->options.birth_threshold))
@@ -500,28 +501,28 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--gaps", b.recall_gaps, "recall: filler tokens between the pairs and the queries")
       ->delimiter(',')
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--pairs", b.recall_pairs, "recall: key-value pairs per sequence (all asked)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--keys", b.training.task.keys, "recall: distinct key tokens (at least the pairs)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--values", b.training.task.values, "recall: value tokens (chance 1/values)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--mqar-lengths", b.mqar_lengths, "mqar: tokens per sequence (even, at least 4 x pairs)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--mqar-pairs", b.mqar_pairs, "mqar: key-value pairs per sequence (all asked)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--passkey-lengths", b.passkey_lengths, "passkey: bytes per sequence")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--seeds", b.seeds, "Seeds of the parameters and the sequences (one run each)")
       ->delimiter(',')
@@ -554,17 +555,17 @@ void add_generate(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--prompt", r->prompt, "Text to continue (its bytes are the first tokens)")
       ->required();
   cmd->add_option("--tokens", g.tokens, "Bytes to sample")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--temperature", g.temperature, "Divides the logits (lower: more conservative)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--top-k", g.top_k, "Sample among the k most likely bytes (0: all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--seed", g.seed, "Seed of the sampler")->capture_default_str();
   cmd->add_option("--threads", g.threads, "libtorch intra-op threads (at most the hardware threads)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   add_window_cache_flag(cmd, g.window_cache);
   cmd->callback([r, &exit_code] {

@@ -24,6 +24,10 @@ struct PredictArgs {
 int run_predict(const PredictArgs& args) {
   check_input_file(args.model, "the model file");
   const AnyDistribution model = load_model(args.model);
+  if (!model.predicts())
+    throw ValueError(args.model + ": a " + model.family() +
+                     " model has no predictive distribution p(target | input) to predict with (the attention "
+                     "families have one); 'attnmix score' gives the rows' log-density under it");
   const ModelData data = read_model_data(model, args.data, TargetPolicy::kOptional);
   const Matrix proba = model.predict_proba(data.batch);  // [n, T]
   Index correct = 0;

@@ -9,6 +9,7 @@
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
+#include "number_checks.hpp"
 #include "commands/commands.hpp"
 #include "model_data.hpp"
 
@@ -48,14 +49,14 @@ void add_sample_command(CLI::App& app, int& exit_code) {
       ->type_name("FILE");
   cmd->add_option("-n,--n", args->n, "Number of observations")
       ->required()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--seed", args->seed, "Random seed")->required();
   args->context_length_opt =
       cmd->add_option("--context-length", args->context_length,
                       "Context length N (chained and variational multi-hop attention: default "
                       "6; responsibility and variational embedding attention: must equal the "
                       "model's N)")
-          ->check(CLI::PositiveNumber);
+          ->check(kPositive);
   cmd->callback([args, &exit_code] { exit_code = run_sample(*args); });
 }
 

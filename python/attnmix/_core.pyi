@@ -577,17 +577,37 @@ class CategoricalSampler:
     def __init__(self, dist: CategoricalDistribution, seed: RngLike = None) -> None: ...
     def sample(self, size: int | None = None, *, batched: bool = True) -> int | list[int]: ...
 
+# >>> generated: CategoricalEstimator (scripts/generate_stubs.py)
 class CategoricalEstimator(Estimator):
-    def __init__(self, num_categories: int, *, smoothing: float = 0.0, pseudo_count: float | None = None,
-                 name: str | None = None, keys: str | None = None) -> None: ...
+    def __init__(
+        self,
+        num_categories: int,
+        *,
+        smoothing: float = 0.0,
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
     num_categories: int
     smoothing: float
     name: str | None
     keys: str | None
+    def accumulator_factory(self) -> CategoricalAccumulatorFactory: ...
+    def estimate(self, nobs: float | None, value: Any) -> CategoricalDistribution: ...
+# <<< generated: CategoricalEstimator
 
 class CategoricalAccumulator(Accumulator):
     def __init__(self, num_categories: int, keys: str | None = None, name: str | None = None) -> None: ...
     num_categories: int
+    # The statistics as attributes (read-only copies, as in value()).
+    @property
+    def counts(self) -> npt.NDArray[np.float64]: ...
+    def value(self) -> tuple[npt.NDArray[np.float64]]: ...
+
+class CategoricalAccumulatorFactory(AccumulatorFactory):
+    def __init__(self, num_categories: int, keys: str | None = None, name: str | None = None) -> None: ...
+    num_categories: int
+    def make(self) -> CategoricalAccumulator: ...
 
 class CategoricalDataEncoder(DataEncoder):
     def __init__(self, num_categories: int | None = None) -> None: ...
@@ -606,17 +626,41 @@ class DiagonalGaussianSampler:
     def sample(self, size: int | None = None, *, batched: bool = True
                ) -> npt.NDArray[np.float64] | list[npt.NDArray[np.float64]]: ...
 
+# >>> generated: DiagonalGaussianEstimator (scripts/generate_stubs.py)
 class DiagonalGaussianEstimator(Estimator):
-    def __init__(self, dim: int, *, min_sigma2: float = 1e-6, pseudo_count: float | None = None,
-                 name: str | None = None, keys: str | None = None) -> None: ...
+    def __init__(
+        self,
+        dim: int,
+        *,
+        min_sigma2: float = 1e-06,
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
     dim: int
     min_sigma2: float
     name: str | None
     keys: str | None
+    def accumulator_factory(self) -> DiagonalGaussianAccumulatorFactory: ...
+    def estimate(self, nobs: float | None, value: Any) -> DiagonalGaussianDistribution: ...
+# <<< generated: DiagonalGaussianEstimator
 
 class DiagonalGaussianAccumulator(Accumulator):
     def __init__(self, dim: int, keys: str | None = None, name: str | None = None) -> None: ...
     dim: int
+    # The statistics as attributes (read-only copies, as in value()).
+    @property
+    def sum(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def sum_sq(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def count(self) -> float: ...
+    def value(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]: ...
+
+class DiagonalGaussianAccumulatorFactory(AccumulatorFactory):
+    def __init__(self, dim: int, keys: str | None = None, name: str | None = None) -> None: ...
+    dim: int
+    def make(self) -> DiagonalGaussianAccumulator: ...
 
 class DiagonalGaussianDataEncoder(DataEncoder):
     def __init__(self, dim: int | None = None) -> None: ...

@@ -16,6 +16,7 @@
 #include "bindings.hpp"
 #include "convert.hpp"
 #include "encoders.hpp"
+#include "estimator_class.hpp"
 #include "roles.hpp"
 
 namespace attnmix::python {
@@ -90,10 +91,6 @@ py::list children_of(const AccumulatorHandle& h) {
 
 py::object optional_int(const std::optional<int64_t>& v) {
   return v ? py::object(py::int_(*v)) : py::none();
-}
-
-py::object keys_to_python(const std::optional<std::string>& keys) {
-  return keys ? py::object(py::str(*keys)) : py::none();
 }
 
 template <class Sampler, class Convert>
@@ -338,44 +335,11 @@ void bind_categorical(py::module_& m) {
           },
           "size"_a = py::none(), py::kw_only(), "batched"_a = true);
 
-  const CategoricalEstimatorOptions defaults;
-  using Est = EstimatorOf<CategoricalEstimator>;
-  py::class_<Est, EstimatorHandle>(m, "CategoricalEstimator", "p = (counts + smoothing) / sum.")
-      .def(py::init([](py::object K, py::object smoothing, py::object pseudo_count, py::object name,
-                       py::object keys) {
-             constexpr const char* where = "CategoricalEstimator";
-             const int64_t k = positive_int(K, where, "num_categories");
-             CategoricalEstimatorOptions o;
-             o.smoothing = nonnegative_real(smoothing, where, "smoothing");
-             o.name = name_arg(name, where);
-             o.keys = optional_str(keys, where, "keys");
-             py::object pseudo = pseudo_count_arg(pseudo_count, where);
-             return Est(AnyEstimator(CategoricalEstimator(k, std::move(o))), std::move(pseudo));
-           }),
-           "num_categories"_a, py::kw_only(), "smoothing"_a = defaults.smoothing,
-           "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none())
-      .def_property_readonly("num_categories",
-                             [](const Est& e) { return e.estimator().n_categories(); })
-      .def_property_readonly("smoothing",
-                             [](const Est& e) { return e.estimator().options().smoothing; })
-      .def_property_readonly(
-          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
-      .def_property_readonly(
-          "keys", [](const Est& e) { return keys_to_python(e.estimator().options().keys); });
-
-  using Acc = AccumulatorOf<CategoricalAccumulator>;
-  py::class_<Acc, AccumulatorHandle>(m, "CategoricalAccumulator",
-                                     "Statistics, value() = (counts (K,),).")
-      .def(py::init([](py::object K, py::object keys, py::object name) {
-             constexpr const char* where = "CategoricalAccumulator";
-             py::object nm = name_to_python(name_arg(name, where));
-             return Acc(AccumulatorHandle(
-                 AnyAccumulator(CategoricalAccumulator(positive_int(K, where, "num_categories"),
-                                                       optional_str(keys, where, "keys"))),
-                 std::move(nm)));
-           }),
-           "num_categories"_a, "keys"_a = py::none(), "name"_a = py::none())
-      .def_property_readonly("num_categories", [](const Acc& a) { return a.acc().n_categories(); });
+  bind_estimator_class<CategoricalEstimator>(m, categorical_family(), "CategoricalEstimator",
+                                             "p = (counts + smoothing) / sum.");
+  bind_accumulator_classes<CategoricalAccumulator>(m, categorical_family(), "CategoricalAccumulator",
+                                                   "CategoricalAccumulatorFactory",
+                                                   "Statistics, value() = (counts (K,),).");
 
   py::class_<CategoricalDataEncoderPy, DataEncoder, std::shared_ptr<CategoricalDataEncoderPy>>(
       m, "CategoricalDataEncoder", "Encodes a list (or 1-D array) of ids.")
@@ -461,46 +425,12 @@ void bind_gaussian(py::module_& m) {
           },
           "size"_a = py::none(), py::kw_only(), "batched"_a = true);
 
-  const DiagonalGaussianEstimatorOptions defaults;
-  using Est = EstimatorOf<DiagonalGaussianEstimator>;
-  py::class_<Est, EstimatorHandle>(
-      m, "DiagonalGaussianEstimator",
-      "mu = sum / count, sigma2 = max(sum_sq / count - mu^2, min_sigma2).")
-      .def(py::init([](py::object D, py::object min_sigma2, py::object pseudo_count,
-                       py::object name, py::object keys) {
-             constexpr const char* where = "DiagonalGaussianEstimator";
-             const int64_t d = positive_int(D, where, "dim");
-             DiagonalGaussianEstimatorOptions o;
-             o.min_sigma2 = positive_real(min_sigma2, where, "min_sigma2");
-             o.name = name_arg(name, where);
-             o.keys = optional_str(keys, where, "keys");
-             py::object pseudo = pseudo_count_arg(pseudo_count, where);
-             return Est(AnyEstimator(DiagonalGaussianEstimator(d, std::move(o))),
-                        std::move(pseudo));
-           }),
-           "dim"_a, py::kw_only(), "min_sigma2"_a = defaults.min_sigma2,
-           "pseudo_count"_a = py::none(), "name"_a = py::none(), "keys"_a = py::none())
-      .def_property_readonly("dim", [](const Est& e) { return e.estimator().dim(); })
-      .def_property_readonly("min_sigma2",
-                             [](const Est& e) { return e.estimator().options().min_sigma2; })
-      .def_property_readonly(
-          "name", [](const Est& e) { return name_to_python(e.estimator().options().name); })
-      .def_property_readonly(
-          "keys", [](const Est& e) { return keys_to_python(e.estimator().options().keys); });
-
-  using Acc = AccumulatorOf<DiagonalGaussianAccumulator>;
-  py::class_<Acc, AccumulatorHandle>(m, "DiagonalGaussianAccumulator",
-                                     "Statistics, value() = (sum (D,), sum_sq (D,), count).")
-      .def(py::init([](py::object D, py::object keys, py::object name) {
-             constexpr const char* where = "DiagonalGaussianAccumulator";
-             py::object nm = name_to_python(name_arg(name, where));
-             return Acc(AccumulatorHandle(
-                 AnyAccumulator(DiagonalGaussianAccumulator(positive_int(D, where, "dim"),
-                                                            optional_str(keys, where, "keys"))),
-                 std::move(nm)));
-           }),
-           "dim"_a, "keys"_a = py::none(), "name"_a = py::none())
-      .def_property_readonly("dim", [](const Acc& a) { return a.acc().dim(); });
+  bind_estimator_class<DiagonalGaussianEstimator>(
+      m, diagonal_gaussian_family(), "DiagonalGaussianEstimator",
+      "mu = sum / count, sigma2 = max(sum_sq / count - mu^2, min_sigma2).");
+  bind_accumulator_classes<DiagonalGaussianAccumulator>(m, diagonal_gaussian_family(), "DiagonalGaussianAccumulator",
+                                                        "DiagonalGaussianAccumulatorFactory",
+                                                        "Statistics, value() = (sum (D,), sum_sq (D,), count).");
 
   py::class_<DiagonalGaussianDataEncoderPy, DataEncoder,
              std::shared_ptr<DiagonalGaussianDataEncoderPy>>(
@@ -579,10 +509,9 @@ void register_combinators() {
 
 void bind_stats(py::module_& m) {
   register_combinators();
-  register_leaf_family<Categorical, CategoricalEstimator, CategoricalAccumulator, CategoricalDataEncoderPy,
-                       /*Factory=*/false>();
+  register_leaf_family<Categorical, CategoricalEstimator, CategoricalAccumulator, CategoricalDataEncoderPy>();
   register_leaf_family<DiagonalGaussian, DiagonalGaussianEstimator, DiagonalGaussianAccumulator,
-                       DiagonalGaussianDataEncoderPy, /*Factory=*/false>();
+                       DiagonalGaussianDataEncoderPy>();
   bind_mixture(m);
   bind_composite(m);
   bind_categorical(m);

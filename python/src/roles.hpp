@@ -167,18 +167,17 @@ struct PythonFamily {
 void register_python_family(const std::type_info& distribution, const std::type_info& estimator,
                             const std::type_info& accumulator, const PythonFamily& family);
 
-/// The standard entry of a leaf family: DistributionOf<D>, EstimatorOf<E>, AccumulatorOf<A> (and FactoryOf<A>
-/// when `Factory` is true), and the Python encoder `Encoder` built from the model's or accumulator's encoder().
-template <class D, class E, class A, class Encoder, bool Factory = true>
+/// The standard entry of a leaf family: DistributionOf<D>, EstimatorOf<E>, AccumulatorOf<A>, FactoryOf<A>, and the
+/// Python encoder `Encoder` built from the model's or accumulator's encoder().
+template <class D, class E, class A, class Encoder>
 void register_leaf_family(PythonFamily extra = {}) {
   PythonFamily f = extra;
   f.distribution = [](AnyDistribution m) { return py::cast(DistributionOf<D>(std::move(m))); };
   f.estimator = [](AnyEstimator e, py::object pseudo) { return py::cast(EstimatorOf<E>(std::move(e), std::move(pseudo))); };
   f.accumulator = [](AccumulatorHandle site) { return py::cast(AccumulatorOf<A>(std::move(site))); };
-  if constexpr (Factory)
-    f.factory = [](AnyAccumulator prototype, py::object name) {
-      return py::cast(FactoryOf<A>(std::move(prototype), std::move(name)));
-    };
+  f.factory = [](AnyAccumulator prototype, py::object name) {
+    return py::cast(FactoryOf<A>(std::move(prototype), std::move(name)));
+  };
   f.model_encoder = [](const AnyDistribution& m) -> std::shared_ptr<DataEncoder> {
     return std::make_shared<Encoder>(m.get_if<D>()->encoder());
   };

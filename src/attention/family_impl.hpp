@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the attention families' descriptors share (private): their sizes, their common options, and the step from
-// an option table to an estimator's options and back.
+// What the attention families' descriptors share (private): their sizes and their common options.
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <string_view>
 #include <utility>
 
 #include "attnmix/core/precision.hpp"
 #include "attnmix/family/spec.hpp"
+
+#include "../family/settings_impl.hpp"
 
 namespace attnmix::detail {
 
@@ -25,13 +25,6 @@ inline constexpr SizeSpec kEmbedding{.symbol = "D", .flag = "embed-dim", .keywor
                                  .help = "embedding dimension", .fallback = 8};
 inline constexpr SizeSpec kTargets{.symbol = "T", .flag = "targets", .keyword = "num_targets", .noun = "targets",
                                .help = "number of targets"};
-
-/// Sizes by symbol, none saying where it came from (the caller does).
-inline Dims sizes(std::initializer_list<std::pair<const char*, int64_t>> values) {
-  Dims out;
-  for (const auto& [symbol, value] : values) out[symbol] = Dim{value, ""};
-  return out;
-}
 
 /// The gate variance (stored in the model) and the emission's pseudo-count.
 template <class Options>
@@ -62,29 +55,6 @@ OptionTable<Options> with_precision(OptionTable<Options> table) {
       "sum and the M-step in double; the log-likelihood agrees with float64 to about 8 digits; "
       "docs/mixed_precision.md)",
       {"float64", "mixed"}, &precision_name, &parse_precision);
-}
-
-/// An estimator's options from its settings: the table's values over the defaults, the name and the keys.
-template <class Options>
-Options estimator_options(const OptionTable<Options>& table, const EstimatorSettings& settings,
-                          std::string_view where) {
-  Options o = table.apply(settings.options, where);
-  o.name = settings.name;
-  o.keys = settings.keys;
-  return o;
-}
-
-/// The settings an estimator of these sizes and options reports.
-template <class Options>
-EstimatorSettings estimator_settings(Dims sizes, const OptionTable<Options>& table, const Options& o,
-                                     uint64_t seed = 0) {
-  return {std::move(sizes), table.values(o), seed, o.name, o.keys};
-}
-
-/// The settings an accumulator reports: its sizes, the options that shape its statistics, and its keys.
-inline EstimatorSettings accumulator_settings(Dims sizes, const std::optional<std::string>& keys,
-                                              OptionValues options = {}) {
-  return {std::move(sizes), std::move(options), 0, {}, keys};
 }
 
 /// The options a model stores: its gate variance.

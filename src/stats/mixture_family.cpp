@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <array>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/core/rng.hpp"
 #include "attnmix/family/spec.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/stats/mixture.hpp"
@@ -58,6 +61,52 @@ DataOf data_files_of(const AnyDistribution& model) {
   return *data;
 }
 
+// m rows: each row's component z ~ w from one stream, then component k draws its rows from its own stream and row i is
+// the next row of component z_i. O(m) plus the components' sampling.
+AnyBatch sample_mixture(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) {
+  const Mixture& mixture = *model.get_if<Mixture>();
+  const DataOf data = data_files_of(model);
+  const auto& components = mixture.components();
+  const auto K = static_cast<Index>(components.size());
+  Rng rng(derive_seed(seed, SeedPurpose::kSampler, 0));
+  const std::span<const double> w(mixture.weights().data(), static_cast<size_t>(K));
+  std::vector<Index> z(static_cast<size_t>(m)), count(static_cast<size_t>(K), 0);
+  for (Index& zi : z) ++count[static_cast<size_t>(zi = rng.categorical(w))];
+  std::vector<Rows> drawn;
+  for (Index k = 0; k < K; ++k) {
+    const AnyDistribution& component = components[static_cast<size_t>(k)];
+    const FamilySpec& family = spec_of(component);
+    if (!family.sample) throw ValueError(std::string(Mixture::kWhere) + ": component " + std::to_string(k) +
+                                         " (" + std::string(family.title) + ") has no sampler");
+    const uint64_t stream = derive_seed(seed, SeedPurpose::kSampler, static_cast<uint64_t>(k) + 1);
+    // A component that is itself a mixture draws rows of its components' family.
+    const AnyBatch batch = family.sample(component, count[static_cast<size_t>(k)], stream, width);
+    drawn.push_back(attnmix::data_of(component).family->rows_of(batch));
+  }
+  Rows rows = drawn.front();
+  for (size_t f = 0; f < rows.columns.size(); ++f) {
+    const auto width_of = [&](auto member) {
+      Index most = 0;
+      for (const Rows& d : drawn) most = std::max<Index>(most, (d.columns[f].*member).cols());
+      return most;
+    };
+    const Index id_width = width_of(&Column::ids), real_width = width_of(&Column::reals);
+    rows.columns[f].ids.resize(id_width ? m : 0, id_width);
+    rows.columns[f].reals.resize(real_width ? m : 0, real_width);
+  }
+  std::vector<Index> next(static_cast<size_t>(K), 0);
+  for (Index i = 0; i < m; ++i) {
+    const auto k = static_cast<size_t>(z[static_cast<size_t>(i)]);
+    for (size_t f = 0; f < rows.columns.size(); ++f) {
+      const Column& from = drawn[k].columns[f];
+      if (from.ids.cols()) rows.columns[f].ids.row(i) = from.ids.row(next[k]);
+      if (from.reals.cols()) rows.columns[f].reals.row(i) = from.reals.row(next[k]);
+    }
+    ++next[k];
+  }
+  return data.family->encode(std::move(rows), data.dims);
+}
+
 }  // namespace
 
 const FamilySpec& mixture_family() {
@@ -65,7 +114,8 @@ const FamilySpec& mixture_family() {
                                .title = "mixture",
                                .file_family = Mixture::kFamily,
                                .codec = {&params_to_json, &name_of, &from_json},
-                               .data_of = &data_files_of};
+                               .data_of = &data_files_of,
+                               .sample = &sample_mixture};
   return spec;
 }
 

@@ -302,6 +302,9 @@ class AnyDistribution {
   }
   [[nodiscard]] AnyAccumulator make_accumulator() const { return self_->make_accumulator(); }
   [[nodiscard]] AnyEstimator estimator() const { return self_->estimator(); }
+  /// Whether the family has a predictive distribution p(target | inputs) (the attention families; not a categorical,
+  /// a Gaussian or a mixture).
+  [[nodiscard]] bool predicts() const { return self_->predicts(); }
   /// p(t | inputs) [n, T]. @throws ValueError when the family has no predictive distribution.
   [[nodiscard]] Matrix predict_proba(const AnyBatch& batch) const { return self_->predict_proba(batch); }
   /// m observations drawn with the family's sampler from seed. @throws ValueError when the family has none.
@@ -322,6 +325,7 @@ class AnyDistribution {
                             std::span<double> log_p_out) const = 0;
     [[nodiscard]] virtual AnyAccumulator make_accumulator() const = 0;
     [[nodiscard]] virtual AnyEstimator estimator() const = 0;
+    [[nodiscard]] virtual bool predicts() const = 0;
     [[nodiscard]] virtual Matrix predict_proba(const AnyBatch& batch) const = 0;
     [[nodiscard]] virtual AnyBatch sample(Index m, uint64_t seed) const = 0;
   };
@@ -341,6 +345,7 @@ class AnyDistribution {
     }
     AnyAccumulator make_accumulator() const override { return AnyAccumulator(model.make_accumulator()); }
     AnyEstimator estimator() const override { return AnyEstimator(model.estimator()); }
+    bool predicts() const override { return requires { model.predict_proba(std::declval<const B&>()); }; }
     Matrix predict_proba(const AnyBatch& batch) const override {
       if constexpr (requires { model.predict_proba(batch_as<B>(batch, D::kWhere)); })
         return model.predict_proba(batch_as<B>(batch, D::kWhere));

@@ -98,7 +98,7 @@ struct FitSpec {
   bool stochastic = false;                ///< a Monte-Carlo objective: the score does not rise monotonically
   /// Every size a saved model fixes, each "from" nothing (the caller names the file).
   Dims (*model_sizes)(const AnyDistribution& model) = nullptr;
-  /// The values a saved model holds of the options marked from_model.
+  /// The values a saved model holds of the options marked from_model (null: it holds none).
   OptionValues (*model_options)(const AnyDistribution& model) = nullptr;
   /// The estimator of these settings; `init` is the model a fit starts from, if any (a variational fit continues its
   /// noise seed). @throws ValueError for sizes or options the estimator refuses.

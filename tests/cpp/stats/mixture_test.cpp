@@ -5,7 +5,9 @@
 #include <cmath>
 
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/family/spec.hpp"
 #include "attnmix/inference/optimize.hpp"
+#include "attnmix/stats/gaussian.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mixture.hpp"
 #include "testing/all_close.hpp"
@@ -196,6 +198,48 @@ TEST(MixtureTest, ReusedEmStepperEqualsFreshEmSteps) {
       EXPECT_EQ(f->params().emission, r->params().emission) << "step " << step << ", component " << k;
     }
   }
+}
+
+// Two narrow Gaussians far apart: which component drew a row is read off its sign, so the share of each component is
+// a binomial proportion to compare with its weight.
+DiagonalGaussian point(double mu) {
+  return DiagonalGaussian({Vector::Constant(1, mu), Vector::Constant(1, 0.01), ""});
+}
+
+TEST(MixtureTest, SamplerDrawsComponentsInProportionToTheirWeights) {
+  Vector w(2);
+  w << 0.3, 0.7;
+  const AnyDistribution mix(Mixture({AnyDistribution(point(-5)), AnyDistribution(point(5))}, w));
+  const FamilySpec& family = mixture_family();
+  ASSERT_NE(family.sample, nullptr);
+  const Index m = 4000;
+  const Matrix x = family.sample(mix, m, 11, std::nullopt).get<DiagonalGaussianBatch>("test").values();
+  ASSERT_EQ(x.rows(), m);
+  Index negative = 0;
+  for (Index i = 0; i < m; ++i) {
+    EXPECT_LT(std::fabs(std::fabs(x(i, 0)) - 5.0), 1.0) << "row " << i << " is no component's draw";
+    negative += x(i, 0) < 0;
+  }
+  const double share = static_cast<double>(negative) / static_cast<double>(m);
+  EXPECT_NEAR(share, 0.3, 4 * std::sqrt(0.3 * 0.7 / static_cast<double>(m)));
+  // The same seed gives the same rows; another seed other rows; no rows is a valid request.
+  EXPECT_EQ(family.sample(mix, m, 11, std::nullopt).get<DiagonalGaussianBatch>("test").values(), x);
+  EXPECT_NE(family.sample(mix, m, 12, std::nullopt).get<DiagonalGaussianBatch>("test").values(), x);
+  EXPECT_EQ(family.sample(mix, 0, 11, std::nullopt).n_rows(), 0);
+}
+
+TEST(MixtureTest, SamplerOfAMixtureOfMixturesDrawsLeafRows) {
+  Vector half(2);
+  half << 0.5, 0.5;
+  const AnyDistribution inner(Mixture({AnyDistribution(point(-5)), AnyDistribution(point(5))}, half));
+  Vector w(2);
+  w << 0.5, 0.5;
+  const AnyDistribution outer(Mixture({inner, AnyDistribution(point(20))}, w));
+  const Matrix x =
+      mixture_family().sample(outer, 2000, 3, std::nullopt).get<DiagonalGaussianBatch>("test").values();
+  Index far = 0;
+  for (Index i = 0; i < x.rows(); ++i) far += x(i, 0) > 10;
+  EXPECT_NEAR(static_cast<double>(far) / 2000.0, 0.5, 4 * std::sqrt(0.25 / 2000.0));
 }
 
 }  // namespace
