@@ -75,7 +75,11 @@ class ProgressPrinter {
 /// The readable verdicts, one block per prediction, after the JSON document.
 void print_verdicts(std::ostream& out, const AssignmentTreeExperimentResult& r) {
   const auto nq = static_cast<double>(r.n_queries);
-  out << "\nVerdicts (SPEC.md §8.2; thresholds of §9.8)\n";
+  out << "\nVerdicts (thresholds: RMSE slope within " << format_short(kSlopeTolerance)
+      << " of -0.5; union occupancy within " << format_short(100.0 * kOccupancyTolerance)
+      << " % of the prediction at every K;\nkey error 1/n - 1/(n+1) to within "
+      << format_short(kKeyMarginalTolerance)
+      << " and 0 < row error <= 1/(n+1); prediction 3 strict; tree edge count exact)\n";
 
   // Prediction 1: Monte-Carlo RMSE O(K^-1/2).
   const double slope_gap = std::abs(r.rmse_slope_observed - r.rmse_slope_predicted);
@@ -180,13 +184,13 @@ void add_assign_tree_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<AssignTreeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "assign-tree",
-      "The assignment-tree experiment of seed 004 (SPEC.md §8): perturb-and-MAP assignment "
+      "The assignment-tree experiment: perturb-and-MAP assignment "
       "frequencies, their spanning tree, and tree-sparse attention");
   cmd->footer(
-      "Runs the three predictions, the transport check and the retrieval comparison of SPEC.md "
-      "§8.2 (a few seconds), writes the results document atomically to --out (JSON, keys in SPEC "
-      "order), prints it on stdout followed by a verdict for each prediction. Progress lines go to "
-      "stderr. Results do not depend on --threads.\n"
+      "Runs the three predictions, the transport check and the retrieval comparison of the "
+      "experiment (docs/mechanisms.md#assignment-tree-attention; a few seconds), writes the results "
+      "document atomically to --out (JSON, keys in a fixed order), prints it on stdout followed by a "
+      "verdict for each prediction. Progress lines go to stderr. Results do not depend on --threads.\n"
       "Exit codes: 0 ok (whatever the verdicts), 1 usage, 2 I/O error (nothing is written).");
   cmd->add_option("--out", args->out, "Where to write the results document (JSON)")
       ->type_name("FILE")

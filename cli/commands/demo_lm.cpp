@@ -78,10 +78,10 @@ void demo_far_field(std::ostream& out) {
   const lm::RecallRunOptions o = demo_recall_options();
   const lm::RecallTaskOptions& t = o.task;
   out << "\nWhat a far field is for. The window forgets everything older than its last bytes. "
-         "Moment-closure\nattention (SPEC.md §7, lm train --mechanism moment-closure) keeps the "
-         "window and adds, per layer,\na few Gaussian clusters that summarise the keys and values "
-         "evicted from it, attended through the\nsame softmax. A recall task tests it: each "
-         "sequence stores\n"
+         "Moment-closure\nattention (lm train --mechanism moment-closure, "
+         "docs/mechanisms.md#moment-closure-far-field)\nkeeps the window and adds, per layer, a few "
+         "Gaussian clusters that summarise the keys and values\nevicted from it, attended through the "
+         "same softmax. A recall task tests it: each sequence stores\n"
       << t.pairs << " key-value pairs, then " << t.gap << " filler tokens, then asks for the "
       << t.queries << " keys again; by then every pair has\nleft the " << o.window
       << "-token window. Window, moment-closure (at most " << o.max_clusters

@@ -188,7 +188,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--mechanism", args->mechanism,
                   "Attention: window (the last --window tokens, bounded state), full (every "
                   "token since the start of the pass), moment-closure (the window plus a "
-                  "bounded far field of Gaussian clusters over the evicted tokens, SPEC §7) or "
+                  "bounded far field of Gaussian clusters over the evicted tokens; "
+                  "docs/mechanisms.md#moment-closure-far-field) or "
                   "linear (causal linear attention: running sums over every token, no window, "
                   "bounded state), frequent-directions (linear attention over the window exactly "
                   "and a Frequent Directions sketch of every evicted token, bounded state) or "
@@ -580,7 +581,7 @@ void add_generate(CLI::App* lm_cmd, int& exit_code) {
 void add_lm_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "lm",
-      "Streaming byte-level language models (SPEC §6-7): train, eval, generate; recall (the far "
+      "Streaming byte-level language models (docs/lm.md): train, eval, generate; recall (the far "
       "field against the window); memory-bench (memory against distance, load and state)");
 #ifdef ATTNMIX_LM_PLUGIN
   cmd->require_subcommand(1);

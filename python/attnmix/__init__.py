@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""attnmix: attention as a mixture (SPEC.md).
+"""attnmix: attention as a mixture (docs/mechanisms.md).
 
 Probabilistic attention mechanisms in which *which context position is attended* is a latent variable, fitted by
 exact EM (the variational families by variational EM, with the Adam state carried by the model). The classes keep

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Type stubs of attnmix._stream, the streaming part of attnmix on numpy arrays (SPEC.md §6-7), re-exported by
-attnmix.experimental."""
+"""Type stubs of attnmix._stream, the streaming part of attnmix on numpy arrays, re-exported by attnmix.experimental
+(docs/mechanisms.md#streaming-language-model, docs/mechanisms.md#moment-closure-far-field)."""
 from collections.abc import Callable, Iterator
 from os import PathLike
 from typing import Any
@@ -16,7 +16,8 @@ Path = str | PathLike[str]
 Receipt = dict[str, Any]
 
 class ClusterBank:
-    """One layer's far-field mixtures, one per stream (SPEC.md §7.3); properties are float64 copies."""
+    """One layer's far-field mixtures, one per stream (docs/mechanisms.md#moment-closure-far-field); properties are
+    float64 copies."""
     def __init__(
         self,
         count: ArrayLike,

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""attnmix.assign: assignment-tree attention (SPEC.md §8, seed 004).
+"""attnmix.assign: assignment-tree attention (docs/mechanisms.md#assignment-tree-attention).
 
 Perturb-and-MAP matchings of queries to keys, their edge frequencies, a maximum spanning tree of the bipartite graph,
-and attention restricted to that tree, with the seed's experiment::
+and attention restricted to that tree, with the assignment-tree experiment::
 
     from attnmix import Rng
     from attnmix.assign import assignment_tree, sparse_attention

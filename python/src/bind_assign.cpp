@@ -67,8 +67,9 @@ py::object json_to_python(const nlohmann::ordered_json& j) {
 void bind_assign(py::module_& m) {
   py::module_ a = m.def_submodule(
       "assign",
-      "Assignment-tree attention (SPEC.md §8, seed 004): perturb-and-MAP assignment frequencies, "
-      "their maximum spanning tree as a sparse attention support, and the seed's experiment.");
+      "Assignment-tree attention (docs/mechanisms.md#assignment-tree-attention): perturb-and-MAP "
+      "assignment frequencies, their maximum spanning tree as a sparse attention support, and the "
+      "assignment-tree experiment.");
 
   a.def(
       "linear_sum_assignment",
@@ -212,7 +213,7 @@ void bind_assign(py::module_& m) {
         return json_to_python(doc);
       },
       "seed"_a = 1234,
-      "The seed-004 experiment (SPEC.md §8.2): returns the results document as a dict whose keys "
+      "The assignment-tree experiment: returns the results document as a dict whose keys "
       "are in the order of results.json (what `attnmix assign-tree` writes). Takes seconds.");
 }
 

@@ -73,8 +73,9 @@ std::string path_arg(py::object path) {
 void bind_rng(py::module_& m) {
   py::class_<Rng>(
       m, "Rng",
-      "attnmix's own random stream (SPEC.md §1.6): std::mt19937_64 and in-house distributions, so "
-      "a seed gives the same draws on every platform. Accepted wherever an rng or seed is taken.")
+      "attnmix's own random stream (docs/mechanisms.md#training): std::mt19937_64 and in-house "
+      "distributions, so a seed gives the same draws on every platform. Accepted wherever an rng or "
+      "seed is taken.")
       .def(py::init([](py::object seed) {
              return Rng(static_cast<uint64_t>(nonnegative_int(seed, "Rng", "seed")));
            }),
@@ -142,7 +143,7 @@ void bind_encoded_batch(py::module_& m) {
 
 void bind_encoder_base(py::module_& m) {
   py::class_<DataEncoder, std::shared_ptr<DataEncoder>>(
-      m, "DataEncoder", "Base class of the data encoders (SPEC.md §1.1).")
+      m, "DataEncoder", "Base class of the data encoders.")
       .def(
           "seq_encode",
           [](const DataEncoder& e, py::object data) -> py::object {
@@ -168,7 +169,7 @@ void bind_encoder_base(py::module_& m) {
 
 void bind_distribution_base(py::module_& m) {
   py::class_<DistributionHandle>(m, "Distribution",
-                                 "Base class of the distributions (SPEC.md §1.1).")
+                                 "Base class of the distributions.")
       .def(
           "log_density",
           [](const DistributionHandle& d, py::object x) {
@@ -216,7 +217,7 @@ void bind_distribution_base(py::module_& m) {
 
 void bind_estimator_base(py::module_& m) {
   py::class_<EstimatorHandle>(m, "Estimator",
-                              "Base class of the estimators (the M-step; SPEC.md §1.1).")
+                              "Base class of the estimators (the M-step).")
       .def(
           "accumulator_factory",
           [](py::object self) {
@@ -245,7 +246,7 @@ void bind_estimator_base(py::module_& m) {
 void bind_accumulator_base(py::module_& m) {
   py::class_<AccumulatorHandle>(
       m, "Accumulator",
-      "Base class of the accumulators: additive sufficient statistics (SPEC.md §1.1, §1.3).")
+      "Base class of the accumulators: additive sufficient statistics.")
       .def(
           "seq_update",
           [](py::object self, py::object x, py::object weights, py::object estimate) {
@@ -278,8 +279,9 @@ void bind_accumulator_base(py::module_& m) {
             initialize(acc, batch, python::weights(weights, batch.n_rows(), where), rng, where);
           },
           "x"_a, "weights"_a, "rng"_a,
-          "Random initial statistics (SPEC.md §1.7 step 2). rng: an attnmix.Rng (advanced in "
-          "place), an int seed, None (seed 0) or a numpy RandomState / Generator.")
+          "Random initial statistics, as EM's initialisation draws them "
+          "(docs/mechanisms.md#training). rng: an attnmix.Rng (advanced in place), an int seed, "
+          "None (seed 0) or a numpy RandomState / Generator.")
       .def(
           "initialize",
           [](py::object self, py::object x, py::object weight, py::object rng) {
@@ -330,7 +332,7 @@ void bind_accumulator_base(py::module_& m) {
               wrap_accumulator(std::move(child)).attr("key_merge")(pool);
           },
           "stats_dict"_a,
-          "Keyed tying (SPEC.md §1.4): the first site with a key becomes the pool, later sites add "
+          "Keyed tying: the first site with a key becomes the pool, later sites add "
           "into it.")
       .def(
           "key_replace",
@@ -370,9 +372,9 @@ void bind_model_files(py::module_& m) {
         save_model(model.any, p);
       },
       "dist"_a, "path"_a,
-      "Writes the model as the CLI's JSON model file (SPEC.md §1.10), atomically. Every family has a "
-      "model-file format: the four attention families, categorical, diagonal Gaussian, and mixtures and "
-      "composites of them.");
+      "Writes the model as the CLI's JSON model file (docs/model-format.md), atomically. Every "
+      "family has a model-file format: the four attention families, categorical, diagonal "
+      "Gaussian, and mixtures and composites of them.");
   m.def(
       "load_model",
       [](py::object path) {

@@ -119,7 +119,7 @@ void bind_inference(py::module_& m) {
         "prev_estimate"_a = py::none(), "vdata"_a = py::none(), "out"_a = stdout_default(),
         "print_iter"_a = defaults.print_iter, "reuse_estep_ll"_a = defaults.reuse_estep_ll,
         "num_threads"_a = py::none(),
-        R"(Fits `estimator`'s family to `data` by EM; returns the best-scoring model (SPEC.md §1.7).
+        R"(Fits `estimator`'s family to `data` by EM; returns the best-scoring model (docs/mechanisms.md#training).
 
 data / vdata: a list of observations, a tuple of numpy arrays (the fast path) or an
     EncodedBatch; encoded once with the estimator's encoder (or prev_estimate's).

@@ -117,8 +117,8 @@ void bind_mixture(py::module_& m) {
   };
   py::class_<Dist, DistributionHandle>(
       m, kDist,
-      "A finite mixture of components of any family on the same data (SPEC.md §1.5): log p(x) = "
-      "LSE_k(log w_k + log p_k(x)).")
+      "A finite mixture of components of any family on the same data "
+      "(docs/mechanisms.md#building-blocks): log p(x) = LSE_k(log w_k + log p_k(x)).")
       .def(py::init(make), "components"_a, "w"_a, "name"_a = py::none())
       .def_property_readonly("w",
                              [](py::object self) {
@@ -212,8 +212,8 @@ void bind_composite(py::module_& m) {
   };
   py::class_<Dist, DistributionHandle>(
       m, kDist,
-      "The product of independent components over the fields of a tuple observation (SPEC.md "
-      "§1.5): log p(x) = sum_f log p_f(x_f).")
+      "The product of independent components over the fields of a tuple observation "
+      "(docs/mechanisms.md#building-blocks): log p(x) = sum_f log p_f(x_f).")
       .def(py::init(make), "dists"_a, "name"_a = py::none())
       .def_property_readonly("dists",
                              [](const Dist& d) { return wrap_all(d.model().components()); })
@@ -290,8 +290,9 @@ void bind_categorical(py::module_& m) {
     return CategoricalSamplerPy{
         CategoricalSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
   };
-  py::class_<Dist, DistributionHandle>(m, kDist,
-                                       "A categorical distribution over ids [0, K) (SPEC.md §1.5).")
+  py::class_<Dist, DistributionHandle>(
+      m, kDist,
+      "A categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks).")
       .def(py::init(make), "p"_a, "name"_a = py::none())
       .def_property_readonly("p",
                              [](py::object self) {
@@ -374,7 +375,8 @@ void bind_gaussian(py::module_& m) {
         DiagonalGaussianSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
   };
   py::class_<Dist, DistributionHandle>(
-      m, kDist, "A Gaussian with diagonal covariance over real vectors (SPEC.md §1.5).")
+      m, kDist,
+      "A Gaussian with diagonal covariance over real vectors (docs/mechanisms.md#building-blocks).")
       .def(py::init(make), "mu"_a, "sigma2"_a, "name"_a = py::none())
       .def_property_readonly("mu",
                              [](py::object self) {

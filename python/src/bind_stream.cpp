@@ -544,7 +544,7 @@ share_of_full_gain (None unless window and full ran and full beat the window)}]}
 invalid options, before anything trains.)";
 
 constexpr const char* kClusterBankDoc =
-    R"(One layer's far-field mixtures, one per stream (SPEC.md §7.3).
+    R"(One layer's far-field mixtures, one per stream (docs/mechanisms.md#moment-closure-far-field).
 
 B streams, H heads, C = max_clusters slots, d = head_dim. Slots at and beyond n_clusters[b] are
 inactive and all zero. The properties return float64 copies; a bank never changes in place (the
@@ -556,7 +556,7 @@ checks shapes, finiteness, 0 <= n_clusters <= C, count >= 0, sigma_kk >= 0 and a
 slots (ValueError); max_clusters, when given, must equal C. Banks pickle.)";
 
 constexpr const char* kBirthMergeDoc =
-    R"(Birth, merge and the misfit receipt, per stream (SPEC.md §7.6).
+    R"(Birth, merge and the misfit receipt, per stream (docs/mechanisms.md#moment-closure-far-field).
 
 k, v: (B, t, H, d). cluster_rule: "threshold" (births and merges by birth_threshold and
 merge_threshold) or "budget" (every chunk births a cluster; when every slot is live the closest
@@ -567,10 +567,11 @@ member_indices}}) and misfit_scalar. ValueError for shapes, non-finite values or
 outlier_top_k; RuntimeError for a non-finite cluster distance.)";
 
 constexpr const char* kIngestDoc =
-    R"(Birth/merge, then the soft update of streams whose batch no birth absorbed (SPEC.md §7.7).
+    R"(Birth/merge, then the soft update of streams whose batch no birth absorbed.
 
-Returns (bank, receipts) as birth_and_merge, each receipt also holding soft_update_applied,
-ingested_tokens_per_head, expected_ingested_tokens_per_head and count_conserved. RuntimeError
+The far field is described in docs/mechanisms.md#moment-closure-far-field. Returns (bank, receipts)
+as birth_and_merge, each receipt also holding soft_update_applied, ingested_tokens_per_head,
+expected_ingested_tokens_per_head and count_conserved. RuntimeError
 ("cluster ingestion did not count every observation exactly once ...") when a head's total did not
 grow by exactly t.)";
 
@@ -652,7 +653,7 @@ void bind_stream(py::module_& m) {
                                   integer(head_dim, w, "head_dim"), torch::kDouble);
       },
       py::arg("batch_size"), py::arg("n_head"), py::arg("max_clusters"), py::arg("head_dim"),
-      "An all-zero float64 bank (SPEC.md §7.3). ValueError unless every size is positive.");
+      "An all-zero float64 bank. ValueError unless every size is positive.");
 
   m.def(
       "mgf_cluster_attention",
@@ -667,7 +668,8 @@ void bind_stream(py::module_& m) {
       },
       py::arg("q"), py::arg("bank"),
       "q (B, t, H, d) -> (out (B, t, n, H, d), logits (B, t, n, H)), n = max(bank.n_clusters) "
-      "(SPEC.md §7.4). Slots beyond a stream's live prefix get logit -inf and output 0.");
+      "(docs/mechanisms.md#moment-closure-far-field). Slots beyond a stream's live prefix get "
+      "logit -inf and output 0.");
 
   m.def(
       "cluster_responsibilities",
@@ -682,7 +684,7 @@ void bind_stream(py::module_& m) {
       },
       py::arg("k"), py::arg("bank"),
       "softmax over each stream's live clusters of logit_c(k): (B, t, H, C), zero beyond the live "
-      "prefix (SPEC.md §7.4).");
+      "prefix (docs/mechanisms.md#moment-closure-far-field).");
 
   m.def(
       "update_cluster_bank",
@@ -697,7 +699,7 @@ void bind_stream(py::module_& m) {
       },
       py::arg("bank"), py::arg("k"), py::arg("v"), py::arg("r"),
       "The Chan/Welford combination of the bank with tokens k, v (B, t, H, d) weighted by r (B, t, "
-      "H, C) (SPEC.md §7.5); population moments.");
+      "H, C) (docs/mechanisms.md#moment-closure-far-field); population moments.");
 
   bind_birth_merge(m, "birth_and_merge", &birth_and_merge, false, kBirthMergeDoc);
   bind_birth_merge(m, "ingest_cluster_batch", &ingest_cluster_batch, true, kIngestDoc);
@@ -750,7 +752,8 @@ void bind_stream(py::module_& m) {
       },
       py::arg("law"), py::arg("qkv_weight"), py::arg("qkv_bias"), py::arg("proj_weight"),
       py::arg("proj_bias") = py::none(), py::arg("n_head") = 1,
-      "The exact Gaussian law of an attention layer's output (SPEC.md §7.2): law (a GaussianLaw or "
+      "The exact Gaussian law of an attention layer's output "
+      "(docs/mechanisms.md#moment-closure-far-field): law (a GaussianLaw or "
       "(mean, cov)) over the layer input, qkv_weight (3d, d), qkv_bias (3d,), proj_weight (d, d), "
       "proj_bias (d,) or None (no bias), n_head (default 1) -> (GaussianLaw, jacobian (d, d)).");
 
@@ -764,8 +767,8 @@ void bind_stream(py::module_& m) {
         return py::make_tuple(array_out(tables.cos), array_out(tables.sin));
       },
       py::arg("positions"), py::arg("head_dim"),
-      "cos and sin of the RoPE angles (SPEC.md §6.3) of integer positions (t,): each (t, "
-      "head_dim), float64.");
+      "cos and sin of the RoPE angles (docs/mechanisms.md#streaming-language-model) of integer "
+      "positions (t,): each (t, head_dim), float64.");
   m.def(
       "rotate_half",
       [](const py::object& x_obj) {
@@ -793,7 +796,7 @@ void bind_stream(py::module_& m) {
       },
       py::arg("x"), py::arg("cos"), py::arg("sin"),
       "RoPE(x) = x * cos + rotate_half(x) * sin, x (..., t, H, head_dim), tables (t, head_dim) "
-      "(SPEC.md §6.3).");
+      "(docs/mechanisms.md#streaming-language-model).");
 
   // ---- language models ----
   m.def(

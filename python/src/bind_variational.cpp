@@ -167,7 +167,7 @@ void def_shared_distribution_attributes(Class& cls) {
             return optimizer_state_to_python(
                 std::make_shared<const State>(d.model().optimizer_state()));
           },
-          "The Adam state carried by this model (SPEC.md §4.5).")
+          "The Adam state carried by this model.")
       .def_property_readonly("num_symbols", [](const D& d) { return d.model().n_symbols(); })
       .def_property_readonly("embed_dim", [](const D& d) { return d.model().embed_dim(); })
       .def_property_readonly("num_targets", [](const D& d) { return d.model().n_targets(); })
@@ -248,7 +248,8 @@ std::string describe_state(const State& s) {
 
 void bind_optimizer_state(py::module_& m) {
   py::class_<OptimizerStatePy>(m, kState,
-                               "The Adam state of a variational model (SPEC.md §4.5): the "
+                               "The Adam state of a variational model "
+                               "(docs/mechanisms.md#variational-embedding-attention): the "
                                "embedding posterior (mean, log_var), "
                                "the four Adam moments, the number of Adam steps applied "
                                "(iteration) and the Monte-Carlo seed. "
@@ -409,8 +410,9 @@ void bind_vea_distribution(py::module_& m) {
   py::class_<VeaDist, DistributionHandle> cls(
       m, kVeaDist,
       "Responsibility attention over tied latent embeddings with a mean-field Gaussian posterior "
-      "q(e_s) = N(m_s, diag(exp(log_var_s))) (SPEC.md §4): a_i = softmax_i(log pi_i - ||E[q] - "
-      "E[c_i]||^2 / (2 sigma2)), t ~ sum_i a_i B[c_i]; scoring and prediction use E = m.");
+      "q(e_s) = N(m_s, diag(exp(log_var_s))) (docs/mechanisms.md#variational-embedding-attention): "
+      "a_i = softmax_i(log pi_i - ||E[q] - E[c_i]||^2 / (2 sigma2)), t ~ sum_i a_i B[c_i]; scoring "
+      "and prediction use E = m.");
   cls.def(py::init(&make_vea), "mean"_a, "log_var"_a, "emission"_a, "position_prior"_a,
           "sigma2"_a = VariationalEmbeddingAttentionParams{}.sigma2, "name"_a = py::none(),
           "optimizer_state"_a = py::none(), py::kw_only(), "precision"_a = "float64");
@@ -572,9 +574,9 @@ py::object vmha_sample(VmhaSampler& s, py::object size, py::object batched) {
 void bind_vmha_distribution(py::module_& m) {
   py::class_<VmhaDist, DistributionHandle> cls(
       m, kVmhaDist,
-      "A 2-hop attention chain over tied latent embeddings (SPEC.md §5): z1 ~ softmax(-||E[q] - "
-      "E[k_i]||^2 / (2 sigma2)), z2 | z1 = i ~ softmax(-||E[v_i] - E[k_j]||^2 / (2 sigma2)), t ~ "
-      "B[v_z2]; scoring and prediction use E = m.");
+      "A 2-hop attention chain over tied latent embeddings (docs/mechanisms.md#variational-multi-hop-attention): "
+      "z1 ~ softmax(-||E[q] - E[k_i]||^2 / (2 sigma2)), z2 | z1 = i ~ softmax(-||E[v_i] - E[k_j]||^2 "
+      "/ (2 sigma2)), t ~ B[v_z2]; scoring and prediction use E = m.");
   cls.def(py::init(&make_vmha), "mean"_a, "log_var"_a, "emission"_a,
           "sigma2"_a = VariationalMultiHopAttentionParams{}.sigma2, "name"_a = py::none(),
           "optimizer_state"_a = py::none());
@@ -701,9 +703,9 @@ void bind_variational(py::module_& m) {
   bind_vea_distribution(m);
   bind_estimator_class<VariationalEmbeddingAttentionEstimator>(
       m, variational_embedding_attention_family(), "VariationalEmbeddingAttentionEstimator",
-      "The stateless variational M-step (SPEC.md §4.4): one Adam ascent step on the embedding posterior carried by "
-      "the statistics' optimizer state (or the initial embeddings when there is none), then B and pi in closed "
-      "form.");
+      "The stateless variational M-step (docs/mechanisms.md#variational-embedding-attention): one Adam "
+      "ascent step on the embedding posterior carried by the statistics' optimizer state (or the initial "
+      "embeddings when there is none), then B and pi in closed form.");
   bind_accumulator_classes<VariationalEmbeddingAttentionAccumulator>(
       m, variational_embedding_attention_family(), "VariationalEmbeddingAttentionAccumulator",
       "VariationalEmbeddingAttentionAccumulatorFactory",
@@ -713,8 +715,9 @@ void bind_variational(py::module_& m) {
   bind_vmha_distribution(m);
   bind_estimator_class<VariationalMultiHopAttentionEstimator>(
       m, variational_multihop_attention_family(), "VariationalMultiHopAttentionEstimator",
-      "The stateless variational M-step of multi-hop attention (SPEC.md §5): one Adam ascent step with the annealed "
-      "KL weight prior_strength * min(1, tau / anneal_iters), then B in closed form.");
+      "The stateless variational M-step of multi-hop attention "
+      "(docs/mechanisms.md#variational-multi-hop-attention): one Adam ascent step with the annealed KL "
+      "weight prior_strength * min(1, tau / anneal_iters), then B in closed form.");
   bind_accumulator_classes<VariationalMultiHopAttentionAccumulator>(
       m, variational_multihop_attention_family(), "VariationalMultiHopAttentionAccumulator",
       "VariationalMultiHopAttentionAccumulatorFactory",

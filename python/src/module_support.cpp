@@ -189,7 +189,7 @@ py::object make_impossible_evidence_error() {
   scope["__name__"] = "attnmix";
   py::exec(R"(
 class ImpossibleEvidenceError(ValueError):
-    """Rows whose likelihood is exactly zero were given positive weight (SPEC.md §1.2).
+    """Rows whose likelihood is exactly zero were given positive weight.
 
     Nothing was changed by the call that raised it.
 

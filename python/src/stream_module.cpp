@@ -22,8 +22,8 @@ void bind_stream(py::module_& m);
 
 PYBIND11_MODULE(_stream, m) {
   m.doc() =
-      "attnmix._stream: the streaming functions of SPEC.md §6-7 on numpy arrays (import them "
-      "through "
+      "attnmix._stream: the streaming functions (docs/mechanisms.md#streaming-language-model, "
+      "docs/mechanisms.md#moment-closure-far-field) on numpy arrays (import them through "
       "attnmix.experimental).";
   m.attr("__version__") = ATTNMIX_VERSION;
   attnmix::python::register_exception_translation(

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""attnmix.experimental: the streaming part of attnmix (SPEC.md §6-7) on numpy arrays.
+"""attnmix.experimental: the streaming part of attnmix on numpy arrays.
 
-The pure functions of moment-closure attention, on float64 arrays::
+The pure functions of moment-closure attention (docs/mechanisms.md#moment-closure-far-field), on float64 arrays::
 
     from attnmix.experimental import empty_cluster_bank, ingest_cluster_batch, mgf_cluster_attention
 
@@ -15,9 +15,9 @@ bank, a ``OneStreamClusterBank`` (``count (H, C)``, ``n_clusters`` an int): the 
 ``attnmix.experimental.moment_closure_attention`` and ``attnmix.experimental.context_spine`` hold the same names.
 
 ``attention_law``, RoPE (``rope_tables``, ``apply_rope``, ``rotate_half``), and the streaming language models on
-token arrays: ``train_language_model``, ``evaluate_language_model``, ``generate_language_model``,
-``checkpoint_info``, the far-field recall experiment ``run_recall`` and the memory benchmark
-``run_memory_benchmark``, each returning plain dicts.
+token arrays (docs/mechanisms.md#streaming-language-model): ``train_language_model``, ``evaluate_language_model``,
+``generate_language_model``, ``checkpoint_info``, the far-field recall experiment ``run_recall`` and the memory
+benchmark ``run_memory_benchmark``, each returning plain dicts.
 
 Everything runs in the compiled extension ``attnmix._stream``, which links libtorch (but needs no Python torch). It
 is imported on first use of a name, never by ``import attnmix`` or by importing this module; it exists only when
