@@ -7,6 +7,7 @@ packages=(
   libeigen3-dev nlohmann-json3-dev libcli11-dev libzip-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-dev python3-pybind11 pybind11-dev python3-pytest python3-scipy
+  python3-matplotlib  # attnmix.plot
   libopenmpi-dev openmpi-bin
   libtorch-dev python3-torch
   # The optimized BLAS that NumPy, PyTorch and attnmix's own libtorch operations load through Debian's libblas.so.3

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Type stubs of attnmix._core, the compiled part of attnmix (SPEC.md §1.10, §2.4, §3.4, §4.5, §4.6, §5)."""
+"""Type stubs of attnmix._core, the compiled part of attnmix."""
 from collections.abc import Iterator, MutableMapping, Sequence
 from os import PathLike
 from typing import Any, Literal, TextIO, overload
@@ -82,7 +82,7 @@ class Estimator:
     def accumulator_factory(self) -> AccumulatorFactory: ...
     def estimate(self, nobs: float | None, value: Any) -> Distribution: ...
 
-# ---- responsibility attention (SPEC.md §2.4) ---------------------------------------------------------------------
+# ---- responsibility attention ------------------------------------------------------------------------------------
 
 class ResponsibilityAttentionDistribution(Distribution):
     def __init__(self, key_means: ArrayLike, emission: ArrayLike, position_prior: ArrayLike | None = None,
@@ -101,6 +101,7 @@ class ResponsibilityAttentionDistribution(Distribution):
     query_dim: int
     num_targets: int
     def predict_proba(self, context: ArrayLike, query: ArrayLike) -> npt.NDArray[np.float64]: ...
+    def responsibilities(self, x: Data) -> npt.NDArray[np.float64]: ...
     # Private (attnmix.torch.em_heads): vector-Jacobian products, (dL/dquery (n, D), dL/dkey_means (S, D)).
     def _log_density_vjp(self, context: ArrayLike, query: ArrayLike, target: ArrayLike,
                          grad: ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
@@ -193,7 +194,7 @@ def sequence_to_triples(tokens: ArrayLike, context_length: int, *, num_symbols: 
                         embeddings: ArrayLike | None = None
                         ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int]]: ...
 
-# ---- chained attention (SPEC.md §3.4) ------------------------------------------------------------------------------
+# ---- chained attention ---------------------------------------------------------------------------------------------
 
 CaObservation = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]
 
@@ -208,6 +209,7 @@ class ChainedAttentionDistribution(Distribution):
     num_targets: int
     def predict_proba(self, context_keys: ArrayLike, context_values: ArrayLike, query: ArrayLike
                       ) -> npt.NDArray[np.float64]: ...
+    def posterior(self, x: Data) -> npt.NDArray[np.float64]: ...
     def sampler(self, seed: RngLike = None, *, context_length: int = 6) -> ChainedAttentionSampler: ...
     def estimator(self, pseudo_count: float | None = None) -> ChainedAttentionEstimator: ...
     def dist_to_encoder(self) -> ChainedAttentionDataEncoder: ...
@@ -278,7 +280,7 @@ class ChainedAttentionDataEncoder(DataEncoder):
     num_symbols: int | None
     num_targets: int | None
 
-# ---- the optimizer state of the variational families (SPEC.md §4.5) ---------------------------------------------
+# ---- the optimizer state of the variational families ------------------------------------------------------------
 
 class AttentionOptimizerState:
     """Immutable Adam state carried by a variational model; the arrays are read-only."""
@@ -304,7 +306,7 @@ class AttentionOptimizerState:
     def __eq__(self, other: object) -> bool: ...
     def __ne__(self, other: object) -> bool: ...
 
-# ---- variational embedding attention (SPEC.md §4.6) ---------------------------------------------------------------
+# ---- variational embedding attention ------------------------------------------------------------------------------
 
 VeaObservation = tuple[npt.NDArray[np.int64], int, int]
 # value() ends with the optimizer state's to_dict() form (or None); from_value and combine also take the object.
@@ -420,7 +422,7 @@ class VariationalEmbeddingAttentionDataEncoder(DataEncoder):
     context_length: int | None
     num_targets: int | None
 
-# ---- variational multi-hop attention (SPEC.md §5) -----------------------------------------------------------------
+# ---- variational multi-hop attention ------------------------------------------------------------------------------
 
 VmhaValue = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], float, float,
                   dict[str, Any] | None]
@@ -525,7 +527,7 @@ class VariationalMultiHopAttentionDataEncoder(DataEncoder):
     num_symbols: int | None
     num_targets: int | None
 
-# ---- mixture, composite and classical leaves (SPEC.md §1.5) -------------------------------------------------------
+# ---- mixture, composite and classical leaves ----------------------------------------------------------------------
 
 class MixtureDistribution(Distribution):
     def __init__(self, components: Sequence[Distribution], w: ArrayLike, name: str | None = None) -> None: ...
@@ -677,7 +679,7 @@ def save_model(dist: Distribution, path: str | PathLike[str]) -> None: ...
 def load_model(path: str | PathLike[str]) -> Distribution: ...
 def _raise(kind: str, message: str, rows: Sequence[int] = ..., error_number: int = ...) -> None: ...
 
-# ---- assignment-tree attention (SPEC.md §8): the submodule _core.assign, re-exported as attnmix.assign -----------
+# ---- assignment-tree attention: the submodule _core.assign, re-exported as attnmix.assign ------------------------
 
 class _AssignModule:
     """The type of ``_core.assign`` (a pybind11 submodule; attnmix/assign.py re-exports its functions)."""

@@ -158,7 +158,8 @@ py::object sample(SamplerPy& s, py::object size, py::object batched) {
 void bind_distribution(py::module_& m) {
   py::class_<Dist, DistributionHandle>(
       m, kDist,
-      "One attention head as a mixture over context positions with a generative gate (SPEC.md §2): "
+      "One attention head as a mixture over context positions with a generative gate "
+      "(docs/mechanisms.md#responsibility-attention): "
       "z ~ pi, y ~ N(K[c_z], sigma2 I), t ~ B[c_z].")
       .def(py::init(&make_distribution), "key_means"_a, "emission"_a,
            "position_prior"_a = py::none(), "sigma2"_a = ResponsibilityAttentionParams{}.sigma2,
@@ -203,6 +204,22 @@ void bind_distribution(py::module_& m) {
           "context"_a, "query"_a,
           "p(target | context, query) = sum_i a_i B[c_i] with the target-blind attention a: (T,) "
           "for one example, (n, T) for a batch.")
+      .def(
+          "responsibilities",
+          [](const Dist& d, py::object x) {
+            const AnyBatch batch = batch_of(x, *encoder_of(d.any));
+            Matrix r;
+            {
+              const py::gil_scoped_release release;
+              r = d.model().responsibilities(batch.get<ResponsibilityAttentionBatch>(
+                  "ResponsibilityAttentionDistribution.responsibilities"));
+            }
+            return copy_reals(r.data(), {r.rows(), r.cols()});
+          },
+          "x"_a,
+          "The posterior over attended positions of each row given its target, r[n, i] (each row sums to 1; a row "
+          "impossible under the model is all zeros): (n, N). x: rows the model's encoder accepts, or an encoded "
+          "batch.")
       .def(
           "_log_density_vjp",
           [](const Dist& d, py::object c, py::object y, py::object t, py::object g) {
@@ -311,7 +328,7 @@ void bind_sequence_to_triples(py::module_& m) {
       },
       "tokens"_a, "context_length"_a, py::kw_only(), "num_symbols"_a = py::none(),
       "embeddings"_a = py::none(),
-      "The (context, query, target) triples of a token sequence (SPEC.md §2.4): for p in [N-1, "
+      "The (context, query, target) triples of a token sequence: for p in [N-1, "
       "len-2], context tokens[p-N+1..p], query embeddings[tokens[p]] (one-hot of length S without "
       "embeddings), target tokens[p+1].");
 }
@@ -324,7 +341,8 @@ void bind_attention(py::module_& m) {
   bind_distribution(m);
   bind_estimator_class<ResponsibilityAttentionEstimator>(
       m, responsibility_attention_family(), "ResponsibilityAttentionEstimator",
-      "The closed-form M-step of responsibility attention (SPEC.md §2.3).");
+      "The closed-form M-step of responsibility attention "
+      "(docs/mechanisms.md#responsibility-attention).");
   bind_accumulator_classes<ResponsibilityAttentionAccumulator>(
       m, responsibility_attention_family(), "ResponsibilityAttentionAccumulator",
       "ResponsibilityAttentionAccumulatorFactory",

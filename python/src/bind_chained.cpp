@@ -166,7 +166,8 @@ py::object sample(SamplerPy& s, py::object size, py::object batched) {
 void bind_distribution(py::module_& m) {
   py::class_<Dist, DistributionHandle>(
       m, kDist,
-      "L content-addressed attention hops whose attended positions form a chain (SPEC.md §3): "
+      "L content-addressed attention hops whose attended positions form a chain "
+      "(docs/mechanisms.md#chained-attention): "
       "z_0 ~ g(q, K0), z_l | z_(l-1) = i ~ g(v_i, K_l), t ~ B[v_(z_(L-1))].")
       .def(py::init(&make_distribution), "keys"_a, "emission"_a,
            "sigma2"_a = ChainedAttentionParams{}.sigma2, "name"_a = py::none())
@@ -192,6 +193,26 @@ void bind_distribution(py::module_& m) {
           "context_keys"_a, "context_values"_a, "query"_a,
           "p(target | keys, values, query) = sum_j alpha_(L-1)(j) B[v_j] (the forward pass without "
           "the target): (T,) for one example (1-D keys), (n, T) for a batch.")
+      .def(
+          "posterior",
+          [](const Dist& d, py::object x) {
+            const AnyBatch any = batch_of(x, *encoder_of(d.any));
+            const auto& batch = any.get<ChainedAttentionBatch>("ChainedAttentionDistribution.posterior");
+            const Index L = d.model().n_hops(), N = batch.context_length(), n = batch.n_rows();
+            Matrix gamma(n, L * N);  // row r: the hops' gamma rows, one after another
+            {
+              const py::gil_scoped_release release;
+              for (Index r = 0; r < n; ++r) {
+                const Matrix g = d.model().posterior(batch, r).gamma;  // [L, N], row-major
+                gamma.row(r) = Eigen::Map<const Eigen::RowVectorXd>(g.data(), L * N);
+              }
+            }
+            return copy_reals(gamma.data(), {n, L, N});
+          },
+          "x"_a,
+          "The posterior over the position attended at each hop given the row's target, gamma[n, hop, j] (each "
+          "(n, hop) row sums to 1; a row impossible under the model is all zeros): (n, L, N). x: rows the model's "
+          "encoder accepts, or an encoded batch.")
       .def(
           "sampler",
           [](py::object self, py::object seed, py::object context_length) {
@@ -254,7 +275,8 @@ void bind_chained(py::module_& m) {
   bind_distribution(m);
   bind_estimator_class<ChainedAttentionEstimator>(
       m, chained_attention_family(), "ChainedAttentionEstimator",
-      "The M-step of chained attention (SPEC.md §3.3): K_l[s] = key_num[l][s] / max(key_mass[l][s], 1e-9), B = "
+      "The M-step of chained attention (docs/mechanisms.md#chained-attention): "
+      "K_l[s] = key_num[l][s] / max(key_mass[l][s], 1e-9), B = "
       "(emission_count + emission_smoothing) row-normalised, sigma2 fixed.");
   bind_accumulator_classes<ChainedAttentionAccumulator>(
       m, chained_attention_family(), "ChainedAttentionAccumulator", "ChainedAttentionAccumulatorFactory",

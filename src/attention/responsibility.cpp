@@ -375,6 +375,15 @@ void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& ba
   }
 }
 
+Matrix ResponsibilityAttention::responsibilities(const ResponsibilityAttentionBatch& batch) const {
+  check_batch(batch);
+  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  Matrix r(batch.n_rows(), m.N);
+  std::vector<double> log_p(static_cast<size_t>(batch.n_rows()));
+  pass_one(m, float_tables_.get(), batch, r.data(), log_p.data(), kWhere);
+  return r;
+}
+
 void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& batch, std::span<const double> w,
                                          ResponsibilityAttentionAccumulator& acc,
                                          std::span<double> log_p_out) const {

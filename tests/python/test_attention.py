@@ -445,3 +445,23 @@ def test_precision_must_be_a_known_name():
     with pytest.raises(TypeError):
         ResponsibilityAttentionDistribution(np.zeros((2, 1)), np.full((2, 2), 0.5), np.full(2, 0.5), 1.0, None,
                                             "mixed")  # keyword-only
+
+
+def test_responsibilities_are_the_posterior_of_the_generative_story(rng):
+    """r[n, i] = pi_i N(y; K[c_i], sigma2 I) B[c_i, t] / p(y, t | c), from the formula itself; a row impossible under
+    the model (its target emitted by no context symbol) is all zeros."""
+    model = random_model(rng)
+    rows = model_data(model, 25, seed=4)
+    r = model.responsibilities(rows)
+    assert r.shape == (25, model.context_length)
+    K, B, pi, s2 = model.key_means, model.emission, model.position_prior, model.sigma2
+    for n, (ctx, y, t) in enumerate(rows):
+        joint = pi * np.exp(-np.sum((y - K[ctx]) ** 2, axis=1) / (2 * s2)) * B[ctx, t]
+        np.testing.assert_allclose(r[n], joint / joint.sum(), rtol=1e-10, atol=1e-14)
+    np.testing.assert_array_equal(model.responsibilities(model.dist_to_encoder().seq_encode(rows)), r)
+    emission = np.full((3, 2), 0.5)
+    emission[:, 1] = [1.0, 1.0, 0.0]
+    emission[:, 0] = [0.0, 0.0, 1.0]
+    blind = attnmix.ResponsibilityAttentionDistribution(np.zeros((3, 2)), emission, np.array([0.5, 0.5]), sigma2=1.0)
+    r = blind.responsibilities([(np.array([0, 1]), np.zeros(2), 0), (np.array([0, 2]), np.zeros(2), 0)])
+    np.testing.assert_array_equal(r, [[0.0, 0.0], [0.0, 1.0]])

@@ -761,3 +761,21 @@ def test_models_pickle_through_their_params(rng):
     assert unnamed.name is None
     mixture = pickle.loads(pickle.dumps(MixtureDistribution([model, unnamed], [0.5, 0.5])))
     assert_same_params(mixture.components[0], model)
+
+
+@pytest.mark.parametrize("L,N", [(2, 5), (3, 4), (1, 6)])
+def test_posterior_is_the_path_enumeration_marginal(rng, L, N):
+    """gamma[n, hop, j] = P(z_hop = j | keys, values, q, t), the marginal of the brute-force path posterior."""
+    model = random_model(rng, L=L, S=6, T=5, sigma2=0.3)
+    rows = model.sampler(seed=5, context_length=N).sample(12)
+    gamma = model.posterior(rows)
+    assert gamma.shape == (12, L, N)
+    for n, (keys, values, q, t) in enumerate(rows):
+        paths, probs = path_probabilities(model, keys, values, q)
+        joint = probs * np.array([model.emission[values[path[-1]], t] for path in paths])
+        joint /= joint.sum()
+        for hop in range(L):
+            marginal = np.zeros(N)
+            for path, p in zip(paths, joint):
+                marginal[path[hop]] += p
+            np.testing.assert_allclose(gamma[n, hop], marginal, rtol=1e-9, atol=1e-14)

@@ -194,6 +194,9 @@ class ResponsibilityAttention {
   /// p(t | c, y) [n, T] for contexts [n, N] and queries [n, D] (validated like the encoder).
   [[nodiscard]] Matrix predict_proba(const IdMatrix& contexts, const Matrix& queries) const;
   [[nodiscard]] Matrix predict_proba(const ResponsibilityAttentionBatch& batch) const;
+  /// The E-step responsibilities r [n, N]: which position each row attends to, given its target (each row sums to 1;
+  /// a row impossible under the model is all zeros). The same bits as the E-step's, in the model's precision.
+  [[nodiscard]] Matrix responsibilities(const ResponsibilityAttentionBatch& batch) const;
   /// The vector–Jacobian product of log_density: L = Σ_n grad_log_p[n] log p(y_n, t_n | c_n). A row with
   /// log p = −∞ (impossible evidence, caused by zero entries of π or B, which do not depend on y or K) contributes
   /// zero to both gradients: its log density is the constant −∞ around its y and K.

@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: Apache-2.0
+"""attnmix.plot on small fitted models: each figure has the expected panels, titles and labels, shows the model's own
+numbers (the image data equal the posterior or the table it draws), and saves as a PNG or SVG of real content."""
+import io
+import json
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+import attnmix
+from attnmix import plot
+from attnmix.assign import frequency_estimate, kruskal_tree
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def image_of(ax):
+    (image,) = ax.get_images()
+    return np.asarray(image.get_array())
+
+
+def saved(fig, fmt):
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def assert_real_png(fig):
+    data = saved(fig, "png")
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 10_000  # a blank canvas of this size compresses to a few kB
+
+
+def assert_real_svg(fig):
+    root = ET.fromstring(saved(fig, "svg"))
+    assert root.tag.endswith("svg")
+    assert sum(1 for element in root.iter() if element.tag.endswith("path")) > 20
+
+
+@pytest.fixture(scope="module")
+def ra_fit():
+    truth = attnmix.ResponsibilityAttentionDistribution(
+        np.random.default_rng(1).standard_normal((5, 3)), np.random.default_rng(2).dirichlet(np.ones(4), size=5),
+        np.full(4, 0.25), sigma2=0.5)
+    rows = truth.sampler(seed=3).sample(300)
+    model = attnmix.optimize(rows, attnmix.ResponsibilityAttentionEstimator(5, 4, 3, 4, sigma2=0.5), max_its=5,
+                             rng=np.random.RandomState(0), out=None)
+    return model, rows
+
+
+def test_responsibilities_shows_the_posterior_with_symbols_targets_and_predictions(ra_fit):
+    model, rows = ra_fit
+    fig = plot.responsibilities(model, rows[:6])
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(image_of(ax), model.responsibilities(rows[:6]))
+    texts = [t.get_text() for t in ax.texts]
+    assert texts[:4] == [str(s) for s in rows[0][0]]  # the first observation's context symbols, by position
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    predicted = model.predict_proba(np.array([r[0] for r in rows[:6]]), np.array([r[1] for r in rows[:6]])).argmax(1)
+    assert ticks == [f"t={r[2]} pred={p}" for r, p in zip(rows[:6], predicted)]
+    assert ax.get_xlabel() == "position"
+    assert_real_png(fig)
+    assert_real_svg(fig)
+
+
+def test_responsibilities_take_a_tuple_of_arrays(ra_fit):
+    model, rows = ra_fit
+    arrays = tuple(np.array([r[f] for r in rows[:4]]) for f in range(3))
+    np.testing.assert_array_equal(image_of(plot.responsibilities(model, arrays).axes[0]),
+                                  image_of(plot.responsibilities(model, rows[:4]).axes[0]))
+
+
+def test_attention_tables_draw_keys_emission_and_prior(ra_fit):
+    model, _ = ra_fit
+    fig = plot.attention_tables(model)
+    keys, emission, prior = fig.axes[:3]  # the three panels, then the two colour bars
+    np.testing.assert_array_equal(image_of(keys), model.key_means)
+    np.testing.assert_array_equal(image_of(emission), model.emission)
+    assert [p.get_height() for p in prior.patches] == pytest.approx(list(model.position_prior))
+    assert prior.get_title() == "position prior π"
+    assert_real_png(fig)
+
+
+def test_tables_of_a_large_vocabulary_show_the_most_peaked_symbols():
+    rng = np.random.default_rng(5)
+    emission = rng.dirichlet(np.ones(6), size=100)
+    emission[[7, 42, 90]] = np.eye(6)[[0, 1, 2]]  # three symbols that always emit one target
+    model = attnmix.ResponsibilityAttentionDistribution(rng.standard_normal((100, 2)), emission, np.full(3, 1 / 3))
+    fig = plot.attention_tables(model, top_k=3)
+    keys = fig.axes[0]
+    assert keys.get_title() == "key table K (3 of 100 symbols)"
+    assert [t.get_text() for t in keys.get_yticklabels()] == ["7", "42", "90"]
+    np.testing.assert_array_equal(image_of(keys), model.key_means[[7, 42, 90]])
+
+
+@pytest.fixture(scope="module")
+def ca_model():
+    rng = np.random.default_rng(7)
+    return attnmix.ChainedAttentionDistribution(rng.standard_normal((2, 6, 6)), rng.dirichlet(np.ones(6), size=6),
+                                                sigma2=0.3)
+
+
+def test_hop_posteriors_one_panel_per_hop_with_key_value_cells(ca_model):
+    rows = ca_model.sampler(seed=2, context_length=5).sample(4)
+    fig = plot.hop_posteriors(ca_model, rows)
+    panels = [ax for ax in fig.axes if ax.get_images() and ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["hop 1: p(position | row)", "hop 2: p(position | row)"]
+    gamma = ca_model.posterior(rows)
+    for hop, ax in enumerate(panels):
+        np.testing.assert_array_equal(image_of(ax), gamma[:, hop, :])
+    keys, values = rows[0][0], rows[0][1]
+    assert [t.get_text() for t in panels[0].texts][:5] == [f"{k}→{v}" for k, v in zip(keys, values)]
+    assert_real_png(fig)
+
+
+def test_key_tables_one_heatmap_per_hop(ca_model):
+    fig = plot.key_tables(ca_model)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == 2
+    for hop, ax in enumerate(panels):
+        np.testing.assert_array_equal(image_of(ax), ca_model.key_tables[hop])
+
+
+def test_embeddings_project_the_means_on_their_principal_plane():
+    rng = np.random.default_rng(3)
+    S, D = 6, 4
+    model = attnmix.VariationalEmbeddingAttentionDistribution(
+        rng.standard_normal((S, D)), np.full((S, D), -2.0), rng.dirichlet(np.ones(4), size=S), np.full(3, 1 / 3))
+    labels = ["a", "b", "c", "d", "e", "f"]
+    fig = plot.embeddings(model, labels=labels)
+    ax = fig.axes[0]
+    points = ax.collections[0].get_offsets()
+    centred = model.mean - model.mean.mean(axis=0)
+    # The projection keeps the distances within the principal plane: its Gram matrix is the rank-2 part of the means'.
+    u, s, vt = np.linalg.svd(centred, full_matrices=False)
+    np.testing.assert_allclose(np.asarray(points) @ np.asarray(points).T, (u[:, :2] * s[:2] ** 2) @ u[:, :2].T,
+                               atol=1e-10)
+    assert [t.get_text() for t in ax.texts] == labels
+    widths = sorted(p.width for p in ax.patches)
+    assert widths[0] == pytest.approx(2 * np.exp(-1.0))  # v = e^-2 on every axis: one standard deviation is e^-1
+    with pytest.raises(ValueError, match="2 labels for 6 symbols"):
+        plot.embeddings(model, labels=["a", "b"])
+    assert_real_svg(fig)
+
+
+def test_fit_history_from_lists_dicts_and_files(tmp_path):
+    fig = plot.fit_history([-10.0, -8.0, -7.5])
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [-10.0, -8.0, -7.5]
+    path = tmp_path / "history.jsonl"
+    path.write_text("".join(json.dumps({"iteration": i, "log_likelihood": -5.0 + i, "validation": -6.0 + i}) + "\n"
+                            for i in (1, 2)))
+    lines = plot.fit_history(path).axes[0].get_lines()
+    assert [list(l.get_ydata()) for l in lines] == [[-4.0, -3.0], [-5.0, -4.0]]
+    with pytest.raises(ValueError, match="empty"):
+        plot.fit_history([])
+
+
+def test_assignment_pictures():
+    rng = attnmix.Rng(11)
+    cost = np.random.default_rng(0).standard_normal((6, 5))
+    freq = frequency_estimate(cost, 1.7, 64, rng)
+    tree = kruskal_tree(freq)
+    fig = plot.assignment_frequencies(freq, tree)
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(image_of(ax), freq)
+    edges = {(int(x), int(y)) for x, y in ax.collections[0].get_offsets()}
+    assert edges == {(j, i) for i, j in zip(*np.nonzero(tree))} and len(edges) == 6 + 5 - 1
+    with pytest.raises(ValueError, match="differ in shape"):
+        plot.assignment_frequencies(freq, tree[:, :4])
+    results = {"prediction_1_rmse": {"4": 0.1, "16": 0.05, "64": 0.025}, "prediction_1_rmse_slope_observed": -0.5,
+               "prediction_2_union_edges": [{"K": 4, "observed": 30, "predicted": 31},
+                                            {"K": 16, "observed": 50, "predicted": 49}]}
+    fig = plot.assignment_scaling(results)
+    left, right = fig.axes
+    observed, law = left.get_lines()
+    assert list(observed.get_ydata()) == [0.1, 0.05, 0.025]
+    np.testing.assert_allclose(law.get_ydata(), [0.1, 0.05, 0.025])  # these numbers follow K^(-1/2) exactly
+    assert left.get_xscale() == "log" and left.get_yscale() == "log"
+    assert [list(l.get_ydata()) for l in right.get_lines()] == [[30, 50], [31, 49]]
+    assert_real_png(fig)
