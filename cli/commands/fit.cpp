@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <numeric>
@@ -14,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "attnmix/core/any.hpp"
+#include "attnmix/core/atomic_file.hpp"
 #include "attnmix/family/spec.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/optimize.hpp"
@@ -119,6 +123,23 @@ std::vector<InputFile> fit_inputs(const FitArgs& args, const Communicator* comm)
   return inputs;
 }
 
+/// One JSON object per reported iteration: iteration, log_likelihood, delta (null on the first line), seconds and,
+/// with --valid, validation.
+std::string history_jsonl(const std::vector<IterationReport>& history) {
+  std::string text;
+  for (const IterationReport& r : history) {
+    nlohmann::ordered_json line{{"iteration", r.iteration},
+                                {"log_likelihood", r.log_likelihood},
+                                {"delta", std::isfinite(r.delta_log_likelihood)
+                                              ? nlohmann::ordered_json(r.delta_log_likelihood)
+                                              : nlohmann::ordered_json(nullptr)},
+                                {"seconds", r.seconds}};
+    if (r.valid_log_likelihood) line["validation"] = *r.valid_log_likelihood;
+    text += line.dump() + "\n";
+  }
+  return text;
+}
+
 int run_fit(const FitArgs& args) {
   const Communicator* comm = args.communicator;
   const bool root = !comm || comm->rank() == 0;
@@ -147,6 +168,11 @@ int run_fit(const FitArgs& args) {
         family->fit.stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
     options.reuse_estep_ll = !args.classic;
     if (root) check_output_path(args.out, "the model", fit_inputs(args, comm));
+    if (root && !args.history.empty()) {
+      if (std::filesystem::weakly_canonical(args.history) == std::filesystem::weakly_canonical(args.out))
+        throw UsageError("--history " + args.history + " names the file --out writes: give each its own path");
+      check_output_path(args.history, "the history", fit_inputs(args, comm), "--history");
+    }
     if (!args.init.empty()) {
       check_input_file(args.init, "the model file");
       init = FitInit{args.init, load_model(args.init)};
@@ -154,7 +180,11 @@ int run_fit(const FitArgs& args) {
   });
   // Every process reports (to nowhere but on rank 0): optimize() scores --valid for each report,
   // which is a collective.
-  options.on_iteration = [&out](const IterationReport& report) { print_progress(out, report); };
+  std::vector<IterationReport> history;
+  options.on_iteration = [&out, &history](const IterationReport& report) {
+    print_progress(out, report);
+    history.push_back(report);
+  };
   options.communicator = comm;
 
   std::optional<FitProblem> prepared;
@@ -233,11 +263,13 @@ int run_fit(const FitArgs& args) {
         << " is unchanged\n";
     return kExitNotConverged;
   }
-  // Rank 0 writes the model (atomically); every process learns whether it could.
+  // Rank 0 writes the model and the history (atomically); every process learns whether it could.
   agree(comm, [&] {
     if (root) save_model(fit->model, args.out);
+    if (root && !args.history.empty()) write_file_atomically(args.history, history_jsonl(history), "the history");
   });
   out << "  model written   " << args.out << "\n";
+  if (!args.history.empty()) out << "  history written " << args.history << " (" << history.size() << " lines)\n";
   return kExitOk;
 }
 
@@ -277,6 +309,10 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       "distributed.");
   cmd->add_option("--data", args->data, "Training data: JSON Lines or .npz")->type_name("FILE");
   cmd->add_option("--out", args->out, "Where to write the fitted model (JSON)")->required()->type_name("FILE");
+  cmd->add_option("--history", args->history,
+                  "Also write one JSON line per reported iteration (iteration, log_likelihood, delta, seconds, "
+                  "validation), for plots (attnmix.plot.fit_history); written with the model")
+      ->type_name("FILE");
   cmd->add_option("--valid", args->valid,
                   "Validation data (same kind as the training input), scored each iteration")
       ->type_name("FILE");

@@ -38,6 +38,7 @@ struct FitArgs {
   std::string family = "responsibility";
   std::string data, text, tokens = "chars", out, valid;
   std::string init;          // --init MODEL.json ("" when absent)
+  std::string history;       // --history H.jsonl ("" when absent)
   OptimizeOptions optimize;  // the library's EM-loop defaults
   std::string delta;         // "none" or a number; initialised from optimize.delta
   bool classic = false;

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Data of the SPEC.md §9.2 acceptance rows, generated with numpy, and small models for the unit tests."""
+"""Data of the acceptance rows, generated with numpy, small models for the unit tests, and the attnmix program."""
+import os
+import subprocess
+
 import numpy as np
+import pytest
 
 import attnmix
 
@@ -68,3 +72,19 @@ def impossible_case():
         np.zeros((2, 1)), np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([0.0, 1.0])
     )
     return model, (np.array([0, 1]), np.array([0.0]), 1)
+
+
+def cli():
+    """The attnmix program ctest built (ATTNMIX_CLI); the test is skipped where it is not set."""
+    path = os.environ.get("ATTNMIX_CLI")
+    if not path:
+        pytest.skip("ATTNMIX_CLI is not set (ctest sets it when the CLI is built)")
+    assert os.path.exists(path), f"ATTNMIX_CLI={path} does not exist"
+    return path
+
+
+def run_cli(*args):
+    """Runs the program; asserts it succeeded."""
+    result = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result

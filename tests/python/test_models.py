@@ -4,28 +4,14 @@ validation; a model fitted in Python scores identically in `attnmix score`, and 
 produces the same model as optimize()."""
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
 import attnmix
 from attnmix import MixtureDistribution, ResponsibilityAttentionEstimator, load_model, optimize, save_model
-from helpers import D, N, S, T, random_model, recall_task
+from helpers import D, N, S, T, random_model, recall_task, run_cli
 
-
-def cli():
-    path = os.environ.get("ATTNMIX_CLI")
-    if not path:
-        pytest.skip("ATTNMIX_CLI is not set (ctest sets it when the CLI is built)")
-    assert os.path.exists(path), f"ATTNMIX_CLI={path} does not exist"
-    return path
-
-
-def run_cli(*args):
-    result = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def assert_same_params(a, b):

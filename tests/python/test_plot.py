@@ -3,6 +3,7 @@
 numbers (the image data equal the posterior or the table it draws), and saves as a PNG or SVG of real content."""
 import io
 import json
+import subprocess
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import attnmix
 from attnmix import plot
 from attnmix.assign import frequency_estimate, kruskal_tree
+from helpers import cli, run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -180,3 +182,28 @@ def test_assignment_pictures():
     assert left.get_xscale() == "log" and left.get_yscale() == "log"
     assert [list(l.get_ydata()) for l in right.get_lines()] == [[30, 50], [31, 49]]
     assert_real_png(fig)
+
+
+def test_fit_history_of_the_command_line(tmp_path):
+    """`attnmix fit --history` writes one line per progress line, with the log-likelihoods it printed; the figure
+    draws them; a history that would replace the model is refused before anything runs."""
+    rng = np.random.default_rng(4)
+    rows = tmp_path / "values.jsonl"
+    rows.write_text("".join(json.dumps({"value": int(v)}) + "\n" for v in rng.integers(0, 4, 200)))
+    history, model = tmp_path / "h.jsonl", tmp_path / "m.json"
+    printed = run_cli("fit", "--family", "categorical", "--data", rows, "--valid", rows, "--out", model,
+                      "--history", history, "--max-its", "4", "--delta", "none").stdout
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    progress = [line for line in printed.splitlines() if line.startswith("Iteration ")]
+    assert [h["iteration"] for h in lines] == [1, 2, 3, 4] and len(progress) == 4
+    for h, text in zip(lines, progress):
+        assert f"ln[p_mat(Data|Model)]={h['log_likelihood']:.6e}" in text
+        assert h["validation"] == h["log_likelihood"] and h["seconds"] >= 0
+    assert lines[0]["delta"] is None
+    assert lines[1]["delta"] == pytest.approx(lines[1]["log_likelihood"] - lines[0]["log_likelihood"])
+    drawn = plot.fit_history(history).axes[0].get_lines()
+    assert list(drawn[0].get_ydata()) == [h["log_likelihood"] for h in lines]
+    refused = subprocess.run([cli(), "fit", "--family", "categorical", "--data", rows, "--out", tmp_path / "n.json",
+                              "--history", tmp_path / "n.json"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "give each its own path" in refused.stderr
+    assert not (tmp_path / "n.json").exists()
