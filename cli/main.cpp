@@ -96,6 +96,7 @@ int run(int argc, char** argv, const attnmix::Communicator* comm) {
   add_sample_command(app, exit_code);
   add_demo_command(app, exit_code);
   add_assign_tree_command(app, exit_code);
+  add_plot_command(app, exit_code);
   add_lm_command(app, exit_code);
   if (comm) {  // runs after parsing, before the subcommand's callback
     app.parse_complete_callback([&app, comm] {

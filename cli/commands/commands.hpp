@@ -20,6 +20,7 @@ void add_predict_command(CLI::App& app, int& exit_code);
 void add_sample_command(CLI::App& app, int& exit_code);
 void add_demo_command(CLI::App& app, int& exit_code);
 void add_assign_tree_command(CLI::App& app, int& exit_code);
+void add_plot_command(CLI::App& app, int& exit_code);
 /// `attnmix lm train|eval|generate` (lm.cpp). In a build without libtorch the subcommand exists
 /// and fails with exit code 2, saying so.
 void add_lm_command(CLI::App& app, int& exit_code);

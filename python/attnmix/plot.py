@@ -112,7 +112,8 @@ def responsibilities(model, rows):
     targets = [int(row[2]) for row in rows]
     r = model.responsibilities((contexts, queries, np.array(targets, dtype=np.int64)))
     predicted = model.predict_proba(contexts, queries).argmax(axis=1)
-    fig, (ax,) = _figure(1, width_per_panel=max(4.5, 0.5 * contexts.shape[1] + 3), height=max(3.0, 0.4 * len(rows) + 1.5))
+    fig, (ax,) = _figure(1, width_per_panel=max(4.5, 0.5 * contexts.shape[1] + 3),
+                         height=max(3.0, 0.4 * len(rows) + 1.5))
     _heatmap(fig, ax, r, "responsibilities p(position | context, query, target)", "position", "observation", 0.0, 1.0)
     _label_cells(ax, contexts, r)
     ax.set_yticks(range(len(rows)), [f"t={t} pred={p}" for t, p in zip(targets, predicted)])

@@ -207,3 +207,52 @@ def test_fit_history_of_the_command_line(tmp_path):
                               "--history", tmp_path / "n.json"], capture_output=True, text=True)
     assert refused.returncode == 1 and "give each its own path" in refused.stderr
     assert not (tmp_path / "n.json").exists()
+
+
+def write_rows(path, rows, fields):
+    path.write_text("".join(json.dumps({f: np.asarray(v).tolist() for f, v in zip(fields, row)}) + "\n"
+                            for row in rows))
+
+
+def test_plot_command_writes_every_figure_and_the_page(tmp_path, ra_fit, ca_model):
+    model, rows = ra_fit
+    attnmix.save_model(model, tmp_path / "ra.json")
+    write_rows(tmp_path / "ra.jsonl", rows[:20], ("context", "query", "target"))
+    attnmix.save_model(ca_model, tmp_path / "ca.json")
+    write_rows(tmp_path / "ca.jsonl", ca_model.sampler(seed=1, context_length=4).sample(5),
+               ("keys", "values", "query", "target"))
+    (tmp_path / "h.jsonl").write_text('{"iteration": 1, "log_likelihood": -3.0}\n'
+                                      '{"iteration": 2, "log_likelihood": -2.0}\n')
+    out = tmp_path / "figures"
+    said = run_cli("plot", tmp_path / "ra.json", "--data", tmp_path / "ra.jsonl", "--rows", 6, "--history",
+                   tmp_path / "h.jsonl", "--out", out, "--html").stdout
+    assert "wrote 3 figures" in said and "tables, responsibilities, history" in said
+    for name in ("tables", "responsibilities", "history"):
+        assert (out / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
+        assert ET.parse(out / f"{name}.svg").getroot().tag.endswith("svg")
+    page = (out / "index.html").read_text()
+    assert page.count("<figure") == 3 and page.count("<svg") == 3 and "<figcaption>" in page
+    assert "first 6 rows" in page  # the caption says what was drawn
+    run_cli("plot", tmp_path / "ca.json", "--data", tmp_path / "ca.jsonl", "--out", out)
+    assert (out / "hop_posteriors.png").exists() and (out / "key_tables.svg").exists()
+
+
+@pytest.mark.parametrize("args, code, message", [
+    ([], 1, "give a MODEL, --history or --assign-tree"),
+    (["{ca}", "--data", "{ra_rows}"], 2, "line 1: missing field 'keys'"),
+    (["{missing}"], 2, "cannot open the model file"),
+    (["{ra}", "--rows", "0"], 1, "--rows must be positive"),
+    (["--history", "{ra_rows}"], 2, "not a fit history"),
+])
+def test_plot_command_errors_write_nothing(tmp_path, ra_fit, ca_model, args, code, message):
+    model, rows = ra_fit
+    files = {"ra": tmp_path / "ra.json", "ca": tmp_path / "ca.json", "ra_rows": tmp_path / "ra.jsonl",
+             "missing": tmp_path / "missing.json"}
+    attnmix.save_model(model, files["ra"])
+    attnmix.save_model(ca_model, files["ca"])
+    write_rows(files["ra_rows"], rows[:3], ("context", "query", "target"))
+    out = tmp_path / "figures"
+    result = subprocess.run([cli(), "plot", *[a.format(**files) for a in args], "--out", out], capture_output=True,
+                            text=True)
+    assert result.returncode == code and message in result.stderr
+    assert not out.exists() or not any(out.iterdir())
