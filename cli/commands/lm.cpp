@@ -185,6 +185,11 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--out", r.out, "Where to write the checkpoint (default: not written)")
       ->type_name("CKPT");
   cmd->add_option("--resume", r.resume, "Continue training this checkpoint")->type_name("CKPT");
+  cmd->add_option("--history", r.history,
+                  "Also write one JSON line per step of this run (step, loss in nats per byte, tokens_per_second, "
+                  "elapsed_seconds) and, with a held-out part, a last line with its bits per byte; for plots "
+                  "(attnmix.plot.lm_history)")
+      ->type_name("FILE");
   cmd->add_option("--mechanism", args->mechanism,
                   "Attention: window (the last --window tokens, bounded state), full (every "
                   "token since the start of the pass), moment-closure (the window plus a "

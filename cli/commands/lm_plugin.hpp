@@ -36,6 +36,7 @@ struct LmTrainRequest {
   double holdout = kDefaultHoldout;  ///< --holdout, in [0, 1)
   std::string resume;                ///< --resume (empty: a fresh run)
   std::string out;                   ///< --out (empty: no checkpoint)
+  std::string history;               ///< --history (empty: none)
   std::vector<std::string> given;    ///< the flags given on the command line ("--d-model", ...)
 };
 

@@ -310,9 +310,14 @@ int run_train(const LmTrainRequest& args) {
   // --out may be the --resume checkpoint: it is read whole before training and replaced, atomically,
   // only by its own continuation (docs/lm.md: resuming in place after an interruption).
   const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
-  if (!args.out.empty())
-    check_output_path(args.out, "the checkpoint",
-                      {{args.text.empty() ? "--text (by default)" : "--text", path}});
+  const InputFile text_input{args.text.empty() ? "--text (by default)" : "--text", path};
+  if (!args.out.empty()) check_output_path(args.out, "the checkpoint", {text_input});
+  if (!args.history.empty()) {
+    std::vector<InputFile> inputs{text_input};
+    if (!args.resume.empty()) inputs.push_back({"--resume", args.resume});
+    if (!args.out.empty()) inputs.push_back({"--out", args.out});
+    check_output_path(args.history, "the history", inputs, "--history");
+  }
   std::optional<lm::CheckpointInfo> info;
   if (!args.resume.empty()) {
     check_input_file(args.resume, "the checkpoint");
@@ -367,9 +372,16 @@ int run_train(const LmTrainRequest& args) {
 
   ProgressBar bar(std::cerr);
   lm::TrainSummary summary;
+  std::string history;
   try {
     summary = lm::train(
-        o, corpus.train, args.resume, args.out, [&bar](const lm::Progress& p) { bar.update(p); },
+        o, corpus.train, args.resume, args.out,
+        [&bar, &history](const lm::Progress& p) {
+          bar.update(p);
+          using Line = nlohmann::ordered_json;
+          history += Line{{"step", p.step}, {"loss", p.loss}, {"tokens_per_second", p.tokens_per_second},
+                          {"elapsed_seconds", p.elapsed_seconds}}.dump() + "\n";
+        },
         corpus.heldout);
   } catch (...) {
     bar.finish();
@@ -437,6 +449,15 @@ int run_train(const LmTrainRequest& args) {
         << " streams (at most " << o.model.max_clusters << " clusters; the count is the final "
         << "state's):\n";
     print_far_field(out, summary.far_field, "    ", o.batch);
+  }
+  if (!args.history.empty()) {
+    if (summary.heldout)
+      history += nlohmann::ordered_json{{"step", summary.steps},
+                                        {"heldout_bits_per_byte", summary.heldout->bits_per_token}}
+                     .dump() +
+                 "\n";
+    write_file_atomically(args.history, history, "the history");
+    out << "  history       " << args.history << " (" << summary.steps - summary.first_step << " steps)\n";
   }
   if (args.out.empty())
     out << "  checkpoint    not written (give --out FILE to keep the model for lm eval and lm "

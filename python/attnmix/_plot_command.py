@@ -32,17 +32,19 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser():
-    p = Parser(prog="attnmix plot", description="Draw a saved model, a fit history or the assignment-tree results "
+    p = Parser(prog="attnmix plot", description="Draw a saved model, a training history or the assignment-tree results "
                "(attnmix.plot, matplotlib) as PNG and SVG files.",
                epilog="Figures by model family: responsibility attention: its tables, and with --data the "
                "responsibilities of the first --rows rows; chained attention: its key tables, and with --data the "
-               "per-hop posteriors; the variational families: their embeddings. --history (attnmix fit --history) "
-               "adds the log-likelihood curve; --assign-tree (attnmix assign-tree --out) the experiment's scaling "
-               "laws. Files are written to --out DIR (created if missing), each atomically; the summary lists them.")
+               "per-hop posteriors; the variational families: their embeddings. --history adds the log-likelihood "
+               "curve of 'attnmix fit --history' or the loss curve of 'attnmix lm train --history'; --assign-tree "
+               "(attnmix assign-tree --out) the experiment's scaling laws. Files are written to --out DIR (created "
+               "if missing), each atomically; the summary lists them.")
     p.add_argument("model", nargs="?", metavar="MODEL", help="a model file written by 'attnmix fit'")
     p.add_argument("--data", metavar="FILE", help="rows of the model's family (JSON Lines) to draw the posterior of")
     p.add_argument("--rows", type=int, default=8, metavar="N", help="how many rows of --data to draw (default 8)")
-    p.add_argument("--history", metavar="FILE", help="a fit history written by 'attnmix fit --history'")
+    p.add_argument("--history", metavar="FILE",
+                   help="a history written by 'attnmix fit --history' or 'attnmix lm train --history'")
     p.add_argument("--assign-tree", metavar="FILE", help="results written by 'attnmix assign-tree --out'")
     p.add_argument("--out", required=True, metavar="DIR", help="the folder the figures are written to")
     p.add_argument("--html", action="store_true", help="also write DIR/index.html: every figure with its caption")
@@ -116,10 +118,14 @@ def figures(args):
             raise CommandError(f"{args.data or args.model}: {error}") from None
     if args.history:
         try:
-            out.append(("history", f"Log-likelihood per EM iteration ({args.history}).",
-                        plot.fit_history(args.history)))
+            if '"step"' in open(args.history, encoding="utf-8").readline():  # attnmix lm train --history
+                out.append(("history", f"Training loss and speed per step ({args.history}).",
+                            plot.lm_history(args.history)))
+            else:
+                out.append(("history", f"Log-likelihood per EM iteration ({args.history}).",
+                            plot.fit_history(args.history)))
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise CommandError(f"{args.history}: not a fit history ({error})") from None
+            raise CommandError(f"{args.history}: not a history of attnmix fit or lm train ({error})") from None
     if args.assign_tree:
         try:
             out.append(("assign_tree", "Assignment-tree experiment: frequency RMSE against K, and the union of "

@@ -24,6 +24,8 @@ What each picture shows (the mechanisms: docs/mechanisms.md):
 * ``embeddings(model)``: the variational families' posterior-mean embeddings in the plane of their first two principal
   components, each with its posterior spread as an ellipse (one standard deviation).
 * ``fit_history(history)``: the log-likelihood (and validation score) per EM iteration.
+* ``lm_history(history)``: a streaming language model's training loss in bits per byte per step, its held-out bits
+  per byte, and its training speed.
 * ``assignment_frequencies(freq, tree)``: the matching-frequency matrix of the assignment tree with its spanning tree
   drawn over it.
 * ``assignment_scaling(results)``: the assignment-tree experiment's frequency RMSE against the number of samples K
@@ -51,6 +53,7 @@ __all__ = [
     "fit_history",
     "hop_posteriors",
     "key_tables",
+    "lm_history",
     "responsibilities",
 ]
 
@@ -202,14 +205,18 @@ def embeddings(model, labels=None):
     return fig
 
 
+def _history_records(history):
+    if isinstance(history, (str, os.PathLike)):
+        with open(history, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    return list(history)
+
+
 def fit_history(history):
     """The log-likelihood per EM iteration (and the validation score where recorded). history: a JSON Lines file
     (``attnmix fit --history``), a sequence of dicts with "iteration", "log_likelihood" and optionally "validation",
     or a sequence of log-likelihoods (iterations 1, 2, ...)."""
-    if isinstance(history, (str, os.PathLike)):
-        with open(history, encoding="utf-8") as f:
-            history = [json.loads(line) for line in f if line.strip()]
-    history = list(history)
+    history = _history_records(history)
     if not history:
         raise ValueError("plot.fit_history: the history is empty")
     if not isinstance(history[0], dict):
@@ -224,6 +231,31 @@ def fit_history(history):
     ax.set_xlabel("iteration")
     ax.set_ylabel("log-likelihood")
     ax.legend()
+    return fig
+
+
+def lm_history(history):
+    """A streaming language model's training (``attnmix lm train --history``: a JSON Lines file or its records):
+    the loss per step in bits per byte, with the held-out bits per byte when the last record has them, and the
+    training speed in tokens per second."""
+    records = _history_records(history)
+    steps = [r for r in records if "loss" in r]
+    if not steps:
+        raise ValueError("plot.lm_history: the history has no training steps")
+    heldout = [r for r in records if "heldout_bits_per_byte" in r]
+    fig, (loss, speed) = _figure(2)
+    loss.plot([r["step"] for r in steps], [r["loss"] / np.log(2) for r in steps], label="training")
+    for r in heldout:
+        loss.scatter([r["step"]], [r["heldout_bits_per_byte"]], color="tab:red", zorder=3,
+                     label=f"held out: {r['heldout_bits_per_byte']:.3f}")
+    loss.set_title("loss")
+    loss.set_xlabel("step")
+    loss.set_ylabel("bits per byte")
+    loss.legend()
+    speed.plot([r["step"] for r in steps], [r["tokens_per_second"] for r in steps])
+    speed.set_title("training speed")
+    speed.set_xlabel("step")
+    speed.set_ylabel("tokens per second")
     return fig
 
 

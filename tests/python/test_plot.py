@@ -242,7 +242,7 @@ def test_plot_command_writes_every_figure_and_the_page(tmp_path, ra_fit, ca_mode
     (["{ca}", "--data", "{ra_rows}"], 2, "line 1: missing field 'keys'"),
     (["{missing}"], 2, "cannot open the model file"),
     (["{ra}", "--rows", "0"], 1, "--rows must be positive"),
-    (["--history", "{ra_rows}"], 2, "not a fit history"),
+    (["--history", "{ra_rows}"], 2, "not a history of attnmix fit or lm train"),
 ])
 def test_plot_command_errors_write_nothing(tmp_path, ra_fit, ca_model, args, code, message):
     model, rows = ra_fit
@@ -256,3 +256,39 @@ def test_plot_command_errors_write_nothing(tmp_path, ra_fit, ca_model, args, cod
                             text=True)
     assert result.returncode == code and message in result.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_lm_history_draws_loss_in_bits_heldout_and_speed(tmp_path):
+    path = tmp_path / "lm.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 2.0 * np.log(2) / s, "tokens_per_second": 100.0 * s,
+                                        "elapsed_seconds": 0.1 * s}) + "\n" for s in (1, 2, 4))
+                    + json.dumps({"step": 4, "heldout_bits_per_byte": 0.75}) + "\n")
+    fig = plot.lm_history(path)
+    loss, speed = fig.axes
+    np.testing.assert_allclose(loss.get_lines()[0].get_ydata(), [2.0, 1.0, 0.5])  # nats / ln 2 = bits
+    np.testing.assert_array_equal(loss.collections[0].get_offsets(), [[4, 0.75]])
+    assert list(speed.get_lines()[0].get_ydata()) == [100.0, 200.0, 400.0]
+    with pytest.raises(ValueError, match="no training steps"):
+        plot.lm_history([{"step": 1, "heldout_bits_per_byte": 1.0}])
+
+
+def test_lm_train_history_through_the_program(tmp_path):
+    """`attnmix lm train --history` writes one line per step with the losses the run trained on, then the held-out
+    bits per byte the summary prints; `attnmix plot --history` draws it."""
+    if "lm" not in subprocess.run([cli(), "--help"], capture_output=True, text=True).stdout:
+        pytest.skip("this build has no attnmix lm")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    history = tmp_path / "lm.jsonl"
+    result = subprocess.run([cli(), "lm", "train", "--text", text, "--steps", "4", "--batch", "2", "--chunk", "16",
+                             "--window", "8", "--d-model", "16", "--history", history], capture_output=True, text=True)
+    if result.returncode == 2 and "libtorch" in result.stderr:
+        pytest.skip("this build has no libtorch")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in history.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 4]
+    assert all(r["loss"] > 0 and r["tokens_per_second"] > 0 for r in records[:4])
+    (summary_line,) = [line for line in result.stdout.splitlines() if line.startswith("  held out ")]
+    assert f"= {records[4]['heldout_bits_per_byte']:.4g} bits per byte" in summary_line
+    run_cli("plot", "--history", history, "--out", tmp_path / "figures")
+    assert (tmp_path / "figures" / "history.png").read_bytes().startswith(PNG_SIGNATURE)
