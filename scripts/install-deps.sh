@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-dev python3-pybind11 pybind11-dev python3-pytest python3-scipy
   python3-matplotlib  # attnmix.plot
+  chromium  # the HTML page of `attnmix plot --html` opened in a real browser (tests/python/test_plot_browser.py)
   libopenmpi-dev openmpi-bin
   libtorch-dev python3-torch
   # The optimized BLAS that NumPy, PyTorch and attnmix's own libtorch operations load through Debian's libblas.so.3

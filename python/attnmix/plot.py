@@ -67,6 +67,11 @@ def _figure(panels, width_per_panel=4.5, height=3.8):
 
 def _heatmap(fig, ax, values, title, xlabel, ylabel, vmin=None, vmax=None, cmap="viridis"):
     image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
+    rows, cols = np.shape(values)
+    if cols <= _CELL_TEXT_LIMIT:  # integer ticks: one per column (row) of a small grid
+        ax.set_xticks(range(cols))
+    if rows <= _CELL_TEXT_LIMIT:
+        ax.set_yticks(range(rows))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -115,12 +120,11 @@ def responsibilities(model, rows):
     targets = [int(row[2]) for row in rows]
     r = model.responsibilities((contexts, queries, np.array(targets, dtype=np.int64)))
     predicted = model.predict_proba(contexts, queries).argmax(axis=1)
-    fig, (ax,) = _figure(1, width_per_panel=max(4.5, 0.5 * contexts.shape[1] + 3),
+    fig, (ax,) = _figure(1, width_per_panel=max(5.5, 0.5 * contexts.shape[1] + 3),
                          height=max(3.0, 0.4 * len(rows) + 1.5))
-    _heatmap(fig, ax, r, "responsibilities p(position | context, query, target)", "position", "observation", 0.0, 1.0)
+    _heatmap(fig, ax, r, "p(position | context, query, target)", "position", "observation", 0.0, 1.0)
     _label_cells(ax, contexts, r)
     ax.set_yticks(range(len(rows)), [f"t={t} pred={p}" for t, p in zip(targets, predicted)])
-    ax.set_xticks(range(contexts.shape[1]))
     return fig
 
 
@@ -137,6 +141,7 @@ def attention_tables(model, top_k=32):
         if len(shown) <= _CELL_TEXT_LIMIT:
             ax.set_yticks(range(len(shown)), [str(s) for s in shown])
     prior.bar(range(model.context_length), model.position_prior, color="tab:blue")
+    prior.set_xticks(range(model.context_length))
     prior.set_title("position prior π")
     prior.set_xlabel("position")
     prior.set_ylabel("probability")

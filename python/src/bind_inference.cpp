@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // optimize() and score() in Python (SPEC.md §1.7, §1.8). The arguments are converted with the GIL
 // held; the fit itself (encoding aside) runs in the library with the GIL released, and the progress
-// callback takes the GIL back only to write one line to `out`.
+// callback takes the GIL back only to write one line to `out` (and to append it to `history`).
 #include <pybind11/eval.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
@@ -62,7 +63,7 @@ const DistributionHandle& distribution_arg(py::object obj, const char* where, co
 py::object optimize_py(py::object data, py::object estimator, py::object max_its, py::object delta,
                        py::object init_p, py::object rng, py::object prev_estimate,
                        py::object vdata, py::object out, py::object print_iter,
-                       py::object reuse_estep_ll, py::object num_threads) {
+                       py::object reuse_estep_ll, py::object num_threads, py::object history) {
   if (!py::isinstance<EstimatorHandle>(estimator))
     throw TypeError(std::string(kOptimize) + ": estimator must be an attnmix estimator (got " +
                     type_name(estimator) + ")");
@@ -91,10 +92,22 @@ py::object optimize_py(py::object data, py::object estimator, py::object max_its
 
   const py::object writer = out.is(stdout_default()) ? py::module_::import("sys").attr("stdout")
                                                      : py::reinterpret_borrow<py::object>(out);
-  if (!writer.is_none())
-    options.on_iteration = [&writer](const IterationReport& report) {
+  if (!history.is_none() && !py::isinstance<py::list>(history))
+    throw TypeError(std::string(kOptimize) + ": history must be None or a list (got " + type_name(history) + ")");
+  if (!writer.is_none() || !history.is_none())
+    options.on_iteration = [&writer, &history](const IterationReport& report) {
       const py::gil_scoped_acquire gil;
-      writer.attr("write")(format_progress_line(report));
+      if (!writer.is_none()) writer.attr("write")(format_progress_line(report));
+      if (!history.is_none()) {
+        py::dict line;
+        line["iteration"] = report.iteration;
+        line["log_likelihood"] = report.log_likelihood;
+        line["delta"] = std::isfinite(report.delta_log_likelihood) ? py::object(py::float_(report.delta_log_likelihood))
+                                                                   : py::object(py::none());
+        line["seconds"] = report.seconds;
+        if (report.valid_log_likelihood) line["validation"] = *report.valid_log_likelihood;
+        history.cast<py::list>().append(line);
+      }
       if (PyErr_CheckSignals() != 0)
         throw py::error_already_set();  // Ctrl-C stops a long fit between lines
     };
@@ -118,7 +131,7 @@ void bind_inference(py::module_& m) {
         "delta"_a = defaults.delta, "init_p"_a = defaults.init_p, "rng"_a = py::none(),
         "prev_estimate"_a = py::none(), "vdata"_a = py::none(), "out"_a = stdout_default(),
         "print_iter"_a = defaults.print_iter, "reuse_estep_ll"_a = defaults.reuse_estep_ll,
-        "num_threads"_a = py::none(),
+        "num_threads"_a = py::none(), py::kw_only(), "history"_a = py::none(),
         R"(Fits `estimator`'s family to `data` by EM; returns the best-scoring model (docs/mechanisms.md#training).
 
 data / vdata: a list of observations, a tuple of numpy arrays (the fast path) or an
@@ -134,6 +147,9 @@ out: where each progress line goes (None: silent); print_iter: write every
 reuse_estep_ll: the fused loop (True) or the classic loop (False).
 num_threads: E-step threads (None: all cores); results are identical for every thread
     count.
+history: a list to append one dict per reported iteration to (iteration, log_likelihood,
+    delta (None on the first), seconds, validation with vdata): the lines of
+    `attnmix fit --history`, for attnmix.plot.fit_history.
 The GIL is released while the fit runs.)");
   m.def(
       "score",

@@ -292,3 +292,24 @@ def test_lm_train_history_through_the_program(tmp_path):
     assert f"= {records[4]['heldout_bits_per_byte']:.4g} bits per byte" in summary_line
     run_cli("plot", "--history", history, "--out", tmp_path / "figures")
     assert (tmp_path / "figures" / "history.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_optimize_records_the_history_it_prints(ra_fit):
+    """optimize(history=[...]) appends the lines of `attnmix fit --history`: the log-likelihoods it printed."""
+    model, rows = ra_fit
+    printed, history = io.StringIO(), []
+    attnmix.optimize(rows, model.estimator(), max_its=4, delta=None, vdata=rows[:50], out=printed, history=history,
+                     rng=np.random.RandomState(1))
+    lines = printed.getvalue().splitlines()
+    assert [h["iteration"] for h in history] == [1, 2, 3, 4] and len(lines) == 4
+    for h, text in zip(history, lines):
+        assert f"ln[p_mat(Data|Model)]={h['log_likelihood']:.6e}" in text and h["validation"] < 0
+    assert history[0]["delta"] is None
+    assert history[2]["delta"] == pytest.approx(history[2]["log_likelihood"] - history[1]["log_likelihood"])
+    silent = []
+    attnmix.optimize(rows, model.estimator(), max_its=4, delta=None, out=None, history=silent,
+                     rng=np.random.RandomState(1))
+    assert [h["log_likelihood"] for h in silent] == [h["log_likelihood"] for h in history]
+    assert list(plot.fit_history(history).axes[0].get_lines()[0].get_ydata()) == [h["log_likelihood"] for h in history]
+    with pytest.raises(TypeError, match="history must be None or a list"):
+        attnmix.optimize(rows, model.estimator(), max_its=1, out=None, history=())
