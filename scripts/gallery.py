@@ -74,6 +74,10 @@ def main():
         save(plot.fit_history(history), "fit_history")
 
     save(plot.assignment_scaling(run_assignment_tree_experiment(1234)), "assignment_scaling")
+
+    with tempfile.TemporaryDirectory() as scratch:  # the demo's variational fit: synonyms share a concept
+        subprocess.run([args.cli, "demo", "--plots", scratch], check=True, capture_output=True)
+        save(plot.embeddings(attnmix.load_model(os.path.join(scratch, "variational", "model.json"))), "embeddings")
     print(f"gallery: wrote {len(os.listdir(OUT))} figures to {OUT}")
 
 

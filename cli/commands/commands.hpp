@@ -8,6 +8,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 #include "attnmix/inference/communicator.hpp"
 
 namespace attnmix::cli {
@@ -21,6 +24,8 @@ void add_sample_command(CLI::App& app, int& exit_code);
 void add_demo_command(CLI::App& app, int& exit_code);
 void add_assign_tree_command(CLI::App& app, int& exit_code);
 void add_plot_command(CLI::App& app, int& exit_code);
+/// Runs `attnmix plot` with these arguments (in the build's Python) and waits for it: its exit code.
+int run_plot(const std::vector<std::string>& arguments);
 /// `attnmix lm train|eval|generate` (lm.cpp). In a build without libtorch the subcommand exists
 /// and fails with exit code 2, saying so.
 void add_lm_command(CLI::App& app, int& exit_code);

@@ -2,11 +2,17 @@
 // `attnmix demo`: the project's main job, needing no arguments and no files. Runs every demo
 // section in turn; a new mechanism adds its section function to kSections.
 #include <array>
+#include <filesystem>
 #include <iostream>
+#include <memory>
+#include <sstream>
 
+#include "attnmix/core/atomic_file.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "commands/demo_sections.hpp"
+#include "model_data.hpp"
 
 namespace attnmix::cli {
 
@@ -14,7 +20,7 @@ namespace {
 
 struct DemoSection {
   const char* title;
-  void (*run)(std::ostream& out);
+  void (*run)(std::ostream& out, DemoFigures* figures);
 };
 
 constexpr std::array<DemoSection, 5> kSections{{
@@ -22,12 +28,15 @@ constexpr std::array<DemoSection, 5> kSections{{
     {"Chained attention: transitive lookup needs two hops", &demo_chained_attention},
     {"Variational embedding attention: tied embeddings transfer to unseen synonyms",
      &demo_variational_embedding_attention},
-    {"Assignment-tree attention: matchings as a sparse support", &demo_assignment_tree},
+    {"Assignment-tree attention: matchings as a sparse support",
+     [](std::ostream& out, DemoFigures*) { demo_assignment_tree(out); }},
     {"Streaming language model: a sliding-window Transformer learns to predict text",
-     &demo_streaming_language_model},
+     [](std::ostream& out, DemoFigures*) { demo_streaming_language_model(out); }},
 }};
 
-int run_demo() {
+constexpr Index kPlottedRows = 8;
+
+int run_demo(const std::string& plots) {
   std::ostream& out = std::cout;
   out << "attnmix demo: attention as a mixture\n"
          "In every attnmix mechanism, which context position is attended is a hidden variable, so "
@@ -39,23 +48,56 @@ int run_demo() {
          "support from perturb-and-MAP matchings and compares it with dense attention, and the "
          "last trains a small\n"
          "streaming Transformer language model on a text file with a bounded attention window.\n";
+  std::optional<DemoFigures> figures;
+  if (!plots.empty()) figures.emplace();
   int number = 1;
   for (const DemoSection& section : kSections) {
     out << "\n" << number++ << ". " << section.title << "\n\n";
-    section.run(out);
+    section.run(out, figures ? &*figures : nullptr);
   }
   out.flush();
-  return kExitOk;
+  return figures ? figures->draw(plots, out) : kExitOk;
 }
 
 }  // namespace
+
+void DemoFigures::add(std::string name, AnyDistribution model, std::optional<AnyBatch> rows) {
+  if (rows && rows->n_rows() > kPlottedRows) rows = rows->slice(0, kPlottedRows);
+  entries_.push_back({std::move(name), std::move(model), std::move(rows)});
+}
+
+int DemoFigures::draw(const std::string& dir, std::ostream& out) const {
+  out << "\nFigures (attnmix plot):\n" << std::flush;
+  for (const Entry& e : entries_) {
+    const std::filesystem::path folder = std::filesystem::path(dir) / e.name;
+    std::filesystem::create_directories(folder);
+    const std::string model = (folder / "model.json").string();
+    save_model(e.model, model);
+    std::vector<std::string> arguments{model, "--out", folder.string(), "--html"};
+    if (e.rows) {
+      std::ostringstream rows;
+      write_jsonl(rows, e.model, *e.rows);
+      const std::string path = (folder / "rows.jsonl").string();
+      write_file_atomically(path, rows.str(), "the rows");
+      arguments.insert(arguments.end(), {"--data", path, "--rows", std::to_string(e.rows->n_rows())});
+    }
+    out << "  " << e.name << ": " << std::flush;
+    if (const int code = run_plot(arguments); code != kExitOk) return code;
+  }
+  out << "  open " << (std::filesystem::path(dir) / "*" / "index.html").string() << " to see them\n";
+  return kExitOk;
+}
 
 void add_demo_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd =
       app.add_subcommand("demo",
                          "A short tour: fit each mechanism on a built-in task and see what it "
                          "learned (no arguments, no files)");
-  cmd->callback([&exit_code] { exit_code = run_demo(); });
+  auto plots = std::make_shared<std::string>();
+  cmd->add_option("--plots", *plots,
+                  "Also draw what each section fitted (attnmix plot: PNG, SVG and an index.html) into DIR/<section>")
+      ->type_name("DIR");
+  cmd->callback([plots, &exit_code] { exit_code = run_demo(*plots); });
 }
 
 }  // namespace attnmix::cli

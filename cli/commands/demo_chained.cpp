@@ -26,6 +26,7 @@ constexpr int kIterations = 12;
 struct HopResult {
   double accuracy = 0.0;
   double seconds = 0.0;
+  AnyDistribution model;
 };
 
 HopResult fit_hops(std::ostream& out, int64_t n_hops, const ChainedAttentionBatch& train,
@@ -49,7 +50,7 @@ HopResult fit_hops(std::ostream& out, int64_t n_hops, const ChainedAttentionBatc
   const auto fit = optimize(train, estimator, options);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {accuracy(fit.model.predict_proba(test), test.targets()), seconds};
+  return {accuracy(fit.model.predict_proba(test), test.targets()), seconds, AnyDistribution(fit.model)};
 }
 
 std::string fixed3(double x) {
@@ -60,7 +61,7 @@ std::string fixed3(double x) {
 
 }  // namespace
 
-void demo_chained_attention(std::ostream& out) {
+void demo_chained_attention(std::ostream& out, DemoFigures* figures) {
   const TransitiveTaskOptions task;  // S = 30 symbols, M = 5 pairs, so N = 10 positions
   const int64_t M = task.n_pairs;
   const ChainedAttentionBatch train = make_transitive_task(kRows, kSeed, task);
@@ -79,6 +80,7 @@ void demo_chained_attention(std::ostream& out) {
       << " iterations each.\n\n";
   const HopResult one = fit_hops(out, 1, train, test, task);
   const HopResult two = fit_hops(out, 2, train, test, task);
+  if (figures) figures->add("chained", two.model, AnyBatch(test));
   out << "\nTest accuracy (on " << test.n_rows() << " held-out rows; chance is about 1/" << 2 * M
       << " = " << fixed3(1.0 / static_cast<double>(2 * M)) << "):\n"
       << "  one hop  (L = 1)   " << fixed3(one.accuracy) << "   fitted in "

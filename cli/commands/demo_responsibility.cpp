@@ -26,7 +26,7 @@ std::string percent(double fraction) {
 
 }  // namespace
 
-void demo_responsibility_attention(std::ostream& out) {
+void demo_responsibility_attention(std::ostream& out, DemoFigures* figures) {
   constexpr uint64_t kSeed = 2;
   const RecallTaskOptions
       task_options;  // S = N-from-the-spec defaults: 16 symbols, 6 positions, D = T = 16
@@ -63,6 +63,7 @@ void demo_responsibility_attention(std::ostream& out) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const ResponsibilityAttention& model = fit.model;
+  if (figures) figures->add("responsibility", AnyDistribution(model), AnyBatch(task.test));
   const IdVector targets = task.test.targets();
   const double acc = accuracy(model.predict_proba(task.test), targets);
   const double baseline = accuracy(predict_position_only(model, task.test), targets);

@@ -5,21 +5,45 @@
 /// against a baseline.
 #pragma once
 
+#include <optional>
 #include <ostream>
+#include <string>
+#include <vector>
+
+#include "attnmix/core/any.hpp"
 
 namespace attnmix::cli {
 
+/// What `attnmix demo --plots DIR` draws after the tour: the models the sections fitted, each with the rows whose
+/// posteriors to show. Sections get it only when --plots was given (null otherwise).
+class DemoFigures {
+ public:
+  /// Keeps `model` as section `name`, with the first rows of `rows` (none: the model alone).
+  void add(std::string name, AnyDistribution model, std::optional<AnyBatch> rows = std::nullopt);
+  /// Writes each model and its rows to DIR/<name>/ and runs `attnmix plot` on them there (PNG, SVG and
+  /// index.html); prints a line per section. Returns 0, or the first failing plot's exit code.
+  [[nodiscard]] int draw(const std::string& dir, std::ostream& out) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    AnyDistribution model;
+    std::optional<AnyBatch> rows;
+  };
+  std::vector<Entry> entries_;
+};
+
 /// Responsibility attention on the content-recall task of SPEC.md §9.2 (demo_responsibility.cpp).
-void demo_responsibility_attention(std::ostream& out);
+void demo_responsibility_attention(std::ostream& out, DemoFigures* figures);
 
 /// Chained attention, one hop against two, on the transitive-lookup task of SPEC.md §9.3
 /// (demo_chained.cpp).
-void demo_chained_attention(std::ostream& out);
+void demo_chained_attention(std::ostream& out, DemoFigures* figures);
 
 /// Variational embedding attention against untied responsibility attention on held-out synonyms
 /// (SPEC.md §9.4, VEA-2): tied embeddings transfer to query symbols never seen as queries
 /// (demo_variational.cpp).
-void demo_variational_embedding_attention(std::ostream& out);
+void demo_variational_embedding_attention(std::ostream& out, DemoFigures* figures);
 
 /// Assignment-tree attention on the 16 × 15 problem of SPEC.md §8.2: frequencies, the spanning
 /// tree, and dense against tree-sparse attention on a few retrieval trials (demo_assign_tree.cpp).

@@ -111,7 +111,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-void demo_variational_embedding_attention(std::ostream& out) {
+void demo_variational_embedding_attention(std::ostream& out, DemoFigures* figures) {
   Rng rng(kSeed);
   const std::vector<int64_t> target_of = rng.sample_without_replacement(kConcepts, kConcepts);
   const SynonymSplit train = make_split(kTrainRows, 0, target_of, rng);
@@ -148,6 +148,7 @@ void demo_variational_embedding_attention(std::ostream& out) {
   auto start = std::chrono::steady_clock::now();
   const auto tied = optimize(train.tied, vea_estimator, vea_fit);
   const double tied_seconds = seconds_since(start);
+  if (figures) figures->add("variational", AnyDistribution(tied.model));
 
   ResponsibilityAttentionEstimatorOptions ra_options;
   ra_options.sigma2 = 0.5;

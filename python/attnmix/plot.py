@@ -203,7 +203,7 @@ def embeddings(model, labels=None):
                              alpha=0.15, color="tab:blue"))
         ax.annotate(labels[s], points[s], fontsize=7, ha="center", va="center")
     ax.scatter(points[:, 0], points[:, 1], s=8, color="tab:blue")
-    ax.set_title(f"posterior-mean embeddings ({S} symbols, D = {D}), first two principal components")
+    ax.set_title(f"posterior-mean embeddings ({S} symbols, D = {D})\nin their first two principal components")
     ax.set_xlabel("component 1")
     ax.set_ylabel("component 2")
     ax.autoscale_view()

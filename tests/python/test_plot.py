@@ -313,3 +313,19 @@ def test_optimize_records_the_history_it_prints(ra_fit):
     assert list(plot.fit_history(history).axes[0].get_lines()[0].get_ydata()) == [h["log_likelihood"] for h in history]
     with pytest.raises(TypeError, match="history must be None or a list"):
         attnmix.optimize(rows, model.estimator(), max_its=1, out=None, history=())
+
+
+def test_demo_plots_every_em_section(tmp_path):
+    """`attnmix demo --plots DIR` saves each EM section's model (and the rows it draws) and plots them there."""
+    out = run_cli("demo", "--plots", tmp_path).stdout
+    assert "Figures (attnmix plot):" in out
+    expected = {"responsibility": {"tables", "responsibilities"}, "chained": {"key_tables", "hop_posteriors"},
+                "variational": {"embeddings"}}
+    for section, names in expected.items():
+        folder = tmp_path / section
+        assert {p.stem for p in folder.glob("*.png")} == names
+        assert (folder / "index.html").read_text().count("<figure") == len(names)
+        model = attnmix.load_model(folder / "model.json")
+        if (folder / "rows.jsonl").exists():
+            assert len((folder / "rows.jsonl").read_text().splitlines()) == 8
+            assert type(model).__name__ != "VariationalEmbeddingAttentionDistribution"
