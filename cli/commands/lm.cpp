@@ -187,7 +187,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--resume", r.resume, "Continue training this checkpoint")->type_name("CKPT");
   cmd->add_option("--history", r.history,
                   "Also write one JSON line per step of this run (step, loss in nats per byte, tokens_per_second, "
-                  "elapsed_seconds) and, with a held-out part, a last line with its bits per byte; for plots "
+                  "elapsed_seconds; moment-closure: clusters, each layer's live clusters) and, with a held-out part, a "
+                  "last line with its bits per byte; for plots "
                   "(attnmix.plot.lm_history)")
       ->type_name("FILE");
   cmd->add_option("--mechanism", args->mechanism,

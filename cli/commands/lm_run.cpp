@@ -378,9 +378,10 @@ int run_train(const LmTrainRequest& args) {
         o, corpus.train, args.resume, args.out,
         [&bar, &history](const lm::Progress& p) {
           bar.update(p);
-          using Line = nlohmann::ordered_json;
-          history += Line{{"step", p.step}, {"loss", p.loss}, {"tokens_per_second", p.tokens_per_second},
-                          {"elapsed_seconds", p.elapsed_seconds}}.dump() + "\n";
+          nlohmann::ordered_json line{{"step", p.step}, {"loss", p.loss}, {"tokens_per_second", p.tokens_per_second},
+                                      {"elapsed_seconds", p.elapsed_seconds}};
+          if (!p.clusters.empty()) line["clusters"] = p.clusters;
+          history += line.dump() + "\n";
         },
         corpus.heldout);
   } catch (...) {

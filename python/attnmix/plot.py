@@ -25,7 +25,7 @@ What each picture shows (the mechanisms: docs/mechanisms.md):
   components, each with its posterior spread as an ellipse (one standard deviation).
 * ``fit_history(history)``: the log-likelihood (and validation score) per EM iteration.
 * ``lm_history(history)``: a streaming language model's training loss in bits per byte per step, its held-out bits
-  per byte, and its training speed.
+  per byte, its training speed and, for moment closure, each layer's live clusters.
 * ``assignment_frequencies(freq, tree)``: the matching-frequency matrix of the assignment tree with its spanning tree
   drawn over it.
 * ``assignment_scaling(results)``: the assignment-tree experiment's frequency RMSE against the number of samples K
@@ -241,14 +241,17 @@ def fit_history(history):
 
 def lm_history(history):
     """A streaming language model's training (``attnmix lm train --history``: a JSON Lines file or its records):
-    the loss per step in bits per byte, with the held-out bits per byte when the last record has them, and the
-    training speed in tokens per second."""
+    the loss per step in bits per byte, with the held-out bits per byte when the last record has them, the
+    training speed in tokens per second and, for moment closure, each layer's live clusters (mean over the streams)
+    as the far field's bank fills up."""
     records = _history_records(history)
     steps = [r for r in records if "loss" in r]
     if not steps:
         raise ValueError("plot.lm_history: the history has no training steps")
     heldout = [r for r in records if "heldout_bits_per_byte" in r]
-    fig, (loss, speed) = _figure(2)
+    has_clusters = "clusters" in steps[0]
+    fig, axes = _figure(3 if has_clusters else 2)
+    loss, speed = axes[:2]
     loss.plot([r["step"] for r in steps], [r["loss"] / np.log(2) for r in steps], label="training")
     for r in heldout:
         loss.scatter([r["step"]], [r["heldout_bits_per_byte"]], color="tab:red", zorder=3,
@@ -261,6 +264,14 @@ def lm_history(history):
     speed.set_title("training speed")
     speed.set_xlabel("step")
     speed.set_ylabel("tokens per second")
+    if has_clusters:
+        clusters = np.array([r["clusters"] for r in steps])  # (steps, layers)
+        for layer in range(clusters.shape[1]):
+            axes[2].plot([r["step"] for r in steps], clusters[:, layer], label=f"layer {layer}")
+        axes[2].set_title("far field: live clusters")
+        axes[2].set_xlabel("step")
+        axes[2].set_ylabel("clusters (mean over streams)")
+        axes[2].legend()
     return fig
 
 

@@ -117,6 +117,18 @@ decltype(auto) with_kind(Mechanism mechanism, F&& f) {
 }
 
 // Per-layer far-field statistics accumulated from the receipts of every step (moment-closure only).
+/// Each layer's live clusters, mean over the streams.
+std::vector<double> mean_live_clusters(const MomentClosureState& state) {
+  std::vector<double> out;
+  for (const auto& bank : state.banks) {
+    const auto& n = bank.n_clusters;
+    out.push_back(n.empty() ? 0.0
+                            : static_cast<double>(std::accumulate(n.begin(), n.end(), int64_t{0})) /
+                                  static_cast<double>(n.size()));
+  }
+  return out;
+}
+
 class FarFieldTally {
  public:
   void add(const std::vector<LayerReceipt>& receipts) {
@@ -140,11 +152,9 @@ class FarFieldTally {
   std::vector<LayerClusterStats> finish(const MomentClosureState& state) {
     layers_.resize(state.banks.size());
     misfit_sums_.resize(state.banks.size(), 0.0);
+    const std::vector<double> clusters = mean_live_clusters(state);
     for (size_t l = 0; l < layers_.size(); ++l) {
-      const auto& n = state.banks[l].n_clusters;
-      layers_[l].clusters =
-          n.empty() ? 0.0 : static_cast<double>(std::accumulate(n.begin(), n.end(), int64_t{0})) /
-                                static_cast<double>(n.size());
+      layers_[l].clusters = clusters[l];
       layers_[l].mean_misfit =
           layers_[l].ingestions > 0 ? misfit_sums_[l] / static_cast<double>(layers_[l].ingestions) : 0.0;
     }
@@ -1057,6 +1067,7 @@ TrainSummary train_kind(Session<Kind>& s, std::span<const int64_t> tokens, const
       p.tokens_per_second = elapsed > 0 ? static_cast<double>(summary.tokens) / elapsed : 0.0;
       const auto done = static_cast<double>(s.step + 1 - summary.first_step);
       p.eta_seconds = elapsed / done * static_cast<double>(o.steps - s.step - 1);
+      if constexpr (Kind::kHasFarField) p.clusters = mean_live_clusters(s.state);
       on_progress(p);
     }
   }

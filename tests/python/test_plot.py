@@ -329,3 +329,29 @@ def test_demo_plots_every_em_section(tmp_path):
         if (folder / "rows.jsonl").exists():
             assert len((folder / "rows.jsonl").read_text().splitlines()) == 8
             assert type(model).__name__ != "VariationalEmbeddingAttentionDistribution"
+
+
+def test_lm_history_of_moment_closure_follows_the_bank(tmp_path):
+    """Moment closure's history carries each layer's live clusters per step: none before the first eviction, never
+    more than --max-clusters, and the last step's equal to the final state the summary reports; the figure gains a
+    clusters panel."""
+    if "lm" not in subprocess.run([cli(), "--help"], capture_output=True, text=True).stdout:
+        pytest.skip("this build has no attnmix lm")
+    history = tmp_path / "mc.jsonl"
+    result = subprocess.run([cli(), "lm", "train", "--mechanism", "moment-closure", "--window", "16", "--chunk", "16",
+                             "--max-clusters", "3", "--steps", "8", "--batch", "2", "--d-model", "16", "--holdout",
+                             "0", "--history", history], capture_output=True, text=True)
+    if result.returncode == 2 and "libtorch" in result.stderr:
+        pytest.skip("this build has no libtorch")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in history.read_text().splitlines()]
+    assert len(records) == 8 and all(len(r["clusters"]) == 2 for r in records)
+    assert records[0]["clusters"] == [0.0, 0.0]  # the first chunk evicts nothing
+    assert all(0 <= c <= 3 for r in records for c in r["clusters"])
+    for layer, line in enumerate(l for l in result.stdout.splitlines() if l.strip().startswith("layer ")):
+        count = float(line.split()[2])
+        assert records[-1]["clusters"][layer] == pytest.approx(count)
+    fig = plot.lm_history(history)
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "training speed", "far field: live clusters"]
+    assert [list(l.get_ydata()) for l in fig.axes[2].get_lines()] == [[r["clusters"][k] for r in records]
+                                                                       for k in range(2)]

@@ -145,6 +145,8 @@ struct Progress {
   double tokens_per_second = 0.0;
   double elapsed_seconds = 0.0;
   double eta_seconds = 0.0;
+  /// moment-closure: each layer's live clusters after this step, mean over the streams; empty otherwise.
+  std::vector<double> clusters;
 };
 
 /// What the far field of one moment-closure layer did over a run (from the per-step receipts, SPEC §7.6-7.8).
