@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// `attnmix plot`: the figures of the Python module's attnmix.plot (matplotlib) for a saved model, a fit history or the
-// assignment-tree results. The command and its options live in python/attnmix/_plot_command.py, run in the Python the
-// build used (its arguments, --help included, pass through unchanged); this file only finds that Python and runs it.
+// `attnmix plot`: the figures of the Python module's attnmix.plot (matplotlib) for a saved model, a training history
+// or the assignment-tree results. The command and its options live in python/attnmix/_plot_command.py, run in the
+// Python the build used (its arguments, --help included, pass through unchanged); this file only finds that Python
+// and runs it.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,10 +56,10 @@ int run_plot(const std::vector<std::string>& arguments) {
 #endif
 }
 
-
 void add_plot_command(CLI::App& app, int& exit_code) {
-  CLI::App* cmd = app.add_subcommand(
-      "plot", "Draw a saved model, a fit history or the assignment-tree results as PNG and SVG files (matplotlib)");
+  CLI::App* cmd = app.add_subcommand("plot",
+                                     "Draw a saved model, a training history or the assignment-tree results as PNG "
+                                     "and SVG files (matplotlib)");
   cmd->prefix_command();  // every argument goes to the Python command, which parses them
   cmd->set_help_flag();
   cmd->callback([cmd, &exit_code] { exit_code = run_plot(cmd->remaining()); });

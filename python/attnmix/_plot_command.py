@@ -118,7 +118,9 @@ def figures(args):
             raise CommandError(f"{args.data or args.model}: {error}") from None
     if args.history:
         try:
-            if '"step"' in open(args.history, encoding="utf-8").readline():  # attnmix lm train --history
+            with open(args.history, encoding="utf-8") as f:
+                first = f.readline()
+            if '"step"' in first:  # attnmix lm train --history
                 out.append(("history", f"Training loss and speed per step ({args.history}).",
                             plot.lm_history(args.history)))
             else:
