@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file assignment_tree.hpp
-/// Assignment-tree attention (SPEC.md §8.1, seed 004): perturb-and-MAP matchings of nq queries to nk keys, their
-/// edge frequencies, a maximum spanning tree of the bipartite graph, and attention restricted to the tree.
+/// Assignment-tree attention (docs/mechanisms.md#assignment-tree-attention): perturb-and-MAP matchings of nq
+/// queries to nk keys, their edge frequencies, a maximum spanning tree of the bipartite graph and attention on it.
 ///
 ///   sample:     σ = argmin_σ Σ_i (cost[i, σ(i)] + τ·g[i, σ(i)]),  g ~ Gumbel(0, 1) iid, one (nq, nk) table row-major
 ///   frequency:  freq = (1/K) Σ_k 1[σ_k],  every column sums to exactly 1 when nq ≥ nk

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file experiment.hpp
-/// The assignment-tree experiment of seed 004 (SPEC.md §8.2): three predictions, the transport check and the
-/// retrieval comparison, with attnmix random streams (numbers match the reference statistically, not bitwise).
+/// The assignment-tree experiment (docs/mechanisms.md#assignment-tree-attention): three predictions, the transport
+/// check and the retrieval comparison, with attnmix random streams (matching mixle statistically, not bitwise).
 /// Cost: dominated by the 100 000-sample reference frequency estimate and ~14 000 further samples of a 16 × 15 LAP.
 #pragma once
 
@@ -23,7 +23,7 @@ struct UnionEdges {
   double predicted = 0.0;
 };
 
-/// Every field of results.json (SPEC.md §8.2 step 6), in file order.
+/// Every field of results.json (docs/mechanisms.md#assignment-tree-attention), in file order.
 struct AssignmentTreeExperimentResult {
   uint64_t seed = 1234;
   Index n_queries = 16, n_keys = 15;
@@ -44,12 +44,12 @@ struct AssignmentTreeExperimentResult {
   Index retrieval_repaired_query_rows_total = 0;
   Index retrieval_trials_with_repair = 0;
 
-  /// The results document: keys in the order of SPEC.md §8.2 step 6.
+  /// The results document: keys in the order of the fields above.
   [[nodiscard]] nlohmann::ordered_json to_json() const;
 };
 
 /// Runs the whole experiment on n_threads threads (0 = all); the result does not depend on the thread count, and two
-/// runs with the same seed are bitwise identical. As in seed 004, only base = Rng(seed) and prediction 1's streams
+/// runs with the same seed are bitwise identical. As in mixle, only base = Rng(seed) and prediction 1's streams
 /// Rng(seed + 31K + r) follow the seed; the reference (Rng(999)), the K = 128 tree (Rng(777)) and the retrieval
 /// trials (Rng(4000 + t), Rng(7000 + t)) use fixed seeds. progress(stage, fraction) is called on the calling thread
 /// between stages and within long ones; stage is "reference", "prediction_1", "prediction_3", "retrieval" or "done",

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file lap.hpp
-/// Rectangular linear assignment (SPEC.md §8.1): min Σ cost[i, σ(i)] over injective matchings of min(nq, nk) pairs.
+/// Rectangular linear assignment: min Σ cost[i, σ(i)] over injective matchings of min(nq, nk) pairs.
 ///
 /// Algorithm: shortest augmenting paths with dual prices (Jonker–Volgenant as described by Crouse, 2016 — the
 /// family scipy.optimize.linear_sum_assignment uses). The smaller side is augmented one vertex at a time with a

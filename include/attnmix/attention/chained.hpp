@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file chained.hpp
-/// Chained (multi-hop) attention (SPEC.md §3): L content-addressed hops whose latent positions form a
-/// time-inhomogeneous chain, fitted by exact forward–backward EM.
+/// Chained (multi-hop) attention (docs/mechanisms.md#chained-attention): L content-addressed hops whose latent
+/// positions form a time-inhomogeneous chain, fitted by exact forward–backward EM.
 ///
 /// Notation: S symbols, N positions, T targets, L hops; i, j ∈ [N]; s, u ∈ [S].
 ///   key_tables K⁽ℓ⁾ [S, S] per hop (query space = one-hot space), ρ⁽ℓ⁾[s] = ‖K⁽ℓ⁾[s]‖²
@@ -15,7 +15,7 @@
 /// Numerics: probability space with exact normalisation per hop (every α_ℓ is a distribution); a row whose
 /// likelihood falls below 1e-250 is recomputed in log space, so long chains never underflow.
 /// Example: examples/chained_attention.cpp
-/// Reference: seed 001 (mixle); Sukhbaatar et al. (2015) memory networks; Vogel & Ney (1996) HMM alignment.
+/// Reference design: mixle; Sukhbaatar et al. (2015) memory networks; Vogel & Ney (1996) HMM alignment.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +77,7 @@ class ChainedAttentionBatch {
   Index count_ = 0;
 };
 
-/// Validates raw arrays (SPEC.md §1.2, §3.4) into a batch. Undeclared bounds are checked against the model later.
+/// Validates raw arrays into a batch. Undeclared bounds are checked against the model later.
 class ChainedAttentionEncoder {
  public:
   std::optional<int64_t> n_symbols;
@@ -97,7 +97,7 @@ struct ChainedAttentionParams {
   std::string name;
 };
 
-/// Statistics, in value() order: key_num [L,S,S], key_mass [L,S], emission_count [S,T], ll, n (SPEC.md §3.3).
+/// Statistics, in value() order: key_num [L,S,S], key_mass [L,S], emission_count [S,T], ll, n.
 class ChainedAttentionAccumulator : public FlatAccumulator<ChainedAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "ChainedAttentionAccumulator";
@@ -122,7 +122,7 @@ class ChainedAttentionAccumulator : public FlatAccumulator<ChainedAttentionAccum
 
   /// Finite entries, counts ≥ 0, Σ key_mass[ℓ] = n for every hop, Σ emission_count = n. @throws ValueError.
   void validate(std::string_view where) const;
-  /// seq_initialize (SPEC.md §3.3): γ_ℓ ~ Dirichlet(1_N) for every hop and row (hop-major), then
+  /// seq_initialize: γ_ℓ ~ Dirichlet(1_N) for every hop and row (hop-major), then
   /// ξ_ℓ ~ Dirichlet(1_{N²}) for ℓ = 0..L−2, accumulated with weights w; n += Σ w; ll untouched.
   void initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng);
   /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
@@ -143,7 +143,7 @@ struct ChainedAttentionPosterior {
   std::vector<Matrix> xi;
 };
 
-/// The immutable model. The constructor validates (SPEC.md §3.4) and precomputes the gate logit tables.
+/// The immutable model. The constructor validates and precomputes the gate logit tables.
 class ChainedAttention {
  public:
   using params_type = ChainedAttentionParams;
@@ -200,7 +200,7 @@ class ChainedAttention {
   Matrix gate_weights_;  // [L·S, S]: exp(row − row max) of gate_logits_
 };
 
-/// Options of the M-step (SPEC.md §3.3); the single source of the defaults.
+/// Options of the M-step (docs/mechanisms.md#chained-attention); the single source of the defaults.
 struct ChainedAttentionEstimatorOptions {
   double sigma2 = 0.1;
   double emission_smoothing = 1e-4;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file optimizer_state.hpp
-/// What the variational families (SPEC.md §4, §5) share: the Adam state carried by the model (§4.5), the Adam ascent
-/// step of the M-step (§4.4), the KL term, the Monte-Carlo noise of one iteration (§4.3) and the attachment that
-/// makes a statistics value carry the state it was computed under.
+/// What the variational families share (docs/mechanisms.md#variational-embedding-attention): the Adam state carried
+/// by the model, the Adam ascent step of the M-step, the KL term, the Monte-Carlo noise of one iteration and the
+/// attachment that makes a statistics value carry the state it was computed under.
 ///
 /// Embeddings: mean m [S, D], log variance log v [S, D]; q(e_s) = N(m_s, diag(v_s)); prior N(0, I).
 ///   KL(q ‖ p) = ½ Σ (v + m² − 1 − log v);   ∂KL/∂m = m;   ∂KL/∂log v = ½ (v − 1)
@@ -32,7 +32,7 @@ namespace attnmix {
 
 class ModelJsonField;
 
-/// The optimizer state of one variational model (SPEC.md §4.5): immutable once built, validated by validate().
+/// The optimizer state of one variational model: immutable once built, validated by validate().
 struct AttentionOptimizerState {
   static constexpr int64_t kSchemaVersion = 1;
   static constexpr const char* kAlgorithm = "adam";
@@ -55,7 +55,7 @@ struct AttentionOptimizerState {
   [[nodiscard]] bool operator==(const AttentionOptimizerState& other) const;
 };
 
-/// The state a variational model keeps (SPEC.md §4.5, §4.7): checks mean and log_var (non-empty, finite, one shape,
+/// The state a variational model keeps: checks mean and log_var (non-empty, finite, one shape,
 /// exp(log_var) finite and > 0), then returns the supplied state after checking that it belongs to `family` and holds
 /// bit-identical mean and log_var, or AttentionOptimizerState::fresh(family, mean, log_var, 0) when none is supplied.
 /// @throws ValueError naming `where` and the field.
@@ -100,7 +100,7 @@ class MonteCarloCache {
   mutable std::map<int64_t, std::shared_ptr<const MonteCarloTables>> by_mc_;
 };
 
-/// The optimizer state a statistics value was computed under (SPEC.md §4.3): absent after initialize(), the model's
+/// The optimizer state a statistics value was computed under: absent after initialize(), the model's
 /// after an E-step. Statistics of different states never combine.
 class AttachedOptimizerState {
  public:

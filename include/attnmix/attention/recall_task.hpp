@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file recall_task.hpp
-/// The synthetic content-recall task of SPEC.md §9.2, used by the acceptance tests, `attnmix demo` and the
+/// The synthetic content-recall task, used by the acceptance tests, `attnmix demo` and the
 /// benchmarks, and its position-only baseline.
 ///
 /// Each context holds N distinct symbols of [S]; the attended position z is uniform; the query is

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file responsibility.hpp
-/// Responsibility attention (SPEC.md §2): one attention head as a latent-position mixture with a generative gate,
-/// fitted by exact EM with closed-form, additive statistics.
+/// Responsibility attention (docs/mechanisms.md#responsibility-attention): one attention head as a latent-position
+/// mixture with a generative gate, fitted by exact EM with closed-form, additive statistics.
 ///
 /// Notation: S symbols, N positions, D query dimension, T targets; i ∈ [N]; s ∈ [S]; t ∈ [T].
 ///   key_means K       [S, D]   row s = mean query of symbol s
@@ -21,7 +21,7 @@
 /// Cost: O(N·D) per row for log_density, the E-step and log_density_vjp; O(N·(D+T)) per row for predict_proba and
 /// predict_proba_vjp; O(S·(D+T) + N) for the M-step.
 /// Example: examples/responsibility_attention.cpp; examples/torch_em_encoder.py (an encoder trained through the VJPs).
-/// Reference: seed 000 (mixle); Brown et al. (1993) IBM alignment EM; Deng et al. (2018) latent alignment.
+/// Reference design: mixle; Brown et al. (1993) IBM alignment EM; Deng et al. (2018) latent alignment.
 #pragma once
 
 #include <cstdint>
@@ -88,7 +88,7 @@ class ResponsibilityAttentionBatch {
   Index count_ = 0;
 };
 
-/// Validates raw arrays (SPEC.md §1.2, §2.5) into a batch. Undeclared dimensions are taken from the data.
+/// Validates raw arrays into a batch. Undeclared dimensions are taken from the data.
 class ResponsibilityAttentionEncoder {
  public:
   std::optional<int64_t> n_symbols;
@@ -136,7 +136,7 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
 
   /// Σ position_count: the assigned mass M.
   [[nodiscard]] double total_mass() const;
-  /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M (SPEC.md §2.2). @throws ValueError.
+  /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError.
   void validate(std::string_view where) const;
   /// seq_initialize: r_n ~ Dirichlet(1_N) from rng for every row (in row order), times w_n, accumulated.
   void initialize(const ResponsibilityAttentionBatch& batch, std::span<const double> w, Rng& rng);
@@ -159,7 +159,7 @@ struct ResponsibilityAttentionVjp {
   Matrix key_means;  // [S, D]: row s = ∂L/∂K[s]
 };
 
-/// The immutable model. The constructor validates (SPEC.md §2.5) and precomputes log tables.
+/// The immutable model. The constructor validates and precomputes log tables.
 class ResponsibilityAttention {
  public:
   using params_type = ResponsibilityAttentionParams;
@@ -229,7 +229,7 @@ class ResponsibilityAttention {
   std::shared_ptr<const ResponsibilityFloatTables> float_tables_;  // mixed only
 };
 
-/// Options of the M-step (SPEC.md §2.3); the single source of the defaults.
+/// Options of the M-step (docs/mechanisms.md#responsibility-attention); the single source of the defaults.
 struct ResponsibilityAttentionEstimatorOptions {
   double sigma2 = 1.0;
   bool estimate_sigma2 = false;
@@ -291,7 +291,7 @@ class ResponsibilityAttentionSampler {
   Rng rng_;
 };
 
-/// Triples of a token sequence (SPEC.md §2.4): for p ∈ [N−1, len−2], context tokens[p−N+1..p], query
+/// Triples of a token sequence: for p ∈ [N−1, len−2], context tokens[p−N+1..p], query
 /// embeddings[tokens[p]] (one-hot of length S without embeddings), target tokens[p+1]. S = max + 1 unless given.
 /// @throws ValueError on invalid ids or embeddings.
 [[nodiscard]] ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens,

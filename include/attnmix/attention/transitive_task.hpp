@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file transitive_task.hpp
-/// The transitive-lookup task of SPEC.md §9.3, used by the acceptance tests, `attnmix demo` and the benchmarks.
+/// The transitive-lookup task, used by the acceptance tests, `attnmix demo` and the benchmarks.
 ///
 /// Each row draws distinct symbols a_1..a_M, b_1..b_M, c_1..c_M of [S] and a permutation π of [M]:
 ///   keys = [a_1..a_M, b_π(1)..b_π(M)],  values = [b_1..b_M, c_1..c_M]   (N = 2M)

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file variational_embedding.hpp
-/// Variational embedding attention (SPEC.md §4): responsibility attention over tied latent embeddings, one vector
-/// e_s per symbol serving as both query and key, with a mean-field Gaussian posterior fitted by a reparameterised
-/// ELBO gradient step inside EM; the discrete attention stays exact.
+/// Variational embedding attention (docs/mechanisms.md#variational-embedding-attention): responsibility attention
+/// over tied latent embeddings, one vector e_s per symbol serving as both query and key, with a mean-field Gaussian
+/// posterior fitted by a reparameterised ELBO gradient step inside EM; the discrete attention stays exact.
 ///
 /// Notation: S symbols, N positions, D embedding dimension, T targets; i ∈ [N].
 ///   mean m, log_var log v  [S, D]   q(e_s) = N(m_s, diag(v_s)), prior N(0, I)
@@ -13,13 +13,13 @@
 /// Plug-in scoring and prediction use E = m. The E-step averages, over the mc noise tables E_k of iteration τ
 /// (optimizer_state.hpp), the weighted data gradient (G[q] −= w Σ g_i d_i/σ², G[c_i] += w g_i d_i/σ²), ll, and the
 /// counts emission_count[c_i, t] += w r_i, position_count[i] += w r_i. The M-step is one Adam ascent step on the
-/// embeddings plus the closed-form emission and prior (SPEC.md §4.4); the Adam state lives on the model.
+/// embeddings plus the closed-form emission and prior; the Adam state lives on the model.
 /// Cost: O(mc·N·D) per row for the E-step, O(N·D) for scoring; O(S·(D + T) + N) for the M-step.
 /// Numerics: probability space with max-subtraction; a row whose p falls below 1e-250 is recomputed in log space.
 /// Precision::kMixed computes the gate (distances, logits, their exponentials) in float vectors and everything else
 /// in double (docs/mixed_precision.md).
 /// Example: examples/variational_embedding_attention.cpp
-/// Reference: seed 002 (mixle); Deng et al. (2018) latent alignment; Titsias & Lawrence (2010) Bayesian GP-LVM.
+/// Reference design: mixle; Deng et al. (2018) latent alignment; Titsias & Lawrence (2010) Bayesian GP-LVM.
 #pragma once
 
 #include <cstdint>
@@ -78,7 +78,7 @@ class VariationalEmbeddingAttentionBatch {
   Index count_ = 0;
 };
 
-/// Validates raw arrays (SPEC.md §1.2, §4.7) into a batch: exact ids, contexts 2-D with positive width equal to the
+/// Validates raw arrays into a batch: exact ids, contexts 2-D with positive width equal to the
 /// declared N, queries < S, targets < T. Undeclared bounds are checked against the model later.
 class VariationalEmbeddingAttentionEncoder {
  public:
@@ -106,7 +106,7 @@ struct VariationalEmbeddingAttentionParams {
 };
 
 /// Statistics, in value() order: grad_mean [S,D], grad_log_var [S,D], emission_count [S,T], position_count [N],
-/// ll, n (SPEC.md §4.3), plus the attached optimizer state. Mass laws: Σ position_count = n = Σ emission_count.
+/// ll, n, plus the attached optimizer state. Mass laws: Σ position_count = n = Σ emission_count.
 class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<VariationalEmbeddingAttentionAccumulator> {
  public:
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionAccumulator";
@@ -142,7 +142,7 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
 
   /// Finite entries, counts ≥ 0, Σ position_count = n, Σ emission_count = n. @throws ValueError.
   void validate(std::string_view where) const;
-  /// seq_initialize (SPEC.md §4.3): a_n ~ Dirichlet(1_N) per row in row order, scaled by w_n, added to
+  /// seq_initialize: a_n ~ Dirichlet(1_N) per row in row order, scaled by w_n, added to
   /// emission_count[c_ni, t_n] and position_count[i]; n += Σ w; gradients, ll and the state untouched.
   void initialize(const VariationalEmbeddingAttentionBatch& batch, std::span<const double> w, Rng& rng);
   /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
@@ -163,7 +163,7 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
   AttachedOptimizerState state_;
 };
 
-/// The immutable model. The constructor validates (SPEC.md §4.7) and precomputes log π.
+/// The immutable model. The constructor validates and precomputes log π.
 class VariationalEmbeddingAttention {
  public:
   using params_type = VariationalEmbeddingAttentionParams;
@@ -198,7 +198,7 @@ class VariationalEmbeddingAttention {
 
   /// out[n] = log p(t_n | c_n, q_n, E = m) (exact; −∞ for impossible rows). @throws ValueError on invalid ids.
   void log_density(const VariationalEmbeddingAttentionBatch& batch, std::span<double> out) const;
-  /// The Monte-Carlo E-step (SPEC.md §4.3) with acc.mc() noise tables, atomically; attaches this model's state to
+  /// The Monte-Carlo E-step with acc.mc() noise tables, atomically; attaches this model's state to
   /// acc. log_p_out (empty, or one per row) receives the plug-in log densities. @throws ImpossibleEvidenceError
   /// (nothing changed) for rows with w_n > 0 that no position can explain; ValueError on a foreign accumulator.
   void accumulate(const VariationalEmbeddingAttentionBatch& batch, std::span<const double> w,
@@ -232,7 +232,7 @@ class VariationalEmbeddingAttention {
   std::shared_ptr<const VariationalFloatTables> float_tables_;  // mixed precision only
 };
 
-/// Options of the M-step (SPEC.md §4.4, §4.7); the single source of the defaults.
+/// Options of the M-step (docs/mechanisms.md#variational-embedding-attention); the single source of the defaults.
 struct VariationalEmbeddingAttentionEstimatorOptions {
   double sigma2 = 0.5;
   double lr = 0.05;

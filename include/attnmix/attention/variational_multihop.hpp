@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file variational_multihop.hpp
-/// Variational multi-hop attention (SPEC.md §5): a 2-hop chain over tied latent embeddings (one e_s serves the
-/// query, key and value roles), fitted like variational embedding attention (§4) with an annealed KL weight.
+/// Variational multi-hop attention (docs/mechanisms.md#variational-multi-hop-attention): a 2-hop chain over tied latent
+/// embeddings (one e_s serves as query, key and value), fitted like variational embedding attention with annealed KL.
 ///
 /// Observations are those of chained attention (keys k ∈ [S]^N, values v ∈ [S]^N, query q, target t; free N) and use
 /// its batch and encoder. At an embedding table E:
@@ -14,7 +14,7 @@
 /// KL weight of Adam step τ: λ_τ = prior_strength · min(1, τ / max(1, anneal_iters)). Initial means N(0, 1).
 /// Cost: O(mc·N²·D) per row for the E-step, O(N²·D) for scoring.
 /// Example: examples/variational_embedding_attention.cpp (two-hop section)
-/// Reference: seed 002 (mixle); Sukhbaatar et al. (2015) memory networks.
+/// Reference design: mixle; Sukhbaatar et al. (2015) memory networks.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,7 @@ struct VariationalMultiHopAttentionParams {
   std::optional<AttentionOptimizerState> optimizer_state;
 };
 
-/// Statistics, in value() order: grad_mean [S,D], grad_log_var [S,D], emission_count [S,T], ll, n (SPEC.md §5), plus
+/// Statistics, in value() order: grad_mean [S,D], grad_log_var [S,D], emission_count [S,T], ll, n, plus
 /// the attached optimizer state. Mass law: Σ emission_count = n.
 class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<VariationalMultiHopAttentionAccumulator> {
  public:
@@ -107,7 +107,7 @@ struct VariationalMultiHopPosterior {
   Matrix joint;  // ρ [N, N] (posterior over (i, j))
 };
 
-/// The immutable model. The constructor validates (SPEC.md §4.7, §5) and precomputes log B.
+/// The immutable model. The constructor validates and precomputes log B.
 class VariationalMultiHopAttention {
  public:
   using params_type = VariationalMultiHopAttentionParams;
@@ -166,7 +166,7 @@ class VariationalMultiHopAttention {
   std::shared_ptr<MonteCarloCache> noise_;
 };
 
-/// Options of the M-step (SPEC.md §5); the single source of the defaults.
+/// Options of the M-step (docs/mechanisms.md#variational-multi-hop-attention); the single source of the defaults.
 struct VariationalMultiHopAttentionEstimatorOptions {
   double sigma2 = 0.3;
   double lr = 0.05;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file any.hpp
-/// Type-erased value handles at batch granularity (STYLE.md §4): AnyBatch, AnyAccumulator, AnyDistribution and
+/// Type-erased value handles at batch granularity: AnyBatch, AnyAccumulator, AnyDistribution and
 /// AnyEstimator. One virtual call covers a whole chunk of rows, so Mixture, Composite, optimize() and the key pool
 /// are written once against these handles while each family's kernels stay static.
 ///
@@ -30,7 +30,7 @@ class AnyAccumulator;
 class AnyDistribution;
 class AnyEstimator;
 
-/// The key pool of SPEC.md §1.4: key → the first site (in depth-first order) carrying that key, for one pass.
+/// The key pool of keyed tying: key → the first site (in depth-first order) carrying that key, for one pass.
 using KeyPool = std::map<std::string, AnyAccumulator*>;
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class AnyAccumulator {
   void set_zero() { self_->set_zero(); }
   /// Adds a partial produced by this library's own E-step (layout checked, values trusted).
   void merge_trusted(const AnyAccumulator& other) { self_->merge_trusted(*other.self_); }
-  /// seq_initialize (SPEC.md §1.7 step 2).
+  /// seq_initialize: the random initialisation of optimize() (docs/mechanisms.md#training).
   void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) { self_->initialize(batch, w, rng); }
   /// The draws of initialize() over [rows_before other rows; batch; rows_after other rows], with only batch's rows
   /// accumulated: what each process of a distributed fit runs (inference/optimize.hpp).
@@ -146,7 +146,7 @@ class AnyAccumulator {
   [[nodiscard]] std::span<const AnyAccumulator> children() const { return self_->children(); }
   /// A leaf's flat statistics buffer (core/accumulator.hpp), or null for a combinator.
   [[nodiscard]] const FlatStats* flat_stats() const { return self_->flat_stats(); }
-  /// SPEC.md §1.4, this site then its children depth-first.
+  /// Keyed tying (docs/mechanisms.md#building-blocks): this site then its children depth-first.
   void key_merge(KeyPool& pool);
   void key_replace(const KeyPool& pool);
   [[nodiscard]] bool operator==(const AnyAccumulator& other) const { return self_->equals(*other.self_); }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file errors.hpp
-/// The exception types of attnmix (SPEC.md §1.9) and the internal-invariant assertion.
+/// The exception types of attnmix and the internal-invariant assertion.
 ///   TypeError, ValueError : std::invalid_argument   bad arguments (Python TypeError / ValueError)
 ///   ImpossibleEvidenceError : ValueError            rows with log p = -inf and positive weight
 ///   StateError : std::runtime_error                 violated streaming-state receipts

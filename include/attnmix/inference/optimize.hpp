@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file optimize.hpp
-/// The EM driver (SPEC.md §1.7): random-subset initialisation, the fused loop (default) or the classic loop, the
-/// best-scoring iterate returned. Written once for every family: concrete families (static kernels) and the
-/// type-erased AnyEstimator alike.
+/// The EM driver (docs/mechanisms.md#training): random-subset initialisation, the fused loop (default) or the
+/// classic loop, the best-scoring iterate returned. Written once for every family: concrete families (static
+/// kernels) and the type-erased AnyEstimator alike.
 ///
 ///   init:  w_n ~ Bernoulli(init_p) (from Rng(seed).uniform_int(2³¹−1)); acc.initialize(batch, w, rng);
 ///          model = estimate(Σ w, acc)
@@ -64,7 +64,7 @@ struct OptimizeResult {
   std::vector<double> scores{};  // score of each reported model, by iteration
 };
 
-/// Key tying pass (SPEC.md §1.4), depth first. A concrete top-level site can only tie with itself (a no-op), so
+/// Key tying pass, depth first. A concrete top-level site can only tie with itself (a no-op), so
 /// for concrete accumulators the pass starts at their type-erased children (Mixture, Composite).
 template <class A>
 void tie_keys(A& acc) {
@@ -136,7 +136,7 @@ template <class D>
   return detail::sum_over_ranks(local, comm);
 }
 
-/// The initial model of SPEC.md §1.7 step 2 (single-threaded), drawing from the caller's rng (which advances):
+/// The random initial model of optimize() (single-threaded), drawing from the caller's rng (which advances):
 /// rng_w = Rng(rng.uniform_int(2³¹ − 1)), w_n ~ Bernoulli(init_p) from rng_w, responsibilities from rng.
 /// options.seed is not used; optimize(batch, estimator, options, initialize_model(…, rng)) equals optimize() with a
 /// seed whenever rng = Rng(seed). The Python binding uses it for an rng object supplied by the caller.
@@ -175,7 +175,7 @@ template <class E>
   return estimator.estimate(nobs, acc);
 }
 
-/// The initial model of SPEC.md §1.7 step 2 from Rng(options.seed).
+/// The random initial model of optimize() (docs/mechanisms.md#training) from Rng(options.seed).
 template <class E>
 [[nodiscard]] typename E::distribution_type initialize_model(const typename E::distribution_type::batch_type& batch,
                                                              const E& estimator, const OptimizeOptions& options) {

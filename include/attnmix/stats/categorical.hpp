@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file categorical.hpp
-/// The categorical distribution over ids [0, K) (SPEC.md §1.5): a classical leaf for composites
+/// The categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks): a classical leaf for composites
 /// and mixtures.
 ///
 /// Notation: K categories; k ∈ [K]; p ∈ Δ_K; ε = smoothing ≥ 0 (default 0).
@@ -57,7 +57,7 @@ class CategoricalBatch {
   Index count_ = 0;
 };
 
-/// Validates ids (SPEC.md §1.2): ≥ 0 and < K when K is declared ("out-of-range ID", ValueError).
+/// Validates ids: ≥ 0 and < K when K is declared ("out-of-range ID", ValueError).
 class CategoricalEncoder {
  public:
   std::optional<int64_t> n_categories;
@@ -113,7 +113,7 @@ class Categorical {
   static constexpr const char* kFamily = "categorical";
   static constexpr const char* kWhere = "CategoricalDistribution";
 
-  /// @throws ValueError unless p is a simplex (SPEC.md §0.2).
+  /// @throws ValueError unless p is a simplex.
   explicit Categorical(CategoricalParams params);
 
   [[nodiscard]] const CategoricalParams& params() const noexcept { return params_; }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file gaussian.hpp
-/// The diagonal Gaussian over real vectors (SPEC.md §1.5): a classical leaf for composites and
+/// The diagonal Gaussian over real vectors (docs/mechanisms.md#building-blocks): a classical leaf for composites and
 /// mixtures.
 ///
 /// Notation: D dimensions; d ∈ [D]; mean μ [D]; variances σ² [D], each > 0.
@@ -57,7 +57,7 @@ class DiagonalGaussianBatch {
   Index count_ = 0;
 };
 
-/// Validates real observations (SPEC.md §1.2): D columns (when declared, else taken from the data),
+/// Validates real observations: D columns (when declared, else taken from the data),
 /// all finite.
 class DiagonalGaussianEncoder {
  public:

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file log_math.hpp
-/// Log-space helpers and accurate sums (SPEC.md §0.2).
+/// Log-space helpers and accurate sums.
 ///   LSE_i x_i = m + log Σ_i exp(x_i − m), m = max_i x_i;  LSE of all −∞ is −∞.
 ///   accurate_sum: Neumaier-compensated Σ, error O(ε) independent of length; used by simplex checks and M-step
 ///   normalisations so that estimator output passes the constructor's 1e-12 simplex check.

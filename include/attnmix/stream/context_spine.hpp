@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file context_spine.hpp
-/// The streaming language-model spine (SPEC §6): a pre-norm causal Transformer that reads a token stream chunk by
-/// chunk and carries, per layer, a cache of the raw keys and values of the last `window` tokens.
+/// The streaming language-model spine (docs/mechanisms.md#streaming-language-model): a pre-norm causal Transformer
+/// that reads a token stream chunk by chunk and keeps, per layer, the raw keys and values of the last `window` tokens.
 ///
 /// Per layer, for a chunk of t tokens at absolute positions pos … pos+t−1 and a cache of length c:
 ///   q, k, v = split(qkv(ln1(h)))                               each (b, t, H, h_d), head-major
@@ -10,7 +10,7 @@
 ///   h += proj(a V);  h += fc2(gelu(fc1(ln2(h))))
 ///   new cache = the last min(window, c+t) raw rows of K and V (all of them when the window is unbounded)
 /// then logits = ln_f(h) tokᵀ (the head is tied to the embedding) and loss = mean cross-entropy.
-/// RoPE is applied once, at absolute positions, to q and to the raw cached keys (SPEC §10.10), so streaming a
+/// RoPE is applied once, at absolute positions, to q and to the raw cached keys (docs/porting.md), so streaming a
 /// sequence in chunks equals one pass over it whenever the window covers the stream. Each layer's attention is
 /// the sublayer of self_attention.hpp.
 /// Cost per chunk and layer: O(b·t·d²) for the projections and O(b·H·t·(c+t)·h_d) for attention; state
@@ -41,7 +41,7 @@ struct MechanismStep {
   torch::Tensor loss;  ///< scalar, differentiable
 };
 
-/// SPEC §6.1: a mechanism streams a long token sequence in chunks and carries state between them.
+/// A mechanism streams a long token sequence in chunks and carries state between them.
 /// `init_state(batch_size)`, `step(state, x, y)` with x, y (batch, t) int64 ids, and `detach(state)`.
 template <class M>
 concept ContextMechanism = requires(M& m, const typename M::state_type& s, const torch::Tensor& x) {
@@ -51,7 +51,7 @@ concept ContextMechanism = requires(M& m, const typename M::state_type& s, const
   { m.detach(s) } -> std::same_as<typename M::state_type>;
 };
 
-/// Sizes of the spine (SPEC §6.2). Every size is a positive integer, d_model % n_head == 0 and head_dim is even;
+/// Sizes of the spine. Every size is a positive integer, d_model % n_head == 0 and head_dim is even;
 /// window = nullopt means unbounded (full causal attention); cp_size (context parallelism) accepts only 1.
 struct SpineOptions {
   int64_t vocab = 256;
@@ -102,7 +102,7 @@ struct SpineLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(SpineLayer);
 
-/// The parameters shared by every mechanism (SPEC §6.2): embedding (tied head), layers, final norm.
+/// The parameters shared by every mechanism: embedding (tied head), layers, final norm.
 /// Construction order (and hence the draws under torch::manual_seed): tok, then per layer ln1, qkv, proj, ln2,
 /// fc1, fc2, then ln_f.
 struct SpineBackboneImpl : torch::nn::Module {
@@ -127,7 +127,7 @@ struct SpineOutput {
   torch::Tensor logits;
 };
 
-/// SPEC §6: the sliding-window spine, a ContextMechanism. window = nullopt is the full-attention reference.
+/// The sliding-window spine, a ContextMechanism. window = nullopt is the full-attention reference.
 class SlidingWindowSpineImpl : public torch::nn::Module {
  public:
   using state_type = SlidingWindowState;
@@ -173,7 +173,7 @@ void validate_chunk(const torch::Tensor& x, const torch::Tensor& y, int64_t voca
 torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
 
 // ---------------------------------------------------------------------------------------------------------------
-// Truncated backpropagation through time (SPEC §6.5).
+// Truncated backpropagation through time (docs/mechanisms.md#streaming-language-model).
 
 struct TbpttOptions {
   int64_t detach_horizon = 1;  ///< chunks per update (positive)
@@ -248,7 +248,7 @@ struct TbpttResult {
   State state;                 ///< the final state
 };
 
-/// SPEC §6.5 `train_tbptt`: runs every chunk (x, y) through a TbpttRunner and flushes the remainder.
+/// `train_tbptt`: runs every chunk (x, y) through a TbpttRunner and flushes the remainder.
 template <ContextMechanism M>
 TbpttResult<typename M::state_type> train_tbptt(M& mechanism, typename M::state_type state,
                                                 const std::vector<std::pair<torch::Tensor, torch::Tensor>>& chunks,

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file language_model.hpp
-/// Training, evaluating and sampling a streaming language model (SPEC §6-7) from token arrays and checkpoint files.
+/// Training, evaluating and sampling a streaming language model (docs/lm.md) from token arrays and checkpoint files.
 /// This interface has no libtorch types, so the CLI and other callers compile without libtorch headers; the
 /// implementation (src/stream/language_model.cpp, target attnmix::torch) drives the mechanisms of context_spine.hpp
 /// (window, full), moment_closure.hpp (moment-closure: the window plus a far-field cluster bank per layer) and
@@ -10,11 +10,11 @@
 /// Training data layout: the token array is cut into `batch` contiguous streams of equal length L; step s feeds
 /// every stream the chunk at offset (s mod P)·chunk, where P = ⌊(L − 1)/chunk⌋ chunks make one pass; x is the
 /// chunk, y the same tokens shifted by one. At the start of every pass the carried state is reset. Updates follow
-/// truncated BPTT (SPEC §6.5) with AdamW, gradient-norm clipping and a constant or cosine learning rate.
+/// truncated BPTT with AdamW, gradient-norm clipping and a constant or cosine learning rate.
 /// Checkpoints (model, optimizer, carried state — for moment-closure the near caches, every cluster-bank tensor
 /// and the outlier stores —, step, corpus fingerprint) are written atomically; resuming from a checkpoint saved after step s
 /// continues exactly as the uninterrupted run would (bitwise, same thread count), as long as s is a multiple of
-/// detach_horizon (a run's remainder is flushed before saving, SPEC §6.5) and the total number of steps is
+/// detach_horizon (a run's remainder is flushed before saving) and the total number of steps is
 /// unchanged (the cosine schedule depends on it). docs/lm.md describes the format.
 #pragma once
 
@@ -35,7 +35,7 @@ namespace attnmix::lm {
 enum class Mechanism {
   kWindow,         ///< sliding-window attention over the last `window` tokens
   kFull,           ///< unbounded causal attention (the quality reference)
-  kMomentClosure,  ///< the window plus a bounded far field: a Gaussian cluster bank per layer (SPEC §7)
+  kMomentClosure,  ///< the window plus a bounded far field: a Gaussian cluster bank per layer
   kLinear,         ///< causal linear attention over the whole stream: running sums, no window
   kFrequentDirections,  ///< linear attention with an exact window and a Frequent Directions sketch of the rest
   kTensorSketch,        ///< a polynomial-kernel window and running sums over a tensor sketch of the rest
@@ -72,7 +72,7 @@ inline std::string mechanism_name(Mechanism mechanism) {
   return "window";
 }
 
-/// The architecture (SPEC §6.2).
+/// The architecture (docs/mechanisms.md#streaming-language-model).
 struct ModelConfig {
   Mechanism mechanism = Mechanism::kWindow;
   int64_t vocab = 256;  ///< byte-level tokens by default
@@ -80,7 +80,7 @@ struct ModelConfig {
   int64_t n_layer = 2;
   int64_t n_head = 2;
   int64_t window = 64;  ///< ignored by kFull and kLinear
-  // The far field of kMomentClosure (SPEC §7.6, §7.8); the other mechanisms ignore these (validate() still checks
+  // The far field of kMomentClosure; the other mechanisms ignore these (validate() still checks
   // them) and their checkpoints do not store them.
   int64_t max_clusters = 4;               ///< clusters per layer, stream and head (positive)
   double birth_threshold = -2.0;          ///< a chunk whose best cluster logit is below this on every head births
@@ -123,7 +123,7 @@ struct TrainOptions {
   int64_t batch = 8;             ///< parallel streams
   int64_t chunk = 64;            ///< tokens per stream per step
   int64_t steps = 300;           ///< total steps (chunks); a resumed run continues up to this step
-  int64_t detach_horizon = 1;    ///< chunks per optimizer update (SPEC §6.5)
+  int64_t detach_horizon = 1;    ///< chunks per optimizer update (the truncation length of BPTT)
   double lr = 3e-3;              ///< peak learning rate (AdamW)
   double min_lr_ratio = 0.1;     ///< the cosine schedule ends at lr · min_lr_ratio
   Schedule schedule = Schedule::kCosine;
@@ -149,7 +149,7 @@ struct Progress {
   std::vector<double> clusters;
 };
 
-/// What the far field of one moment-closure layer did over a run (from the per-step receipts, SPEC §7.6-7.8).
+/// What the far field of one moment-closure layer did over a run (from the per-step receipts; docs/lm.md).
 struct LayerClusterStats {
   double clusters = 0.0;     ///< live clusters at the end, mean over the streams
   int64_t births = 0;        ///< clusters born, summed over steps and streams

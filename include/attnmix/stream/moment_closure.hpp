@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file moment_closure.hpp
-/// Moment-closure attention (SPEC §7, seed 003): per layer, an exact sliding window (the near field of
-/// context_spine.hpp) plus a streaming Gaussian mixture — a cluster bank — over the (key, value) pairs evicted from
-/// the window (the far field). Each query attends to near tokens and far clusters through one joint softmax.
+/// Moment-closure attention (docs/mechanisms.md#moment-closure-far-field): per layer, an exact sliding window (the
+/// near field of context_spine.hpp) plus a streaming Gaussian mixture, a cluster bank, over the (key, value) pairs
+/// evicted from the window (the far field). Each query attends to near tokens and far clusters in one joint softmax.
 ///
 /// Cluster c of head h in stream b holds a soft count n_c, means μ_k, μ_v, diagonal key variances σ²_kk and the full
 /// cross-covariance Σ_vk = Cov(v, k) (row = value dim). For a query q (d = head_dim):
 ///   logit_c(q) = q·μ_k/√d + (1/2d) Σ_j q_j² σ²_kk,j + log max(n_c, 1e-8)   ≈ log Σ_{tokens in c} e^{q·k/√d}
-///   out_c(q)   = μ_v + Σ_vk q/√d                                          (the MGF identity, SPEC §7.1)
+///   out_c(q)   = μ_v + Σ_vk q/√d                                          (the MGF identity)
 /// Evicted tokens join the bank by a differentiable Chan/Welford combination weighted by their responsibilities
 /// softmax_c logit_c(k), after a once-per-chunk birth/merge step; conservation receipts check that every token
 /// seen is represented exactly once (in the window or in the bank). Every stream of a batch has its own mixture.
@@ -29,7 +29,7 @@
 
 namespace attnmix {
 
-/// One layer's far-field mixtures, one per stream (SPEC §7.3). B streams, H heads, C = max_clusters, d = head_dim.
+/// One layer's far-field mixtures, one per stream. B streams, H heads, C = max_clusters, d = head_dim.
 /// Slots at and beyond n_clusters[b] are inactive and all zero.
 struct ClusterBank {
   torch::Tensor count;     ///< (B, H, C) soft token counts
@@ -59,7 +59,7 @@ void validate_cluster_bank(const ClusterBank& bank, const std::string& where);
 ClusterBank empty_cluster_bank(int64_t batch_size, int64_t n_head, int64_t max_clusters, int64_t head_dim,
                                torch::TensorOptions options = torch::kFloat32);
 
-/// Far-field attention against the bank (SPEC §7.4): q (B, t, H, d) →
+/// Far-field attention against the bank: q (B, t, H, d) →
 /// out (B, t, n, H, d) and logits (B, t, n, H) with n = max_b n_clusters[b]; slots beyond a stream's live prefix
 /// get logit −∞ and output 0; with n = 0 both are empty.
 struct ClusterAttention {
@@ -73,7 +73,7 @@ ClusterAttention mgf_cluster_attention(const torch::Tensor& q, const ClusterBank
 torch::Tensor cluster_responsibilities(const torch::Tensor& k, const ClusterBank& bank);
 
 /// The differentiable Chan/Welford combination of the bank with a batch of tokens k, v (B, t, H, d) weighted by
-/// responsibilities r (B, t, H, C) (SPEC §7.5). Population moments; n₁ = 0 leaves a slot unchanged.
+/// responsibilities r (B, t, H, C). Population moments; n₁ = 0 leaves a slot unchanged.
 ClusterBank update_cluster_bank(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                                 const torch::Tensor& r);
 
@@ -86,7 +86,7 @@ struct OutlierTokens {
   std::vector<int64_t> member_indices;  ///< every member token of the cluster, ascending
 };
 
-/// What ingestion did to one stream's bank (SPEC §7.6-7.8).
+/// What ingestion did to one stream's bank.
 struct StreamReceipt {
   bool birthed = false;
   bool birth_incorporated_batch = false;
@@ -100,7 +100,7 @@ struct StreamReceipt {
   std::vector<double> ingested_tokens_per_head;
   int64_t expected_ingested_tokens_per_head = 0;
   bool count_conserved = true;
-  // MomentClosureAttention accounting (SPEC §7.8 step 7)
+  // MomentClosureAttention accounting
   struct Accounting {
     int64_t positions_seen = 0;
     int64_t near_tokens = 0;
@@ -125,14 +125,14 @@ struct IngestResult {
   std::vector<StreamReceipt> receipts;  ///< one per stream
 };
 
-/// Birth, merge and the misfit receipt, per stream, from the chunk's raw k, v (B, t, H, d) (SPEC §7.6).
+/// Birth, merge and the misfit receipt, per stream, from the chunk's raw k, v (B, t, H, d).
 /// Decisions and birth statistics are detached; merges combine the bank's own (differentiable) statistics.
 /// @throws ValueError for shapes, device/dtype, non-finite values or a negative outlier_top_k;
 ///   StateError for a non-finite cluster distance.
 IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                              const BirthMergeOptions& options = {});
 
-/// SPEC §7.7: birth/merge on detached k, v, then (for streams with clusters whose batch no birth absorbed) the
+/// Birth/merge on detached k, v, then (for streams with clusters whose batch no birth absorbed) the
 /// soft update with r = cluster_responsibilities(k); checks that every head's total grew by exactly t.
 /// @throws as birth_and_merge; StateError "cluster ingestion did not count every observation exactly once …".
 IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
@@ -171,7 +171,7 @@ struct LayerReceipt {
   std::optional<OutlierStoreReceipt> outliers;  ///< with an outlier store: what its update did
 };
 
-/// The representation receipt before a step (SPEC §7.8 step 2): at position pos with c tokens in the window, each
+/// The representation receipt before a step: at position pos with c tokens in the window, each
 /// stream's bank must hold exactly pos − c tokens per head. `label` names the layer in the message.
 /// @throws StateError ("one-token/one-representation") otherwise.
 void check_far_field_accounting(const ClusterBank& bank, int64_t pos, int64_t cache_len, const std::string& label);
@@ -182,7 +182,7 @@ struct FarFieldUpdate {
   LayerReceipt receipt;
 };
 
-/// SPEC §7.8 steps 6–7 for one layer: the raw keys and values leaving the window, k_evicted and v_evicted
+/// Eviction, for one layer: the raw keys and values leaving the window, k_evicted and v_evicted
 /// (B, e, H, d), join the bank by ingest_cluster_batch (with e = 0 the bank is unchanged and each stream gets the
 /// null receipt); then each stream's receipt gets its accounting (positions_seen, near_tokens, evicted_tokens = e,
 /// far tokens per head = positions_seen − near_tokens) and the layer's misfit is the mean over streams.
@@ -192,7 +192,7 @@ FarFieldUpdate evict_to_far_field(const ClusterBank& bank, const torch::Tensor& 
                                   const torch::Tensor& v_evicted, int64_t positions_seen, int64_t near_tokens,
                                   const BirthMergeOptions& options, const std::string& label);
 
-/// Sizes and far-field settings of MomentClosureAttention (SPEC §7.8).
+/// Sizes and far-field settings of MomentClosureAttention (docs/mechanisms.md#moment-closure-far-field).
 struct MomentClosureOptions {
   int64_t vocab = 256;
   int64_t d_model = 32;
@@ -222,7 +222,7 @@ struct MomentClosureOutput {
   torch::Tensor logits;  ///< (b, t, vocab)
 };
 
-/// SPEC §7.8: a ContextMechanism over the spine's parameters (same construction order as SlidingWindowSpine, so a
+/// A ContextMechanism over the spine's parameters (same construction order as SlidingWindowSpine, so a
 /// seed gives both the same initial weights). Each layer's attention is moment_closure_sublayer
 /// (self_attention.hpp).
 class MomentClosureAttentionImpl : public torch::nn::Module {

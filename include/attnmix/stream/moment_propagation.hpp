@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file moment_propagation.hpp
-/// `attention_law` (SPEC §7.1–7.2): the exact Gaussian law of an attention layer's output over one population.
+/// `attention_law`: the exact Gaussian law of an attention layer's output over one population.
 ///
 /// For jointly Gaussian (K, V) and a fixed query q with u = q/√d:
 ///   E[e^{uᵀK}] = exp(uᵀμ_K + ½uᵀΣ_KK u),   E[e^{uᵀK} V] = E[e^{uᵀK}] (μ_V + Σ_VK u),
