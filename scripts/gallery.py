@@ -73,7 +73,19 @@ def main():
                         "--max-its", "25", "--history", history], check=True, capture_output=True)
         save(plot.fit_history(history), "fit_history")
 
-    save(plot.assignment_scaling(run_assignment_tree_experiment(1234)), "assignment_scaling")
+    experiment = run_assignment_tree_experiment(1234)
+    save(plot.assignment_scaling(experiment), "assignment_scaling")
+    freq = np.array(experiment["prediction_3_frequencies"])
+    tree = np.zeros(freq.shape, dtype=bool)
+    tree[tuple(np.array(experiment["prediction_3_tree_edges"]).T)] = True
+    save(plot.assignment_frequencies(freq, tree), "assignment_frequencies")
+
+    with tempfile.TemporaryDirectory() as scratch:  # moment closure's bank filling up as the window evicts
+        history = os.path.join(scratch, "lm.jsonl")
+        subprocess.run([args.cli, "lm", "train", "--mechanism", "moment-closure", "--window", "16", "--chunk", "16",
+                        "--max-clusters", "4", "--steps", "200", "--batch", "4", "--d-model", "32",
+                        "--history", history], check=True, capture_output=True)
+        save(plot.lm_history(history), "lm_history")
 
     with tempfile.TemporaryDirectory() as scratch:  # the demo's variational fit: synonyms share a concept
         subprocess.run([args.cli, "demo", "--plots", scratch], check=True, capture_output=True)

@@ -157,6 +157,9 @@ void print_verdicts(std::ostream& out, const AssignmentTreeExperimentResult& r) 
          "    it is not like-for-like with tree_edges_K16_mean (the retrieval trees)\n";
 }
 
+/// The results' matrices, written to --out but not printed.
+constexpr const char* kUnprintedKeys[] = {"prediction_3_frequencies", "prediction_3_tree_edges"};
+
 int run_assign_tree(const AssignTreeArgs& args) {
   check_output_path(args.out, "the results");
   std::cerr << "assign-tree: seed " << args.seed << ", results to " << args.out << "\n";
@@ -167,12 +170,15 @@ int run_assign_tree(const AssignTreeArgs& args) {
       [&progress](const std::string& stage, double fraction) { progress(stage, fraction); });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string text = result.to_json().dump(2) + "\n";
-  attnmix::write_file_atomically(args.out, text, "the results");
+  auto document = result.to_json();
+  attnmix::write_file_atomically(args.out, document.dump(2) + "\n", "the results");
   std::cerr << "assign-tree: done in " << format_seconds(seconds) << " s; wrote " << args.out
             << "\n"
             << std::flush;
-  std::cout << text;
+  for (const char* matrix : kUnprintedKeys) document.erase(matrix);
+  std::cout << document.dump(2) << "\n"
+            << "(prediction 3's frequency matrix and spanning tree are in " << args.out
+            << "; attnmix plot --assign-tree " << args.out << " --out DIR draws them)\n";
   print_verdicts(std::cout, result);
   std::cout.flush();
   return kExitOk;
@@ -189,8 +195,8 @@ void add_assign_tree_command(CLI::App& app, int& exit_code) {
   cmd->footer(
       "Runs the three predictions, the transport check and the retrieval comparison of the "
       "experiment (docs/mechanisms.md#assignment-tree-attention; a few seconds), writes the results "
-      "document atomically to --out (JSON, keys in a fixed order), prints it on stdout followed by a "
-      "verdict for each prediction. Progress lines go to stderr. Results do not depend on --threads.\n"
+      "document atomically to --out (JSON, keys in a fixed order), prints it on stdout (without prediction "
+      "3's frequency matrix and tree edges) followed by a verdict for each prediction. Progress lines go to stderr. Results do not depend on --threads.\n"
       "Exit codes: 0 ok (whatever the verdicts), 1 usage, 2 I/O error (nothing is written).");
   cmd->add_option("--out", args->out, "Where to write the results document (JSON)")
       ->type_name("FILE")

@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 
+#include "attnmix/assign/experiment.hpp"
 #include "attnmix/core/atomic_file.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "cli_support.hpp"
@@ -29,9 +30,9 @@ constexpr std::array<DemoSection, 5> kSections{{
     {"Variational embedding attention: tied embeddings transfer to unseen synonyms",
      &demo_variational_embedding_attention},
     {"Assignment-tree attention: matchings as a sparse support",
-     [](std::ostream& out, DemoFigures*) { demo_assignment_tree(out); }},
+     &demo_assignment_tree},
     {"Streaming language model: a sliding-window Transformer learns to predict text",
-     [](std::ostream& out, DemoFigures*) { demo_streaming_language_model(out); }},
+     &demo_streaming_language_model},
 }};
 
 constexpr Index kPlottedRows = 8;
@@ -63,7 +64,17 @@ int run_demo(const std::string& plots) {
 
 void DemoFigures::add(std::string name, AnyDistribution model, std::optional<AnyBatch> rows) {
   if (rows && rows->n_rows() > kPlottedRows) rows = rows->slice(0, kPlottedRows);
-  entries_.push_back({std::move(name), std::move(model), std::move(rows)});
+  entries_.push_back({std::move(name), std::move(model), std::move(rows), {}, {}});
+}
+
+void DemoFigures::add_assignment_tree(std::string name, const Matrix& freq, const assign::Mask& tree) {
+  nlohmann::ordered_json results;
+  assign::add_tree_fields(results, freq, tree);
+  entries_.push_back({std::move(name), std::nullopt, std::nullopt, std::move(results), {}});
+}
+
+void DemoFigures::add_history(std::string name, std::string history) {
+  entries_.push_back({std::move(name), std::nullopt, std::nullopt, {}, std::move(history)});
 }
 
 int DemoFigures::draw(const std::string& dir, std::ostream& out) const {
@@ -71,12 +82,23 @@ int DemoFigures::draw(const std::string& dir, std::ostream& out) const {
   for (const Entry& e : entries_) {
     const std::filesystem::path folder = std::filesystem::path(dir) / e.name;
     std::filesystem::create_directories(folder);
-    const std::string model = (folder / "model.json").string();
-    save_model(e.model, model);
-    std::vector<std::string> arguments{model, "--out", folder.string(), "--html"};
+    std::vector<std::string> arguments{"--out", folder.string(), "--html"};
+    if (!e.history.empty()) {
+      const std::string history = (folder / "history.jsonl").string();
+      write_file_atomically(history, e.history, "the history");
+      arguments.insert(arguments.end(), {"--history", history});
+    } else if (!e.model) {
+      const std::string results = (folder / "results.json").string();
+      write_file_atomically(results, e.results.dump(2) + "\n", "the results");
+      arguments.insert(arguments.end(), {"--assign-tree", results});
+    } else {
+      const std::string model = (folder / "model.json").string();
+      save_model(*e.model, model);
+      arguments.insert(arguments.begin(), model);
+    }
     if (e.rows) {
       std::ostringstream rows;
-      write_jsonl(rows, e.model, *e.rows);
+      write_jsonl(rows, *e.model, *e.rows);
       const std::string path = (folder / "rows.jsonl").string();
       write_file_atomically(path, rows.str(), "the rows");
       arguments.insert(arguments.end(), {"--data", path, "--rows", std::to_string(e.rows->n_rows())});
@@ -95,7 +117,8 @@ void add_demo_command(CLI::App& app, int& exit_code) {
                          "learned (no arguments, no files)");
   auto plots = std::make_shared<std::string>();
   cmd->add_option("--plots", *plots,
-                  "Also draw what each section fitted (attnmix plot: PNG, SVG and an index.html) into DIR/<section>")
+                  "Also draw what each section fitted or trained (attnmix plot: PNG, SVG and an index.html) into "
+                  "DIR/<section>")
       ->type_name("DIR");
   cmd->callback([plots, &exit_code] { exit_code = run_demo(*plots); });
 }

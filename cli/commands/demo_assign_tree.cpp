@@ -50,7 +50,7 @@ std::string fixed(double x, int decimals) {
 
 }  // namespace
 
-void demo_assignment_tree(std::ostream& out) {
+void demo_assignment_tree(std::ostream& out, DemoFigures* figures) {
   const auto start = std::chrono::steady_clock::now();
   Rng base(kSeed);
   const Matrix q = normals(base, kQueries, kDim);
@@ -75,6 +75,7 @@ void demo_assignment_tree(std::ostream& out) {
   const Vector row_sums = tree.freq.rowwise().sum();
   const double column_error = (column_sums.array() - 1.0).abs().maxCoeff();
   const Index tree_edges = tree.tree.count();
+  if (figures != nullptr) figures->add_assignment_tree("assign_tree", tree.freq, tree.tree);
   out << "From K = " << kSamples << " samples:\n"
       << "  pairs ever matched         " << distinct << " of " << kQueries * kKeys << "\n"
       << "  key column sums            "

@@ -120,7 +120,7 @@ void demo_far_field(std::ostream& out) {
 
 }  // namespace
 
-void demo_lm_section(std::ostream& out) {
+void demo_lm_section(std::ostream& out, std::string* history) {
   if (!std::filesystem::exists(kDefaultCorpus)) {
     out << "Skipped: the language model trains on " << kDefaultCorpus
         << ", which this system does not have.\n";
@@ -148,7 +148,8 @@ void demo_lm_section(std::ostream& out) {
   double block = 0.0;  // the sum of the losses since the last report
   const auto summary = lm::train(
       options, corpus.train, /*resume_from=*/"", /*out=*/"",
-      [&out, &block](const lm::Progress& p) {
+      [&out, &block, history](const lm::Progress& p) {
+        if (history != nullptr) *history += history_line(p);
         block += p.loss;
         if (p.step % kReportEvery != 0 && p.step != p.steps) return;
         const int64_t first = (p.step - 1) / kReportEvery * kReportEvery + 1;
@@ -161,6 +162,7 @@ void demo_lm_section(std::ostream& out) {
       },
       corpus.heldout);
   const lm::Evaluation& e = *summary.heldout;
+  if (history != nullptr) *history += heldout_history_line(summary.steps, e.bits_per_token);
   out << "\nThe training loss fell from " << fixed(summary.losses.front(), 2)
       << " nats per byte (first step) to " << fixed(summary.losses.back(), 2) << " (last step) in "
       << format_seconds(summary.seconds) << " s.\n"

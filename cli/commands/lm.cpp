@@ -187,7 +187,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--resume", r.resume, "Continue training this checkpoint")->type_name("CKPT");
   cmd->add_option("--history", r.history,
                   "Also write one JSON line per step of this run (step, loss in nats per byte, tokens_per_second, "
-                  "elapsed_seconds; moment-closure: clusters, each layer's live clusters) and, with a held-out part, a "
+                  "elapsed_seconds; moment-closure, per layer: clusters (live clusters), bank_mass (tokens the clusters "
+                  "summarise) and far_share (the far field's share of the attention)) and, with a held-out part, a "
                   "last line with its bits per byte; for plots "
                   "(attnmix.plot.lm_history)")
       ->type_name("FILE");
@@ -605,7 +606,7 @@ void add_lm_command(CLI::App& app, int& exit_code) {
   add_memory_bench(cmd, exit_code);
 }
 
-void demo_streaming_language_model(std::ostream& out) {
+void demo_streaming_language_model(std::ostream& out, DemoFigures* figures) {
   const LmPlugin* plugin = nullptr;
   try {
     plugin = &lm_plugin();
@@ -613,7 +614,9 @@ void demo_streaming_language_model(std::ostream& out) {
     out << "Skipped: " << e.what() << "\n";
     return;
   }
-  plugin->demo(out);
+  std::string history;
+  plugin->demo(out, figures != nullptr ? &history : nullptr);
+  if (figures != nullptr && !history.empty()) figures->add_history("language_model", std::move(history));
 }
 
 }  // namespace attnmix::cli

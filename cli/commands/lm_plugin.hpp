@@ -79,7 +79,7 @@ struct LmMemoryBenchRequest {
 /// The steps `lm recall` trains each mechanism for unless --steps says otherwise.
 inline constexpr int64_t kDefaultRecallSteps = 400;
 
-inline constexpr int kLmPluginVersion = 4;
+inline constexpr int kLmPluginVersion = 5;
 
 /// What the plugin exports. Each command returns its exit code or throws.
 struct LmPlugin {
@@ -94,7 +94,7 @@ struct LmPlugin {
   int (*generate)(const LmGenerateRequest&) = nullptr;
   int (*recall)(const LmRecallRequest&) = nullptr;
   int (*memory_bench)(const LmMemoryBenchRequest&) = nullptr;
-  void (*demo)(std::ostream&) = nullptr;  ///< the demo's section (demo_lm.cpp)
+  void (*demo)(std::ostream&, std::string* history) = nullptr;  ///< the demo's section (demo_lm.cpp)
 };
 
 }  // namespace attnmix::cli

@@ -86,6 +86,21 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+std::string history_line(const lm::Progress& p) {
+  nlohmann::ordered_json line{{"step", p.step}, {"loss", p.loss}, {"tokens_per_second", p.tokens_per_second},
+                              {"elapsed_seconds", p.elapsed_seconds}};
+  if (!p.clusters.empty()) {
+    line["clusters"] = p.clusters;
+    line["bank_mass"] = p.bank_mass;
+    line["far_share"] = p.far_share;
+  }
+  return line.dump() + "\n";
+}
+
+std::string heldout_history_line(int64_t step, double bits_per_byte) {
+  return nlohmann::ordered_json{{"step", step}, {"heldout_bits_per_byte", bits_per_byte}}.dump() + "\n";
+}
+
 std::string format_lm_progress(const lm::Progress& p) {
   const int64_t percent = p.steps > 0 ? p.step * 100 / p.steps : 100;
   char loss[32];
@@ -378,10 +393,7 @@ int run_train(const LmTrainRequest& args) {
         o, corpus.train, args.resume, args.out,
         [&bar, &history](const lm::Progress& p) {
           bar.update(p);
-          nlohmann::ordered_json line{{"step", p.step}, {"loss", p.loss}, {"tokens_per_second", p.tokens_per_second},
-                                      {"elapsed_seconds", p.elapsed_seconds}};
-          if (!p.clusters.empty()) line["clusters"] = p.clusters;
-          history += line.dump() + "\n";
+          history += history_line(p);
         },
         corpus.heldout);
   } catch (...) {
@@ -452,11 +464,7 @@ int run_train(const LmTrainRequest& args) {
     print_far_field(out, summary.far_field, "    ", o.batch);
   }
   if (!args.history.empty()) {
-    if (summary.heldout)
-      history += nlohmann::ordered_json{{"step", summary.steps},
-                                        {"heldout_bits_per_byte", summary.heldout->bits_per_token}}
-                     .dump() +
-                 "\n";
+    if (summary.heldout) history += heldout_history_line(summary.steps, summary.heldout->bits_per_token);
     write_file_atomically(args.history, history, "the history");
     out << "  history       " << args.history << " (" << summary.steps - summary.first_step << " steps)\n";
   }

@@ -31,6 +31,13 @@ struct LmCorpus {
 /// "step 120/300  40%  6.1k tokens/s  loss 2.4312  ETA 0:12".
 [[nodiscard]] std::string format_lm_progress(const lm::Progress& progress);
 
+/// One line of `lm train --history` (JSON, newline-terminated): step, loss, tokens_per_second, elapsed_seconds and,
+/// for moment closure, per layer clusters, bank_mass and far_share.
+[[nodiscard]] std::string history_line(const lm::Progress& progress);
+
+/// The history's last line when a held-out part was scored: step and heldout_bits_per_byte.
+[[nodiscard]] std::string heldout_history_line(int64_t step, double bits_per_byte);
+
 /// A rate with a k/M suffix: "950", "6.1k", "1.23M".
 [[nodiscard]] std::string format_rate(double per_second);
 
@@ -38,7 +45,7 @@ struct LmCorpus {
 [[nodiscard]] std::string format_duration(double seconds);
 
 /// The demo's language-model section (demo_lm.cpp); the executable reaches it through
-/// LmPlugin::demo.
-void demo_lm_section(std::ostream& out);
+/// LmPlugin::demo. `history` (when not null) receives its training history (history_line).
+void demo_lm_section(std::ostream& out, std::string* history);
 
 }  // namespace attnmix::cli

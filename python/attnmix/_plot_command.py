@@ -38,7 +38,8 @@ def parser():
                "responsibilities of the first --rows rows; chained attention: its key tables, and with --data the "
                "per-hop posteriors; the variational families: their embeddings. --history adds the log-likelihood "
                "curve of 'attnmix fit --history' or the loss curve of 'attnmix lm train --history'; --assign-tree "
-               "(attnmix assign-tree --out) the experiment's scaling laws. Files are written to --out DIR (created "
+               "(attnmix assign-tree --out) the experiment's scaling laws and its matching frequencies with their "
+               "spanning tree. Files are written to --out DIR (created "
                "if missing), each atomically; the summary lists them.")
     p.add_argument("model", nargs="?", metavar="MODEL", help="a model file written by 'attnmix fit'")
     p.add_argument("--data", metavar="FILE", help="rows of the model's family (JSON Lines) to draw the posterior of")
@@ -130,9 +131,24 @@ def figures(args):
             raise CommandError(f"{args.history}: not a history of attnmix fit or lm train ({error})") from None
     if args.assign_tree:
         try:
-            out.append(("assign_tree", "Assignment-tree experiment: frequency RMSE against K, and the union of "
-                        "matched edges against its prediction.", plot.assignment_scaling(args.assign_tree)))
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            with open(args.assign_tree, encoding="utf-8") as f:
+                results = json.load(f)
+            if not isinstance(results, dict) or not {"prediction_1_rmse", "prediction_3_frequencies"} & set(results):
+                raise ValueError("it has neither prediction_1_rmse nor prediction_3_frequencies")
+            if "prediction_1_rmse" in results:  # the demo's document has the frequencies only
+                out.append(("assign_tree", "Assignment-tree experiment: frequency RMSE against K, and the union of "
+                            "matched edges against its prediction.", plot.assignment_scaling(results)))
+            if "prediction_3_frequencies" in results:  # results written before they were recorded lack them
+                freq = np.array(results["prediction_3_frequencies"], dtype=np.float64)
+                tree = np.zeros(freq.shape, dtype=bool)
+                for query, key in results["prediction_3_tree_edges"]:
+                    if not (0 <= query < freq.shape[0] and 0 <= key < freq.shape[1]):
+                        raise ValueError(f"tree edge ({query}, {key}) lies outside the {freq.shape} frequencies")
+                    tree[query, key] = True
+                out.append(("assign_tree_frequencies", "Assignment-tree experiment: the matching frequencies of "
+                            "prediction 3 (128 samples, queries × keys) with their maximum spanning tree circled.",
+                            plot.assignment_frequencies(freq, tree)))
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
             raise CommandError(f"{args.assign_tree}: not assign-tree results ({error})") from None
     return out
 

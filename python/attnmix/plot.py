@@ -25,7 +25,8 @@ What each picture shows (the mechanisms: docs/mechanisms.md):
   components, each with its posterior spread as an ellipse (one standard deviation).
 * ``fit_history(history)``: the log-likelihood (and validation score) per EM iteration.
 * ``lm_history(history)``: a streaming language model's training loss in bits per byte per step, its held-out bits
-  per byte, its training speed and, for moment closure, each layer's live clusters.
+  per byte, its training speed and, for moment closure, each layer's live clusters, bank mass and far-field share of
+  the attention.
 * ``assignment_frequencies(freq, tree)``: the matching-frequency matrix of the assignment tree with its spanning tree
   drawn over it.
 * ``assignment_scaling(results)``: the assignment-tree experiment's frequency RMSE against the number of samples K
@@ -60,9 +61,12 @@ __all__ = [
 _CELL_TEXT_LIMIT = 24  # label cells only while the grid has at most this many columns
 
 
-def _figure(panels, width_per_panel=4.5, height=3.8):
-    fig = Figure(figsize=(width_per_panel * panels, height), layout="constrained")
-    return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+def _figure(panels, width_per_panel=4.5, height=3.8, columns=None):
+    """A figure of `panels` axes, `columns` to a row (all in one row by default)."""
+    columns = min(panels, columns or panels)
+    rows = -(-panels // columns)
+    fig = Figure(figsize=(width_per_panel * columns, height * rows), layout="constrained")
+    return fig, [fig.add_subplot(rows, columns, i + 1) for i in range(panels)]
 
 
 def _heatmap(fig, ax, values, title, xlabel, ylabel, vmin=None, vmax=None, cmap="viridis"):
@@ -242,17 +246,24 @@ def fit_history(history):
 def lm_history(history):
     """A streaming language model's training (``attnmix lm train --history``: a JSON Lines file or its records):
     the loss per step in bits per byte, with the held-out bits per byte when the last record has them, the
-    training speed in tokens per second and, for moment closure, each layer's live clusters (mean over the streams)
-    as the far field's bank fills up."""
+    training speed in tokens per second and, for moment closure, per layer as the far field's bank fills up: the
+    live clusters (mean over the streams), the bank mass (the evicted tokens the clusters summarise, mean over
+    streams and heads) and the far field's share of the attention (the softmax weight on clusters and stored
+    tokens). Histories written before the bank mass and the share were recorded get the clusters panel only."""
     records = _history_records(history)
     steps = [r for r in records if "loss" in r]
     if not steps:
         raise ValueError("plot.lm_history: the history has no training steps")
     heldout = [r for r in records if "heldout_bits_per_byte" in r]
-    has_clusters = "clusters" in steps[0]
-    fig, axes = _figure(3 if has_clusters else 2)
+    far_panels = [(key, title, ylabel) for key, title, ylabel in (
+        ("clusters", "far field: live clusters", "clusters (mean over streams)"),
+        ("bank_mass", "far field: bank mass", "tokens summarised (per stream and head)"),
+        ("far_share", "far field: share of attention", "softmax weight on the far field"),
+    ) if key in steps[0]]
+    fig, axes = _figure(2 + len(far_panels), columns=3)
     loss, speed = axes[:2]
-    loss.plot([r["step"] for r in steps], [r["loss"] / np.log(2) for r in steps], label="training")
+    step_axis = [r["step"] for r in steps]
+    loss.plot(step_axis, [r["loss"] / np.log(2) for r in steps], label="training")
     for r in heldout:
         loss.scatter([r["step"]], [r["heldout_bits_per_byte"]], color="tab:red", zorder=3,
                      label=f"held out: {r['heldout_bits_per_byte']:.3f}")
@@ -260,18 +271,20 @@ def lm_history(history):
     loss.set_xlabel("step")
     loss.set_ylabel("bits per byte")
     loss.legend()
-    speed.plot([r["step"] for r in steps], [r["tokens_per_second"] for r in steps])
+    speed.plot(step_axis, [r["tokens_per_second"] for r in steps])
     speed.set_title("training speed")
     speed.set_xlabel("step")
     speed.set_ylabel("tokens per second")
-    if has_clusters:
-        clusters = np.array([r["clusters"] for r in steps])  # (steps, layers)
-        for layer in range(clusters.shape[1]):
-            axes[2].plot([r["step"] for r in steps], clusters[:, layer], label=f"layer {layer}")
-        axes[2].set_title("far field: live clusters")
-        axes[2].set_xlabel("step")
-        axes[2].set_ylabel("clusters (mean over streams)")
-        axes[2].legend()
+    for ax, (key, title, ylabel) in zip(axes[2:], far_panels):
+        values = np.array([r[key] for r in steps], dtype=float)  # (steps, layers)
+        for layer in range(values.shape[1]):
+            ax.plot(step_axis, values[:, layer], label=f"layer {layer}")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+    if any(key == "far_share" for key, _, _ in far_panels):
+        axes[-1].set_ylim(0.0, 1.0)
     return fig
 
 

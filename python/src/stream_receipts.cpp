@@ -48,7 +48,8 @@ py::dict layer_receipt_out(const LayerReceipt& receipt, TensorOut tensor_out) {
   py::list streams;
   for (const auto& s : receipt.streams) streams.append(receipt_out(s, /*ingest=*/true, tensor_out));
   auto out = py::dict("batch_size"_a = receipt.batch_size, "streams"_a = streams,
-                      "misfit_scalar"_a = receipt.misfit_scalar);
+                      "misfit_scalar"_a = receipt.misfit_scalar,
+                      "far_attention_share"_a = receipt.far_attention_share);
   if (receipt.outliers) {
     const auto& o = *receipt.outliers;
     out["outliers"] = py::dict("offered"_a = o.offered, "stored"_a = o.stored, "evicted"_a = o.evicted,

@@ -172,7 +172,23 @@ nlohmann::ordered_json AssignmentTreeExperimentResult::to_json() const {
   out["retrieval_zero_frequency_tree_edges_total"] = retrieval_zero_frequency_tree_edges_total;
   out["retrieval_repaired_query_rows_total"] = retrieval_repaired_query_rows_total;
   out["retrieval_trials_with_repair"] = retrieval_trials_with_repair;
+  add_tree_fields(out, prediction_3_frequencies, prediction_3_tree);
   return out;
+}
+
+void add_tree_fields(nlohmann::ordered_json& doc, const Matrix& freq, const Mask& tree) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  nlohmann::ordered_json edges = nlohmann::ordered_json::array();
+  for (Index i = 0; i < freq.rows(); ++i) {
+    nlohmann::ordered_json row = nlohmann::ordered_json::array();
+    for (Index j = 0; j < freq.cols(); ++j) {
+      row.push_back(freq(i, j));
+      if (tree(i, j)) edges.push_back({i, j});
+    }
+    rows.push_back(std::move(row));
+  }
+  doc["prediction_3_frequencies"] = std::move(rows);
+  doc["prediction_3_tree_edges"] = std::move(edges);
 }
 
 AssignmentTreeExperimentResult run_assignment_tree_experiment(
@@ -273,6 +289,8 @@ AssignmentTreeExperimentResult run_assignment_tree_experiment(
   res.corr_alpha0 = pearson(log_f, prob0);
   res.corr_alpha1 = pearson(log_f, prob1);
   res.tree_edges_observed = tree.tree.count();
+  res.prediction_3_frequencies = tree.freq;
+  res.prediction_3_tree = tree.tree;
   res.prediction_3_tree_zero_frequency_edges = zero_frequency_tree_edges(tree.tree, tree.freq);
 
   // Transport check on T = freq / (n + 1): key (column) sums of freq are exactly 1, so the key

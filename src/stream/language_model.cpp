@@ -129,6 +129,23 @@ std::vector<double> mean_live_clusters(const MomentClosureState& state) {
   return out;
 }
 
+/// Each layer's bank mass Σ_c n_c, mean over the streams and heads.
+std::vector<double> mean_bank_mass(const MomentClosureState& state) {
+  std::vector<double> out;
+  for (const auto& bank : state.banks)
+    out.push_back(bank.count.defined() && bank.count.numel() > 0
+                      ? bank.total_per_head().to(torch::kFloat64).mean().item<double>()
+                      : 0.0);
+  return out;
+}
+
+/// Each layer's far-field share of the last step's attention.
+std::vector<double> far_shares(const std::vector<LayerReceipt>& receipts) {
+  std::vector<double> out;
+  for (const auto& layer : receipts) out.push_back(layer.far_attention_share);
+  return out;
+}
+
 class FarFieldTally {
  public:
   void add(const std::vector<LayerReceipt>& receipts) {
@@ -1067,7 +1084,11 @@ TrainSummary train_kind(Session<Kind>& s, std::span<const int64_t> tokens, const
       p.tokens_per_second = elapsed > 0 ? static_cast<double>(summary.tokens) / elapsed : 0.0;
       const auto done = static_cast<double>(s.step + 1 - summary.first_step);
       p.eta_seconds = elapsed / done * static_cast<double>(o.steps - s.step - 1);
-      if constexpr (Kind::kHasFarField) p.clusters = mean_live_clusters(s.state);
+      if constexpr (Kind::kHasFarField) {
+        p.clusters = mean_live_clusters(s.state);
+        p.bank_mass = mean_bank_mass(s.state);
+        p.far_share = far_shares(s.model->last_receipts());
+      }
       on_progress(p);
     }
   }

@@ -29,8 +29,10 @@ torch::Tensor additive_mask(const torch::Tensor& visible, torch::ScalarType dtyp
 }
 
 // The attention (before proj) of one layer: near tokens only, or near tokens, the bank's live clusters and the
-// store's tokens through one softmax. (b, t, d).
-torch::Tensor attend(const NearField& f, const ClusterBank* bank, const OutlierStore* store) {
+// store's tokens through one softmax. (b, t, d). far_share (when given) receives the mean softmax weight on the
+// clusters and stored tokens over streams, heads and queries (0 when there are none).
+torch::Tensor attend(const NearField& f, const ClusterBank* bank, const OutlierStore* store,
+                     double* far_share = nullptr) {
   const int64_t b = f.q.size(0), t = f.q.size(1), d = f.q.size(2) * f.q.size(3);
   const int64_t length = f.k_full.size(1);
   const auto values = f.v_full.transpose(1, 2);  // (b, H, L, hd)
@@ -57,6 +59,12 @@ torch::Tensor attend(const NearField& f, const ClusterBank* bank, const OutlierS
   }
   const auto weights = torch::softmax(torch::cat(logits, -1), -1);
   const auto parts = weights.split_with_sizes(sizes, -1);  // one backward node for every part
+  if (far_share != nullptr) {
+    const torch::NoGradGuard no_grad;
+    auto far_weight = parts[1].sum(-1, /*keepdim=*/false, torch::kFloat64);
+    for (size_t p = 2; p < parts.size(); ++p) far_weight += parts[p].sum(-1, false, torch::kFloat64);
+    *far_share = far_weight.mean().item<double>();
+  }
   auto out = detail::fast_bmm(parts[0], values, false);  // (b, H, t, hd)
   if (far) {
     out = out + detail::fast_bmm(parts[1].unsqueeze(-2), clusters.out.permute({0, 3, 1, 2, 4}), false).squeeze(-2);
@@ -212,7 +220,8 @@ SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::Line
                                      const BirthMergeOptions& ingest, const std::string& label,
                                      const OutlierStore* store) {
   const auto f = near_field(qkv, x, cache_k, cache_v, g, n_head);
-  auto step = project_and_keep(proj, f, attend(f, &bank, store), g);
+  double far_share = 0.0;
+  auto step = project_and_keep(proj, f, attend(f, &bank, store, &far_share), g);
   const int64_t evicted = f.k_full.size(1) - g.keep;
   auto update = evict_to_far_field(bank, f.k_full.narrow(1, 0, evicted), f.v_full.narrow(1, 0, evicted), g.pos + g.t,
                                    g.keep, ingest, label);
@@ -227,6 +236,7 @@ SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::Line
     update.receipt.outliers = kept.receipt;
   }
   step.bank = std::move(update.bank);
+  update.receipt.far_attention_share = far_share;
   step.receipt = std::move(update.receipt);
   return step;
 }

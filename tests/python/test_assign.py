@@ -48,6 +48,8 @@ RESULT_KEYS = [
     "retrieval_zero_frequency_tree_edges_total",
     "retrieval_repaired_query_rows_total",
     "retrieval_trials_with_repair",
+    "prediction_3_frequencies",
+    "prediction_3_tree_edges",
 ]
 
 
@@ -368,8 +370,22 @@ def test_experiment_results_document():
     assert 0 < result["transport_max_row_marginal_error"] <= 1 / (n + 1)
     assert result["tree_edges_expected"] == result["tree_edges_observed"] == 30
     assert result["tree_edges_K16_mean"] == 30.0
-    for key in RESULT_KEYS[-4:]:
+    for key in RESULT_KEYS[-6:-2]:
         assert type(result[key]) is int and result[key] >= 0
+    # Prediction 3's matrices: every key matched once per sample (columns sum to 1), and a spanning tree of the 16 + 15
+    # query and key nodes (30 edges joining all of them).
+    freq = np.array(result["prediction_3_frequencies"])
+    assert freq.shape == (16, 15) and np.allclose(freq.sum(axis=0), 1.0, rtol=0, atol=1e-12)
+    edges = result["prediction_3_tree_edges"]
+    assert len(edges) == 30 and edges == sorted(edges)
+    parent = list(range(31))
+    def root(a):
+        while parent[a] != a:
+            a = parent[a]
+        return a
+    for q, k in edges:
+        parent[root(q)] = root(16 + k)
+    assert len({root(a) for a in range(31)}) == 1
     assert run_assignment_tree_experiment(1234) == result
     with pytest.raises(TypeError):
         run_assignment_tree_experiment(1.5)

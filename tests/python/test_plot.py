@@ -237,6 +237,35 @@ def test_plot_command_writes_every_figure_and_the_page(tmp_path, ra_fit, ca_mode
     assert (out / "hop_posteriors.png").exists() and (out / "key_tables.svg").exists()
 
 
+def test_plot_command_draws_the_assignment_tree_results(tmp_path):
+    """`attnmix plot --assign-tree` on what `attnmix assign-tree` wrote: the scaling laws, and prediction 3's matching
+    frequencies with the tree's 30 edges circled on the cells the results list; results without the matrix (written
+    before it was recorded) still give the scaling figure; an edge outside the matrix is a data error."""
+    results = tmp_path / "results.json"
+    run_cli("assign-tree", "--out", results, "--threads", "1")
+    doc = json.loads(results.read_text())
+    out = tmp_path / "figures"
+    said = run_cli("plot", "--assign-tree", results, "--out", out).stdout
+    assert "wrote 2 figures" in said
+    assert (out / "assign_tree_frequencies.png").read_bytes().startswith(PNG_SIGNATURE)
+    freq = np.array(doc["prediction_3_frequencies"])
+    tree = np.zeros(freq.shape, dtype=bool)
+    for q, k in doc["prediction_3_tree_edges"]:
+        tree[q, k] = True
+    fig = plot.assignment_frequencies(freq, tree)
+    circled = fig.axes[0].collections[0].get_offsets()
+    assert sorted(map(tuple, np.asarray(circled)[:, ::-1].astype(int).tolist())) == sorted(
+        map(tuple, doc["prediction_3_tree_edges"]))
+    older = {k: v for k, v in doc.items() if not k.startswith("prediction_3_f") and k != "prediction_3_tree_edges"}
+    results.write_text(json.dumps(older))
+    assert "wrote 1 figure" in run_cli("plot", "--assign-tree", results, "--out", tmp_path / "older").stdout
+    doc["prediction_3_tree_edges"][0] = [16, 0]
+    results.write_text(json.dumps(doc))
+    bad = subprocess.run([cli(), "plot", "--assign-tree", results, "--out", tmp_path / "bad"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "tree edge (16, 0) lies outside" in bad.stderr
+
+
 @pytest.mark.parametrize("args, code, message", [
     ([], 1, "give a MODEL, --history or --assign-tree"),
     (["{ca}", "--data", "{ra_rows}"], 2, "line 1: missing field 'keys'"),
@@ -315,26 +344,42 @@ def test_optimize_records_the_history_it_prints(ra_fit):
         attnmix.optimize(rows, model.estimator(), max_its=1, out=None, history=())
 
 
-def test_demo_plots_every_em_section(tmp_path):
-    """`attnmix demo --plots DIR` saves each EM section's model (and the rows it draws) and plots them there."""
+def test_demo_plots_every_section(tmp_path):
+    """`attnmix demo --plots DIR` saves each EM section's model (and the rows it draws), the assignment tree's
+    frequencies and the language model's training history, and plots them there."""
     out = run_cli("demo", "--plots", tmp_path).stdout
     assert "Figures (attnmix plot):" in out
     expected = {"responsibility": {"tables", "responsibilities"}, "chained": {"key_tables", "hop_posteriors"},
-                "variational": {"embeddings"}}
+                "variational": {"embeddings"}, "assign_tree": {"assign_tree_frequencies"}}
+    if (tmp_path / "language_model").exists():
+        expected["language_model"] = {"history"}
+    else:  # a build without libtorch, or a system without the demo's text
+        assert "Skipped" in out
     for section, names in expected.items():
         folder = tmp_path / section
         assert {p.stem for p in folder.glob("*.png")} == names
         assert (folder / "index.html").read_text().count("<figure") == len(names)
-        model = attnmix.load_model(folder / "model.json")
-        if (folder / "rows.jsonl").exists():
-            assert len((folder / "rows.jsonl").read_text().splitlines()) == 8
-            assert type(model).__name__ != "VariationalEmbeddingAttentionDistribution"
+        if section == "assign_tree":
+            results = json.loads((folder / "results.json").read_text())
+            assert len(results["prediction_3_tree_edges"]) == 30  # the demo prints "30 edges = 16 + 15 - 1"
+            assert np.allclose(np.sum(results["prediction_3_frequencies"], axis=0), 1.0)
+        elif section == "language_model":
+            steps = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+            assert [r["step"] for r in steps[:-1]] == list(range(1, len(steps)))
+            assert f"{steps[-1]['heldout_bits_per_byte']:.2f}" in out  # the held-out figure the demo printed
+        else:
+            model = attnmix.load_model(folder / "model.json")
+            if (folder / "rows.jsonl").exists():
+                assert len((folder / "rows.jsonl").read_text().splitlines()) == 8
+                assert type(model).__name__ != "VariationalEmbeddingAttentionDistribution"
 
 
 def test_lm_history_of_moment_closure_follows_the_bank(tmp_path):
-    """Moment closure's history carries each layer's live clusters per step: none before the first eviction, never
-    more than --max-clusters, and the last step's equal to the final state the summary reports; the figure gains a
-    clusters panel."""
+    """Moment closure's history carries, per step and layer, the live clusters (none before the first eviction, never
+    more than --max-clusters, the last step's equal to the final state the summary reports), the bank mass (every
+    evicted token counted once: a chunk of 16 per step once the window is full) and the far field's share of the
+    step's attention (0 while the bank it attends to is empty, then a probability); the figure gains a panel for
+    each."""
     if "lm" not in subprocess.run([cli(), "--help"], capture_output=True, text=True).stdout:
         pytest.skip("this build has no attnmix lm")
     history = tmp_path / "mc.jsonl"
@@ -351,7 +396,12 @@ def test_lm_history_of_moment_closure_follows_the_bank(tmp_path):
     for layer, line in enumerate(l for l in result.stdout.splitlines() if l.strip().startswith("layer ")):
         count = float(line.split()[2])
         assert records[-1]["clusters"][layer] == pytest.approx(count)
+    assert [r["bank_mass"] for r in records] == [[16.0 * s] * 2 for s in range(8)]
+    assert records[0]["far_share"] == [0.0, 0.0] and records[1]["far_share"] == [0.0, 0.0]  # empty bank attended
+    assert all(0.0 < f < 1.0 for r in records[2:] for f in r["far_share"])
     fig = plot.lm_history(history)
-    assert [ax.get_title() for ax in fig.axes] == ["loss", "training speed", "far field: live clusters"]
-    assert [list(l.get_ydata()) for l in fig.axes[2].get_lines()] == [[r["clusters"][k] for r in records]
-                                                                       for k in range(2)]
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "training speed", "far field: live clusters",
+                                                   "far field: bank mass", "far field: share of attention"]
+    for ax, key in zip(fig.axes[2:], ["clusters", "bank_mass", "far_share"]):
+        assert [list(l.get_ydata()) for l in ax.get_lines()] == [[r[key][k] for r in records] for k in range(2)]
+    assert fig.axes[4].get_ylim() == (0.0, 1.0)

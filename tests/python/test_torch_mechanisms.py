@@ -590,6 +590,7 @@ def test_reference_usage_patterns():
     assert stream["accounting"]["conserved"] and stream["accounting"]["positions_seen"] == 18
     assert stream["accounting"]["near_tokens"] == 4 and stream["count_conserved"]
     assert mech.last_misfit == pytest.approx(sum(r["misfit_scalar"] for r in mech.last_receipts) / 2)
+    assert all(0.0 <= r["far_attention_share"] <= 1.0 for r in mech.last_receipts)
     assert state.near.pos == 18 and state.near.cache_k[0].shape == (1, 4, 2, 8)
     # The reference's shared one-stream bank cannot serve a batch: ValueError, not a silent shared far field.
     two = MomentClosureState(

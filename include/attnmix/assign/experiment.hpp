@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnmix/assign/assignment_tree.hpp"
 #include "attnmix/core/types.hpp"
 
 namespace attnmix::assign {
@@ -43,10 +44,16 @@ struct AssignmentTreeExperimentResult {
   Index retrieval_zero_frequency_tree_edges_total = 0;
   Index retrieval_repaired_query_rows_total = 0;
   Index retrieval_trials_with_repair = 0;
+  Matrix prediction_3_frequencies;  ///< prediction 3's matching frequencies (K = 128), queries × keys
+  Mask prediction_3_tree;           ///< its maximum spanning tree
 
   /// The results document: keys in the order of the fields above.
   [[nodiscard]] nlohmann::ordered_json to_json() const;
 };
+
+/// Adds a frequency matrix and its tree to a results document as prediction_3_frequencies (one row per query) and
+/// prediction_3_tree_edges ([query, key] pairs, row-major): what `attnmix plot --assign-tree` draws.
+void add_tree_fields(nlohmann::ordered_json& doc, const Matrix& freq, const Mask& tree);
 
 /// Runs the whole experiment on n_threads threads (0 = all); the result does not depend on the thread count, and two
 /// runs with the same seed are bitwise identical. As in mixle, only base = Rng(seed) and prediction 1's streams

@@ -147,6 +147,12 @@ struct Progress {
   double eta_seconds = 0.0;
   /// moment-closure: each layer's live clusters after this step, mean over the streams; empty otherwise.
   std::vector<double> clusters;
+  /// moment-closure: each layer's bank mass after this step (the tokens its clusters summarise, Σ_c n_c, mean over
+  /// streams and heads); empty otherwise.
+  std::vector<double> bank_mass;
+  /// moment-closure: each layer's far-field share of this step's attention (LayerReceipt::far_attention_share);
+  /// empty otherwise.
+  std::vector<double> far_share;
 };
 
 /// What the far field of one moment-closure layer did over a run (from the per-step receipts; docs/lm.md).

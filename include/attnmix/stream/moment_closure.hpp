@@ -169,6 +169,9 @@ struct LayerReceipt {
   std::vector<StreamReceipt> streams;
   double misfit_scalar = 0.0;
   std::optional<OutlierStoreReceipt> outliers;  ///< with an outlier store: what its update did
+  /// The far field's share of the chunk's attention: the softmax weight on the clusters and the stored tokens,
+  /// mean over streams, heads and the chunk's queries (0 while the far field is empty; the window has the rest).
+  double far_attention_share = 0.0;
 };
 
 /// The representation receipt before a step: at position pos with c tokens in the window, each

@@ -109,7 +109,9 @@ TEST_F(AssignmentTreeExperimentTest, JsonKeysInOrderAndRunIsReproducible) {
                                          "prediction_3_tree_zero_frequency_edges",
                                          "retrieval_zero_frequency_tree_edges_total",
                                          "retrieval_repaired_query_rows_total",
-                                         "retrieval_trials_with_repair"};
+                                         "retrieval_trials_with_repair",
+                                         "prediction_3_frequencies",
+                                         "prediction_3_tree_edges"};
   std::vector<std::string> seen;
   for (auto it = doc.begin(); it != doc.end(); ++it) seen.push_back(it.key());
   EXPECT_EQ(seen, keys);

@@ -1434,6 +1434,8 @@ const std::vector<std::string> kAssignTreeKeys = {
     "retrieval_zero_frequency_tree_edges_total",
     "retrieval_repaired_query_rows_total",
     "retrieval_trials_with_repair",
+    "prediction_3_frequencies",
+    "prediction_3_tree_edges",
 };
 
 TEST_F(CliTest, AssignTreeWritesResultsInSpecOrderAndPrintsVerdicts) {
@@ -1449,7 +1451,28 @@ TEST_F(CliTest, AssignTreeWritesResultsInSpecOrderAndPrintsVerdicts) {
   EXPECT_EQ(doc["shape"], nlohmann::json::parse("[16, 15]"));
   EXPECT_EQ(doc["tree_edges_observed"], 30);
   EXPECT_EQ(text, doc.dump(2) + "\n");  // 2-space indentation
-  EXPECT_EQ(r.out.rfind(text, 0), 0u) << r.out;  // the document is printed first
+  // Prediction 3's matrices: one frequency row per query (each sample matches every key once, so every key's column
+  // sums to 1), and the 30 tree edges in row-major order, each on a query-key pair of the matrix.
+  ASSERT_EQ(doc["prediction_3_frequencies"].size(), 16u);
+  for (size_t j = 0; j < 15; ++j) {
+    double column = 0.0;
+    for (const auto& row : doc["prediction_3_frequencies"]) column += row.at(j).get<double>();
+    EXPECT_NEAR(column, 1.0, 1e-12) << "key " << j;
+  }
+  const auto& edges = doc["prediction_3_tree_edges"];
+  ASSERT_EQ(edges.size(), 30u);
+  for (size_t e = 0; e < edges.size(); ++e) {
+    EXPECT_LT(edges[e][0].get<int>(), 16);
+    EXPECT_LT(edges[e][1].get<int>(), 15);
+    if (e > 0) EXPECT_LT(edges[e - 1], edges[e]);
+  }
+  // The document is printed first, without the matrices, which the next line points to.
+  auto shown = doc;
+  shown.erase("prediction_3_frequencies");
+  shown.erase("prediction_3_tree_edges");
+  EXPECT_EQ(r.out.rfind(shown.dump(2) + "\n(prediction 3's frequency matrix and spanning tree are in results.json", 0),
+            0u)
+      << r.out;
   // A verdict for each prediction, and the retrieval numbers reported without one.
   for (const char* verdict :
        {"Prediction 1, Monte-Carlo error O(K^-1/2): holds", "Prediction 2, union occupancy: holds",

@@ -1618,9 +1618,11 @@ Vec naive_rope(const Vec& x, int64_t p) {
 /// SPEC §7.8 steps 3–5 and 8 in double by loops: per layer the exact window over the state's raw
 /// cache plus the chunk (RoPE once at absolute positions), the state's bank with the un-rotated
 /// query, one max-shifted softmax over both, proj and MLP residuals; then the tied head. With far =
-/// false the clusters are ignored.
+/// false the clusters are ignored. far_share (when given) receives per layer the clusters' softmax
+/// weight, mean over streams, queries and heads.
 torch::Tensor naive_mca_logits(MomentClosureAttention& model, const MomentClosureState& state,
-                               const torch::Tensor& x, bool far = true) {
+                               const torch::Tensor& x, bool far = true,
+                               std::vector<double>* far_share = nullptr) {
   auto& bb = *model->backbone();
   const auto& o = model->options();
   const int64_t B = x.size(0), t = x.size(1), D = o.d_model, H = o.n_head, hd = D / H;
@@ -1640,6 +1642,7 @@ torch::Tensor naive_mca_logits(MomentClosureAttention& model, const MomentClosur
     const int64_t pos = state.near.pos;
     const auto& bank = state.banks[l];
     auto out = torch::zeros({B, t, H, hd}, f64_options());
+    double cluster_weight = 0.0;
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t i = 0; i < t; ++i) {
         const int64_t pi = pos + i;
@@ -1669,10 +1672,15 @@ torch::Tensor naive_mca_logits(MomentClosureAttention& model, const MomentClosur
           for (size_t j = 0; j < logits.size(); ++j) {
             for (int64_t a = 0; a < hd; ++a) acc[a] += std::exp(logits[j] - top) / z * values[j][a];
           }
+          for (size_t j = logits.size() - static_cast<size_t>(far ? bank.n_clusters[static_cast<size_t>(b)] : 0);
+               j < logits.size(); ++j) {
+            cluster_weight += std::exp(logits[j] - top) / z;
+          }
           out[b][i][head].copy_(from_values(acc, {hd}));
         }
       }
     }
+    if (far_share != nullptr) far_share->push_back(cluster_weight / static_cast<double>(B * t * H));
     h = h + naive_linear(out.reshape({B, t, D}), layer.proj);
     const auto u = naive_linear(naive_layer_norm(h, layer.ln2), layer.fc1);
     h = h + naive_linear(0.5 * u * (1.0 + torch::erf(u / std::sqrt(2.0))), layer.fc2);
@@ -1689,7 +1697,7 @@ double relative_gap(const torch::Tensor& a, const torch::Tensor& b) {
 /// float64), the logits of a third chunk equal naive_mca_logits (relative 1e-10); the far field
 /// matters (ignoring it moves the logits by > 1e-6). The step's loss is the mean cross-entropy of
 /// those logits; each layer's receipt misfit is the mean over the streams and last_misfit the mean
-/// over the layers.
+/// over the layers; each layer's far_attention_share is the clusters' mean weight in that softmax.
 TEST(MomentClosureAttentionTest, StepMatchesNaiveJointSoftmax) {
   const uint64_t seed = testing::test_seed(722);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -1725,8 +1733,14 @@ TEST(MomentClosureAttentionTest, StepMatchesNaiveJointSoftmax) {
     layer_mean += 0.5 * layer.misfit_scalar;
   }
   EXPECT_NEAR(model->last_misfit(), layer_mean, 1e-12);
-  const auto expected = naive_mca_logits(model, state, x);
+  std::vector<double> far_share;
+  const auto expected = naive_mca_logits(model, state, x, /*far=*/true, &far_share);
   EXPECT_LE(relative_gap(logits, expected), 1e-10);
+  ASSERT_EQ(far_share.size(), receipts.size());
+  for (size_t l = 0; l < receipts.size(); ++l) {
+    EXPECT_GT(far_share[l], 0.0);
+    EXPECT_NEAR(receipts[l].far_attention_share, far_share[l], 1e-12) << "layer " << l;
+  }
   EXPECT_GT(relative_gap(naive_mca_logits(model, state, x, /*far=*/false), expected), 1e-6);
   // step's loss is the mean token cross-entropy of those logits.
   const auto y = random_tokens(rng, 2, 4, 0, o.vocab);
