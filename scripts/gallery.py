@@ -62,6 +62,7 @@ def main():
     ca = attnmix.optimize(rows, attnmix.ChainedAttentionEstimator(2, 12, 12, sigma2=0.1), max_its=30, delta=None,
                           rng=np.random.RandomState(1), out=None)
     save(plot.hop_posteriors(ca, rows[:6]), "hop_posteriors")
+    save(plot.key_tables(ca), "key_tables")
 
     with tempfile.TemporaryDirectory() as scratch:
         data = os.path.join(scratch, "ra.jsonl")
