@@ -4,6 +4,7 @@ numbers (the image data equal the posterior or the table it draws), and saves as
 import io
 import json
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -405,3 +406,17 @@ def test_lm_history_of_moment_closure_follows_the_bank(tmp_path):
     for ax, key in zip(fig.axes[2:], ["clusters", "bank_mass", "far_share"]):
         assert [list(l.get_ydata()) for l in ax.get_lines()] == [[r[key][k] for r in records] for k in range(2)]
     assert fig.axes[4].get_ylim() == (0.0, 1.0)
+
+
+def test_plot_command_without_matplotlib_says_what_to_install(tmp_path):
+    """Where matplotlib cannot be imported, `attnmix plot` (this module under the program) exits with the data-error
+    code and names the package to install, writing nothing."""
+    history = tmp_path / "h.jsonl"
+    history.write_text('{"iteration": 1, "log_likelihood": -3.0}\n')
+    blocked = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = ['attnmix plot'] + sys.argv[1:]; "
+               "runpy.run_module('attnmix._plot_command', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", blocked, "--history", history, "--out", tmp_path / "figures"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "needs matplotlib (Debian: apt install python3-matplotlib)" in result.stderr
+    assert not (tmp_path / "figures").exists()
