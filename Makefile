@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit bench bench-configure bench-compare install-python clean lint \
+.PHONY: all deps configure build demo test test-unit docs bench bench-configure bench-compare install-python clean lint \
         test-sanitize fuzz-build fuzz-build-gcc fuzz-gate fuzz fuzz-replay fuzz-corpus
 
 all: build
@@ -25,6 +25,11 @@ test: build
 
 test-unit: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+
+# The site: the manual and the Python API reference (Sphinx) with the C++ API reference (Doxygen), every warning an
+# error, then the doctests; $(BUILD)/docs/html/index.html.
+docs: build
+	@bash scripts/build-docs.sh $(BUILD)
 
 # The `unit` tests under AddressSanitizer + UndefinedBehaviorSanitizer (every report fatal; docs/fuzzing.md), in
 # $(BUILD)-asan: a Debug build (ATTNMIX_DASSERT on) at -O1. Python and libtorch are left out: their tests run

@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-dev python3-pybind11 pybind11-dev python3-pytest python3-scipy
   python3-matplotlib  # attnmix.plot
+  python3-sphinx python3-myst-parser python3-breathe doxygen  # make docs: the manual and the API reference (docs/conf.py)
   chromium  # the HTML page of `attnmix plot --html` opened in a real browser (tests/python/test_plot_browser.py)
   libopenmpi-dev openmpi-bin
   libtorch-dev python3-torch

@@ -11,6 +11,7 @@
 #include "attnmix/attention/responsibility.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
@@ -156,6 +157,11 @@ py::object sample(SamplerPy& s, py::object size, py::object batched) {
 }
 
 void bind_distribution(py::module_& m) {
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<SamplerPy> sampler_class(
+      m, "ResponsibilityAttentionSampler",
+      "Draws (context, query, target) observations: a context (without replacement when N <= S), z "
+      "~ pi, y = K[c_z] + sqrt(sigma2) N(0, I), t ~ B[c_z].");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "One attention head as a mixture over context positions with a generative gate "
@@ -169,35 +175,46 @@ void bind_distribution(py::module_& m) {
                                const Matrix& k =
                                    self.cast<const Dist&>().model().params().key_means;
                                return readonly_view(k.data(), {k.rows(), k.cols()}, self);
-                             })
+                             },
+                             "Key means K, a read-only float64 array of shape (S, D): row s is the mean query "
+                             "that attends to symbol s.")
       .def_property_readonly("emission",
                              [](py::object self) {
                                const Matrix& b = self.cast<const Dist&>().model().params().emission;
                                return readonly_view(b.data(), {b.rows(), b.cols()}, self);
-                             })
+                             },
+                             doc::kEmission)
       .def_property_readonly("position_prior",
                              [](py::object self) {
                                const Vector& p =
                                    self.cast<const Dist&>().model().params().position_prior;
                                return readonly_view(p.data(), {p.size()}, self);
-                             })
+                             },
+                             doc::kPositionPrior)
       .def_property_readonly("log_position_prior",
                              [](py::object self) {
                                const Vector& p =
                                    self.cast<const Dist&>().model().log_position_prior();
                                return readonly_view(p.data(), {p.size()}, self);
-                             })
-      .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); })
-      .def_property_readonly("gate_const", [](const Dist& d) { return d.model().gate_const(); })
+                             },
+                             "log pi, a read-only float64 array of shape (N,): the logarithm of position_prior, "
+                             "as the gate adds it.")
+      .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); },
+                             "Gate variance sigma2 > 0, a float: the isotropic variance of a query around the key "
+                             "mean of the attended symbol.")
+      .def_property_readonly("gate_const", [](const Dist& d) { return d.model().gate_const(); },
+                             "The gate's log normaliser -(D/2) log(2 pi sigma2), a float, added to every "
+                             "position's log score.")
       .def_property_readonly("precision",
-                             [](const Dist& d) { return std::string(precision_name(d.model().precision())); })
+                             [](const Dist& d) { return std::string(precision_name(d.model().precision())); },
+                             doc::kPrecision)
       .def_property_readonly("name",
-                             [](const Dist& d) { return name_to_python(d.model().params().name); })
-      .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); })
+                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
+      .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); }, doc::kNumSymbols)
       .def_property_readonly("context_length",
-                             [](const Dist& d) { return d.model().context_length(); })
-      .def_property_readonly("query_dim", [](const Dist& d) { return d.model().query_dim(); })
-      .def_property_readonly("num_targets", [](const Dist& d) { return d.model().n_targets(); })
+                             [](const Dist& d) { return d.model().context_length(); }, doc::kContextLength)
+      .def_property_readonly("query_dim", [](const Dist& d) { return d.model().query_dim(); }, doc::kQueryDim)
+      .def_property_readonly("num_targets", [](const Dist& d) { return d.model().n_targets(); }, doc::kNumTargets)
       .def(
           "predict_proba",
           [](const Dist& d, py::object c, py::object y) { return predict_proba(d.model(), c, y); },
@@ -259,10 +276,7 @@ void bind_distribution(py::module_& m) {
                                                  t.size() == 6 ? py::object(t[5]) : py::str("float64"));
                       }));
 
-  py::class_<SamplerPy>(
-      m, "ResponsibilityAttentionSampler",
-      "Draws (context, query, target) observations: a context (without replacement when N <= S), z "
-      "~ pi, y = K[c_z] + sqrt(sigma2) N(0, I), t ~ B[c_z].")
+  sampler_class
       .def(py::init([](py::object dist, py::object seed) {
              if (!py::isinstance<Dist>(dist))
                throw TypeError(
@@ -274,7 +288,7 @@ void bind_distribution(py::module_& m) {
                               dist};
            }),
            "dist"_a, "seed"_a = py::none())
-      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; })
+      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; }, doc::kSamplerDist)
       .def("sample", &sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
            "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
            "sample() calls.");
@@ -297,13 +311,17 @@ void bind_encoder(py::module_& m) {
            "num_symbols"_a = py::none(), "context_length"_a = py::none(),
            "query_dim"_a = py::none(), "num_targets"_a = py::none())
       .def_property_readonly("num_symbols",
-                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); })
+                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); },
+                             doc::kEncoderNumSymbols)
       .def_property_readonly("context_length",
-                             [](const Encoder& e) { return optional_int(e.spec().context_length); })
+                             [](const Encoder& e) { return optional_int(e.spec().context_length); },
+                             doc::kEncoderContextLength)
       .def_property_readonly("query_dim",
-                             [](const Encoder& e) { return optional_int(e.spec().query_dim); })
+                             [](const Encoder& e) { return optional_int(e.spec().query_dim); },
+                             doc::kEncoderQueryDim)
       .def_property_readonly("num_targets",
-                             [](const Encoder& e) { return optional_int(e.spec().n_targets); });
+                             [](const Encoder& e) { return optional_int(e.spec().n_targets); },
+                             doc::kEncoderNumTargets);
 }
 
 void bind_sequence_to_triples(py::module_& m) {

@@ -11,6 +11,7 @@
 #include "attnmix/attention/chained.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
@@ -164,6 +165,11 @@ py::object sample(SamplerPy& s, py::object size, py::object batched) {
 }
 
 void bind_distribution(py::module_& m) {
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<SamplerPy> sampler_class(
+      m, "ChainedAttentionSampler",
+      "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
+      "(context_length each), q uniform, the L hop positions from their gates, t ~ B[v_pos].");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "L content-addressed attention hops whose attended positions form a chain "
@@ -178,13 +184,18 @@ void bind_distribution(py::module_& m) {
                              [](py::object self) {
                                const Matrix& b = self.cast<const Dist&>().model().emission();
                                return readonly_view(b.data(), {b.rows(), b.cols()}, self);
-                             })
-      .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); })
+                             },
+                             "Emission table B, a read-only float64 array of shape (S, T): row s is p(target | "
+                             "the last hop attends a position whose value is s) and sums to 1.")
+      .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); },
+                             "Gate variance sigma2 > 0, a float (fixed, not fitted): the temperature of every "
+                             "hop's gate.")
       .def_property_readonly("name",
-                             [](const Dist& d) { return name_to_python(d.model().params().name); })
-      .def_property_readonly("n_hops", [](const Dist& d) { return d.model().n_hops(); })
-      .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); })
-      .def_property_readonly("num_targets", [](const Dist& d) { return d.model().n_targets(); })
+                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
+      .def_property_readonly("n_hops", [](const Dist& d) { return d.model().n_hops(); },
+                             "Number of attention hops L, an int.")
+      .def_property_readonly("num_symbols", [](const Dist& d) { return d.model().n_symbols(); }, doc::kNumSymbols)
+      .def_property_readonly("num_targets", [](const Dist& d) { return d.model().n_targets(); }, doc::kNumTargets)
       .def(
           "predict_proba",
           [](const Dist& d, py::object k, py::object v, py::object q) {
@@ -228,10 +239,7 @@ void bind_distribution(py::module_& m) {
                         return make_distribution(t[0], t[1], t[2], t[3]);
                       }));
 
-  py::class_<SamplerPy>(
-      m, "ChainedAttentionSampler",
-      "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
-      "(context_length each), q uniform, the L hop positions from their gates, t ~ B[v_pos].")
+  sampler_class
       .def(py::init([](py::object dist, py::object seed, py::object context_length) {
              if (!py::isinstance<Dist>(dist))
                throw TypeError(
@@ -241,7 +249,7 @@ void bind_distribution(py::module_& m) {
            }),
            "dist"_a, "seed"_a = py::none(), py::kw_only(),
            "context_length"_a = kDefaultContextLength)
-      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; })
+      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; }, doc::kSamplerDist)
       .def("sample", &sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
            "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
            "sample() calls.");
@@ -262,9 +270,11 @@ void bind_encoder(py::module_& m) {
            }),
            "num_symbols"_a = py::none(), "num_targets"_a = py::none())
       .def_property_readonly("num_symbols",
-                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); })
+                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); },
+                             doc::kEncoderNumSymbols)
       .def_property_readonly("num_targets",
-                             [](const Encoder& e) { return optional_int(e.spec().n_targets); });
+                             [](const Encoder& e) { return optional_int(e.spec().n_targets); },
+                             doc::kEncoderNumTargets);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "attnmix/inference/reduce.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "docstrings.hpp"
 #include "roles.hpp"
 
 namespace attnmix::python {
@@ -134,7 +135,8 @@ void bind_encoded_batch(py::module_& m) {
       .def("__getitem__",
            [parts](py::object self, py::object i) { return parts(self).attr("__getitem__")(i); })
       .def("__iter__", [parts](py::object self) { return py::iter(parts(self)); })
-      .def_property_readonly("n_rows", [](const EncodedBatch& e) { return e.batch.n_rows(); })
+      .def_property_readonly("n_rows", [](const EncodedBatch& e) { return e.batch.n_rows(); },
+                             "The number of rows (observations) n, an int.")
       .def("__repr__", [](const EncodedBatch& e) {
         return "EncodedBatch(" + e.encoder->class_name() +
                ", n_rows=" + std::to_string(e.batch.n_rows()) + ")";
@@ -240,7 +242,9 @@ void bind_estimator_base(py::module_& m) {
           "laws). nobs is None on ordinary E-steps and the initial weight mass on the "
           "initialisation call.")
       .def_property_readonly("pseudo_count",
-                             [](const EstimatorHandle& e) { return e.pseudo_count; });
+                             [](const EstimatorHandle& e) { return e.pseudo_count; },
+                             "The pseudo_count given at construction, a float or None: accepted for "
+                             "compatibility and ignored.");
 }
 
 void bind_accumulator_base(py::module_& m) {
@@ -351,8 +355,11 @@ void bind_accumulator_base(py::module_& m) {
                              [](const AccumulatorHandle& h) -> py::object {
                                const auto key = h.get().keys();
                                return key ? py::object(py::str(*key)) : py::none();
-                             })
-      .def_property_readonly("name", [](const AccumulatorHandle& h) { return h.name(); });
+                             },
+                             doc::kKeys)
+      .def_property_readonly("name", [](const AccumulatorHandle& h) { return h.name(); },
+                             "The name this accumulator was made with (by its constructor or factory), a str or "
+                             "None.");
 
   py::class_<FactoryHandle>(m, "AccumulatorFactory", "Makes empty accumulators of one family.")
       .def(

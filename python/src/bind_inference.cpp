@@ -134,23 +134,31 @@ void bind_inference(py::module_& m) {
         "num_threads"_a = py::none(), py::kw_only(), "history"_a = py::none(),
         R"(Fits `estimator`'s family to `data` by EM; returns the best-scoring model (docs/mechanisms.md#training).
 
-data / vdata: a list of observations, a tuple of numpy arrays (the fast path) or an
-    EncodedBatch; encoded once with the estimator's encoder (or prev_estimate's).
-max_its, delta: at most max_its iterations; stop when the log-likelihood improves by less
-    than delta or decreases (delta=None runs every iteration).
-init_p: the fraction of rows in the random initialisation (<= 0 means 0.1).
-rng: None (seed 0), an int seed, an attnmix.Rng (drawn from in place) or a numpy
-    RandomState / Generator (one 31-bit seed is drawn from it).
-prev_estimate: continue from this model instead of initialising.
-out: where each progress line goes (None: silent); print_iter: write every
-    print_iter-th line.
-reuse_estep_ll: the fused loop (True) or the classic loop (False).
-num_threads: E-step threads (None: all cores); results are identical for every thread
-    count.
-history: a list to append one dict per reported iteration to (iteration, log_likelihood,
-    delta (None on the first), seconds, validation with vdata): the lines of
-    `attnmix fit --history`, for attnmix.plot.fit_history.
-The GIL is released while the fit runs.)");
+data, vdata
+    A list of observations, a tuple of numpy arrays (the fast path) or an EncodedBatch; encoded once with the
+    estimator's encoder (or prev_estimate's). vdata, when given, is scored after every iteration.
+max_its, delta
+    At most max_its iterations; stop when the log-likelihood improves by less than delta or decreases
+    (delta=None runs every iteration).
+init_p
+    The fraction of rows in the random initialisation (<= 0 means 0.1).
+rng
+    None (seed 0), an int seed, an attnmix.Rng (drawn from in place) or a numpy RandomState / Generator (one
+    31-bit seed is drawn from it).
+prev_estimate
+    Continue from this model instead of initialising.
+out, print_iter
+    Where each progress line goes (None: silent); write every print_iter-th line.
+reuse_estep_ll
+    The fused loop (True) or the classic loop (False).
+num_threads
+    E-step threads (None: all cores); results are identical for every thread count.
+history
+    A list to append one dict per reported iteration to (iteration, log_likelihood, delta (None on the first),
+    seconds, validation with vdata): the lines of `attnmix fit --history`, for attnmix.plot.fit_history.
+
+Raises ValueError (with the row and field) for data the estimator's encoder rejects and ImpossibleEvidenceError
+for rows the model gives probability zero. The GIL is released while the fit runs.)");
   m.def(
       "score",
       [](py::object dist, py::object data, py::object num_threads) {

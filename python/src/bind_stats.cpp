@@ -15,6 +15,7 @@
 #include "attnmix/stats/mixture.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
@@ -124,13 +125,17 @@ void bind_mixture(py::module_& m) {
                              [](py::object self) {
                                const Vector& w = self.cast<const Dist&>().model().weights();
                                return readonly_view(w.data(), {w.size()}, self);
-                             })
+                             },
+                             "Mixture weights w, a read-only float64 array of shape (K,) that sums to 1: w[k] is "
+                             "the prior probability of component k.")
       .def_property_readonly("components",
-                             [](const Dist& d) { return wrap_all(d.model().components()); })
+                             [](const Dist& d) { return wrap_all(d.model().components()); },
+                             "The K component distributions, a new list in the order of w.")
       .def_property_readonly(
           "num_components",
-          [](const Dist& d) { return static_cast<Index>(d.model().components().size()); })
-      .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); })
+          [](const Dist& d) { return static_cast<Index>(d.model().components().size()); },
+          "Number of components K, an int.")
+      .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); }, doc::kName)
       .def(
           "seq_posterior",
           [](const Dist& d, py::object x) {
@@ -191,14 +196,16 @@ void bind_mixture(py::module_& m) {
                              "The component accumulators (views into this one).");
 
   py::class_<MixtureDataEncoderPy, DataEncoder, std::shared_ptr<MixtureDataEncoderPy>>(
-      m, "MixtureDataEncoder")
+      m, "MixtureDataEncoder",
+      "Encodes the data of a mixture: what its component encoder accepts (every component reads the same data).")
       .def(py::init([](std::shared_ptr<DataEncoder> encoder) {
              if (!encoder)
                throw TypeError("MixtureDataEncoder: encoder must be an attnmix data encoder");
              return std::make_shared<MixtureDataEncoderPy>(std::move(encoder));
            }),
            "encoder"_a)
-      .def_property_readonly("encoder", &MixtureDataEncoderPy::component);
+      .def_property_readonly("encoder", &MixtureDataEncoderPy::component,
+                             "The encoder of the components' data, which this one delegates to.");
 }
 
 // ---- composite ----------------------------------------------------------------------------------
@@ -216,8 +223,9 @@ void bind_composite(py::module_& m) {
       "(docs/mechanisms.md#building-blocks): log p(x) = sum_f log p_f(x_f).")
       .def(py::init(make), "dists"_a, "name"_a = py::none())
       .def_property_readonly("dists",
-                             [](const Dist& d) { return wrap_all(d.model().components()); })
-      .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); })
+                             [](const Dist& d) { return wrap_all(d.model().components()); },
+                             "The component distributions, a new list with one per field of an observation.")
+      .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); }, doc::kName)
       .def("__repr__",
            [](const Dist& d) {
              return "CompositeDistribution(" + std::to_string(d.model().components().size()) +
@@ -261,14 +269,16 @@ void bind_composite(py::module_& m) {
                              "The field accumulators (views into this one).");
 
   py::class_<CompositeDataEncoderPy, DataEncoder, std::shared_ptr<CompositeDataEncoderPy>>(
-      m, "CompositeDataEncoder")
+      m, "CompositeDataEncoder",
+      "Encodes tuple observations field by field, each field with its own encoder, into one EncodedBatch.")
       .def(py::init([](py::object encoders) {
              return std::make_shared<CompositeDataEncoderPy>(
                  encoders_arg(encoders, "CompositeDataEncoder"));
            }),
            "encoders"_a)
       .def_property_readonly("encoders",
-                             [](const CompositeDataEncoderPy& e) { return e.fields(); });
+                             [](const CompositeDataEncoderPy& e) { return e.fields(); },
+                             "The field encoders, a list with one per field of an observation.");
 }
 
 // ---- categorical --------------------------------------------------------------------------------
@@ -290,6 +300,9 @@ void bind_categorical(py::module_& m) {
     return CategoricalSamplerPy{
         CategoricalSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
   };
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<CategoricalSamplerPy> sampler_class(m, "CategoricalSampler",
+                                   "Draws ids k ~ p from a CategoricalDistribution.");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "A categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks).")
@@ -298,11 +311,14 @@ void bind_categorical(py::module_& m) {
                              [](py::object self) {
                                const Vector& p = self.cast<const Dist&>().model().params().p;
                                return readonly_view(p.data(), {p.size()}, self);
-                             })
+                             },
+                             "Category probabilities p, a read-only float64 array of shape (K,) that sums to 1: "
+                             "p[k] is the probability of id k.")
       .def_property_readonly("num_categories",
-                             [](const Dist& d) { return d.model().n_categories(); })
+                             [](const Dist& d) { return d.model().n_categories(); },
+                             "Number of categories K, an int: observations are the ids 0 .. K-1.")
       .def_property_readonly("name",
-                             [](const Dist& d) { return name_to_python(d.model().params().name); })
+                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
       .def(
           "sampler",
           [make_sampler](py::object self, py::object seed) {
@@ -323,7 +339,7 @@ void bind_categorical(py::module_& m) {
           },
           [make](const py::tuple& t) { return make(t[0], t[1]); }));
 
-  py::class_<CategoricalSamplerPy>(m, "CategoricalSampler")
+  sampler_class
       .def(py::init([make_sampler](py::object dist, py::object seed) {
              return make_sampler(std::move(dist), seed, "CategoricalSampler");
            }),
@@ -349,9 +365,9 @@ void bind_categorical(py::module_& m) {
                  optional_positive_int(K, "CategoricalDataEncoder", "num_categories")});
            }),
            "num_categories"_a = py::none())
-      .def_property_readonly("num_categories", [](const CategoricalDataEncoderPy& e) {
-        return optional_int(e.spec().n_categories);
-      });
+      .def_property_readonly(
+          "num_categories", [](const CategoricalDataEncoderPy& e) { return optional_int(e.spec().n_categories); },
+          "The declared number of categories K, an int, or None: ids must lie in 0 .. K-1 (unchecked when None).");
 }
 
 // ---- diagonal Gaussian --------------------------------------------------------------------------
@@ -374,6 +390,11 @@ void bind_gaussian(py::module_& m) {
     return GaussianSamplerPy{
         DiagonalGaussianSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
   };
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<GaussianSamplerPy> sampler_class(
+      m, "DiagonalGaussianSampler",
+      "Draws vectors x = mu + sqrt(sigma2) * N(0, I) from a DiagonalGaussianDistribution (a reproducible stream per "
+      "seed).");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "A Gaussian with diagonal covariance over real vectors (docs/mechanisms.md#building-blocks).")
@@ -382,15 +403,19 @@ void bind_gaussian(py::module_& m) {
                              [](py::object self) {
                                const Vector& mu = self.cast<const Dist&>().model().params().mu;
                                return readonly_view(mu.data(), {mu.size()}, self);
-                             })
+                             },
+                             "Means mu, a read-only float64 array of shape (D,).")
       .def_property_readonly("sigma2",
                              [](py::object self) {
                                const Vector& s = self.cast<const Dist&>().model().params().sigma2;
                                return readonly_view(s.data(), {s.size()}, self);
-                             })
-      .def_property_readonly("dim", [](const Dist& d) { return d.model().dim(); })
+                             },
+                             "Variances sigma2 > 0, a read-only float64 array of shape (D,): the diagonal of the "
+                             "covariance.")
+      .def_property_readonly("dim", [](const Dist& d) { return d.model().dim(); },
+                             "Dimension D of the values, an int.")
       .def_property_readonly("name",
-                             [](const Dist& d) { return name_to_python(d.model().params().name); })
+                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
       .def(
           "sampler",
           [make_sampler](py::object self, py::object seed) {
@@ -412,7 +437,7 @@ void bind_gaussian(py::module_& m) {
           },
           [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
 
-  py::class_<GaussianSamplerPy>(m, "DiagonalGaussianSampler")
+  sampler_class
       .def(py::init([make_sampler](py::object dist, py::object seed) {
              return make_sampler(std::move(dist), seed, "DiagonalGaussianSampler");
            }),
@@ -443,7 +468,8 @@ void bind_gaussian(py::module_& m) {
            }),
            "dim"_a = py::none())
       .def_property_readonly(
-          "dim", [](const DiagonalGaussianDataEncoderPy& e) { return optional_int(e.spec().dim); });
+          "dim", [](const DiagonalGaussianDataEncoderPy& e) { return optional_int(e.spec().dim); },
+          "The declared dimension D, an int, or None: every vector must have D entries (unchecked when None).");
 }
 
 }  // namespace

@@ -550,10 +550,10 @@ B streams, H heads, C = max_clusters slots, d = head_dim. Slots at and beyond n_
 inactive and all zero. The properties return float64 copies; a bank never changes in place (the
 functions return new banks).
 
-ClusterBank(count (B,H,C), mu_k (B,H,C,d), mu_v (B,H,C,d), sigma_kk (B,H,C,d),
-            sigma_vk (B,H,C,d,d), n_clusters (B,), max_clusters=None)
-checks shapes, finiteness, 0 <= n_clusters <= C, count >= 0, sigma_kk >= 0 and all-zero inactive
-slots (ValueError); max_clusters, when given, must equal C. Banks pickle.)";
+The constructor, ClusterBank(count (B,H,C), mu_k (B,H,C,d), mu_v (B,H,C,d), sigma_kk (B,H,C,d),
+sigma_vk (B,H,C,d,d), n_clusters (B,), max_clusters=None), checks shapes, finiteness,
+0 <= n_clusters <= C, count >= 0, sigma_kk >= 0 and all-zero inactive slots (ValueError);
+max_clusters, when given, must equal C. Banks pickle.)";
 
 constexpr const char* kBirthMergeDoc =
     R"(Birth, merge and the misfit receipt, per stream (docs/mechanisms.md#moment-closure-far-field).
@@ -612,17 +612,27 @@ void bind_stream(py::module_& m) {
       .def(py::init(&make_bank), py::arg("count"), py::arg("mu_k"), py::arg("mu_v"),
            py::arg("sigma_kk"), py::arg("sigma_vk"), py::arg("n_clusters"),
            py::arg("max_clusters") = py::none())
-      .def_property_readonly("count", [](const ClusterBank& b) { return array_out(b.count); })
-      .def_property_readonly("mu_k", [](const ClusterBank& b) { return array_out(b.mu_k); })
-      .def_property_readonly("mu_v", [](const ClusterBank& b) { return array_out(b.mu_v); })
-      .def_property_readonly("sigma_kk", [](const ClusterBank& b) { return array_out(b.sigma_kk); })
-      .def_property_readonly("sigma_vk", [](const ClusterBank& b) { return array_out(b.sigma_vk); })
+      .def_property_readonly("count", [](const ClusterBank& b) { return array_out(b.count); },
+                             "Soft token counts, a float64 array of shape (B, H, C) (a copy).")
+      .def_property_readonly("mu_k", [](const ClusterBank& b) { return array_out(b.mu_k); },
+                             "Key means, a float64 array of shape (B, H, C, d) (a copy).")
+      .def_property_readonly("mu_v", [](const ClusterBank& b) { return array_out(b.mu_v); },
+                             "Value means, a float64 array of shape (B, H, C, d) (a copy).")
+      .def_property_readonly("sigma_kk", [](const ClusterBank& b) { return array_out(b.sigma_kk); },
+                             "Diagonal key variances (>= 0), a float64 array of shape (B, H, C, d) (a copy).")
+      .def_property_readonly("sigma_vk", [](const ClusterBank& b) { return array_out(b.sigma_vk); },
+                             "Value-key covariances Cov(v, k), a float64 array of shape (B, H, C, d, d) whose rows "
+                             "index value dimensions (a copy).")
       .def_property_readonly("n_clusters",
-                             [](const ClusterBank& b) { return ids_out(b.n_clusters); })
-      .def_readonly("max_clusters", &ClusterBank::max_clusters)
-      .def_property_readonly("batch_size", &ClusterBank::batch_size)
-      .def_property_readonly("n_head", [](const ClusterBank& b) { return b.mu_k.size(1); })
-      .def_property_readonly("head_dim", [](const ClusterBank& b) { return b.mu_k.size(3); })
+                             [](const ClusterBank& b) { return ids_out(b.n_clusters); },
+                             "Live clusters per stream, an int64 array of shape (B,): slots 0 .. n_clusters[b]-1 of "
+                             "stream b are active, shared by its heads.")
+      .def_readonly("max_clusters", &ClusterBank::max_clusters, "Cluster slots per stream and head C, an int.")
+      .def_property_readonly("batch_size", &ClusterBank::batch_size, "Number of streams B, an int.")
+      .def_property_readonly("n_head", [](const ClusterBank& b) { return b.mu_k.size(1); },
+                             "Number of heads H, an int.")
+      .def_property_readonly("head_dim", [](const ClusterBank& b) { return b.mu_k.size(3); },
+                             "Head dimension d, an int.")
       .def(
           "total_per_head", [](const ClusterBank& b) { return array_out(b.total_per_head()); },
           "Per stream and head, the live total count: (B, H).")
@@ -719,8 +729,10 @@ void bind_stream(py::module_& m) {
            }),
            py::arg("mean") = py::none(), py::arg("cov") = py::none(), py::kw_only(), py::arg("mu") = py::none(),
            py::arg("covar") = py::none())
-      .def_property_readonly("mean", [](const GaussianLaw& l) { return array_out(l.mean); })
-      .def_property_readonly("cov", [](const GaussianLaw& l) { return array_out(l.cov); })
+      .def_property_readonly("mean", [](const GaussianLaw& l) { return array_out(l.mean); },
+                             "The mean, a float64 array of shape (d,) (a copy).")
+      .def_property_readonly("cov", [](const GaussianLaw& l) { return array_out(l.cov); },
+                             "The covariance, a float64 array of shape (d, d) (a copy).")
       .def_property_readonly("mu", [](const GaussianLaw& l) { return array_out(l.mean); }, "mean, by the reference's name")
       .def_property_readonly("covar", [](const GaussianLaw& l) { return array_out(l.cov); }, "cov, by the reference's name")
       .def("__iter__",

@@ -19,6 +19,7 @@
 #include "attnmix/attention/variational_multihop.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
@@ -157,10 +158,11 @@ void def_shared_distribution_attributes(Class& cls) {
       .def_property_readonly("emission",
                              [](py::object self) {
                                return matrix_view(self.cast<const D&>().model().emission(), self);
-                             })
-      .def_property_readonly("sigma2", [](const D& d) { return d.model().sigma2(); })
+                             },
+                             doc::kEmission)
+      .def_property_readonly("sigma2", [](const D& d) { return d.model().sigma2(); }, doc::kEmbeddingSigma2)
       .def_property_readonly("name",
-                             [](const D& d) { return name_to_python(d.model().params().name); })
+                             [](const D& d) { return name_to_python(d.model().params().name); }, doc::kName)
       .def_property_readonly(
           "optimizer_state",
           [](const D& d) {
@@ -168,9 +170,9 @@ void def_shared_distribution_attributes(Class& cls) {
                 std::make_shared<const State>(d.model().optimizer_state()));
           },
           "The Adam state carried by this model.")
-      .def_property_readonly("num_symbols", [](const D& d) { return d.model().n_symbols(); })
-      .def_property_readonly("embed_dim", [](const D& d) { return d.model().embed_dim(); })
-      .def_property_readonly("num_targets", [](const D& d) { return d.model().n_targets(); })
+      .def_property_readonly("num_symbols", [](const D& d) { return d.model().n_symbols(); }, doc::kNumSymbols)
+      .def_property_readonly("embed_dim", [](const D& d) { return d.model().embed_dim(); }, doc::kEmbedDim)
+      .def_property_readonly("num_targets", [](const D& d) { return d.model().n_targets(); }, doc::kNumTargets)
       .def(
           "embeddings",
           [](py::object self) {
@@ -220,7 +222,7 @@ py::object state_to_dict(const State& s) {
 
 /// from_dict(d): d through JSON text into the library's validating reader. numpy arrays and scalars
 /// are accepted (as their tolist()); a non-finite number is a ValueError.
-OptimizerStatePy state_from_dict(py::handle d) {
+OptimizerStatePy state_from_dict(const py::object& d) {
   constexpr const char* where = "AttentionOptimizerState.from_dict";
   if (!PyDict_Check(d.ptr()))
     throw TypeError(std::string(where) + ": d must be a dict (got " + type_name(d) + ")");
@@ -260,7 +262,7 @@ void bind_optimizer_state(py::module_& m) {
            "algorithm"_a = State::kAlgorithm)
       .def_static(
           "fresh",
-          [](py::handle family, py::handle mean, py::handle log_var, py::handle seed) {
+          [](py::object family, py::object mean, py::object log_var, py::object seed) {
             const std::optional<std::string> fam = optional_str(family, kState, "family");
             if (!fam) throw TypeError(std::string(kState) + ": family must be a str (got None)");
             State s = State::fresh(*fam, reals_2d(mean, kState, "mean"),
@@ -271,47 +273,61 @@ void bind_optimizer_state(py::module_& m) {
           },
           "family"_a, "mean"_a, "log_var"_a, "seed"_a = 0,
           "A state with zero Adam moments and iteration 0.")
-      .def_property_readonly("family", [](const OptimizerStatePy& s) { return s.state->family; })
+      .def_property_readonly("family", [](const OptimizerStatePy& s) { return s.state->family; },
+                             "The variational family this state belongs to, a str: "
+                             "'variational_embedding_attention' or 'variational_multihop_attention'.")
       .def_property_readonly("mean",
                              [](py::object self) {
                                return matrix_view(self.cast<const OptimizerStatePy&>().state->mean,
                                                   self);
-                             })
+                             },
+                             "Posterior means m, a read-only float64 array of shape (S, D): row s is the mean "
+                             "of symbol s's embedding.")
       .def_property_readonly("log_var",
                              [](py::object self) {
                                return matrix_view(
                                    self.cast<const OptimizerStatePy&>().state->log_var, self);
-                             })
+                             },
+                             "Posterior log variances log v, a read-only float64 array of shape (S, D).")
       .def_property_readonly(
           "mean_first_moment",
           [](py::object self) {
             return matrix_view(self.cast<const OptimizerStatePy&>().state->mean_first_moment, self);
-          })
+          },
+          "Adam's first moment of the mean, a read-only float64 array of shape (S, D).")
       .def_property_readonly("mean_second_moment",
                              [](py::object self) {
                                return matrix_view(
                                    self.cast<const OptimizerStatePy&>().state->mean_second_moment,
                                    self);
-                             })
+                             },
+                             "Adam's second moment of the mean, a read-only float64 array of shape (S, D).")
       .def_property_readonly("log_var_first_moment",
                              [](py::object self) {
                                return matrix_view(
                                    self.cast<const OptimizerStatePy&>().state->log_var_first_moment,
                                    self);
-                             })
+                             },
+                             "Adam's first moment of the log variance, a read-only float64 array of shape "
+                             "(S, D).")
       .def_property_readonly(
           "log_var_second_moment",
           [](py::object self) {
             return matrix_view(self.cast<const OptimizerStatePy&>().state->log_var_second_moment,
                                self);
-          })
+          },
+          "Adam's second moment of the log variance, a read-only float64 array of shape (S, D).")
       .def_property_readonly("iteration",
-                             [](const OptimizerStatePy& s) { return s.state->iteration; })
-      .def_property_readonly("seed", [](const OptimizerStatePy& s) { return s.state->seed; })
+                             [](const OptimizerStatePy& s) { return s.state->iteration; },
+                             "The number of Adam steps already applied, an int >= 0.")
+      .def_property_readonly("seed", [](const OptimizerStatePy& s) { return s.state->seed; },
+                             "The seed of the Monte-Carlo noise, an int >= 0.")
       .def_property_readonly("schema_version",
-                             [](const OptimizerStatePy&) { return State::kSchemaVersion; })
+                             [](const OptimizerStatePy&) { return State::kSchemaVersion; },
+                             "The version of the to_dict() layout, an int (always 1).")
       .def_property_readonly("algorithm",
-                             [](const OptimizerStatePy&) { return std::string(State::kAlgorithm); })
+                             [](const OptimizerStatePy&) { return std::string(State::kAlgorithm); },
+                             "The optimizer, a str (always 'adam').")
       .def(
           "to_dict", [](const OptimizerStatePy& s) { return state_to_dict(*s.state); },
           "A JSON-serialisable dict (arrays as nested lists; doubles round-trip exactly).")
@@ -407,6 +423,11 @@ py::object vea_sample(VeaSampler& s, py::object size, py::object batched) {
 }
 
 void bind_vea_distribution(py::module_& m) {
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<VeaSampler> sampler_class(
+      m, "VariationalEmbeddingAttentionSampler",
+      "Draws (context, query, target) observations: a context of N symbols (without replacement "
+      "when N <= S), q uniform, z ~ a (the gate with pi), t ~ B[c_z].");
   py::class_<VeaDist, DistributionHandle> cls(
       m, kVeaDist,
       "Responsibility attention over tied latent embeddings with a mean-field Gaussian posterior "
@@ -422,9 +443,10 @@ void bind_vea_distribution(py::module_& m) {
                               const Vector& p =
                                   self.cast<const VeaDist&>().model().position_prior();
                               return readonly_view(p.data(), {p.size()}, self);
-                            })
+                            },
+                            doc::kPositionPrior)
       .def_property_readonly("context_length",
-                             [](const VeaDist& d) { return d.model().context_length(); })
+                             [](const VeaDist& d) { return d.model().context_length(); }, doc::kContextLength)
       .def_property_readonly(
           "precision",
           [](const VeaDist& d) { return std::string(precision_name(d.model().precision())); },
@@ -464,10 +486,7 @@ void bind_vea_distribution(py::module_& m) {
                                         t.size() == 8 ? py::object(t[7]) : py::str("float64"));
                       }));
 
-  py::class_<VeaSampler>(
-      m, "VariationalEmbeddingAttentionSampler",
-      "Draws (context, query, target) observations: a context of N symbols (without replacement "
-      "when N <= S), q uniform, z ~ a (the gate with pi), t ~ B[c_z].")
+  sampler_class
       .def(py::init([](py::object dist, py::object seed) {
              constexpr const char* where = "VariationalEmbeddingAttentionSampler";
              if (!py::isinstance<VeaDist>(dist))
@@ -476,7 +495,7 @@ void bind_vea_distribution(py::module_& m) {
                  dist.cast<const VeaDist&>().model().sampler(sampler_seed(seed, where)), dist};
            }),
            "dist"_a, "seed"_a = py::none())
-      .def_property_readonly("dist", [](const VeaSampler& s) { return s.dist; })
+      .def_property_readonly("dist", [](const VeaSampler& s) { return s.dist; }, doc::kSamplerDist)
       .def("sample", &vea_sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
            "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
            "sample() calls.");
@@ -499,12 +518,15 @@ void bind_vea_encoder(py::module_& m) {
            "num_symbols"_a = py::none(), "context_length"_a = py::none(),
            "num_targets"_a = py::none())
       .def_property_readonly("num_symbols",
-                             [](const VeaEncoder& e) { return optional_int(e.spec().n_symbols); })
+                             [](const VeaEncoder& e) { return optional_int(e.spec().n_symbols); },
+                             doc::kEncoderNumSymbols)
       .def_property_readonly(
           "context_length",
-          [](const VeaEncoder& e) { return optional_int(e.spec().context_length); })
+          [](const VeaEncoder& e) { return optional_int(e.spec().context_length); },
+          doc::kEncoderContextLength)
       .def_property_readonly("num_targets",
-                             [](const VeaEncoder& e) { return optional_int(e.spec().n_targets); });
+                             [](const VeaEncoder& e) { return optional_int(e.spec().n_targets); },
+                             doc::kEncoderNumTargets);
 }
 
 // ---- variational multi-hop attention (SPEC.md §5) -----------------------------------------------
@@ -572,6 +594,11 @@ py::object vmha_sample(VmhaSampler& s, py::object size, py::object batched) {
 }
 
 void bind_vmha_distribution(py::module_& m) {
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<VmhaSampler> sampler_class(
+      m, "VariationalMultiHopAttentionSampler",
+      "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
+      "(context_length each), q uniform, z1 ~ a1, z2 ~ a2[z1], t ~ B[v_z2].");
   py::class_<VmhaDist, DistributionHandle> cls(
       m, kVmhaDist,
       "A 2-hop attention chain over tied latent embeddings (docs/mechanisms.md#variational-multi-hop-attention): "
@@ -614,10 +641,7 @@ void bind_vmha_distribution(py::module_& m) {
                         return make_vmha(t[0], t[1], t[2], t[3], t[4], t[5]);
                       }));
 
-  py::class_<VmhaSampler>(
-      m, "VariationalMultiHopAttentionSampler",
-      "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
-      "(context_length each), q uniform, z1 ~ a1, z2 ~ a2[z1], t ~ B[v_z2].")
+  sampler_class
       .def(py::init([](py::object dist, py::object seed, py::object context_length) {
              constexpr const char* where = "VariationalMultiHopAttentionSampler";
              if (!py::isinstance<VmhaDist>(dist))
@@ -627,7 +651,7 @@ void bind_vmha_distribution(py::module_& m) {
            }),
            "dist"_a, "seed"_a = py::none(), py::kw_only(),
            "context_length"_a = kDefaultContextLength)
-      .def_property_readonly("dist", [](const VmhaSampler& s) { return s.dist; })
+      .def_property_readonly("dist", [](const VmhaSampler& s) { return s.dist; }, doc::kSamplerDist)
       .def("sample", &vmha_sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
            "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
            "sample() calls.");
@@ -649,9 +673,11 @@ void bind_vmha_encoder(py::module_& m) {
            }),
            "num_symbols"_a = py::none(), "num_targets"_a = py::none())
       .def_property_readonly("num_symbols",
-                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_symbols); })
+                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_symbols); },
+                             doc::kEncoderNumSymbols)
       .def_property_readonly("num_targets",
-                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_targets); });
+                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_targets); },
+                             doc::kEncoderNumTargets);
 }
 
 }  // namespace
@@ -672,7 +698,7 @@ std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(py::h
                                                                            std::string_view where,
                                                                            std::string_view name) {
   if (obj.is_none()) return nullptr;
-  if (PyDict_Check(obj.ptr())) return state_from_dict(obj).state;  // the to_dict() form that value() gives
+  if (PyDict_Check(obj.ptr())) return state_from_dict(py::reinterpret_borrow<py::object>(obj)).state;  // the to_dict() form that value() gives
   if (!py::isinstance<OptimizerStatePy>(obj))
     throw TypeError(std::string(where) + ": " + std::string(name) +
                     " must be an AttentionOptimizerState, its to_dict() dict, or None (got " + type_name(obj) + ")");

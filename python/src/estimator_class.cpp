@@ -173,6 +173,49 @@ void bind_estimator_table(py::module_& m) {
       "Private: the generated estimator classes, with their sizes and option tables (scripts/generate_stubs.py).");
 }
 
+namespace {
+
+/// "Gate variance sigma^2, fixed unless estimate_sigma2": an option's help as Python names the options it mentions
+/// (in braces in the table), with a capital first letter.
+std::string help_text(std::string_view help) {
+  std::string out;
+  for (const char c : help)
+    if (c != '{' && c != '}') out += c;
+  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 'a' + 'A');
+  return out;
+}
+
+/// "A float, default 1.0", "'float64' or 'mixed', default 'float64'".
+std::string type_and_default(const OptionSpec& spec) {
+  std::string type;
+  if (!spec.choices.empty()) type = choices_text(spec);
+  else if (std::holds_alternative<bool>(spec.fallback)) type = "A bool";
+  else if (std::holds_alternative<int64_t>(spec.fallback)) type = "An int";
+  else if (std::holds_alternative<double>(spec.fallback)) type = "A float";
+  else type = "A str";
+  if (spec.check == OptionCheck::kPositive) type += " > 0";
+  else if (spec.check == OptionCheck::kNonNegative) type += " >= 0";
+  return type + ", default " + py::repr(option_to_python(spec.fallback)).cast<std::string>();
+}
+
+}  // namespace
+
+std::string size_doc(const SizeSpec& size, bool of_statistics) {
+  return "The size " + std::string(size.symbol) + " (" + std::string(size.help) + "), an int, " +
+         (of_statistics ? "that the statistics are sized for." : "of the models it estimates.");
+}
+
+std::string option_doc(const OptionSpec& spec, bool of_statistics) {
+  return help_text(spec.help) + ". " + type_and_default(spec) +
+         (of_statistics ? "; an estimator option that these statistics depend on." : ".");
+}
+
+std::string factory_doc(const std::string& accumulator_name) {
+  return "Makes empty " + accumulator_name +
+         " objects (zero statistics) of the sizes and statistics-shaping options it was built with; make() returns a "
+         "new one.";
+}
+
 py::object option_to_python(const OptionValue& value) {
   if (const auto* b = std::get_if<bool>(&value)) return py::bool_(*b);
   if (const auto* i = std::get_if<int64_t>(&value)) return py::int_(*i);

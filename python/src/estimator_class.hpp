@@ -34,6 +34,22 @@ namespace attnmix::python {
 /// A value of an option as Python sees it.
 [[nodiscard]] py::object option_to_python(const OptionValue& value);
 
+/// The docstrings of the generated attributes, composed from the descriptor so that every family's classes get them
+/// (`of_statistics`: the attribute of an accumulator or factory rather than an estimator):
+///   size_doc     "The size S (number of symbols), an int, of the models it estimates."
+///   option_doc   "Gate variance sigma^2, fixed unless estimate_sigma2. A float > 0, default 1.0."
+///   factory_doc  "Makes empty XAccumulator objects: …" (the class docstring of XAccumulatorFactory)
+[[nodiscard]] std::string size_doc(const SizeSpec& size, bool of_statistics);
+[[nodiscard]] std::string option_doc(const OptionSpec& spec, bool of_statistics);
+[[nodiscard]] std::string factory_doc(const std::string& accumulator_name);
+inline constexpr const char* kSeedDoc =
+    "The seed of a fresh start (the initial embeddings and the Monte-Carlo noise), an int >= 0; a fit continued "
+    "from a model's optimizer state uses that state's seed.";
+inline constexpr const char* kEstimatorNameDoc = "The name given at construction, a str or None.";
+inline constexpr const char* kKeysDoc =
+    "The key of keyed tying, a str or None: after the E-step every site with the same key reads the pooled "
+    "statistics.";
+
 /// The accumulator of a constructor call: the statistics of the estimator of (sizes, the options that shape the
 /// statistics, keys) — positional in that order, then name — and its name. @throws TypeError / ValueError.
 [[nodiscard]] AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where, const py::args& args,
@@ -62,23 +78,31 @@ void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* 
   for (const SizeSpec& size : family.fit.sizes) {
     if (!size.fixed_by_model) continue;
     const std::string symbol(size.symbol);
-    cls.def_property_readonly(std::string(size.keyword).c_str(), [&family, symbol](const Est& e) {
-      return family.fit.settings_of(e.any).sizes.at(symbol).value;
-    });
+    cls.def_property_readonly(
+        std::string(size.keyword).c_str(),
+        [&family, symbol](const Est& e) { return family.fit.settings_of(e.any).sizes.at(symbol).value; },
+        size_doc(size, false).c_str());
   }
   for (const OptionSpec& option : family.fit.options) {
     const std::string name(option.name);
-    cls.def_property_readonly(name.c_str(), [&family, name](const Est& e) {
-      return option_to_python(family.fit.settings_of(e.any).options.at(name));
-    });
+    cls.def_property_readonly(
+        name.c_str(),
+        [&family, name](const Est& e) { return option_to_python(family.fit.settings_of(e.any).options.at(name)); },
+        option_doc(option, false).c_str());
   }
   if (family.fit.stochastic)
-    cls.def_property_readonly("seed", [&family](const Est& e) { return family.fit.settings_of(e.any).seed; });
-  cls.def_property_readonly("name", [&family](const Est& e) { return name_to_python(family.fit.settings_of(e.any).name); })
-      .def_property_readonly("keys", [&family](const Est& e) -> py::object {
-        const auto keys = family.fit.settings_of(e.any).keys;
-        return keys ? py::object(py::str(*keys)) : py::none();
-      });
+    cls.def_property_readonly(
+        "seed", [&family](const Est& e) { return family.fit.settings_of(e.any).seed; }, kSeedDoc);
+  cls.def_property_readonly(
+         "name", [&family](const Est& e) { return name_to_python(family.fit.settings_of(e.any).name); },
+         kEstimatorNameDoc)
+      .def_property_readonly(
+          "keys",
+          [&family](const Est& e) -> py::object {
+            const auto keys = family.fit.settings_of(e.any).keys;
+            return keys ? py::object(py::str(*keys)) : py::none();
+          },
+          kKeysDoc);
 }
 
 /// The field `index` of a leaf's statistics as value() gives it: a float (a scalar field) or a new array.
@@ -109,7 +133,7 @@ void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const ch
     AnyAccumulator statistics = accumulator_of(family, where_acc, args, kwargs, name);
     return AccumulatorOf<A>(AccumulatorHandle(std::move(statistics), std::move(name)));
   }));
-  py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name);
+  py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name, factory_doc(accumulator_name).c_str());
   factory.def(py::init([&family, where_factory](const py::args& args, const py::kwargs& kwargs) {
     py::object name;
     AnyAccumulator prototype = accumulator_of(family, where_factory, args, kwargs, name);
@@ -120,16 +144,22 @@ void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const ch
     for (const SizeSpec& size : family.fit.sizes) {
       if (!size.fixed_by_model) continue;
       const std::string symbol(size.symbol);
-      cls.def_property_readonly(std::string(size.keyword).c_str(), [&family, symbol, statistics](const H& h) {
-        return family.fit.accumulator_settings(statistics(h)).sizes.at(symbol).value;
-      });
+      cls.def_property_readonly(
+          std::string(size.keyword).c_str(),
+          [&family, symbol, statistics](const H& h) {
+            return family.fit.accumulator_settings(statistics(h)).sizes.at(symbol).value;
+          },
+          size_doc(size, true).c_str());
     }
     for (const OptionSpec& option : family.fit.options) {
       if (!option.shapes_statistics) continue;
       const std::string name(option.name);
-      cls.def_property_readonly(name.c_str(), [&family, name, statistics](const H& h) {
-        return option_to_python(family.fit.accumulator_settings(statistics(h)).options.at(name));
-      });
+      cls.def_property_readonly(
+          name.c_str(),
+          [&family, name, statistics](const H& h) {
+            return option_to_python(family.fit.accumulator_settings(statistics(h)).options.at(name));
+          },
+          option_doc(option, true).c_str());
     }
   };
   attributes(acc, [](const AccumulatorOf<A>& h) -> const AnyAccumulator& { return h.get(); });

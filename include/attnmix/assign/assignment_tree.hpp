@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file assignment_tree.hpp
-/// Assignment-tree attention (docs/mechanisms.md#assignment-tree-attention): perturb-and-MAP matchings of nq
+/// Assignment-tree attention (`docs/mechanisms.md#assignment-tree-attention`): perturb-and-MAP matchings of nq
 /// queries to nk keys, their edge frequencies, a maximum spanning tree of the bipartite graph and attention on it.
 ///
 ///   sample:     σ = argmin_σ Σ_i (cost[i, σ(i)] + τ·g[i, σ(i)]),  g ~ Gumbel(0, 1) iid, one (nq, nk) table row-major

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file experiment.hpp
-/// The assignment-tree experiment (docs/mechanisms.md#assignment-tree-attention): three predictions, the transport
+/// The assignment-tree experiment (`docs/mechanisms.md#assignment-tree-attention`): three predictions, the transport
 /// check and the retrieval comparison, with attnmix random streams (matching mixle statistically, not bitwise).
 /// Cost: dominated by the 100 000-sample reference frequency estimate and ~14 000 further samples of a 16 × 15 LAP.
 #pragma once
@@ -24,7 +24,7 @@ struct UnionEdges {
   double predicted = 0.0;
 };
 
-/// Every field of results.json (docs/mechanisms.md#assignment-tree-attention), in file order.
+/// Every field of results.json (`docs/mechanisms.md#assignment-tree-attention`), in file order.
 struct AssignmentTreeExperimentResult {
   uint64_t seed = 1234;
   Index n_queries = 16, n_keys = 15;

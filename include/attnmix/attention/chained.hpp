@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file chained.hpp
-/// Chained (multi-hop) attention (docs/mechanisms.md#chained-attention): L content-addressed hops whose latent
+/// Chained (multi-hop) attention (`docs/mechanisms.md#chained-attention`): L content-addressed hops whose latent
 /// positions form a time-inhomogeneous chain, fitted by exact forward–backward EM.
 ///
 /// Notation: S symbols, N positions, T targets, L hops; i, j ∈ [N]; s, u ∈ [S].
@@ -200,7 +200,7 @@ class ChainedAttention {
   Matrix gate_weights_;  // [L·S, S]: exp(row − row max) of gate_logits_
 };
 
-/// Options of the M-step (docs/mechanisms.md#chained-attention); the single source of the defaults.
+/// Options of the M-step (`docs/mechanisms.md#chained-attention`); the single source of the defaults.
 struct ChainedAttentionEstimatorOptions {
   double sigma2 = 0.1;
   double emission_smoothing = 1e-4;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file optimizer_state.hpp
-/// What the variational families share (docs/mechanisms.md#variational-embedding-attention): the Adam state carried
+/// What the variational families share (`docs/mechanisms.md#variational-embedding-attention`): the Adam state carried
 /// by the model, the Adam ascent step of the M-step, the KL term, the Monte-Carlo noise of one iteration and the
 /// attachment that makes a statistics value carry the state it was computed under.
 ///

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file responsibility.hpp
-/// Responsibility attention (docs/mechanisms.md#responsibility-attention): one attention head as a latent-position
+/// Responsibility attention (`docs/mechanisms.md#responsibility-attention`): one attention head as a latent-position
 /// mixture with a generative gate, fitted by exact EM with closed-form, additive statistics.
 ///
 /// Notation: S symbols, N positions, D query dimension, T targets; i ∈ [N]; s ∈ [S]; t ∈ [T].
@@ -229,7 +229,7 @@ class ResponsibilityAttention {
   std::shared_ptr<const ResponsibilityFloatTables> float_tables_;  // mixed only
 };
 
-/// Options of the M-step (docs/mechanisms.md#responsibility-attention); the single source of the defaults.
+/// Options of the M-step (`docs/mechanisms.md#responsibility-attention`); the single source of the defaults.
 struct ResponsibilityAttentionEstimatorOptions {
   double sigma2 = 1.0;
   bool estimate_sigma2 = false;

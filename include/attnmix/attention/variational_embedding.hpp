@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file variational_embedding.hpp
-/// Variational embedding attention (docs/mechanisms.md#variational-embedding-attention): responsibility attention
+/// Variational embedding attention (`docs/mechanisms.md#variational-embedding-attention`): responsibility attention
 /// over tied latent embeddings, one vector e_s per symbol serving as both query and key, with a mean-field Gaussian
 /// posterior fitted by a reparameterised ELBO gradient step inside EM; the discrete attention stays exact.
 ///
@@ -232,7 +232,7 @@ class VariationalEmbeddingAttention {
   std::shared_ptr<const VariationalFloatTables> float_tables_;  // mixed precision only
 };
 
-/// Options of the M-step (docs/mechanisms.md#variational-embedding-attention); the single source of the defaults.
+/// Options of the M-step (`docs/mechanisms.md#variational-embedding-attention`); the single source of the defaults.
 struct VariationalEmbeddingAttentionEstimatorOptions {
   double sigma2 = 0.5;
   double lr = 0.05;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file variational_multihop.hpp
-/// Variational multi-hop attention (docs/mechanisms.md#variational-multi-hop-attention): a 2-hop chain over tied latent
-/// embeddings (one e_s serves as query, key and value), fitted like variational embedding attention with annealed KL.
-///
+/// Variational multi-hop attention (`docs/mechanisms.md#variational-multi-hop-attention`): a 2-hop chain over tied
+/// latent embeddings (one e_s serves as query, key and value), fitted like variational embedding attention with
+/// annealed KL.
 /// Observations are those of chained attention (keys k ∈ [S]^N, values v ∈ [S]^N, query q, target t; free N) and use
 /// its batch and encoder. At an embedding table E:
 ///   d1_i = E[q] − E[k_i];   a1_i = softmax_i(−‖d1_i‖²/(2σ²))
@@ -166,7 +166,7 @@ class VariationalMultiHopAttention {
   std::shared_ptr<MonteCarloCache> noise_;
 };
 
-/// Options of the M-step (docs/mechanisms.md#variational-multi-hop-attention); the single source of the defaults.
+/// Options of the M-step (`docs/mechanisms.md#variational-multi-hop-attention`); the single source of the defaults.
 struct VariationalMultiHopAttentionEstimatorOptions {
   double sigma2 = 0.3;
   double lr = 0.05;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file accumulator.hpp
-/// Flat additive sufficient statistics (docs/mechanisms.md#building-blocks).
+/// Flat additive sufficient statistics (`docs/mechanisms.md#building-blocks`).
 ///
 /// Every leaf accumulator keeps its statistics in ONE contiguous buffer of doubles whose layout (an ordered list of
 /// named, shaped fields) is declared once per family. That single list is the value() tuple layout, the pack order,
@@ -12,7 +12,7 @@
 /// Statistics are validated before they are added or copied in, so a rejected value changes nothing.
 ///
 /// A family whose statistics carry a non-additive attachment (the optimizer state of the variational families,
-/// docs/mechanisms.md#variational-embedding-attention) also provides
+/// `docs/mechanisms.md#variational-embedding-attention`) also provides
 ///   void merge_attachment(const Derived& v, AttachmentMerge how);   // checks first, throws before any change
 /// which combine (kStrict), merge_trusted (kAdopt) and from_value (kReplace) call before touching the buffer.
 #pragma once
@@ -98,7 +98,7 @@ enum class AttachmentMerge {
   kReplace,  // from_value: take the other's
 };
 
-/// CRTP base giving a family the validated value semantics shared by all families (docs/mechanisms.md#building-blocks).
+/// CRTP base: the validated value semantics shared by all families (`docs/mechanisms.md#building-blocks`).
 template <class Derived>
 class FlatAccumulator : public FlatStats {
  public:

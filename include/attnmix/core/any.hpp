@@ -130,7 +130,7 @@ class AnyAccumulator {
   void set_zero() { self_->set_zero(); }
   /// Adds a partial produced by this library's own E-step (layout checked, values trusted).
   void merge_trusted(const AnyAccumulator& other) { self_->merge_trusted(*other.self_); }
-  /// seq_initialize: the random initialisation of optimize() (docs/mechanisms.md#training).
+  /// seq_initialize: the random initialisation of optimize() (`docs/mechanisms.md#training`).
   void initialize(const AnyBatch& batch, std::span<const double> w, Rng& rng) { self_->initialize(batch, w, rng); }
   /// The draws of initialize() over [rows_before other rows; batch; rows_after other rows], with only batch's rows
   /// accumulated: what each process of a distributed fit runs (inference/optimize.hpp).
@@ -146,7 +146,7 @@ class AnyAccumulator {
   [[nodiscard]] std::span<const AnyAccumulator> children() const { return self_->children(); }
   /// A leaf's flat statistics buffer (core/accumulator.hpp), or null for a combinator.
   [[nodiscard]] const FlatStats* flat_stats() const { return self_->flat_stats(); }
-  /// Keyed tying (docs/mechanisms.md#building-blocks): this site then its children depth-first.
+  /// Keyed tying (`docs/mechanisms.md#building-blocks`): this site then its children depth-first.
   void key_merge(KeyPool& pool);
   void key_replace(const KeyPool& pool);
   [[nodiscard]] bool operator==(const AnyAccumulator& other) const { return self_->equals(*other.self_); }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file concepts.hpp
-/// The compile-time contract of a family's roles (docs/mechanisms.md#building-blocks): what optimize(),
+/// The compile-time contract of a family's roles (`docs/mechanisms.md#building-blocks`): what optimize(),
 /// parallel_accumulate() and the type-erased handles require. Each family header ends with static_asserts against them.
 #pragma once
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file rng.hpp
-/// attnmix's own random streams (docs/mechanisms.md#training): std::mt19937_64 plus in-house distributions, so a seed
+/// attnmix's own random streams (`docs/mechanisms.md#training`): std::mt19937_64 plus in-house distributions, so a seed
 /// gives the same draws with every standard library. Never std::*_distribution (implementation-defined output).
 ///   uniform()        53 random bits × 2⁻⁵³ ∈ [0, 1);  uniform_open() ∈ (0, 1)
 ///   normal()         Marsaglia polar method (the spare value is cached)

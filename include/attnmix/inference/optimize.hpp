@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file optimize.hpp
-/// The EM driver (docs/mechanisms.md#training): random-subset initialisation, the fused loop (default) or the
+/// The EM driver (`docs/mechanisms.md#training`): random-subset initialisation, the fused loop (default) or the
 /// classic loop, the best-scoring iterate returned. Written once for every family: concrete families (static
 /// kernels) and the type-erased AnyEstimator alike.
 ///
@@ -175,7 +175,7 @@ template <class E>
   return estimator.estimate(nobs, acc);
 }
 
-/// The random initial model of optimize() (docs/mechanisms.md#training) from Rng(options.seed).
+/// The random initial model of optimize() (`docs/mechanisms.md#training`) from Rng(options.seed).
 template <class E>
 [[nodiscard]] typename E::distribution_type initialize_model(const typename E::distribution_type::batch_type& batch,
                                                              const E& estimator, const OptimizeOptions& options) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file progress.hpp
-/// The per-iteration report of optimize() and its single formatter (docs/mechanisms.md#training):
+/// The per-iteration report of optimize() and its single formatter (`docs/mechanisms.md#training`):
 ///   "Iteration %d: ln[p_mat(Data|Model)]=%e, ln[p_mat(Data|Model)]-ln[p_mat(Data|PrevModel)]=%e"
 ///   [", ln[p_mat(Valid Data|Model)]=%e"] "\n"
 #pragma once

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file reduce.hpp
-/// The deterministic multi-threaded E-step and scoring pass (docs/mechanisms.md#training).
+/// The deterministic multi-threaded E-step and scoring pass (`docs/mechanisms.md#training`).
 ///
 /// Rows are split into fixed chunks of chunk_rows rows (independent of the thread count). Chunk c fills a zeroed
 /// partial P_c; partials are added into the total in chunk order, total = ((0 + P_0) + P_1) + …, so the result is

@@ -43,7 +43,7 @@ struct RowOrigin {
 };
 
 /// The rows of a data file that one process of a distributed fit reads (`attnmix fit` under mpirun,
-/// docs/mechanisms.md#training): stripe `part` of `parts`. With L data rows (the non-blank lines of a JSON Lines
+/// `docs/mechanisms.md#training`): stripe `part` of `parts`. With L data rows (the non-blank lines of a JSON Lines
 /// file, the first axis of the arrays of an .npz archive) it holds rows [part·L/parts,
 /// (part+1)·L/parts) (integer division), so the stripes of parts 0, 1, … are consecutive and cover
 /// the file. `shard`: the rows are one process's share of a data set, so an empty result is not an

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file categorical.hpp
-/// The categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks): a classical leaf for composites
+/// The categorical distribution over ids [0, K) (`docs/mechanisms.md#building-blocks`): a classical leaf for composites
 /// and mixtures.
 ///
 /// Notation: K categories; k ∈ [K]; p ∈ Δ_K; ε = smoothing ≥ 0 (default 0).

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file composite.hpp
-/// The composite (product) distribution over the fields of a tuple observation (docs/mechanisms.md#building-blocks):
+/// The composite (product) distribution over the fields of a tuple observation (`docs/mechanisms.md#building-blocks`):
 /// field f of every row is modelled by its own component, independently of the other fields.
 ///
 /// Notation: F fields; f ∈ [F]; components p_f of any family (type-erased).
@@ -63,7 +63,7 @@ class CompositeAccumulator {
                                 std::optional<std::string> keys = std::nullopt);
 
   [[nodiscard]] const std::vector<AnyAccumulator>& components() const noexcept { return children_; }
-  /// The children, for keyed tying (docs/mechanisms.md#building-blocks) and for the E-step.
+  /// The children, for keyed tying (`docs/mechanisms.md#building-blocks`) and for the E-step.
   [[nodiscard]] std::span<AnyAccumulator> children() noexcept { return children_; }
   [[nodiscard]] const std::optional<std::string>& keys() const noexcept { return keys_; }
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file gaussian.hpp
-/// The diagonal Gaussian over real vectors (docs/mechanisms.md#building-blocks): a classical leaf for composites and
+/// The diagonal Gaussian over real vectors (`docs/mechanisms.md#building-blocks`): a classical leaf for composites and
 /// mixtures.
 ///
 /// Notation: D dimensions; d ∈ [D]; mean μ [D]; variances σ² [D], each > 0.

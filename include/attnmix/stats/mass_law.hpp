@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file mass_law.hpp
-/// Mass laws of sufficient statistics (docs/mechanisms.md#building-blocks): assigned mass b against declared mass a.
+/// Mass laws of sufficient statistics (`docs/mechanisms.md#building-blocks`): assigned mass b against declared mass a.
 ///   tol_mass(a, b) = 64 · 2⁻²³ · max(1, |a|, |b|)
 ///   b > a + tol  → ValueError("… cannot exceed …");   a − b > tol → ValueError("… must equal …").
 #pragma once

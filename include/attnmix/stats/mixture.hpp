@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file mixture.hpp
-/// The finite mixture over components of any family on the same data (docs/mechanisms.md#building-blocks).
+/// The finite mixture over components of any family on the same data (`docs/mechanisms.md#building-blocks`).
 ///
 /// Notation: K components; k ∈ [K]; weights w ∈ Δ_K.
 ///   log p(x) = LSE_k(log w_k + log p_k(x)),   ρ_nk = softmax_k(log w_k + log p_k(x_n))

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file context_spine.hpp
-/// The streaming language-model spine (docs/mechanisms.md#streaming-language-model): a pre-norm causal Transformer
+/// The streaming language-model spine (`docs/mechanisms.md#streaming-language-model`): a pre-norm causal Transformer
 /// that reads a token stream chunk by chunk and keeps, per layer, the raw keys and values of the last `window` tokens.
 ///
 /// Per layer, for a chunk of t tokens at absolute positions pos … pos+t−1 and a cache of length c:
@@ -173,7 +173,7 @@ void validate_chunk(const torch::Tensor& x, const torch::Tensor& y, int64_t voca
 torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
 
 // ---------------------------------------------------------------------------------------------------------------
-// Truncated backpropagation through time (docs/mechanisms.md#streaming-language-model).
+// Truncated backpropagation through time (`docs/mechanisms.md#streaming-language-model`).
 
 struct TbpttOptions {
   int64_t detach_horizon = 1;  ///< chunks per update (positive)

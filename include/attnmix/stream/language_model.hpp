@@ -72,7 +72,7 @@ inline std::string mechanism_name(Mechanism mechanism) {
   return "window";
 }
 
-/// The architecture (docs/mechanisms.md#streaming-language-model).
+/// The architecture (`docs/mechanisms.md#streaming-language-model`).
 struct ModelConfig {
   Mechanism mechanism = Mechanism::kWindow;
   int64_t vocab = 256;  ///< byte-level tokens by default

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file moment_closure.hpp
-/// Moment-closure attention (docs/mechanisms.md#moment-closure-far-field): per layer, an exact sliding window (the
+/// Moment-closure attention (`docs/mechanisms.md#moment-closure-far-field`): per layer, an exact sliding window (the
 /// near field of context_spine.hpp) plus a streaming Gaussian mixture, a cluster bank, over the (key, value) pairs
 /// evicted from the window (the far field). Each query attends to near tokens and far clusters in one joint softmax.
 ///
@@ -195,7 +195,7 @@ FarFieldUpdate evict_to_far_field(const ClusterBank& bank, const torch::Tensor& 
                                   const torch::Tensor& v_evicted, int64_t positions_seen, int64_t near_tokens,
                                   const BirthMergeOptions& options, const std::string& label);
 
-/// Sizes and far-field settings of MomentClosureAttention (docs/mechanisms.md#moment-closure-far-field).
+/// Sizes and far-field settings of MomentClosureAttention (`docs/mechanisms.md#moment-closure-far-field`).
 struct MomentClosureOptions {
   int64_t vocab = 256;
   int64_t d_model = 32;

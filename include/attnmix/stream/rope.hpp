@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file rope.hpp
-/// Rotary position embedding, half-split ("rotate-half") convention (docs/mechanisms.md#streaming-language-model).
+/// Rotary position embedding, half-split ("rotate-half") convention (`docs/mechanisms.md#streaming-language-model`).
 ///
 ///   inv_freq_k = 10000^(−2k/h),  k = 0 … h/2 − 1           (h = head_dim, even)
 ///   angle(p)   = [p·inv_freq, p·inv_freq]                  (length h)

@@ -63,7 +63,13 @@ struct NearField {
   torch::Tensor scores;
 };
 
-/// @param x the normalised input (b, t, d); cache_k, cache_v the layer's raw cache (undefined when empty).
+/// The near field of one layer for a chunk.
+/// @param qkv the layer's joint q, k, v projection (d → 3d)
+/// @param x the normalised input (b, t, d)
+/// @param cache_k the layer's raw key cache (b, c, H, h_d), undefined when empty
+/// @param cache_v the layer's raw value cache, shaped as cache_k
+/// @param geometry the chunk's positions, RoPE tables and mask (near_field_geometry)
+/// @param n_head the number of heads H
 NearField near_field(torch::nn::LinearImpl& qkv, const torch::Tensor& x, const torch::Tensor& cache_k,
                      const torch::Tensor& cache_v, const NearFieldGeometry& geometry, int64_t n_head);
 

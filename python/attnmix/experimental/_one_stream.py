@@ -29,13 +29,19 @@ class OneStreamClusterBank:
         out._bank = bank
         return out
 
-    count = property(lambda self: self._bank.count[0])
-    mu_k = property(lambda self: self._bank.mu_k[0])
-    mu_v = property(lambda self: self._bank.mu_v[0])
-    sigma_kk = property(lambda self: self._bank.sigma_kk[0])
-    sigma_vk = property(lambda self: self._bank.sigma_vk[0])
-    n_clusters = property(lambda self: int(self._bank.n_clusters[0]))
-    max_clusters = property(lambda self: self._bank.max_clusters)
+    count = property(lambda self: self._bank.count[0],
+                     doc="Soft token counts, a float64 array of shape ``(H, C)`` (a copy).")
+    mu_k = property(lambda self: self._bank.mu_k[0], doc="Key means, a float64 array of shape ``(H, C, d)`` (a copy).")
+    mu_v = property(lambda self: self._bank.mu_v[0],
+                    doc="Value means, a float64 array of shape ``(H, C, d)`` (a copy).")
+    sigma_kk = property(lambda self: self._bank.sigma_kk[0],
+                        doc="Diagonal key variances (>= 0), a float64 array of shape ``(H, C, d)`` (a copy).")
+    sigma_vk = property(lambda self: self._bank.sigma_vk[0],
+                        doc="Value-key covariances Cov(v, k), a float64 array of shape ``(H, C, d, d)`` whose rows "
+                            "index value dimensions (a copy).")
+    n_clusters = property(lambda self: int(self._bank.n_clusters[0]),
+                          doc="Live clusters, an int: slots ``0 .. n_clusters-1`` are active in every head.")
+    max_clusters = property(lambda self: self._bank.max_clusters, doc="Cluster slots per head C, an int.")
 
     def total_per_head(self) -> np.ndarray:
         """The live total count per head: ``(H,)``."""

@@ -194,11 +194,16 @@ def responsibility_log_density(model: Any, context: Any, query: torch.Tensor, ta
     """The log density log p(query_n, target_n | context_n) of each row under a responsibility-attention head.
 
     Args:
-        model: an ``attnmix.ResponsibilityAttentionDistribution`` (S symbols, N positions, D query dims, T targets).
-        context: (n, N) integer symbol ids in [0, S).
-        query: (n, D) float32 or float64 CPU tensor; it may require grad.
-        target: (n,) integer target ids in [0, T).
-        key_means: None (the model's key means, as constants) or an (S, D) float32 / float64 CPU tensor used in
+        model
+            An ``attnmix.ResponsibilityAttentionDistribution`` (S symbols, N positions, D query dims, T targets).
+        context
+            (n, N) integer symbol ids in [0, S).
+        query
+            (n, D) float32 or float64 CPU tensor; it may require grad.
+        target
+            (n,) integer target ids in [0, T).
+        key_means
+            None (the model's key means, as constants) or an (S, D) float32 / float64 CPU tensor used in
             place of them (the model's emission, prior and variance are kept); it may require grad, for instance a
             ``torch.nn.Parameter``.
 
@@ -235,11 +240,15 @@ def responsibility_predict_proba(model: Any, context: Any, query: torch.Tensor,
     The attention a = softmax_i(log pi_i - ||query - K[c_i]||^2 / (2 sigma2)) does not see the target.
 
     Args:
-        model: an ``attnmix.ResponsibilityAttentionDistribution`` (S symbols, N positions, D query dims, T targets).
-        context: (N,) integer symbol ids for one example, or (n, N) for a batch.
-        query: (D,) for one example or (n, D) for a batch (matching the context): a float32 or float64 CPU tensor
+        model
+            An ``attnmix.ResponsibilityAttentionDistribution`` (S symbols, N positions, D query dims, T targets).
+        context
+            (N,) integer symbol ids for one example, or (n, N) for a batch.
+        query
+            (D,) for one example or (n, D) for a batch (matching the context): a float32 or float64 CPU tensor
             that may require grad.
-        key_means: None (the model's key means, as constants) or an (S, D) float32 / float64 CPU tensor used in
+        key_means
+            None (the model's key means, as constants) or an (S, D) float32 / float64 CPU tensor used in
             place of them; it may require grad.
 
     Returns:

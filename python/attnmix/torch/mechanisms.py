@@ -152,11 +152,18 @@ class ContextMechanism(Protocol):
     carried tensor from the autograd graph.
     """
 
-    def init_state(self, batch_size: int, *, device: Any = "cpu") -> Any: ...
+    def init_state(self, batch_size: int, *, device: Any = "cpu") -> Any:
+        """An empty state for ``batch_size`` streams on ``device``."""
+        ...
 
-    def step(self, state: Any, chunk: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[Any, torch.Tensor]: ...
+    def step(self, state: Any, chunk: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[Any, torch.Tensor]:
+        """Runs one chunk ``(x, y)`` of ``(batch, t)`` int64 token ids (``y`` the targets) from ``state``; returns the
+        new state and the chunk's mean token cross-entropy."""
+        ...
 
-    def detach(self, state: Any) -> Any: ...
+    def detach(self, state: Any) -> Any:
+        """``state`` with every carried tensor cut from the autograd graph."""
+        ...
 
 
 # ---- argument checks ------------------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ void bind_functional(py::module_& m) {
             tables.cos.size(1) != t.size(-1)) {
           throw ValueError("apply_rope: x must be (..., t, heads, head_dim) and cos, sin (t, head_dim)");
         }
-        return apply_rope(t, tables);
+        return py::cast(apply_rope(t, tables));  // a torch.Tensor (the signature says object, not at::Tensor)
       },
       py::arg("x"), py::arg("cos"), py::arg("sin"),
       "RoPE(x) = x * cos + rotate_half(x) * sin for x (..., t, heads, head_dim), differentiable; the rotated pairs "
@@ -186,7 +186,7 @@ void bind_functional(py::module_& m) {
         if (t.dim() < 1 || t.size(-1) % 2 != 0) {
           throw ValueError("rotate_half: the last dimension of x must have even size");
         }
-        return rotate_half(t);
+        return py::cast(rotate_half(t));
       },
       py::arg("x"), "[-x2, x1] over the last dimension, where x1 and x2 are its two halves.");
 }
