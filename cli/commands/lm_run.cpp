@@ -871,7 +871,8 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   }
   out << "  (state bytes: what one stream carries at the end of one sequence; every mechanism but full "
          "attention stays at that size however long the stream, full attention grows with every token. share: "
-         "shown where window and full attention ran on the case and full attention beat the window)\n";
+         "shown where window and full attention ran on the case and full attention beat the window by more than "
+         "four standard errors of a guess at chance)\n";
   if (!r.json.empty())
     out << "  wrote " << r.json << " (" << report.runs.size() << " runs, " << report.cases.size() << " cases)\n";
   out << std::flush;

@@ -6,6 +6,7 @@
 #include "attnmix/stream/memory_tasks.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -21,11 +22,12 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// A task setting of the sweep: its label, its chance accuracy and its sequences.
+// A task setting of the sweep: its label, its chance accuracy, the answers scored per sequence and its sequences.
 struct Setting {
   std::string task;
   std::string label;
   double chance = 0.0;
+  int64_t answers_per_sequence = 0;
   SequenceTask sequences;
 };
 
@@ -41,7 +43,7 @@ std::vector<Setting> settings(const MemoryBenchOptions& o) {
         t.queries = pairs;
         t.keys = std::max(t.keys, pairs);
         out.push_back({"recall", "gap " + str(gap) + ", pairs " + str(pairs), 1.0 / static_cast<double>(t.values),
-                       recall_task(t)});
+                       t.queries, recall_task(t)});
       }
     }
   }
@@ -52,7 +54,7 @@ std::vector<Setting> settings(const MemoryBenchOptions& o) {
       t.length = length;
       validate_mqar_task(t);
       out.push_back({"mqar", "length " + str(length) + ", pairs " + str(t.pairs), 1.0 / static_cast<double>(t.values),
-                     {"mqar", mqar_vocab(t), t.length, [t](Rng& rng, int64_t batch) { return mqar_sequences(rng, t, batch); }}});
+                     t.pairs, {"mqar", mqar_vocab(t), t.length, [t](Rng& rng, int64_t batch) { return mqar_sequences(rng, t, batch); }}});
     }
   }
   if (runs("passkey")) {
@@ -60,7 +62,7 @@ std::vector<Setting> settings(const MemoryBenchOptions& o) {
       PasskeyTaskOptions t;
       t.length = length;
       validate_passkey_task(t);
-      out.push_back({"passkey", "length " + str(length), 0.1,
+      out.push_back({"passkey", "length " + str(length), 0.1, t.digits,
                      {"passkey", 256, t.length, [t](Rng& rng, int64_t batch) { return passkey_sequences(rng, t, batch); }}});
     }
   }
@@ -175,7 +177,12 @@ std::vector<MemoryBenchCase> memory_bench_cases(const MemoryBenchOptions& o, con
     };
     const MemoryBenchCase* window = find("window");
     const MemoryBenchCase* full = find("full");
-    if (window && full && full->accuracy > window->accuracy) {
+    // The share needs a gain to share: full attention above the window by more than four standard errors of an
+    // accuracy at chance over the answers scored (below that the ratio is noise over noise).
+    const double answers = static_cast<double>(o.training.eval_sequences * setting.answers_per_sequence) *
+                           static_cast<double>(o.seeds.size());
+    const double noise = 4.0 * std::sqrt(setting.chance * (1.0 - setting.chance) / answers);
+    if (window && full && full->accuracy - window->accuracy > noise) {
       const double gain = full->accuracy - window->accuracy, base = window->accuracy;
       for (size_t i = first_case; i < out.size(); ++i) out[i].share_of_full_gain = (out[i].accuracy - base) / gain;
     }

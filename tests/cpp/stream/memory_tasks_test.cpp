@@ -9,8 +9,10 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/stream/memory_benchmark.hpp"
 
 namespace attnmix::lm {
 namespace {
@@ -110,6 +112,39 @@ TEST(MemoryTasks, InvalidTasksAreRejectedNamingTheField) {
   }
   passkey.length = passkey_min_length(5);
   EXPECT_EQ(passkey_sequences(rng, passkey, 2).length, 105);
+}
+
+/// The share of full attention's gain needs a gain beyond noise. MQAR with 16 pairs scores 512 × 16 = 8192 answers
+/// at chance 1/64, whose four standard errors are 4·sqrt((1/64)(63/64)/8192) = 0.0055: at length 64 full attention's
+/// 0.063 against the window's 0.0156 is a gain, and each mechanism gets (accuracy − 0.0156) / (0.063 − 0.0156); at
+/// length 512 full attention's 0.0163 is not, and no mechanism gets a share (it would be 0.0004 / 0.0007 = 57 %).
+TEST(MemoryBenchCases, ShareOfFullGainNeedsAGainBeyondNoise) {
+  MemoryBenchOptions o;
+  o.mechanisms = {"window", "linear", "full"};
+  o.tasks = {"mqar"};
+  o.mqar_lengths = {64, 512};
+  ASSERT_EQ(o.mqar_pairs, 16);
+  ASSERT_EQ(o.training.eval_sequences, 512);
+  const std::map<std::string, std::vector<double>> accuracy = {{"length 64, pairs 16", {0.0156, 0.5, 0.063}},
+                                                               {"length 512, pairs 16", {0.0156, 0.016, 0.0163}}};
+  std::vector<MemoryBenchRun> runs;
+  for (const auto& [setting, values] : accuracy)
+    for (size_t m = 0; m < o.mechanisms.size(); ++m) {
+      MemoryBenchRun run;
+      run.task = "mqar";
+      run.setting = setting;
+      run.result.mechanism = o.mechanisms[m];
+      run.result.accuracy = values[m];
+      runs.push_back(run);
+    }
+  const auto cases = memory_bench_cases(o, runs);
+  ASSERT_EQ(cases.size(), 6u);
+  EXPECT_EQ(cases[0].setting, "length 64, pairs 16");
+  ASSERT_TRUE(cases[0].share_of_full_gain && cases[1].share_of_full_gain && cases[2].share_of_full_gain);
+  EXPECT_DOUBLE_EQ(*cases[0].share_of_full_gain, 0.0);
+  EXPECT_DOUBLE_EQ(*cases[1].share_of_full_gain, (0.5 - 0.0156) / (0.063 - 0.0156));
+  EXPECT_DOUBLE_EQ(*cases[2].share_of_full_gain, 1.0);
+  for (size_t i = 3; i < 6; ++i) EXPECT_FALSE(cases[i].share_of_full_gain) << cases[i].mechanism;
 }
 
 }  // namespace
