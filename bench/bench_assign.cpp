@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Assignment-tree attention (SPEC.md §8): the LAP solver, frequency_estimate and the whole seed-004 experiment
-// (STYLE.md §12). bench/scipy_lap.py times scipy.optimize.linear_sum_assignment on the same matrices and
-// `bench/compare.py assign` runs both, plus the seed script, back to back and prints the ratios.
+// Assignment-tree attention (docs/mechanisms.md#assignment-tree-attention): the LAP solver, frequency_estimate and the
+// whole seed-004 experiment (STYLE.md §12). bench/scipy_lap.py times scipy.optimize.linear_sum_assignment on the same
+// matrices and `bench/compare.py assign` runs both, plus the seed script, back to back and prints the ratios.
 //
 // Matrices: uniform [0, 1) costs from a formula both sides evaluate (bench/scipy_lap.py, uniform_cost):
 // entry e (row-major) of the nq × nk matrix is SplitMix64(seed + (e + 1)·γ) >> 11 times 2⁻⁵³, with

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // One chained-attention EM iteration (E-step + M-step), the E-step kernel, and its N-scaling (STYLE.md §12).
 //
-// Problem of the issue: the transitive-lookup task (SPEC.md §9.3, make_transitive_task) with n = 20000 rows,
-// N = 10 positions (M = 5 pairs), S = T = 30 symbols, L = 2 or 3 hops, σ² = 0.1.
+// Problem of the issue: the transitive-lookup task (docs/mechanisms.md#chained-attention, make_transitive_task) with n
+// = 20000 rows, N = 10 positions (M = 5 pairs), S = T = 30 symbols, L = 2 or 3 hops, σ² = 0.1.
 // Model: K⁽ℓ⁾ entries U(0, 1), emission rows normalised U(0.05, 1) draws. The NumPy baselines
 // bench/numpy_chained_em.py draw the same distributions (other random streams).
 //

@@ -122,8 +122,8 @@ void BM_EmStepFresh(benchmark::State& state) {
 }
 BENCHMARK(BM_EmStepFresh)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
-/// The same iteration on one thread with other chunk sizes (the default is 1024, SPEC.md §1.8): shows what the
-/// per-chunk merge of the S·D + S·T + N + 1 statistics costs.
+/// The same iteration on one thread with other chunk sizes (the default is 1024, docs/mechanisms.md#training): shows
+/// what the per-chunk merge of the S·D + S·T + N + 1 statistics costs.
 void BM_EmIterationChunkRows(benchmark::State& state) {
   const Problem& p = problem();
   const ParallelOptions parallel{static_cast<int>(state.range(1)), state.range(0)};

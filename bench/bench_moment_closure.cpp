@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Moment-closure attention (issue 9, SPEC §7): TBPTT training throughput against the window-only spine at the same
-// window and against the PyTorch implementation bench/pytorch_moment_closure.py, and the per-token cost and state
-// size of a long streaming evaluation at 10⁴ and 10⁶ tokens (STYLE.md §12). Built only with ATTNMIX_WITH_TORCH.
+// Moment-closure attention (issue 9, docs/mechanisms.md#moment-closure-far-field): TBPTT training throughput against
+// the window-only spine at the same window and against the PyTorch implementation bench/pytorch_moment_closure.py, and
+// the per-token cost and state size of a long streaming evaluation at 10⁴ and 10⁶ tokens (STYLE.md §12). Built only
+// with ATTNMIX_WITH_TORCH.
 //
 // Problem: MomentClosureAttention(vocab 256, d_model 32, 2 layers, 2 heads, window 16, max_clusters 4,
-// birth_threshold −2, default merge rule) — the SPEC §7.8 defaults — AdamW(lr 1e-3, weight decay 0.01), parameters
-// from torch::manual_seed(kSeed). Token (row r, absolute position p) of the stream is
-// lehmer(lehmer((48271·p + 1000003·r + 1) mod M)) mod vocab with lehmer(h) = 48271·h mod M, M = 2³¹ − 1 (the stream of
-// bench_spine.cpp); chunk c is x = stream[:, c·T : (c+1)·T], y = the next tokens.
+// birth_threshold −2, default merge rule) — the documented defaults (docs/mechanisms.md#moment-closure-far-field) —
+// AdamW(lr 1e-3, weight decay 0.01), parameters from torch::manual_seed(kSeed). Token (row r, absolute position p) of
+// the stream is lehmer(lehmer((48271·p + 1000003·r + 1) mod M)) mod vocab with lehmer(h) = 48271·h mod M, M = 2³¹ − 1
+// (the stream of bench_spine.cpp); chunk c is x = stream[:, c·T : (c+1)·T], y = the next tokens.
 // Training runs batch 8 (8 streams, 8 banks per layer) and chunk T = 64 (the spine benchmark's chunk): every step
 // then evicts 64 tokens per stream and layer into the banks (cache 16 + chunk 64 → keep 16), so every step runs the
 // whole far-field path — MGF logits/outputs and the joint softmax, birth test, merge scan, misfit receipt, soft
@@ -437,7 +438,7 @@ std::map<std::string, int64_t> count_training_ops(Model& model, const ModeOption
   return std::exchange(g_ops.calls, {});
 }
 
-/// The operation counts of a moment-closure and a window-only training step (SPEC defaults unless the far-field
+/// The operation counts of a moment-closure and a window-only training step (documented defaults unless the far-field
 /// flags say otherwise): what the far field adds in libtorch dispatches, each a few µs at these shapes.
 int run_count_ops(const ModeOptions& o) {
   at::set_num_threads(g_threads);

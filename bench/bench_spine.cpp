@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The streaming language-model spine (issue 8, SPEC §6): TBPTT training throughput against the PyTorch baseline
-// bench/pytorch_spine.py, E1-3 (80 vs 40 chunks), and the flat-memory check of a long streaming evaluation
-// (STYLE.md §12). Built only with ATTNMIX_WITH_TORCH.
+// The streaming language-model spine (issue 8, docs/mechanisms.md#streaming-language-model): TBPTT training throughput
+// against the PyTorch baseline bench/pytorch_spine.py, E1-3 (80 vs 40 chunks), and the flat-memory check of a long
+// streaming evaluation (STYLE.md §12). Built only with ATTNMIX_WITH_TORCH.
 //
 // Problem: SlidingWindowSpine(vocab 256, d_model d, 2 layers, 2 heads, window 64), batch 8, chunks of 64 tokens,
 // AdamW(lr 1e-3, weight decay 0.01), parameters from torch::manual_seed(kSeed). Token (row r, absolute position p)
@@ -20,7 +20,7 @@
 //                                 benchmarks use; equal to the bit).
 //   BM_SpineStream/chunks:n       E1-3: train_tbptt over n chunks from an empty state (d_model 32), wall clock
 //                                 (after an untimed warm-up over 3 chunks). A bounded state makes 80 chunks cost
-//                                 about twice 40 (SPEC §9.6: ≤ 2.3×).
+//                                 about twice 40 (docs/mechanisms.md#streaming-language-model: ≤ 2.3×).
 //
 // Extra modes (our flags; they print JSON and exit without running benchmarks):
 //   --spine_rss_tokens=N       streaming evaluation without autograd (NoGradGuard, step(), loss summed) over at

@@ -55,8 +55,8 @@ process CPU time, and the 80/40-chunk ratio (medians of per-round ratios); final
 evaluation over each --rss-tokens count, each in a fresh process.
 
 `moment-closure` (issue 9, docs/PERFORMANCE.md) first compares the first training losses, births/merges and bank
-fingerprints of attnmix_bench_moment_closure and pytorch_moment_closure.py (float32 and float64; SPEC defaults and a
-birth/merge-heavy setting), then runs, in each round, BM_MomentClosureTrainStep, BM_MomentClosureTrainStepBusy and
+fingerprints of attnmix_bench_moment_closure and pytorch_moment_closure.py (float32 and float64; documented defaults and
+a birth/merge-heavy setting), then runs, in each round, BM_MomentClosureTrainStep, BM_MomentClosureTrainStepBusy and
 BM_WindowTrainStep (chunks 64 and 16) and the PyTorch implementation at the same settings (order alternating), and
 prints the C++/PyTorch and MCA/window tokens-per-second ratios (medians of per-round ratios, wall and CPU time);
 finally one streaming evaluation to 1e6 tokens: per-token time after 1e4 and 1e6 tokens (both ends stepped
@@ -898,7 +898,7 @@ def cmd_spine(args):
 # ---- Moment-closure attention (bench_moment_closure.cpp vs pytorch_moment_closure.py, issue 9) --------------------
 
 MCA_CHUNKS = (64, 16)
-MCA_VARIANTS = {"mca": ("BM_MomentClosureTrainStep", []),  # SPEC defaults: birth_threshold -2, default merge rule
+MCA_VARIANTS = {"mca": ("BM_MomentClosureTrainStep", []),  # documented defaults: birth_threshold -2, default merge rule
                 "busy": ("BM_MomentClosureTrainStepBusy", ["--birth-threshold", "10", "--merge-threshold", "0.2"]),
                 "window": ("BM_WindowTrainStep", ["--mechanism", "window"])}
 MCA_CHECKS = {"default": ([], []),

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""NumPy baselines for one chained-attention EM iteration (SPEC.md §3), the problem of
-bench/bench_chained.cpp: the transitive-lookup task (SPEC.md §9.3) with n = 20000 rows, N = 10
+"""NumPy baselines for one chained-attention EM iteration (docs/mechanisms.md#chained-attention), the problem of
+bench/bench_chained.cpp: the transitive-lookup task (docs/mechanisms.md#chained-attention) with n = 20000 rows, N = 10
 positions (M = 5 pairs), S = T = 30 symbols, L = 2 or 3 hops, sigma2 = 0.1 (fixed).
 
 One iteration = E-step over all rows with unit weights (gates, forward-backward, gamma/xi, the
-statistics of SPEC.md §3.3 scattered with bincount: key_num, key_mass, emission_count, ll, n) +
+statistics of docs/mechanisms.md#chained-attention scattered with bincount: key_num, key_mass, emission_count, ll, n) +
 M-step (K = key_num / max(key_mass, 1e-9), B = emission_count + 1e-4 row-normalised). Three
 vectorised implementations, all single-threaded (OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS
 = 1 unless the caller sets them, before numpy is imported) on OpenBLAS by default (Debian's libblas.so.3
@@ -18,7 +18,8 @@ instead; the BLAS loaded is in the output under "blas", bench/blas.py):
   materialised  a tuned version of the same idea, over row chunks: the (chunk, N, N, S) difference
                 tensor e_{v_i} - K[k_j] is built per chunk (np.subtract into a preallocated buffer)
                 and its squared norm taken with einsum; likewise (chunk, N, S) for hop 0.
-  onehot        the expansion of SPEC.md §3.1: a gate table G[u, s] = (2 K[s, u] - rho[s]) / (2 sigma2)
+  onehot        the expansion of docs/mechanisms.md#chained-attention: a gate table G[u, s] = (2 K[s, u] - rho[s]) / (2
+  sigma2)
                 per hop (S*S entries, once per iteration), gathered with np.take at flat indices
                 v_i*S + k_j computed once per data set (not timed, like the scatter indices).
 
@@ -67,7 +68,8 @@ RESCUE_BELOW = 1e-250
 # Problem: same distributions as bench_chained.cpp (other random streams).
 
 def transitive_task(n, rng, n_symbols=S, n_pairs=M_PAIRS):
-    """SPEC.md §9.3: keys = [a, b_pi], values = [b, c], query a_i, target c_j with b_pi(j) = b_i."""
+    """docs/mechanisms.md#chained-attention: keys = [a, b_pi], values = [b, c], query a_i, target c_j with b_pi(j) =
+    b_i."""
     m = n_pairs
     symbols = np.argsort(rng.random((n, n_symbols)), axis=1)[:, :3 * m]  # distinct per row
     a, b, c = symbols[:, :m], symbols[:, m:2 * m], symbols[:, 2 * m:]
@@ -116,7 +118,8 @@ class Stats:
 
 def forward_backward_scatter(alpha0, trans, f, idx, stats):
     """alpha0 (c, N) and trans[l] (c, N, N) are the gates of a chunk, f (c, N) = B[v_j, t]; idx holds
-    the chunk's flat scatter indices. Adds the chunk's statistics (SPEC.md §3.3, unit weights)."""
+    the chunk's flat scatter indices. Adds the chunk's statistics (docs/mechanisms.md#chained-attention, unit
+    weights)."""
     L = len(trans) + 1
     S_ = stats.S
     alpha = [alpha0]
@@ -302,7 +305,8 @@ def checksum(x):
 
 
 def brute_force_ll(data, model):
-    """Σ_n log Σ over all N^L hop paths of Π gates · B[v_last, t] (SPEC.md §3.1 by enumeration)."""
+    """Σ_n log Σ over all N^L hop paths of Π gates · B[v_last, t] (docs/mechanisms.md#chained-attention by
+    enumeration)."""
     keys, vals, q, t = data
     K, B, sigma2 = model
     L = K.shape[0]

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""NumPy baseline for one responsibility-attention EM iteration (SPEC.md §2), the problem of
-bench/bench_em_iteration.cpp: n = 200000 rows, N = 16, D = 32, S = 256, T = 256, sigma2 = 1 (fixed).
+"""NumPy baseline for one responsibility-attention EM iteration (docs/mechanisms.md#responsibility-attention), the
+problem of bench/bench_em_iteration.cpp: n = 200000 rows, N = 16, D = 32, S = 256, T = 256, sigma2 = 1 (fixed).
 
 One iteration = E-step over all rows with unit weights (log-joint, log-softmax, scatter-add of
 key_sum, key_mass, emission_count, position_count, query_sq) + closed-form M-step. Two vectorised

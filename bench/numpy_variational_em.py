@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""NumPy baseline for one variational-embedding-attention EM iteration (SPEC.md §4.3, §4.4), the problem of
-bench/bench_variational.cpp: n = 20000 rows, N = 16 positions, S = 512 symbols, D = 32, T = 512 targets,
-mc = 6 Monte-Carlo samples, sigma2 = 0.5.
+"""NumPy baseline for one variational-embedding-attention EM iteration
+(docs/mechanisms.md#variational-embedding-attention), the problem of bench/bench_variational.cpp: n = 20000 rows, N = 16
+positions, S = 512 symbols, D = 32, T = 512 targets, mc = 6 Monte-Carlo samples, sigma2 = 0.5.
 
 One iteration = what optimize() runs per iteration: the Monte-Carlo E-step over all rows with unit weights
 (for each of the mc noise tables E_k = m + exp(log v / 2) * eps_k: gate, posterior, log p, the gradient of the
@@ -21,7 +21,7 @@ Like the C++ kernel's fast path it needs p >= 1e-250 for every row (asserted; it
 --check-cpp BENCH runs `BENCH --benchmark_filter=BM_VariationalCheckCase` (bench/bench_variational.cpp), one EM
 iteration in C++ on a small case given by closed formulas (check_case()), and compares its log-likelihood and
 checksums of the statistics and of the new model with this implementation. The Monte-Carlo noise of the check is
-regenerated here by an independent Python implementation of attnmix's streams (SPEC.md §1.6: mt19937_64,
+regenerated here by an independent Python implementation of attnmix's streams (docs/mechanisms.md#training: mt19937_64,
 SplitMix64 derive_seed, Marsaglia polar normals), so the comparison is exact up to rounding.
 
 Prints one JSON object; `median_s` is the median over the repetitions.
@@ -52,7 +52,7 @@ EMISSION_SMOOTHING = 1e-4
 MASK64 = (1 << 64) - 1
 
 
-# ---- attnmix's random streams, independently in Python (SPEC.md §1.6) ------------------------------------------
+# ---- attnmix's random streams, independently in Python (docs/mechanisms.md#training) ---------------------------
 class MT19937_64:
     """The 64-bit Mersenne Twister of std::mt19937_64 (default tempering constants)."""
 
@@ -188,7 +188,8 @@ def em_iteration(model, data, mc, noise, lr=LR, prior_strength=PRIOR_STRENGTH, s
     score = 0.0
     for lo in range(0, n, data.chunk):
         score += chunk_posterior(m, logpi, B, data, lo, min(n, lo + data.chunk), sigma2)[2].sum()
-    # M-step: one Adam ascent step (SPEC.md §4.4), then the closed-form emission and prior.
+    # M-step: one Adam ascent step (docs/mechanisms.md#variational-embedding-attention), then the closed-form emission
+    # and prior.
     tau = model["iteration"] + 1
     g_m = grad_m.reshape(S, D) - prior_strength * m
     g_lv = grad_logv.reshape(S, D) - prior_strength * 0.5 * (np.exp(logv) - 1.0)

@@ -9,7 +9,7 @@ precision="mixed", and one E-step of both precisions on the same model; prints, 
   fit             log-likelihood per row of each fit, their difference, and the largest absolute differences of the
                   fitted parameters (key_means, emission, position_prior, and sigma2 where it is learned; for the
                   variational family mean, log_var, emission, position_prior)
-  accuracy        test accuracy of each fit where the problem has a test set (the acceptance thresholds: SPEC's)
+  accuracy        test accuracy of each fit where the problem has a test set (the thresholds of the acceptance tasks)
 
 Problems: responsibility attention's benchmark workload (bench/numpy_ra_em.py's generator, 200000 rows, 10
 iterations) and acceptance tasks RA-5 (recall, 40 iterations), RA-9 (sigma2 learned, 40) and RA-12 (Markov text,

@@ -1,23 +1,26 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch baseline for moment-closure attention (SPEC.md §7, issue 9): the model, TBPTT training step and
-streaming evaluation of bench/bench_moment_closure.cpp, written as a competent PyTorch user would port the reference
-design (seed 003) to attnmix's semantics, i.e. with the batch axis of SPEC §10.11: one cluster bank per stream.
+"""PyTorch baseline for moment-closure attention (docs/mechanisms.md#moment-closure-far-field, issue 9): the model,
+TBPTT training step and streaming evaluation of bench/bench_moment_closure.cpp, written as a competent PyTorch user
+would port the reference design (seed 003) to attnmix's semantics, i.e. with the batch axis of docs/porting.md: one
+cluster bank per stream.
 
 Tensor path (batched over the streams, the same arithmetic as src/stream/moment_closure.cpp): MGF logits and
-outputs (§7.4), responsibilities, the differentiable Chan/Welford update (§7.5) and the joint near/far softmax
-(§7.8). Bookkeeping (per stream, in Python loops over torch tensors, as the reference does it): birth, merge with
-rescan, the misfit receipt with its per-cluster outliers (§7.6), the count-conservation check of ingestion (§7.7)
-and the one-token/one-representation receipts before and after every layer (§7.8 steps 2 and 7), both with the
-rounding allowance of attnmix decision 0006.
+outputs (docs/mechanisms.md#moment-closure-far-field), responsibilities, the differentiable Chan/Welford update
+(docs/mechanisms.md#moment-closure-far-field) and the joint near/far softmax
+(docs/mechanisms.md#moment-closure-far-field). Bookkeeping (per stream, in Python loops over torch tensors, as the
+reference does it): birth, merge with rescan, the misfit receipt with its per-cluster outliers
+(docs/mechanisms.md#moment-closure-far-field), the count-conservation check of ingestion
+(docs/mechanisms.md#moment-closure-far-field) and the one-token/one-representation receipts before and after every layer
+(docs/mechanisms.md#moment-closure-far-field), both with the rounding allowance of attnmix decision 0006.
 
 Model: tok = Embedding(vocab, d); per layer ln1, qkv = Linear(d, 3d), proj = Linear(d, d), ln2, fc1 = Linear(d, 4d),
 fc2 = Linear(4d, d); ln_f; logits = F.linear(ln_f(h), tok.weight) (tied head); GELU erf form; LayerNorm eps 1e-5.
 The modules are constructed in that order, so under the same torch.manual_seed the initial parameters are bitwise
 those of attnmix::MomentClosureAttention (SpineBackbone). RoPE (rotate-half, base 10000) at absolute positions on q
 and the raw keys cache ++ k; far field with the un-rotated q against the bank as it was at the start of the step.
-Training step (SPEC §6.5, detach_horizon 1): step, float(loss), zero_grad, backward of loss / 1, AdamW (lr 1e-3,
-weight decay 0.01), detach (caches and banks: detach_horizon_clusters = True).
+Training step (docs/mechanisms.md#streaming-language-model, detach_horizon 1): step, float(loss), zero_grad, backward of
+loss / 1, AdamW (lr 1e-3, weight decay 0.01), detach (caches and banks: detach_horizon_clusters = True).
 
 Problem (bench_moment_closure.cpp): vocab 256, d_model 32, 2 layers, 2 heads, window 16, max_clusters 4,
 birth_threshold -2, default merge rule, batch 8, chunk 64; token (row r, position p) =
@@ -74,7 +77,7 @@ COUNT_FLOOR = 1e-8
 VARIANCE_FLOOR = 1e-6
 
 
-# ---- the cluster bank (SPEC §7.3), one mixture per stream ------------------------------------------------------
+# ---- the cluster bank (docs/mechanisms.md#moment-closure-far-field), one mixture per stream --------------------
 
 
 class Bank:
@@ -114,7 +117,7 @@ def live_slots(bank, n):
 
 
 def mgf_logits(q, bank, n):
-    """logit_c(q) for the first n slots, (B, t, H, n), unmasked (SPEC §7.4)."""
+    """logit_c(q) for the first n slots, (B, t, H, n), unmasked (docs/mechanisms.md#moment-closure-far-field)."""
     d = float(q.shape[-1])
     log_count = bank.count[:, :, :n].clamp_min(COUNT_FLOOR).log().unsqueeze(1)
     return (torch.einsum("bthd,bhcd->bthc", q, bank.mu_k[:, :, :n]) / math.sqrt(d)
@@ -150,7 +153,8 @@ def cluster_responsibilities(k, bank):
 
 
 def update_cluster_bank(bank, k, v, r):
-    """Differentiable Chan/Welford combination of the bank with k, v (B, t, H, d) weighted by r (SPEC §7.5)."""
+    """Differentiable Chan/Welford combination of the bank with k, v (B, t, H, d) weighted by r
+    (docs/mechanisms.md#moment-closure-far-field)."""
     n1 = r.sum(1)
     n1_safe = n1.clamp_min(COUNT_FLOOR).unsqueeze(-1)
     mean_k1 = torch.einsum("bthc,bthd->bhcd", r, k) / n1_safe
@@ -173,7 +177,8 @@ def update_cluster_bank(bank, k, v, r):
          + delta_v.unsqueeze(-1) * delta_k.unsqueeze(-2) * cross.unsqueeze(-1)) / n_safe.unsqueeze(-1).unsqueeze(-1))
 
 
-# ---- birth, merge, misfit (SPEC §7.6): per stream, Python loops over torch tensors (the reference's way) ---------
+# ---- birth, merge, misfit (docs/mechanisms.md#moment-closure-far-field): per stream, Python loops (the reference's
+# way)
 
 
 def pooled_combine(a, b):
@@ -313,8 +318,8 @@ def birth_and_merge(bank, k, v, *, birth_threshold, merge_threshold=None, outlie
 
 
 def ingest_cluster_batch(bank, k, v, *, birth_threshold, merge_threshold=None, outlier_top_k=4):
-    """SPEC §7.7: birth/merge on detached k, v, then the soft update for streams with clusters whose batch no birth
-    absorbed; every head's total must grow by exactly t."""
+    """docs/mechanisms.md#moment-closure-far-field: birth/merge on detached k, v, then the soft update for streams with
+    clusters whose batch no birth absorbed; every head's total must grow by exactly t."""
     B, t = k.shape[0], k.shape[1]
     before = bank.total_per_head().detach()
     bank, receipts = birth_and_merge(bank, k.detach(), v.detach(), birth_threshold=birth_threshold,
@@ -366,7 +371,7 @@ def check_far_totals(bank, expected, position, where):
     return out
 
 
-# ---- the model (SPEC §6.2, §7.8) -------------------------------------------------------------------------------
+# ---- the model (docs/mechanisms.md#streaming-language-model and #moment-closure-far-field) ---------------------
 
 
 def rope_tables(positions, hd, dtype):
@@ -412,7 +417,7 @@ class MomentClosureAttention(nn.Module):
         self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
         self.vocab, self.d, self.n_head, self.hd, self.window = vocab, d_model, n_head, d_model // n_head, window
         self.max_clusters, self.birth_threshold, self.merge_threshold = max_clusters, birth_threshold, merge_threshold
-        self.far_field = far_field  # False: the plain sliding-window spine (SPEC §6) over the same parameters
+        self.far_field = far_field  # False: the plain sliding-window spine over the same parameters
         self.last_receipts, self.last_misfit = [], 0.0
 
     def detach(self, state):
@@ -553,7 +558,8 @@ def make(args, far_field=True):
 
 
 def train_step(model, opt, state, x, y):
-    """One TBPTT update at detach_horizon 1 (SPEC §6.5); returns (state, float loss)."""
+    """One TBPTT update at detach_horizon 1 (docs/mechanisms.md#streaming-language-model); returns (state, float
+    loss)."""
     state, loss = model(state, x, y)
     value = float(loss)
     opt.zero_grad()

@@ -1,18 +1,20 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch baseline for the streaming language-model spine (SPEC.md §6, issue 8): the model and TBPTT training step
-of bench/bench_spine.cpp, written for the benchmark as a competent PyTorch user would (nn.Module, one fused qkv
-projection viewed as (b, t, 3, H, h_d), the inverse RoPE frequencies as a buffer, torch.set_num_threads(1)).
+"""PyTorch baseline for the streaming language-model spine (docs/mechanisms.md#streaming-language-model, issue 8): the
+model and TBPTT training step of bench/bench_spine.cpp, written for the benchmark as a competent PyTorch user would
+(nn.Module, one fused qkv projection viewed as (b, t, 3, H, h_d), the inverse RoPE frequencies as a buffer,
+torch.set_num_threads(1)).
 
 Model: tok = Embedding(vocab, d); per layer ln1, qkv = Linear(d, 3d), proj = Linear(d, d), ln2, fc1 = Linear(d, 4d),
 fc2 = Linear(4d, d); ln_f; logits = F.linear(ln_f(h), tok.weight) (tied head); GELU erf form; LayerNorm eps 1e-5.
 Modules are constructed in that order, so under the same torch.manual_seed the initial parameters are bitwise the
 C++ ones (torch::nn and torch.nn draw the same default initialisations in the same order).
-Step (SPEC §6.4): RoPE (rotate-half, base 10000) at absolute positions, applied once to q and to the raw keys
-cache ++ k; sliding-window mask 0 <= P_i - P_j < window; softmax attention; the new cache keeps the last
-min(window, len) raw keys and values. Training step (SPEC §6.5, detach_horizon 1): step, float(loss),
-zero_grad, backward of loss / 1, AdamW step (lr 1e-3, weight decay 0.01), detach. Per step, like the C++ spine, the
-RoPE cos/sin tables and the mask are built from the positions (the C++ spine caches neither).
+Step (docs/mechanisms.md#streaming-language-model): RoPE (rotate-half, base 10000) at absolute positions, applied once
+to q and to the raw keys cache ++ k; sliding-window mask 0 <= P_i - P_j < window; softmax attention; the new cache keeps
+the last min(window, len) raw keys and values. Training step (docs/mechanisms.md#streaming-language-model,
+detach_horizon 1): step, float(loss), zero_grad, backward of loss / 1, AdamW step (lr 1e-3, weight decay 0.01), detach.
+Per step, like the C++ spine, the RoPE cos/sin tables and the mask are built from the positions (the C++ spine caches
+neither).
 
 Problem (bench_spine.cpp): vocab 256, 2 layers, 2 heads, window 64, batch 8, chunk 64; token (row r, position p) =
 lehmer(lehmer((48271 p + 1000003 r + 1) mod M)) mod vocab, lehmer(h) = 48271 h mod M, M = 2^31 - 1.
@@ -132,7 +134,8 @@ def make(d_model, foreach):
 
 
 def train_step(model, opt, state, x, y):
-    """One TBPTT update at detach_horizon 1 (SPEC §6.5); returns (state, float loss)."""
+    """One TBPTT update at detach_horizon 1 (docs/mechanisms.md#streaming-language-model); returns (state, float
+    loss)."""
     state, loss = model(state, x, y)
     value = float(loss)
     opt.zero_grad()

@@ -12,7 +12,7 @@
 
 namespace attnmix::cli {
 
-/// Exit codes (SPEC.md §1.10).
+/// Exit codes (docs/model-format.md).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 1;
 inline constexpr int kExitData = 2;

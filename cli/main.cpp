@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix: the command-line tool (SPEC.md §1.10). Parses the command line with CLI11, runs one
+// attnmix: the command-line tool (docs/model-format.md). Parses the command line with CLI11, runs one
 // subcommand and maps errors to the documented exit codes: 0 success, 1 usage, 2
 // data/I/O/validation, 3 not converged (--strict).
 //

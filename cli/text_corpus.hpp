@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file text_corpus.hpp
-/// Plain-text corpora for `attnmix fit --text` (SPEC.md §1.10): the file is split into characters
+/// Plain-text corpora for `attnmix fit --text` (docs/model-format.md): the file is split into characters
 /// (UTF-8 code points; a byte that is not valid UTF-8 becomes a token of its own; newlines are
 /// characters too) or, with
 /// `--tokens words`, into whitespace-separated words. Tokens get ids in order of first appearance;

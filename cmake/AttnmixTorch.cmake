@@ -1,4 +1,5 @@
-# ATTNMIX_WITH_TORCH: the attnmix::torch target (the streaming language-model spine, SPEC §6-7, libtorch).
+# ATTNMIX_WITH_TORCH: the attnmix::torch target (the streaming language-model spine,
+# docs/mechanisms.md#streaming-language-model and #moment-closure-far-field, libtorch).
 # ON by default when libtorch is found (Debian: libtorch-dev; scripts/install-deps.sh installs it), an error when
 # forced ON without it. Debian's package reports version 1.13.0, so the request is "1.13" (1.13.1 would fail).
 find_package(Torch 1.13 QUIET CONFIG)

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fit variational embedding attention (tied query/key embeddings) on the synonym task of SPEC.md §9.4 and report how
-// well it transfers to synonyms never seen as queries; then fit the two-hop sibling (variational multi-hop attention)
-// on the transitive lookup a -> b -> c. Referenced from include/attnmix/attention/variational_embedding.hpp and
-// variational_multihop.hpp; compiled in CI.
+// Fit variational embedding attention (tied query/key embeddings) on the synonym task of
+// docs/mechanisms.md#variational-embedding-attention and report how well it transfers to synonyms never seen as
+// queries; then fit the two-hop sibling (variational multi-hop attention) on the transitive lookup a -> b -> c.
+// Referenced from include/attnmix/attention/variational_embedding.hpp and variational_multihop.hpp; compiled in CI.
 #include <cstdio>
 #include <optional>
 #include <vector>

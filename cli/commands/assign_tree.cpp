@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// `attnmix assign-tree`: the assignment-tree experiment of seed 004 (SPEC.md §8.2). Runs
-// run_assignment_tree_experiment with progress lines on stderr, writes the results document
-// atomically (2-space indentation, keys in SPEC order), prints it on stdout and then a readable
-// verdict for each prediction. The retrieval comparison is reported, not judged (SPEC.md §8:
+// `attnmix assign-tree`: the assignment-tree experiment of seed 004 (docs/mechanisms.md#assignment-tree-attention).
+// Runs run_assignment_tree_experiment with progress lines on stderr, writes the results document
+// atomically (2-space indentation, keys in the documented order), prints it on stdout and then a readable
+// verdict for each prediction. The retrieval comparison is reported, not judged
+// (docs/mechanisms.md#assignment-tree-attention:
 // attnmix reports the numbers and does not carry the seed's label).
 #include <algorithm>
 #include <chrono>
@@ -27,7 +28,7 @@ namespace {
 
 using assign::AssignmentTreeExperimentResult;
 
-// The thresholds of the verdicts (SPEC.md §9.8, AT-4 … AT-7).
+// The thresholds of the verdicts (docs/mechanisms.md#assignment-tree-attention, AT-4 … AT-7).
 constexpr double kSlopeTolerance = 0.06;      // AT-4: |observed − (−0.5)| ≤ 0.06
 constexpr double kOccupancyTolerance = 0.05;  // AT-5: |observed − predicted| / predicted ≤ 5 %
 constexpr double kKeyMarginalTolerance = 1e-12;  // AT-7: key error = 1/n − 1/(n+1)

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Demo section: assignment-tree attention (SPEC.md §8) on the 16 × 15 problem of the experiment
-// (seed 1234, τ = 1.7). Estimates the matching frequencies from K = 128 perturb-and-MAP samples,
+// Demo section: assignment-tree attention (docs/mechanisms.md#assignment-tree-attention) on the 16 × 15 problem of the
+// experiment (seed 1234, τ = 1.7). Estimates the matching frequencies from K = 128 perturb-and-MAP samples,
 // builds their maximum spanning tree, and compares dense with tree-sparse attention on a few
-// retrieval trials generated as in §8.2 step 5. Runs in well under a second; the whole experiment
-// is `attnmix assign-tree`.
+// retrieval trials generated as in the experiment (docs/mechanisms.md#assignment-tree-attention). Runs in well under a
+// second; the whole experiment is `attnmix assign-tree`.
 #include <chrono>
 #include <cstdio>
 #include <ostream>
@@ -88,8 +88,8 @@ void demo_assignment_tree(std::ostream& out, DemoFigures* figures) {
       << " - 1, " << assign::zero_frequency_tree_edges(tree.tree, tree.freq)
       << " of them never matched\n\n";
 
-  // Retrieval trials as in SPEC.md §8.2 step 5: the target of query i is the value of its
-  // nearest key; dense attention against tree-sparse attention (alpha = 0.5).
+  // Retrieval trials as in the experiment (docs/mechanisms.md#assignment-tree-attention): the target of query i is the
+  // value of its nearest key; dense attention against tree-sparse attention (alpha = 0.5).
   double dense_se = 0.0, sparse_se = 0.0;
   Index n_outputs = 0, repaired = 0, zero_frequency = 0, support = 0;
   for (int t = 0; t < kTrials; ++t) {

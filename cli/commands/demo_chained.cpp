@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Demo section: chained attention on the transitive-lookup task of SPEC.md §9.3 (S = 30, 5 pairs,
-// N = 10, 2000 train / 2000 test rows, σ² = 0.1, 12 EM iterations, delta none). Fits one hop and
+// Demo section: chained attention on the transitive-lookup task of docs/mechanisms.md#chained-attention (S = 30, 5
+// pairs, N = 10, 2000 train / 2000 test rows, σ² = 0.1, 12 EM iterations, delta none). Fits one hop and
 // two hops with the same settings and compares their test accuracy and time.
 #include <chrono>
 #include <cstdio>
@@ -37,7 +37,7 @@ HopResult fit_hops(std::ostream& out, int64_t n_hops, const ChainedAttentionBatc
                                             estimator_options);
   OptimizeOptions options;
   options.max_its = kIterations;
-  options.delta = std::nullopt;  // generalised EM (SPEC.md §3.3): run every iteration
+  options.delta = std::nullopt;  // generalised EM (docs/mechanisms.md#chained-attention): run every iteration
   options.seed = kSeed;
   options.print_iter = 4;
   options.on_iteration = [&out](const IterationReport& report) {

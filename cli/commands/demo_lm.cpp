@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Demo section: the streaming byte-level language model of SPEC.md §6 (`attnmix lm`). Trains the
-// sliding-window spine (window 32, d_model 32, 2 layers, 2 heads) for 100 steps of 8 streams × 64
+// Demo section: the streaming byte-level language model of docs/mechanisms.md#streaming-language-model (`attnmix lm`).
+// Trains the sliding-window spine (window 32, d_model 32, 2 layers, 2 heads) for 100 steps of 8 streams × 64
 // bytes (AdamW, lr 0.02 with cosine decay, one update per chunk) on the GNU GPL v3 that every
 // Debian system carries, with its last 10 % held out; prints the loss falling and the held-out bits
 // per byte against a context-free byte-frequency model and a uniform guess. About 5 s on one core.

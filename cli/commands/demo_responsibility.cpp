@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Demo section: responsibility attention on the recall task of SPEC.md §9.2 (4000 train / 1500 test
-// rows, seed 2, σ² = 0.5, at most 40 EM iterations). Reports test accuracy against the
+// Demo section: responsibility attention on the recall task of docs/mechanisms.md#responsibility-attention (4000 train
+// / 1500 test rows, seed 2, σ² = 0.5, at most 40 EM iterations). Reports test accuracy against the
 // position-only baseline and how many of the 16 symbols had their key and emission recovered.
 #include <chrono>
 #include <cstdio>

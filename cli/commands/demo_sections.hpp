@@ -42,24 +42,25 @@ class DemoFigures {
   std::vector<Entry> entries_;
 };
 
-/// Responsibility attention on the content-recall task of SPEC.md §9.2 (demo_responsibility.cpp).
+/// Responsibility attention on the content-recall task of docs/mechanisms.md#responsibility-attention
+/// (demo_responsibility.cpp).
 void demo_responsibility_attention(std::ostream& out, DemoFigures* figures);
 
-/// Chained attention, one hop against two, on the transitive-lookup task of SPEC.md §9.3
+/// Chained attention, one hop against two, on the transitive-lookup task of docs/mechanisms.md#chained-attention
 /// (demo_chained.cpp).
 void demo_chained_attention(std::ostream& out, DemoFigures* figures);
 
 /// Variational embedding attention against untied responsibility attention on held-out synonyms
-/// (SPEC.md §9.4, VEA-2): tied embeddings transfer to query symbols never seen as queries
-/// (demo_variational.cpp).
+/// (docs/mechanisms.md#variational-embedding-attention, VEA-2): tied embeddings transfer to query symbols never seen as
+/// queries (demo_variational.cpp).
 void demo_variational_embedding_attention(std::ostream& out, DemoFigures* figures);
 
-/// Assignment-tree attention on the 16 × 15 problem of SPEC.md §8.2: frequencies, the spanning
-/// tree, and dense against tree-sparse attention on a few retrieval trials (demo_assign_tree.cpp).
+/// Assignment-tree attention on the 16 × 15 problem of docs/mechanisms.md#assignment-tree-attention: frequencies, the
+/// spanning tree, and dense against tree-sparse attention on a few retrieval trials (demo_assign_tree.cpp).
 void demo_assignment_tree(std::ostream& out, DemoFigures* figures);
 
-/// The streaming byte-level language model of SPEC.md §6 (`attnmix lm`): a short sliding-window
-/// training run on /usr/share/common-licenses/GPL-3 showing the loss falling, and the held-out bits
+/// The streaming byte-level language model of docs/mechanisms.md#streaming-language-model (`attnmix lm`): a short
+/// sliding-window training run on /usr/share/common-licenses/GPL-3 showing the loss falling, and the held-out bits
 /// per byte against byte frequencies alone. Defined in lm.cpp, which runs demo_lm.cpp's section in
 /// the language-model plugin (lm_plugin.hpp); says so and returns when built without libtorch, when
 /// the plugin cannot be loaded or when the text is missing.

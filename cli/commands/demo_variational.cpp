@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Demo section: held-out synonym transfer (SPEC.md §9.4, VEA-2). C = 6 concepts × 2 synonyms
-// (S = 12; symbols 2c and 2c + 1 name concept c), N = 4, T = 6. Each row holds N distinct concepts,
+// Demo section: held-out synonym transfer (docs/mechanisms.md#variational-embedding-attention, VEA-2). C = 6 concepts ×
+// 2 synonyms (S = 12; symbols 2c and 2c + 1 name concept c), N = 4, T = 6. Each row holds N distinct concepts,
 // each written as a random synonym; one of them is queried and the target is f(concept) for a
 // fixed random permutation f. Training queries use synonym 0 (symbol 2c), test queries synonym 1
 // (2c + 1), which no training query ever used. Compares variational embedding attention (one tied

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `attnmix fit`: parses the flags (the family flags generated from the family descriptors, fit_flags.hpp), prepares
 // the chosen family's data and estimator (fit_problem.hpp), fits by EM with the library's optimize(), prints the
-// §1.7 progress lines with per-iteration seconds and a closing summary, and writes the model atomically only after
-// a successful fit. Every default comes from the library's options structs.
+// docs/mechanisms.md#training progress lines with per-iteration seconds and a closing summary, and writes the model
+// atomically only after a successful fit. Every default comes from the library's options structs.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

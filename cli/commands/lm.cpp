@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// `attnmix lm train|eval|generate|recall`: the streaming byte-level language model of SPEC.md §6-7
-// on a text file, and the far-field evaluation (associative recall beyond the window). This file
-// parses and checks the command line (every default comes from the library's options structs in
-// the torch-free headers stream/language_model.hpp and stream/far_field.hpp) and hands the request
-// to the language-model plugin attnmix-lm.so (lm_plugin.hpp, lm_run.cpp), which it loads only
+// `attnmix lm train|eval|generate|recall`: the streaming byte-level language model of
+// docs/mechanisms.md#streaming-language-model and #moment-closure-far-field on a text file, and the far-field
+// evaluation (associative recall beyond the window). This file parses and checks the command line (every default comes
+// from the library's options structs in the torch-free headers stream/language_model.hpp and stream/far_field.hpp) and
+// hands the request to the language-model plugin attnmix-lm.so (lm_plugin.hpp, lm_run.cpp), which it loads only
 // then, so that no other command pays libtorch's start-up. In a build without libtorch, or when the
 // plugin cannot be loaded, `attnmix lm` exists and fails with exit code 2, saying why. docs/lm.md
 // describes the commands and the checkpoint format, docs/far-field.md the recall evaluation.

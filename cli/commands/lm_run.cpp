@@ -593,8 +593,9 @@ int run_recall(const LmRecallRequest& r) {
       << (distance >= o.window ? " (every pair has left it)"
                                : " (so some pairs are still inside it)")
       << "\n";
-  // Tokens join the far field when they are evicted, at the end of a chunk (SPEC §7.8): the pairs
-  // are all there when the chunk holding the first query starts at least a window after them.
+  // Tokens join the far field when they are evicted, at the end of a chunk
+  // (docs/mechanisms.md#moment-closure-far-field): the pairs are all there when the chunk holding the first query
+  // starts at least a window after them.
   const int64_t first_query = 2 * task.pairs + task.gap;
   if (first_query / o.chunk * o.chunk - o.window < 2 * task.pairs)
     out << "            note: with chunks of " << o.chunk

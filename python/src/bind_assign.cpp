@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix.assign (SPEC.md §8): the building blocks of assignment-tree attention and the seed-004
-// experiment, as the submodule _core.assign (re-exported by python/attnmix/assign.py). Arguments go
+// attnmix.assign (docs/mechanisms.md#assignment-tree-attention): the building blocks of assignment-tree attention and
+// the seed-004 experiment, as the submodule _core.assign (re-exported by python/attnmix/assign.py). Arguments go
 // through the strict conversion layer; the calls that sample (frequency estimates, the experiment)
 // run with the GIL released.
 #include <pybind11/stl.h>

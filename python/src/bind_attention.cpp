@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility attention in Python (SPEC.md §2.4): ResponsibilityAttention{Distribution,
-// Estimator, Accumulator, AccumulatorFactory, DataEncoder, Sampler} and sequence_to_triples.
+// Responsibility attention in Python (docs/mechanisms.md#responsibility-attention):
+// ResponsibilityAttention{Distribution, Estimator, Accumulator, AccumulatorFactory, DataEncoder, Sampler} and
+// sequence_to_triples.
 // Constructors convert their arguments (convert.hpp) and call the library's validating
 // constructors; the generic role methods come from bind_core.cpp.
 #include <pybind11/stl.h>
@@ -40,7 +41,7 @@ Dist make_distribution(py::object key_means, py::object emission, py::object pos
   p.sigma2 = real_number(sigma2, kDist, "sigma2");
   p.name = name_arg(name, kDist);
   const Precision arithmetic = precision_arg(precision, kDist);
-  return Dist(AnyDistribution(ResponsibilityAttention(std::move(p), arithmetic)));  // validates (SPEC.md §2.5)
+  return Dist(AnyDistribution(ResponsibilityAttention(std::move(p), arithmetic)));  // validates
 }
 
 /// key_means, emission, position_prior, sigma2, name, precision: the constructor's arguments (pickling).
@@ -143,7 +144,7 @@ struct SamplerPy {
 
 py::object sample(SamplerPy& s, py::object size, py::object batched) {
   constexpr const char* where = "ResponsibilityAttentionSampler.sample";
-  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
   const auto one = [&] {
     const ResponsibilityAttentionObservation obs = s.sampler.sample();
     return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()),

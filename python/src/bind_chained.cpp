@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chained attention in Python (SPEC.md §3.4): ChainedAttention{Distribution, Estimator,
+// Chained attention in Python (docs/mechanisms.md#chained-attention): ChainedAttention{Distribution, Estimator,
 // Accumulator, AccumulatorFactory, DataEncoder, Sampler}. Constructors convert their arguments
 // (convert.hpp) and call the library's validating constructors; the generic role methods come from
 // bind_core.cpp.
@@ -26,7 +26,7 @@ using Encoder = ChainedAttentionDataEncoderPy;
 
 constexpr const char* kDist = "ChainedAttentionDistribution";
 /// The sampler's default context length: the default argument of ChainedAttention::sampler and of
-/// ChainedAttentionSampler (SPEC.md §3.4).
+/// ChainedAttentionSampler (docs/mechanisms.md#chained-attention).
 constexpr int64_t kDefaultContextLength = 6;
 
 py::object optional_int(const std::optional<int64_t>& v) {
@@ -59,7 +59,7 @@ Dist make_distribution(py::object keys, py::object emission, py::object sigma2, 
   p.emission = reals_2d(emission, kDist, "emission");
   p.sigma2 = real_number(sigma2, kDist, "sigma2");
   p.name = name_arg(name, kDist);
-  return Dist(AnyDistribution(ChainedAttention(std::move(p))));  // validates (SPEC.md §3.4)
+  return Dist(AnyDistribution(ChainedAttention(std::move(p))));  // validates (docs/mechanisms.md#chained-attention)
 }
 
 /// The hop tables as one new (L, S, S) array.
@@ -151,7 +151,7 @@ SamplerPy make_sampler(py::object dist, py::object seed, py::object context_leng
 
 py::object sample(SamplerPy& s, py::object size, py::object batched) {
   constexpr const char* where = "ChainedAttentionSampler.sample";
-  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
   const auto one = [&] {
     const ChainedAttentionObservation obs = s.sampler.sample();
     return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()),

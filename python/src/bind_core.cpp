@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // attnmix.Rng, EncodedBatch, the role base classes every family inherits (Distribution, Estimator,
-// Accumulator, AccumulatorFactory, DataEncoder) with their generic methods (SPEC.md §1.1), and the
-// model files (§1.10). Calls that run an E-step or a scoring pass release the GIL.
+// Accumulator, AccumulatorFactory, DataEncoder) with their generic methods (docs/mechanisms.md#building-blocks), and
+// the model files (docs/model-format.md). Calls that run an E-step or a scoring pass release the GIL.
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -38,7 +38,7 @@ const DistributionHandle& model_arg(py::object obj, const std::string& where) {
   return obj.cast<const DistributionHandle&>();
 }
 
-/// The E-step of `model` on `batch` into acc (SPEC.md §1.1 seq_update), atomic, without the GIL.
+/// The E-step of `model` on `batch` into acc (docs/mechanisms.md#building-blocks seq_update), atomic, without the GIL.
 void accumulate(AnyAccumulator& acc, const AnyBatch& batch, const std::vector<double>& w,
                 const AnyDistribution& model) {
   // Adding an empty accumulator of the model's family checks family and layout before any work.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// optimize() and score() in Python (SPEC.md §1.7, §1.8). The arguments are converted with the GIL
+// optimize() and score() in Python (docs/mechanisms.md#training). The arguments are converted with the GIL
 // held; the fit itself (encoding aside) runs in the library with the GIL released, and the progress
 // callback takes the GIL back only to write one line to `out` (and to append it to `history`).
 #include <pybind11/eval.h>
@@ -80,7 +80,7 @@ py::object optimize_py(py::object data, py::object estimator, py::object max_its
   options.n_threads = num_threads.is_none() ? 0 : int_option(num_threads, "num_threads", true);
   options.validate();
 
-  // SPEC.md §1.7 step 1: one encoder for data and vdata, the model's when restarting.
+  // Encoding (docs/mechanisms.md#training): one encoder for data and vdata, the model's when restarting.
   std::optional<AnyDistribution> prev;
   if (!prev_estimate.is_none())
     prev = distribution_arg(prev_estimate, kOptimize, "prev_estimate").any;
@@ -112,7 +112,8 @@ py::object optimize_py(py::object data, py::object estimator, py::object max_its
         throw py::error_already_set();  // Ctrl-C stops a long fit between lines
     };
 
-  // SPEC.md §1.7 step 2 draws from rng only when there is no previous estimate.
+  // The initialisation of optimize() (docs/mechanisms.md#training) draws from rng only when there is no previous
+  // estimate.
   RngSource source = prev ? RngSource(0) : rng_source(rng, 0, kOptimize);
   AnyDistribution fitted;
   {

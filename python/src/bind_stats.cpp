@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The combinators and classical leaves in Python (SPEC.md §1.5): Mixture{Distribution, Estimator,
+// The combinators and classical leaves in Python (docs/mechanisms.md#building-blocks): Mixture{Distribution, Estimator,
 // Accumulator, DataEncoder}, Composite{…}, Categorical{…, Sampler} and DiagonalGaussian{…,
 // Sampler}. Constructors convert and call the library's validating constructors; the generic role
 // methods come from bind_core.cpp.
@@ -97,7 +97,7 @@ py::object optional_int(const std::optional<int64_t>& v) {
 template <class Sampler, class Convert>
 py::object sample_leaf(Sampler& sampler, py::object size, py::object batched, const char* where,
                        Convert&& convert) {
-  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
   if (size.is_none()) return convert(sampler.sample());
   const int64_t m = nonnegative_int(size, where, "size");
   py::list out;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix._stream (re-exported by python/attnmix/experimental.py): the pure functions of SPEC.md
-// §6.3 and §7 (RoPE, attention_law, the cluster-bank operations) on numpy arrays, and the streaming
-// language models of stream/language_model.hpp and stream/far_field.hpp on token arrays.
+// attnmix._stream (re-exported by python/attnmix/experimental.py): the pure functions of
+// docs/mechanisms.md#streaming-language-model and #moment-closure-far-field (RoPE, attention_law, the cluster-bank
+// operations) on numpy arrays, and the streaming language models of stream/language_model.hpp and stream/far_field.hpp
+// on token arrays.
 //
 // Arrays come in through the strict conversion layer (convert.hpp) and cross into libtorch as
 // float64 tensors (a copy); results are copied out as float64 numpy arrays. ClusterBank wraps the
@@ -167,7 +168,8 @@ BirthMergeOptions birth_merge_options(py::handle birth_threshold, py::handle mer
   o.birth_threshold = real_number(birth_threshold, where, "birth_threshold");
   if (!merge_threshold.is_none())
     o.merge_threshold = real_number(merge_threshold, where, "merge_threshold");
-  // SPEC §7.6 lists a non-integer outlier_top_k (bool included) among the ValueErrors.
+  // docs/mechanisms.md#moment-closure-far-field lists a non-integer outlier_top_k (bool included) among the
+  // ValueErrors.
   try {
     o.outlier_top_k = nonnegative_int(outlier_top_k, where, "outlier_top_k");
   } catch (const TypeError& e) {

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The variational families in Python: AttentionOptimizerState (SPEC.md §4.5), variational embedding
-// attention VariationalEmbeddingAttention{Distribution, Estimator, Accumulator, AccumulatorFactory,
-// DataEncoder, Sampler} (§4.6) and variational multi-hop attention
-// VariationalMultiHopAttention{…} (§5). Constructors convert their arguments (convert.hpp) and call
-// the library's validating constructors; the generic role methods come from bind_core.cpp, and the
-// statistics tuples (whose last entry is the optimizer state) from families.cpp.
+// The variational families in Python: AttentionOptimizerState (docs/mechanisms.md#variational-embedding-attention),
+// variational embedding attention VariationalEmbeddingAttention{Distribution, Estimator, Accumulator,
+// AccumulatorFactory, DataEncoder, Sampler} (docs/mechanisms.md#variational-embedding-attention) and variational
+// multi-hop attention VariationalMultiHopAttention{…} (docs/mechanisms.md#variational-multi-hop-attention).
+// Constructors convert their arguments (convert.hpp) and call the library's validating constructors; the generic role
+// methods come from bind_core.cpp, and the statistics tuples (whose last entry is the optimizer state) from
+// families.cpp.
 #include <pybind11/stl.h>
 
 #include <initializer_list>
@@ -40,7 +41,8 @@ constexpr const char* kState = "AttentionOptimizerState";
 constexpr const char* kVeaDist = "VariationalEmbeddingAttentionDistribution";
 constexpr const char* kVmhaDist = "VariationalMultiHopAttentionDistribution";
 /// The multi-hop sampler's default context length: the default argument of
-/// VariationalMultiHopAttention::sampler and of VariationalMultiHopAttentionSampler (SPEC.md §5).
+/// VariationalMultiHopAttention::sampler and of VariationalMultiHopAttentionSampler
+/// (docs/mechanisms.md#variational-multi-hop-attention).
 constexpr int64_t kDefaultContextLength = 6;
 
 // ---- shared conversions -------------------------------------------------------------------------
@@ -132,7 +134,7 @@ struct SamplerPy {
 template <class Sampler, class ToPython>
 py::object sample_draws(SamplerPy<Sampler>& s, py::object size, py::object batched,
                         const char* where, ToPython&& to_python) {
-  (void)flag(batched, where, "batched");  // accepted, no effect (SPEC.md §1.1)
+  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
   if (size.is_none()) return to_python(s.sampler.sample());
   const int64_t m = nonnegative_int(size, where, "size");
   py::list out;
@@ -362,7 +364,7 @@ void bind_optimizer_state(py::module_& m) {
           }));
 }
 
-// ---- variational embedding attention (SPEC.md §4.6) ---------------------------------------------
+// ---- variational embedding attention (docs/mechanisms.md#variational-embedding-attention) -------
 
 VeaDist make_vea(py::handle mean, py::handle log_var, py::handle emission,
                  py::handle position_prior, py::handle sigma2, py::handle name,
@@ -376,7 +378,7 @@ VeaDist make_vea(py::handle mean, py::handle log_var, py::handle emission,
   p.name = name_arg(name, kVeaDist);
   p.optimizer_state = state_arg(optimizer_state, kVeaDist);
   const Precision arithmetic = precision_arg(precision, kVeaDist);
-  return VeaDist(AnyDistribution(VariationalEmbeddingAttention(std::move(p), arithmetic)));  // validates (§4.7)
+  return VeaDist(AnyDistribution(VariationalEmbeddingAttention(std::move(p), arithmetic)));  // validates
 }
 
 /// mean, log_var, emission, position_prior, sigma2, name, optimizer_state, precision (pickling).
@@ -529,7 +531,7 @@ void bind_vea_encoder(py::module_& m) {
                              doc::kEncoderNumTargets);
 }
 
-// ---- variational multi-hop attention (SPEC.md §5) -----------------------------------------------
+// ---- variational multi-hop attention (docs/mechanisms.md#variational-multi-hop-attention) -------
 
 VmhaDist make_vmha(py::handle mean, py::handle log_var, py::handle emission, py::handle sigma2,
                    py::handle name, py::handle optimizer_state) {
@@ -707,7 +709,8 @@ std::shared_ptr<const AttentionOptimizerState> optimizer_state_from_python(py::h
 
 namespace {
 
-/// The entry of a variational family: its statistics carry the optimizer state (SPEC.md §4.3).
+/// The entry of a variational family: its statistics carry the optimizer state
+/// (docs/mechanisms.md#variational-embedding-attention).
 template <class D, class E, class A, class Encoder>
 void register_variational_family() {
   PythonFamily state;

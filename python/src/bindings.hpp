@@ -17,22 +17,23 @@ namespace attnmix::python {
 
 /// Rng, EncodedBatch, the role base classes and their generic methods, model files.
 void bind_core(pybind11::module_& m);
-/// Responsibility attention: the six roles and sequence_to_triples (SPEC.md §2.4).
+/// Responsibility attention: the six roles and sequence_to_triples (docs/mechanisms.md#responsibility-attention).
 void bind_attention(pybind11::module_& m);
-/// Chained attention: the six roles (SPEC.md §3.4).
+/// Chained attention: the six roles (docs/mechanisms.md#chained-attention).
 void bind_chained(pybind11::module_& m);
 /// AttentionOptimizerState and the variational families: the six roles of variational embedding
-/// attention (SPEC.md §4.6) and of variational multi-hop attention (§5).
+/// attention (docs/mechanisms.md#variational-embedding-attention) and of variational multi-hop attention
+/// (docs/mechanisms.md#variational-multi-hop-attention).
 void bind_variational(pybind11::module_& m);
-/// Mixture, Composite, Categorical and DiagonalGaussian (SPEC.md §1.5).
+/// Mixture, Composite, Categorical and DiagonalGaussian (docs/mechanisms.md#building-blocks).
 void bind_stats(pybind11::module_& m);
-/// optimize() and score() (SPEC.md §1.7).
+/// optimize() and score() (docs/mechanisms.md#training).
 void bind_inference(pybind11::module_& m);
-/// The submodule assign: assignment-tree attention and its experiment (SPEC.md §8).
+/// The submodule assign: assignment-tree attention and its experiment (docs/mechanisms.md#assignment-tree-attention).
 void bind_assign(pybind11::module_& m);
 
-/// The statistics attachment of the variational families (SPEC.md §4.3) as the last entry of their
-/// value() tuples (families.cpp), implemented with the AttentionOptimizerState class
+/// The statistics attachment of the variational families (docs/mechanisms.md#variational-embedding-attention) as the
+/// last entry of their value() tuples (families.cpp), implemented with the AttentionOptimizerState class
 /// (bind_variational.cpp): an immutable attnmix.AttentionOptimizerState sharing `state`, or None.
 [[nodiscard]] pybind11::object optimizer_state_to_python(
     const std::shared_ptr<const AttentionOptimizerState>& state);

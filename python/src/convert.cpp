@@ -74,8 +74,8 @@ struct Target {
   }
 };
 
-/// Exact integer ids (SPEC.md §1.2): integers pass, integral finite reals pass, everything else is
-/// rejected. Writes into a buffer sized from the shape.
+/// Exact integer ids (docs/mechanisms.md#building-blocks): integers pass, integral finite reals pass, everything else
+/// is rejected. Writes into a buffer sized from the shape.
 struct IdSink {
   using value_type = int64_t;
   const Target& target;

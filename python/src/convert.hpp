@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file convert.hpp
 /// The one conversion layer between Python values and the library's types: every binding reads its
-/// arguments through these functions, so the strict rules of SPEC.md §1.2 hold at every Python
+/// arguments through these functions, so the strict rules of docs/mechanisms.md#building-blocks hold at every Python
 /// entry point.
 ///
 ///   ids       bool dtype / bool element, ragged nesting, non-numeric value, wrong ndim →

@@ -97,8 +97,8 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
       queries.reserve(static_cast<size_t>(n * D));
     }
     // Rows of different widths are a shape mismatch (ValueError, like the queries'); a ragged
-    // nesting inside one context is read_ids' TypeError (SPEC.md §1.2). A declared N is checked by
-    // the library's encoder.
+    // nesting inside one context is read_ids' TypeError (docs/mechanisms.md#building-blocks). A declared N is checked
+    // by the library's encoder.
     if (ctx.shape[0] != N)
       throw ValueError(where + ": contexts must all have the same length (row 0 has " +
                        std::to_string(N) + ", row " + std::to_string(row) + " has " +

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file encoders.hpp
-/// The Python data encoders of every family (SPEC.md §1.1, §1.10): Python data → the library's
-/// validated batch, through the conversion layer (convert.hpp) and the library's own encoders.
+/// The Python data encoders of every family (docs/mechanisms.md#building-blocks and docs/model-format.md): Python data
+/// → the library's validated batch, through the conversion layer (convert.hpp) and the library's own encoders.
 ///
 /// Accepted data (seq_encode):
 ///   responsibility attention  a list of (context, query, target) triples, or the fast path: a

@@ -37,8 +37,8 @@ const PythonFamily& family_of(const std::type_info& type, std::string_view what)
 
 using StateList = std::vector<std::shared_ptr<const AttentionOptimizerState>>;
 
-/// Appends the flat statistics of `value`, laid out like `like`, to out (SPEC.md §1.3 order), and the optimizer
-/// states of its stateful leaves, depth first, to states.
+/// Appends the flat statistics of `value`, laid out like `like`, to out (docs/mechanisms.md#building-blocks order), and
+/// the optimizer states of its stateful leaves, depth first, to states.
 void flatten_statistics(py::handle value, const AnyAccumulator& like, std::string_view where,
                         std::vector<double>& out, StateList& states) {
   const PythonFamily& family = family_of(like.type(), "statistics");

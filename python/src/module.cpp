@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix._core: the module definition. The exception translation (SPEC.md §1.9), pickling and the
-// guard against uninitialised instances are shared with attnmix._stream (module_support.hpp):
+// attnmix._core: the module definition. The exception translation (docs/mechanisms.md#building-blocks), pickling and
+// the guard against uninitialised instances are shared with attnmix._stream (module_support.hpp):
 //   attnmix::TypeError → TypeError, attnmix::ValueError → ValueError,
 //   attnmix::ImpossibleEvidenceError → attnmix.ImpossibleEvidenceError (a ValueError with .rows),
 //   attnmix::StateError → RuntimeError, attnmix::IoError → OSError (by errno: FileNotFoundError,
@@ -23,7 +23,7 @@ PYBIND11_MODULE(_core, m) {
   attnmix::python::init_conversions();
 
   // _raise(kind, message, rows=[], error_number=0) raises the C++ exception `kind`, so the tests
-  // can check every translation (SPEC.md §1.9), including StateError, which no family of this
+  // can check every translation (docs/mechanisms.md#building-blocks), including StateError, which no family of this
   // module raises yet.
   attnmix::python::bind_raise(m);
 

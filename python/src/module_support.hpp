@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file module_support.hpp
 /// What every extension module of attnmix (_core, _stream) does at import, compiled into each of
-/// them (module_support.cpp), so the two behave as one module (SPEC.md §1.9):
+/// them (module_support.cpp), so the two behave as one module (docs/mechanisms.md#building-blocks):
 ///
 /// * One exception translation, registered module-locally, so that neither module's translator can
 ///   shadow the other's (pybind11 keeps one process-wide list, latest first, for every module):

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file roles.hpp
-/// The C++ objects behind the Python role classes (SPEC.md §1.1) and the family dispatch between
+/// The C++ objects behind the Python role classes (docs/mechanisms.md#building-blocks) and the family dispatch between
 /// them.
 ///
 /// Every Python distribution, estimator and accumulator holds the library's type-erased handle
@@ -51,7 +51,7 @@ struct EncodedBatch {
       encoder;  // immutable; non-const only because pybind11 holders cannot be const
 };
 
-/// Turns Python data into a batch of one family (SPEC.md §1.1 "Data encoder").
+/// Turns Python data into a batch of one family (docs/mechanisms.md#building-blocks "Data encoder").
 class DataEncoder : public std::enable_shared_from_this<DataEncoder> {
  public:
   virtual ~DataEncoder() = default;
@@ -153,7 +153,8 @@ struct PythonFamily {
   /// The inverse: appends the combinator's own numbers of `value` to `out` and returns its children's values.
   py::tuple (*value_in)(py::handle value, const AnyAccumulator& like, std::string_view where,
                         std::vector<double>& out) = nullptr;
-  /// A leaf whose statistics carry an optimizer state (SPEC.md §4.3): its value() tuple ends with it.
+  /// A leaf whose statistics carry an optimizer state (docs/mechanisms.md#variational-embedding-attention): its value()
+  /// tuple ends with it.
   std::shared_ptr<const AttentionOptimizerState> (*state_of)(const AnyAccumulator& acc) = nullptr;
   void (*set_state)(AnyAccumulator& acc, std::shared_ptr<const AttentionOptimizerState> state) = nullptr;
 };
@@ -196,7 +197,7 @@ void register_leaf_family(PythonFamily extra = {}) {
 /// The encoder of a model's data (dist_to_encoder) and of an accumulator's data (acc_to_encoder).
 [[nodiscard]] std::shared_ptr<DataEncoder> encoder_of(const AnyDistribution& model);
 [[nodiscard]] std::shared_ptr<DataEncoder> encoder_of(const AnyAccumulator& acc);
-/// value(): the statistics as the family's tuple of numpy arrays (SPEC.md §1.3 layouts), deep
+/// value(): the statistics as the family's tuple of numpy arrays (docs/mechanisms.md#building-blocks layouts), deep
 /// copies.
 [[nodiscard]] py::object statistics_to_python(const AnyAccumulator& acc);
 /// The statistics of `value` (arity and exact shapes checked here, entries and mass laws by the

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix._stream: the streaming part of attnmix (SPEC.md §6-7, target attnmix::torch) on numpy
-// arrays, imported lazily by attnmix.experimental. It is a separate extension because it loads
-// libtorch, which `import attnmix` must never do; it needs no Python torch (tensors cross as
-// float64 numpy arrays, copied both ways). Errors translate exactly as in attnmix._core, by the
+// attnmix._stream: the streaming part of attnmix (docs/mechanisms.md#streaming-language-model and
+// #moment-closure-far-field, target attnmix::torch) on numpy arrays, imported lazily by attnmix.experimental. It is a
+// separate extension because it loads libtorch, which `import attnmix` must never do; it needs no Python torch (tensors
+// cross as float64 numpy arrays, copied both ways). Errors translate exactly as in attnmix._core, by the
 // same code (module_support.hpp), registered for this module's functions only, and with the same
 // attnmix.ImpossibleEvidenceError class, imported from _core. (std::runtime_error, which the
 // language-model functions raise for a bad checkpoint, is RuntimeError through pybind11's own

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Assignment-tree attention building blocks (SPEC.md §8.1): perturb-and-MAP sampling, frequency
-// estimation, Kruskal's maximum spanning tree and (tree-sparse) softmax attention.
+// Assignment-tree attention building blocks (docs/mechanisms.md#assignment-tree-attention): perturb-and-MAP sampling,
+// frequency estimation, Kruskal's maximum spanning tree and (tree-sparse) softmax attention.
 #include "attnmix/assign/assignment_tree.hpp"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The assignment-tree experiment of seed 004 (SPEC.md §8.2). Every random quantity comes from a
-// stream fixed by the procedure (base = Rng(seed), Rng(999), Rng(seed + 31K + r), Rng(777),
+// The assignment-tree experiment of seed 004 (docs/mechanisms.md#assignment-tree-attention). Every random quantity
+// comes from a stream fixed by the procedure (base = Rng(seed), Rng(999), Rng(seed + 31K + r), Rng(777),
 // Rng(4000 + t), Rng(7000 + t)), and every parallel part stores per-task results that are reduced
 // in task order, so the result does not depend on n_threads.
 #include "attnmix/assign/experiment.hpp"
@@ -108,7 +108,7 @@ struct RetrievalTrial {
   Index tree_edges = 0, zero_frequency_edges = 0, repaired_rows = 0;
 };
 
-/// Retrieval trial t (SPEC.md §8.2 step 5).
+/// Retrieval trial t (the retrieval comparison of docs/mechanisms.md#assignment-tree-attention).
 RetrievalTrial retrieval_trial(int64_t t) {
   Rng rr(static_cast<uint64_t>(4000 + t));
   const Matrix qq = normal_matrix(rr, kN + 1, kD);

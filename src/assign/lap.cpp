@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Rectangular linear assignment by shortest augmenting paths with dual prices (SPEC.md §8.1); the
-// algorithm is described in lap_impl.hpp.
+// Rectangular linear assignment by shortest augmenting paths with dual prices
+// (docs/mechanisms.md#assignment-tree-attention); the algorithm is described in lap_impl.hpp.
 #include "attnmix/assign/lap.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chained attention: the model, exact forward–backward and the E-step (SPEC.md §3.1–§3.3).
+// Chained attention: the model, exact forward–backward and the E-step (docs/mechanisms.md#chained-attention).
 //
 // Per row, with gate weights W_ℓ(i, j) = E⁽ℓ⁺¹⁾[v_i][k_j] = exp(G⁽ℓ⁺¹⁾[v_i][k_j] − max_s G⁽ℓ⁺¹⁾[v_i][s]) (the
 // model's precomputed table), r_ℓ(i) = 1 / Σ_j W_ℓ(i, j), A_ℓ(i, j) = r_ℓ(i) W_ℓ(i, j) and f(j) = B[v_j, t]:
@@ -307,7 +307,7 @@ double forward_backward(const ChainedAttention& m, const Row& x, Workspace& ws, 
   return std::log(p);
 }
 
-/// True when B[v_j, t] = 0 for every position: log p = −∞ whatever the gates (SPEC.md §3.2).
+/// True when B[v_j, t] = 0 for every position: log p = −∞ whatever the gates (docs/mechanisms.md#chained-attention).
 bool impossible(const ChainedAttention& m, const Row& x, Index N) {
   const ConstMatrixMap B(m.emission().data(), m.n_symbols(), m.n_targets());
   for (Index j = 0; j < N; ++j)
@@ -315,7 +315,7 @@ bool impossible(const ChainedAttention& m, const Row& x, Index N) {
   return true;
 }
 
-/// Adds the hop-0 and emission statistics of one row from γ [L, gamma_stride] (SPEC.md §3.3).
+/// Adds the hop-0 and emission statistics of one row from γ [L, gamma_stride] (docs/mechanisms.md#chained-attention).
 void scatter_ends(const Row& x, double w, Index N, const double* gamma, Index gamma_stride,
                   ChainedAttentionAccumulator& acc) {
   const Index L = acc.n_hops();
@@ -331,7 +331,8 @@ void scatter_ends(const Row& x, double w, Index N, const double* gamma, Index ga
   for (Index j = 0; j < N; ++j) emission(x.values[j], x.target) += w * last[j];
 }
 
-/// Adds one row's weighted statistics (SPEC.md §3.3) from γ [L, gamma_stride] and ξ [L−1, N, N].
+/// Adds one row's weighted statistics (docs/mechanisms.md#chained-attention) from γ [L, gamma_stride] and ξ [L−1, N,
+/// N].
 void scatter(const Row& x, double w, Index N, const double* gamma, Index gamma_stride, const double* xi,
              ChainedAttentionAccumulator& acc) {
   scatter_ends(x, w, N, gamma, gamma_stride, acc);
@@ -641,7 +642,8 @@ ChainedAttention::ChainedAttention(ChainedAttentionParams params) : params_(std:
     for (Index u = 0; u < S; ++u)
       for (Index s = 0; s < S; ++s) gate_logits_(hop * S + u, s) = (2.0 * K(s, u) - rho[s]) * inv_two_sigma2;
   }
-  // Finite logits make every gate a proper softmax, so log p = −∞ only for impossible evidence (SPEC.md §3.2).
+  // Finite logits make every gate a proper softmax, so log p = −∞ only for impossible evidence
+  // (docs/mechanisms.md#chained-attention).
   if (!gate_logits_.allFinite())
     throw ValueError(std::string(kWhere) + ": keys and sigma2 must give finite gate logits (2 K[s,u] - ||K[s]||^2) / "
                      "(2 sigma2); the keys are too large for this sigma2");

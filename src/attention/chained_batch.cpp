@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chained-attention batches and the validating encoder (SPEC.md §1.2, §3.4).
+// Chained-attention batches and the validating encoder (docs/mechanisms.md#building-blocks and #chained-attention).
 #include <algorithm>
 #include <string>
 

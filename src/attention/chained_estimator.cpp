@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chained-attention statistics, the M-step and the sampler (SPEC.md §3.3, §3.4).
+// Chained-attention statistics, the M-step and the sampler (docs/mechanisms.md#chained-attention).
 #include <algorithm>
 #include <cmath>
 
@@ -12,7 +12,7 @@
 namespace attnmix {
 
 namespace {
-constexpr double kKeyMassFloor = 1e-9;  // M-step denominator floor of SPEC.md §3.3
+constexpr double kKeyMassFloor = 1e-9;  // M-step denominator floor of docs/mechanisms.md#chained-attention
 
 std::shared_ptr<const StatLayout> ca_layout(std::string_view where, int64_t L, int64_t S, int64_t T) {
   return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{

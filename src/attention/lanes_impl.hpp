@@ -75,8 +75,9 @@ inline Lanes horizontal_sums(const double* v, Index count, double fill) {
 }
 
 /// Below this argument exp goes through std::exp (exp(−708) is still a normal double): exp_lanes is written for
-/// arguments in [−708, 0], and the responsibilities of −∞ log weights must be exactly 0 (SPEC.md §2.1: a
-/// zero-probability position can never be revived; Eigen's packet exp returns 5.6e−309 for −∞, which would).
+/// arguments in [−708, 0], and the responsibilities of −∞ log weights must be exactly 0
+/// (docs/mechanisms.md#responsibility-attention: a zero-probability position can never be revived; Eigen's packet exp
+/// returns 5.6e−309 for −∞, which would).
 constexpr double kExpLanesMin = -708.0;
 
 /// exp(x) lane-wise for x ∈ [−708, 0], within about 1 ulp of the correctly rounded value (docs/PERFORMANCE.md):

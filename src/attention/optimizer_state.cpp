@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The optimizer state of the variational families, its JSON form, the Adam ascent step, the KL term and the
-// Monte-Carlo noise tables (SPEC.md §4.3–§4.5).
+// Monte-Carlo noise tables (docs/mechanisms.md#variational-embedding-attention).
 #include "attnmix/attention/optimizer_state.hpp"
 
 #include <algorithm>

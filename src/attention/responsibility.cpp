@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility attention: validation, log density, the E-step and prediction (SPEC.md §2.1, §2.2, §2.5).
+// Responsibility attention: validation, log density, the E-step and prediction
+// (docs/mechanisms.md#responsibility-attention).
 // Hot path (docs/PERFORMANCE.md): pass 1 computes, row by row, ℓ_i (N·D squared differences, eight positions at a
 // time in 8-lane vectors), r_i and log p, requesting the query and context lines of a few rows ahead; pass 2
 // scatters w r_i into the statistics. Both passes run per batch (one chunk of parallel_accumulate), so impossible
@@ -225,10 +226,10 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
   return n_impossible;
 }
 
-/// Pass 2: the statistics of SPEC.md §2.2 of every row with w_n > 0, in row order. key_sum is summed in a
-/// 64-byte-aligned scratch (8-lane read-modify-writes that straddle cache lines cost twice as much) and its
-/// non-zero entries are then added to acc: into a zeroed accumulator, as parallel_accumulate's partials are, that
-/// gives the bits of adding row by row; untouched entries are left exactly as they were.
+/// Pass 2: the statistics of docs/mechanisms.md#responsibility-attention of every row with w_n > 0, in row order.
+/// key_sum is summed in a 64-byte-aligned scratch (8-lane read-modify-writes that straddle cache lines cost twice as
+/// much) and its non-zero entries are then added to acc: into a zeroed accumulator, as parallel_accumulate's partials
+/// are, that gives the bits of adding row by row; untouched entries are left exactly as they were.
 template <Index kBlocks>
 void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
              const double* __restrict r, ResponsibilityAttentionAccumulator& acc) {

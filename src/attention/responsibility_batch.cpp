@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility-attention batches, the validating encoder and sequence_to_triples (SPEC.md §1.2, §2.4, §2.5).
+// Responsibility-attention batches, the validating encoder and sequence_to_triples (docs/mechanisms.md#building-blocks
+// and #responsibility-attention).
 #include <cmath>
 #include <string>
 

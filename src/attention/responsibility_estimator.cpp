@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility-attention statistics and the closed-form M-step (SPEC.md §2.2, §2.3).
+// Responsibility-attention statistics and the closed-form M-step (docs/mechanisms.md#responsibility-attention).
 #include <algorithm>
 #include <cmath>
 
@@ -12,7 +12,7 @@
 namespace attnmix {
 
 namespace {
-constexpr double kKeyMassFloor = 1e-12;  // M-step denominator floor of SPEC.md §2.3
+constexpr double kKeyMassFloor = 1e-12;  // M-step denominator floor of docs/mechanisms.md#responsibility-attention
 
 std::shared_ptr<const StatLayout> ra_layout(std::string_view where, int64_t S, int64_t N, int64_t D, int64_t T) {
   return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
@@ -65,7 +65,7 @@ void ResponsibilityAttentionAccumulator::initialize(const ResponsibilityAttentio
   MatrixMap em = emission_count();
   VectorMap pc = position_count();
   for (Index n = 0; n < batch.n_rows(); ++n) {
-    rng.dirichlet_ones(r);  // drawn for every row, whatever w_n is (SPEC.md §1.7 step 2)
+    rng.dirichlet_ones(r);  // every row, whatever w_n is (initialisation, docs/mechanisms.md#training)
     const double wn = w[n];
     if (wn == 0.0) continue;
     const int64_t* ctx = batch.context(n);
@@ -129,7 +129,7 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional
   p.key_means.resize(S_, D_);
   for (Index s = 0; s < S_; ++s) p.key_means.row(s) = key_sum.row(s) / std::max(key_mass[s], kKeyMassFloor);
 
-  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);  // SPEC.md §10.16
+  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);  // docs/porting.md
 
   const ConstVectorMap positions = acc.position_count();
   if (mass > 0.0)

@@ -45,9 +45,9 @@ inline double squared_distance(const double* __restrict a, const double* __restr
   return sum;
 }
 
-/// The M-step's embedding state (SPEC.md §4.4): without a carried state, the initial one (m = initial_scale·N(0, 1)
-/// row-major and log v = log 0.3, from Rng(derive_seed(seed, kInit, 0))); otherwise one Adam ascent step of the
-/// carried state with KL weight prior_weight(τ) for τ = carried iteration + 1.
+/// The M-step's embedding state (docs/mechanisms.md#variational-embedding-attention): without a carried state, the
+/// initial one (m = initial_scale·N(0, 1) row-major and log v = log 0.3, from Rng(derive_seed(seed, kInit, 0)));
+/// otherwise one Adam ascent step of the carried state with KL weight prior_weight(τ) for τ = carried iteration + 1.
 /// @throws ValueError when the carried state belongs to another family or geometry.
 template <class PriorWeight>
 AttentionOptimizerState next_state(std::string_view where, std::string_view family,

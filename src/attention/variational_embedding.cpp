@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Variational embedding attention: validation, plug-in log density, the Monte-Carlo E-step and prediction
-// (SPEC.md §4.1–§4.3, §4.7).
+// (docs/mechanisms.md#variational-embedding-attention).
 // Hot path (docs/PERFORMANCE.md): the noise tables E_k of the model's iteration are built once per model and sample
 // count (MonteCarloCache) and shared by every chunk. For each k the rows of a chunk are processed in blocks of
 // kRowBlock: first each row's N squared distances in 8-lane blocks, the gate by exp_shifted and the posterior in

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Variational embedding attention: batches, the encoder, statistics, the M-step and the samplers
-// (SPEC.md §4.3–§4.7).
+// (docs/mechanisms.md#variational-embedding-attention).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -175,7 +175,7 @@ VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate(
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "n", acc.n());
 
   VariationalEmbeddingAttentionParams p;
-  constexpr double kInitialScale = 0.1;  // SPEC.md §4.4: m = 0.1 · N(0, 1)
+  constexpr double kInitialScale = 0.1;  // docs/mechanisms.md#variational-embedding-attention: m = 0.1 · N(0, 1)
   const double lambda = options_.prior_strength;
   p.optimizer_state =
       variational::next_state(kWhere, VariationalEmbeddingAttention::kFamily, acc.optimizer_state(), acc.grad_mean(),

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Variational multi-hop attention: validation, plug-in log density, the Monte-Carlo E-step and prediction (SPEC.md
-// §5). Every row is computed in log space (exact, −∞ allowed): N + N² squared distances, the two gates, then
-// ρ and the gradient scattered into a per-thread table G folded into grad_mean and grad_log_var once per (chunk, k).
+// Variational multi-hop attention: validation, plug-in log density, the Monte-Carlo E-step and prediction
+// (docs/mechanisms.md#variational-multi-hop-attention). Every row is computed in log space (exact, −∞ allowed): N + N²
+// squared distances, the two gates, then ρ and the gradient scattered into a per-thread table G folded into grad_mean
+// and grad_log_var once per (chunk, k).
 #include <algorithm>
 #include <cmath>
 #include <string>

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Variational multi-hop attention: statistics, the M-step with the annealed KL weight and the samplers (SPEC.md §5).
+// Variational multi-hop attention: statistics, the M-step with the annealed KL weight and the samplers
+// (docs/mechanisms.md#variational-multi-hop-attention).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -122,7 +123,7 @@ VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate(
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "n", acc.n());
 
   VariationalMultiHopAttentionParams p;
-  constexpr double kInitialScale = 1.0;  // SPEC.md §5: m ~ N(0, 1)
+  constexpr double kInitialScale = 1.0;  // docs/mechanisms.md#variational-multi-hop-attention: m ~ N(0, 1)
   p.optimizer_state =
       variational::next_state(kWhere, VariationalMultiHopAttention::kFamily, acc.optimizer_state(), acc.grad_mean(),
                               acc.grad_log_var(), options_.seed, kInitialScale, options_.lr,

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Keyed parameter tying over type-erased accumulators (SPEC.md §1.4): depth-first, this site before its children.
+// Keyed parameter tying over type-erased accumulators (docs/mechanisms.md#building-blocks): depth-first, this site
+// before its children.
 #include "attnmix/core/any.hpp"
 
 namespace attnmix {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Located, strict parsing of data-file fields shared by every family's reader (SPEC.md §1.2).
+// Located, strict parsing of data-file fields shared by every family's reader (docs/mechanisms.md#building-blocks).
 #include "attnmix/io/fields.hpp"
 
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The categorical leaf: batches, the validating encoder, the E-step and the smoothed-count M-step
-// (SPEC.md §1.5).
+// (docs/mechanisms.md#building-blocks).
 #include "attnmix/stats/categorical.hpp"
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The composite (product) distribution over type-erased components (SPEC.md §1.5).
+// The composite (product) distribution over type-erased components (docs/mechanisms.md#building-blocks).
 #include "attnmix/stats/composite.hpp"
 
 #include <algorithm>

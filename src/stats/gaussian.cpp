@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The diagonal Gaussian leaf: batches, the validating encoder, the E-step and the floored M-step
-// (SPEC.md §1.5).
+// (docs/mechanisms.md#building-blocks).
 #include "attnmix/stats/gaussian.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The finite mixture over type-erased components (SPEC.md §1.5).
+// The finite mixture over type-erased components (docs/mechanisms.md#building-blocks).
 #include "attnmix/stats/mixture.hpp"
 
 #include <cmath>

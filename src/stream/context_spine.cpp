@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The sliding-window spine (SPEC §6); see include/attnmix/stream/context_spine.hpp.
+// The sliding-window spine (docs/mechanisms.md#streaming-language-model); see include/attnmix/stream/context_spine.hpp.
 #include "attnmix/stream/context_spine.hpp"
 
 #include "attnmix/core/errors.hpp"

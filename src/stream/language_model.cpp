@@ -836,8 +836,9 @@ void read_outlier_store(const std::string& path, torch::serialize::InputArchive&
 
 // The near field, then every layer's bank: shapes, the bank invariants of validate_cluster_bank (a live prefix in
 // [0, max_clusters] per stream, all-zero slots beyond it, finite values, non-negative counts and variances), and
-// counts that represent every evicted position exactly once (SPEC §7.8 step 2), so that a damaged bank is reported
-// here, naming the record or the layer, rather than by the first step.
+// counts that represent every evicted position exactly once (the representation receipt of
+// docs/mechanisms.md#moment-closure-far-field), so that a damaged bank is reported here, naming the record or the
+// layer, rather than by the first step.
 void read_state(const std::string& path, torch::serialize::InputArchive& state, Session<MomentKind>& s) {
   const auto& o = s.options;
   s.state = s.model->init_state(o.batch);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Moment-closure attention (SPEC §7); see include/attnmix/stream/moment_closure.hpp.
+// Moment-closure attention (docs/mechanisms.md#moment-closure-far-field); see
+// include/attnmix/stream/moment_closure.hpp.
 //
 // Structure: the tensor path (MGF logits and outputs, responsibilities, the Chan/Welford update, the joint softmax)
 // runs on differentiable torch tensors over the whole batch. The discrete bookkeeping (birth and merge decisions,
@@ -7,7 +8,7 @@
 // read in place from CPU tensors. A birth or merge rebuilds the bank from the mirrors when the bank carries no
 // gradient history (after detach), and with tensor operations (the differentiable pooled combine) when it does.
 // Cost per layer and step: O(B·t·H·n·d²) for the MGF outputs, the update and the misfit receipt, plus a few
-// hundred small tensor operations whose dispatch dominates at the SPEC's sizes (docs/PERFORMANCE.md).
+// hundred small tensor operations whose dispatch dominates at the default sizes (docs/PERFORMANCE.md).
 #include "attnmix/stream/moment_closure.hpp"
 
 #include "attnmix/core/errors.hpp"
@@ -202,7 +203,7 @@ std::vector<Mirror> mirrors_of(const ClusterBank& bank) {
   return out;
 }
 
-// logit_c(q) of head h against the mirror (SPEC §7.4).
+// logit_c(q) of head h against the mirror (docs/mechanisms.md#moment-closure-far-field).
 double mirror_logit(Mirror& m, int64_t h, int64_t c, const double* q) {
   const double* mk = m.vec(m.mu_k, h, c);
   const double* sk = m.vec(m.sigma_kk, h, c);
@@ -263,7 +264,8 @@ void mirror_zero_slot(Mirror& m, int64_t c) {
   }
 }
 
-// RMS over heads and dims of Δμ_k² / max(½(σ²_i + σ²_j), 1e-6), square-rooted (SPEC §7.6).
+// RMS over heads and dims of Δμ_k² / max(½(σ²_i + σ²_j), 1e-6), square-rooted
+// (docs/mechanisms.md#moment-closure-far-field).
 double mirror_distance(Mirror& m, int64_t i, int64_t j) {
   double sum = 0.0;
   for (int64_t h = 0; h < m.H; ++h) {
@@ -338,8 +340,9 @@ Slot mirror_slot(Mirror& m, int64_t c, const torch::TensorOptions& options) {
 // Rows of Σ_vk a birth accumulates per pass over the tokens (8 rows of 256 doubles and the token's row stay in L1).
 constexpr int64_t kRowBlock = 8;
 
-// Birth (SPEC §7.6) into slot c of the mirror from the stream's t tokens kb, vb ([t][H][d], double): count t, the
-// means, the floored key variances and the value-key cross-covariance, all population moments.
+// Birth (docs/mechanisms.md#moment-closure-far-field) into slot c of the mirror from the stream's t tokens kb, vb
+// ([t][H][d], double): count t, the means, the floored key variances and the value-key cross-covariance, all population
+// moments.
 void mirror_birth(Mirror& m, int64_t c, const double* kb, const double* vb, int64_t t) {
   const int64_t H = m.H, d = m.d;
   const double tt = static_cast<double>(t);
@@ -447,7 +450,7 @@ ClusterBank rebuild(const ClusterBank& bank, const std::vector<std::optional<std
   return out;
 }
 
-// ---- the misfit receipt (SPEC §7.6), on the mirror after birth and merge --------------------------------------
+// ---- the misfit receipt (docs/mechanisms.md#moment-closure-far-field), on the mirror after birth and merge ----
 
 // Outlier tokens whose k and v are still to be gathered: rows `rows` of the (B·t) flattened chunk.
 struct PendingOutliers {
@@ -691,7 +694,7 @@ IngestResult birth_and_merge_checked(const ClusterBank& bank, const torch::Tenso
     }
     if (birth) {
       const int64_t slot = m.n;
-      mirror_birth(m, slot, kb, vb, t);  // birth statistics are detached (SPEC §7.6)
+      mirror_birth(m, slot, kb, vb, t);  // birth statistics are detached (docs/mechanisms.md#moment-closure-far-field)
       if (differentiable) {
         materialise();
         slots[static_cast<size_t>(slot)] = mirror_slot(m, slot, bank.mu_k.options());
@@ -853,7 +856,8 @@ void validate_cluster_bank(const ClusterBank& bank, const std::string& where) {
       if (nonnegative && x < 0.0) fail(std::string(name) + " must be >= 0");
     }
   }
-  // Inactive slots are all zeros (SPEC §7.3): the live totals, and so the conservation receipts, rely on it.
+  // Inactive slots are all zeros (docs/mechanisms.md#moment-closure-far-field): the live totals, and so the
+  // conservation receipts, rely on it.
   const auto zero = [](const std::vector<double>& v, int64_t from, int64_t n) {
     return std::all_of(v.begin() + from, v.begin() + from + n, [](double x) { return x == 0.0; });
   };
@@ -1038,7 +1042,7 @@ IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& 
   return result;
 }
 
-// ---- one layer's accounting (SPEC §7.8 steps 2, 6, 7) ---------------------------------------------------------
+// ---- one layer's accounting (receipt, eviction, counts; docs/mechanisms.md#moment-closure-far-field) ----------
 
 void check_far_field_accounting(const ClusterBank& bank, int64_t pos, int64_t cache_len, const std::string& label) {
   const int64_t b = bank.batch_size(), n_head = bank.mu_k.size(1);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// attention_law (SPEC §7.2); see include/attnmix/stream/moment_propagation.hpp.
+// attention_law (docs/mechanisms.md#moment-closure-far-field); see include/attnmix/stream/moment_propagation.hpp.
 #include "attnmix/stream/moment_propagation.hpp"
 
 #include "attnmix/core/errors.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Rotary position embedding (SPEC §6.3); see include/attnmix/stream/rope.hpp.
+// Rotary position embedding (docs/mechanisms.md#streaming-language-model); see include/attnmix/stream/rope.hpp.
 #include "attnmix/stream/rope.hpp"
 
 #include "attnmix/core/errors.hpp"

@@ -12,8 +12,9 @@ S, N, D, T = 16, 6, 16, 16
 
 
 def recall_task(n, rng, f=None, noise=0.3):
-    """The recall task of SPEC.md §9.2: each context holds N distinct symbols of [S]; the attended position is
-    uniform; query = one_hot(attended symbol) + noise * N(0, I); target = f(attended symbol) for a permutation f.
+    """The recall task of docs/mechanisms.md#responsibility-attention: each context holds N distinct symbols of [S]; the
+    attended position is uniform; query = one_hot(attended symbol) + noise * N(0, I); target = f(attended symbol) for a
+    permutation f.
 
     Returns ((contexts (n, N) int64, queries (n, D) float64, targets (n,) int64), f).
     """
@@ -67,7 +68,7 @@ def model_data(model, n, seed):
 
 
 def impossible_case():
-    """The reference impossible case of SPEC.md §2.5 and its observation."""
+    """The reference impossible case of docs/mechanisms.md#responsibility-attention and its observation."""
     model = attnmix.ResponsibilityAttentionDistribution(
         np.zeros((2, 1)), np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([0.0, 1.0])
     )

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fitting acceptance rows of SPEC.md §9.2 through the Python API (label: slow): RA-5, RA-6, RA-9, RA-12, each in
-both precisions of the E-step (docs/mixed_precision.md). Data are generated with numpy as §9.2 describes; the
-thresholds are the SPEC's."""
+"""The fitting acceptance rows of docs/mechanisms.md#responsibility-attention through the Python API (label: slow):
+RA-5, RA-6, RA-9, RA-12, each in both precisions of the E-step (docs/mixed_precision.md). Data are generated with numpy
+as the acceptance tasks describe; the thresholds are those of the acceptance tasks."""
 import numpy as np
 import pytest
 

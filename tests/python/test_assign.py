@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""attnmix.assign (SPEC.md §8, §9.8): the building blocks of assignment-tree attention against scipy and against the
-seed's numpy code (as oracles), the strict argument rules, and the experiment's results document."""
+"""attnmix.assign (docs/mechanisms.md#assignment-tree-attention): the building blocks of assignment-tree attention
+against scipy and against the seed's numpy code (as oracles), the strict argument rules, and the experiment's results
+document."""
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ from attnmix.assign import (
 LAP_RTOL = 1e-9  # AT-1: optimal costs agree with scipy's to 1e-9 (both solvers are exact; only summation differs)
 ORACLE_RTOL = 1e-12  # same formula as the seed's numpy code, different summation order
 
-# SPEC.md §8.2 step 6: the keys of results.json, in order.
+# The keys of results.json, in order (docs/mechanisms.md#assignment-tree-attention).
 RESULT_KEYS = [
     "seed",
     "shape",
@@ -353,8 +354,9 @@ def test_module_layout():
 
 
 def test_experiment_results_document():
-    """AT-4 … AT-9 through Python: every key in SPEC order, the predictions hold at the SPEC thresholds, and a second
-    run with the same seed returns the same document. (About half a second per run in Release, so not marked slow.)"""
+    """AT-4 … AT-9 through Python: every key in the documented order, the predictions hold at the acceptance thresholds,
+    and a second run with the same seed returns the same document. (About half a second per run in Release, so not
+    marked slow.)"""
     result = run_assignment_tree_experiment()
     assert list(result) == RESULT_KEYS
     assert result["seed"] == 1234 and result["shape"] == [16, 15] and result["tau"] == 1.7

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Responsibility attention through the Python API: the unit rows of SPEC.md §9.2 (RA-1..RA-4, RA-7, RA-8, RA-10,
-RA-11, RA-13) and the shared contract of §9.1 (C-1..C-7) for RA, against numpy oracles."""
+"""Responsibility attention through the Python API: the unit acceptance rows (RA-1..RA-4, RA-7, RA-8, RA-10,
+RA-11, RA-13) and the shared contract (C-1..C-7) for RA, against numpy oracles."""
 import io
 import math
 import pickle
@@ -149,7 +149,7 @@ def test_fixed_sigma2_is_returned_exactly(rng):
 
 
 def test_estimate_matches_closed_form(rng):
-    """The M-step of SPEC.md §2.3 against numpy."""
+    """The M-step of docs/mechanisms.md#responsibility-attention against numpy."""
     model = random_model(rng)
     acc = fresh_accumulator(model)
     acc.seq_update(model.dist_to_encoder().seq_encode(model_data(model, 200, seed=7)), np.ones(200), model)
@@ -168,7 +168,8 @@ def test_estimate_matches_closed_form(rng):
 
 
 def manual_em_log_likelihoods(estimator, data, iterations, seed):
-    """SPEC.md §1.7 by hand: seq_initialize, then E-step / M-step pairs, recording each model's log-likelihood."""
+    """docs/mechanisms.md#training by hand: seq_initialize, then E-step / M-step pairs, recording each model's
+    log-likelihood."""
     enc = estimator.accumulator_factory().make().acc_to_encoder().seq_encode(data)
     n = enc.n_rows
     acc = estimator.accumulator_factory().make()
@@ -286,8 +287,8 @@ def test_invalid_parameters_and_ids_raise_documented_errors():
 
 
 def test_zero_prior_position_gives_impossible_evidence():
-    """RA-13 / SPEC.md §2.5 reference case: -inf density, ImpossibleEvidenceError listing the row, nothing changed;
-    zero-weight impossible rows are accepted."""
+    """RA-13 / docs/mechanisms.md#responsibility-attention reference case: -inf density, ImpossibleEvidenceError listing
+    the row, nothing changed; zero-weight impossible rows are accepted."""
     model, obs = impossible_case()
     assert model.log_density(obs) == -math.inf
     assert model.density(obs) == 0.0
@@ -310,7 +311,7 @@ def test_zero_prior_position_gives_impossible_evidence():
     np.testing.assert_array_equal(model.seq_log_density(enc)[1:], [-math.inf, -math.inf])
 
 
-# ---- the shared contract (SPEC.md §9.1) for RA -----------------------------------------------------------------
+# ---- the shared contract for RA --------------------------------------------------------------------------------
 
 
 def test_batch_log_density_equals_per_row(rng):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Chained attention through the Python API (SPEC.md §3.4): the unit rows of §9.3 (CA-1, CA-2, CA-5, CA-6, a short
-CA-4 fit) and the shared contract of §9.1 (C-1..C-4, C-6, C-7, F-5, F-7) for CA, against numpy oracles written here
-from the generative story (not from the library's forward-backward)."""
+"""Chained attention through the Python API (docs/mechanisms.md#chained-attention): the unit acceptance rows (CA-1,
+CA-2, CA-5, CA-6, a short CA-4 fit) and the shared contract (C-1..C-4, C-6, C-7, F-5, F-7) for CA, against numpy oracles
+written here from the generative story (not from the library's forward-backward)."""
 import io
 import itertools
 import json
@@ -77,7 +77,7 @@ def brute_force_log_density(model, keys, values, q, t):
 
 
 def brute_force_statistics(model, rows, weights):
-    """The E-step statistics of SPEC.md §3.3 for L = 2 from the exact path posterior P(i, j)."""
+    """The E-step statistics of docs/mechanisms.md#chained-attention for L = 2 from the exact path posterior P(i, j)."""
     L, S, T = model.n_hops, model.num_symbols, model.num_targets
     assert L == 2
     key_num, key_mass = np.zeros((L, S, S)), np.zeros((L, S))
@@ -102,7 +102,7 @@ def brute_force_statistics(model, rows, weights):
 
 
 def transitive_task(n, rng, S=30, M=5):
-    """The task of SPEC.md §9.3: distinct a, b, c of [S] and a permutation pi per row;
+    """The task of docs/mechanisms.md#chained-attention: distinct a, b, c of [S] and a permutation pi per row;
     keys = [a, b_pi], values = [b, c], query = a_i, target = c_j where b_pi(j) = b_i.
 
     Returns (keys (n, 2M), values (n, 2M), query (n,), target (n,)), all int64."""
@@ -124,7 +124,8 @@ def accuracy(model, data):
 
 
 def impossible_case():
-    """The reference impossible case of SPEC.md §3.4: B = [[1, 0], [1, 0]], (keys=[0,1], vals=[0,1], q=0, t=1)."""
+    """The reference impossible case of docs/mechanisms.md#chained-attention: B = [[1, 0], [1, 0]], (keys=[0,1],
+    vals=[0,1], q=0, t=1)."""
     model = ChainedAttentionDistribution(np.zeros((2, 2, 2)), np.array([[1.0, 0.0], [1.0, 0.0]]))
     return model, (np.array([0, 1]), np.array([0, 1]), 0, 1)
 
@@ -300,7 +301,8 @@ def test_predict_proba_sums_to_one_and_matches_enumeration(rng):
 
 
 def test_seq_update_matches_path_posterior(rng):
-    """The E-step statistics of SPEC.md §3.3 against the exact posterior over the N^2 paths (L = 2)."""
+    """The E-step statistics of docs/mechanisms.md#chained-attention against the exact posterior over the N^2 paths (L =
+    2)."""
     model = random_model(rng, L=2, S=5, T=4)
     rows = model.sampler(seed=6, context_length=4).sample(25)
     w = rng.random(25)
@@ -324,7 +326,8 @@ def test_combine_value_doubles_emission_counts(rng):
 
 
 def test_estimate_matches_closed_form(rng):
-    """The M-step of SPEC.md §3.3 against numpy: K_l[s] = key_num / max(key_mass, 1e-9), B smoothed, sigma2 kept."""
+    """The M-step of docs/mechanisms.md#chained-attention against numpy: K_l[s] = key_num / max(key_mass, 1e-9), B
+    smoothed, sigma2 kept."""
     model = random_model(rng, L=2, S=5, T=4)
     acc = fresh_accumulator(model)
     acc.seq_update(model.dist_to_encoder().seq_encode(model.sampler(seed=7).sample(100)), np.ones(100), model)
@@ -536,7 +539,7 @@ def test_sampler_argument_validation(rng):
 
 
 def test_id_validation(rng):
-    """CA-5: fractional, negative and out-of-range ids are rejected (SPEC.md §1.2)."""
+    """CA-5: fractional, negative and out-of-range ids are rejected (docs/mechanisms.md#building-blocks)."""
     model = random_model(rng, S=5, T=4)
     enc = model.dist_to_encoder()
     good = ([0, 1, 2], [3, 4, 0], 1, 2)
@@ -615,8 +618,8 @@ def test_weight_and_estimate_argument_validation(rng):
 
 
 def test_impossible_evidence_leaves_the_accumulator_unchanged():
-    """C-6 / SPEC.md §3.4 reference case: -inf density, ImpossibleEvidenceError listing the rows, nothing changed;
-    zero-weight impossible rows are accepted."""
+    """C-6 / docs/mechanisms.md#chained-attention reference case: -inf density, ImpossibleEvidenceError listing the
+    rows, nothing changed; zero-weight impossible rows are accepted."""
     model, obs = impossible_case()
     assert model.log_density(obs) == -math.inf
     assert model.density(obs) == 0.0
@@ -704,7 +707,8 @@ def test_mixture_log_density_is_the_log_sum_of_components(rng):
 
 
 def test_composes_with_a_categorical_label(rng):
-    """A CA head beside a categorical field (SPEC.md §1.5): log p = log p_CA + log p_cat, and the product fits."""
+    """A CA head beside a categorical field (docs/mechanisms.md#building-blocks): log p = log p_CA + log p_cat, and the
+    product fits."""
     model = random_model(rng)
     composite = CompositeDistribution([model, CategoricalDistribution([0.2, 0.8])])
     rows = [(x, 1) for x in model.sampler(seed=1).sample(5)]

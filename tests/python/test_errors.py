@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Every documented error (SPEC.md §1.2, §1.9, §2.5): the exception translator, the strict id / real / weight /
-scalar rules of the conversion layer, statistics validation, and the errors of optimize, samplers and model files."""
+"""Every documented error (docs/mechanisms.md#building-blocks and #responsibility-attention): the exception translator,
+the strict id / real / weight / scalar rules of the conversion layer, statistics validation, and the errors of optimize,
+samplers and model files."""
 import math
 import pickle
 
@@ -34,7 +35,7 @@ def arrays(model):
     return np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
 
 
-# ---- the translator (SPEC.md §1.9) ------------------------------------------------------------------------------
+# ---- the translator (docs/mechanisms.md#building-blocks) --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_impossible_evidence_error_is_a_value_error_that_pickles():
     assert (str(copy), copy.rows) == ("rows [1]", [1])
 
 
-# ---- ids (SPEC.md §1.2) -----------------------------------------------------------------------------------------
+# ---- ids (docs/mechanisms.md#building-blocks) -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", ["arrays", "triples"])
@@ -281,7 +282,7 @@ def test_encoder_and_accumulator_dimension_rules():
         ResponsibilityAttentionAccumulator(2, 2, 2, -3)
 
 
-# ---- statistics (SPEC.md §1.3) ----------------------------------------------------------------------------------
+# ---- statistics (docs/mechanisms.md#building-blocks) ------------------------------------------------------------
 
 
 def test_statistics_validation(model, arrays):

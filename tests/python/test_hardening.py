@@ -363,7 +363,8 @@ def test_contexts_of_different_widths_are_value_errors(rng):
     vea = attnmix.VariationalEmbeddingAttentionEstimator(4, 3, 2, 3).accumulator_factory().make().acc_to_encoder()
     with pytest.raises(ValueError, match="contexts must all have the same length \\(row 0 has 3, row 1 has 2\\)"):
         vea.seq_encode([([0, 1, 2], 1, 2), ([0, 1], 1, 2)])
-    # SPEC.md §1.2's TypeErrors stay: a ragged nesting inside one field, bool ids, a wrong arity.
+    # The validation rules' TypeErrors (docs/mechanisms.md#building-blocks) stay: a ragged nesting inside one field,
+    # bool ids, a wrong arity.
     with pytest.raises(TypeError):
         ra.seq_encode([([[0, 1], [2]], [0.0, 0.0, 0.0], 1)])
     with pytest.raises(TypeError, match="bool"):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""optimize() through Python (SPEC.md §1.7, §1.8): the rng rules, the progress lines, the loop semantics, thread
-count invariance, the accepted data forms, and the GIL being released while the fit runs."""
+"""optimize() through Python (docs/mechanisms.md#training): the rng rules, the progress lines, the loop semantics,
+thread count invariance, the accepted data forms, and the GIL being released while the fit runs."""
 import io
 import re
 import sys

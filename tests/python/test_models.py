@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Models between Python and the CLI (SPEC.md §1.10, F-7): JSON model files round-trip bit for bit and through
+"""Models between Python and the CLI (docs/model-format.md, F-7): JSON model files round-trip bit for bit and through
 validation; a model fitted in Python scores identically in `attnmix score`, and `attnmix fit` with the same options
 produces the same model as optimize()."""
 import json

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The combinators and classical leaves through Python (SPEC.md §1.4, §1.5): mixtures, composites, categorical and
-diagonal Gaussian leaves, their statistics layouts, keyed tying (F-5) and pickling."""
+"""The combinators and classical leaves through Python (docs/mechanisms.md#building-blocks): mixtures, composites,
+categorical and diagonal Gaussian leaves, their statistics layouts, keyed tying (F-5) and pickling."""
 import io
 import math
 import pickle

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""attnmix.experimental (the extension attnmix._stream, SPEC.md §6-7; ctest labels python;torch): the cluster-bank
-functions against numpy oracles written from SPEC.md §7.4-7.6, the birth/merge cases MCA-4..7, the receipts' keys,
-attention_law against the exact linear push (MCA-12), the RoPE test vector (E1-1), validation errors, the
-RuntimeError of a bank whose statistics overflow, and tiny language-model and recall runs on token arrays."""
+"""attnmix.experimental (the extension attnmix._stream, docs/mechanisms.md#streaming-language-model and
+#moment-closure-far-field; ctest labels python;torch): the cluster-bank functions against numpy oracles written from
+docs/mechanisms.md#moment-closure-far-field, the birth/merge cases MCA-4..7, the receipts' keys, attention_law against
+the exact linear push (MCA-12), the RoPE test vector (E1-1), validation errors, the RuntimeError of a bank whose
+statistics overflow, and tiny language-model and recall runs on token arrays."""
 import math
 import os
 import pickle
@@ -16,8 +17,8 @@ import attnmix.experimental as ex
 
 ORACLE_RTOL = 1e-12  # same formulas as the C++ (float64), different summation order
 MOMENT_RTOL = 1e-10  # Chan/Welford combination vs the direct weighted moments (a different algebraic route)
-COUNT_FLOOR = 1e-8  # SPEC §7.4-7.5
-VARIANCE_FLOOR = 1e-6  # SPEC §7.6
+COUNT_FLOOR = 1e-8  # docs/mechanisms.md#moment-closure-far-field
+VARIANCE_FLOOR = 1e-6  # docs/mechanisms.md#moment-closure-far-field
 
 BIRTH_KEYS = {
     "birthed",
@@ -77,7 +78,7 @@ def numpy_logit(q, count, mu_k, sigma_kk):
 
 
 def numpy_mgf(q, a):
-    """SPEC §7.4 by hand: out (B, t, n, H, d), logits (B, t, n, H)."""
+    """docs/mechanisms.md#moment-closure-far-field by hand: out (B, t, n, H, d), logits (B, t, n, H)."""
     B, t, H, d = q.shape
     n = int(max(a["n_clusters"]))
     out = np.zeros((B, t, n, H, d))
@@ -108,7 +109,8 @@ def numpy_responsibilities(k, a, C):
 
 
 def hand_birth(k, v, b, h):
-    """SPEC §7.6 birth statistics of stream b, head h: (count, mu_k, mu_v, sigma_kk, sigma_vk)."""
+    """docs/mechanisms.md#moment-closure-far-field birth statistics of stream b, head h: (count, mu_k, mu_v, sigma_kk,
+    sigma_vk)."""
     kk, vv = k[b, :, h], v[b, :, h]
     kbar, vbar = kk.mean(axis=0), vv.mean(axis=0)
     sigma_kk = np.maximum(((kk - kbar) ** 2).mean(axis=0), VARIANCE_FLOOR)
@@ -292,11 +294,12 @@ def test_cluster_bank_rejects_broken_arrays(rng):
         ex.empty_cluster_bank(True, 1, 1, 1)
 
 
-# ---- MGF logits, responsibilities and the Chan/Welford update (SPEC §7.4-7.5) ---------------------------------
+# ---- MGF logits, responsibilities and the Chan/Welford update (docs/mechanisms.md#moment-closure-far-field) ---
 
 
 def test_mgf_cluster_attention_matches_numpy(rng):
-    """SPEC §7.4: logits and outputs by hand; slots beyond a stream's live prefix get −∞ and 0."""
+    """docs/mechanisms.md#moment-closure-far-field: logits and outputs by hand; slots beyond a stream's live prefix get
+    −∞ and 0."""
     a = bank_arrays(rng, [2, 1, 0], H=2, C=3, d=3)
     bank = ex.ClusterBank(**a)
     q = rng.standard_normal((3, 4, 2, 3))
@@ -315,7 +318,8 @@ def test_mgf_cluster_attention_of_an_empty_bank_is_empty(rng):
 
 
 def test_cluster_responsibilities_match_numpy(rng):
-    """SPEC §7.4: softmax over the live clusters, exactly zero beyond them and for a stream without clusters."""
+    """docs/mechanisms.md#moment-closure-far-field: softmax over the live clusters, exactly zero beyond them and for a
+    stream without clusters."""
     a = bank_arrays(rng, [2, 1, 0], H=2, C=3, d=3)
     k = rng.standard_normal((3, 5, 2, 3))
     r = ex.cluster_responsibilities(k, ex.ClusterBank(**a))
@@ -326,8 +330,9 @@ def test_cluster_responsibilities_match_numpy(rng):
 
 
 def test_update_cluster_bank_equals_numpy_weighted_moments(rng):
-    """SPEC §7.5: the bank combined with a weighted batch holds the population moments of the pooled population (the
-    old cluster as n₀ tokens with its mean and covariances, plus the batch weighted by r), computed directly."""
+    """docs/mechanisms.md#moment-closure-far-field: the bank combined with a weighted batch holds the population moments
+    of the pooled population (the old cluster as n₀ tokens with its mean and covariances, plus the batch weighted by r),
+    computed directly."""
     B, t, H, C, d = 2, 6, 2, 3, 3
     a = bank_arrays(rng, [C, C], H, C, d)
     k, v = rng.standard_normal((B, t, H, d)), rng.standard_normal((B, t, H, d))
@@ -373,7 +378,7 @@ def test_two_sequential_updates_equal_one_batch(rng):
         np.testing.assert_allclose(getattr(two, name), getattr(one, name), rtol=1e-5, atol=1e-6)
 
 
-# ---- birth, merge, misfit, ingestion (SPEC §7.6-7.7) ---------------------------------------------------------
+# ---- birth, merge, misfit, ingestion (docs/mechanisms.md#moment-closure-far-field) ---------------------------
 
 
 def test_births_for_far_chunks_only(rng):
@@ -463,7 +468,8 @@ def test_birth_ingestion_counts_the_batch_once(rng):
 
 
 def test_receipts_hold_the_spec_keys(rng):
-    """SPEC §7.6-7.7: one receipt per stream; merge_distances only where a merge happened."""
+    """docs/mechanisms.md#moment-closure-far-field: one receipt per stream; merge_distances only where a merge
+    happened."""
     a = bank_arrays(rng, [2, 0], H=2, C=3, d=2)
     k, v = rng.standard_normal((2, 4, 2, 2)), rng.standard_normal((2, 4, 2, 2))
     _, receipts = ex.birth_and_merge(ex.ClusterBank(**a), k, v, birth_threshold=-2.0, merge_threshold=-1.0)
@@ -484,8 +490,9 @@ def test_receipts_hold_the_spec_keys(rng):
 
 
 def test_misfit_receipt_matches_numpy(rng):
-    """SPEC §7.6 misfit with one live cluster: every token is a member; the residual of the diagonal regression
-    ||v − (μ_v + Σ_vk (k − μ_k)/σ²_kk)||, averaged over heads; outliers are the top-k residuals, largest first."""
+    """docs/mechanisms.md#moment-closure-far-field misfit with one live cluster: every token is a member; the residual
+    of the diagonal regression ||v − (μ_v + Σ_vk (k − μ_k)/σ²_kk)||, averaged over heads; outliers are the top-k
+    residuals, largest first."""
     H, d, t = 2, 3, 7
     a = bank_arrays(rng, [1], H, 2, d)
     k, v = rng.standard_normal((1, t, H, d)), rng.standard_normal((1, t, H, d))
@@ -522,7 +529,7 @@ def test_birth_and_merge_validates_its_arguments(rng):
             with pytest.raises(ValueError, match="outlier_top_k"):
                 call(bank, k, k, birth_threshold=-2.0, outlier_top_k=top_k)
         with pytest.raises(TypeError):
-            call(bank, k, k)  # birth_threshold is a required keyword (SPEC §7.6)
+            call(bank, k, k)  # birth_threshold is a required keyword (docs/mechanisms.md#moment-closure-far-field)
     with pytest.raises(ValueError, match="q must be"):
         ex.mgf_cluster_attention(k[:, :, :1], bank)
     with pytest.raises(ValueError, match="k must be"):
@@ -532,9 +539,9 @@ def test_birth_and_merge_validates_its_arguments(rng):
 
 
 def test_overflowing_statistics_raise_runtime_error(rng):
-    """StateError → RuntimeError (SPEC §1.9, §7.6-7.7) for a bank whose finite statistics overflow: two clusters at
-    ±1e300 have a non-finite distance; one cluster at 1e308 gives infinite logits, so the soft update cannot count
-    the batch."""
+    """StateError → RuntimeError (docs/mechanisms.md#building-blocks and #moment-closure-far-field) for a bank whose
+    finite statistics overflow: two clusters at ±1e300 have a non-finite distance; one cluster at 1e308 gives infinite
+    logits, so the soft update cannot count the batch."""
     H, C, d = 1, 2, 4
     far, _ = uniform_bank([(5.0, 1e300, 0.0, 1.0, 0.0), (5.0, -1e300, 0.0, 1.0, 0.0)], H, C, d)
     k = rng.uniform(0.5, 1.0, (1, 3, H, d))
@@ -545,7 +552,8 @@ def test_overflowing_statistics_raise_runtime_error(rng):
         ex.ingest_cluster_batch(huge, k, k, birth_threshold=-2.0)
 
 
-# ---- attention_law (SPEC §7.2) and RoPE (§6.3) ---------------------------------------------------------------
+# ---- attention_law (docs/mechanisms.md#moment-closure-far-field) and RoPE
+# (docs/mechanisms.md#streaming-language-model) ---------------------------------------------------------------
 
 
 def test_attention_law_is_the_exact_linear_push(rng):
@@ -582,7 +590,7 @@ def test_attention_law_is_the_exact_linear_push(rng):
 
 
 def test_rope_matches_the_spec_vector():
-    """E1-1: head_dim 4, x = [1, 2, 3, 4] at positions 1 and 2 (SPEC §6.3)."""
+    """E1-1: head_dim 4, x = [1, 2, 3, 4] at positions 1 and 2 (docs/mechanisms.md#streaming-language-model)."""
     cos, sin = ex.rope_tables([1, 2], 4)
     x = np.tile([1.0, 2.0, 3.0, 4.0], (2, 1, 1))  # (t, H, head_dim)
     out = ex.apply_rope(x, cos, sin)

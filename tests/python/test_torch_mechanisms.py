@@ -3,8 +3,8 @@
 train_tbptt as torch.nn.Modules over the C++ mechanisms.
 
 Oracles: the C++ paths themselves (`attnmix lm train` checkpoints scored by `attnmix lm eval` and
-attnmix.experimental.evaluate_language_model, and training by train_language_model), one pass vs chunks (SPEC E1-4),
-each stream alone vs the batch (MCA-10), torch.autograd.gradcheck (float64 central differences), and round trips
+attnmix.experimental.evaluate_language_model, and training by train_language_model), one pass vs chunks (acceptance task
+E1-4), each stream alone vs the batch (MCA-10), torch.autograd.gradcheck (float64 central differences), and round trips
 (state_dict, torch.save, copy.deepcopy). Every bad argument raises TypeError or ValueError naming it."""
 import copy
 import dataclasses
@@ -32,8 +32,8 @@ from attnmix.torch import (
 )
 
 CLI = os.environ.get("ATTNMIX_CLI")
-STREAM_RTOL = 1e-5  # SPEC E1-4: chunks vs one pass, float32 (RoPE tables and softmax over different key sets)
-LEAK_RTOL = 1e-10  # SPEC MCA-10: a stream alone vs inside a batch, float64 (batched products may sum differently)
+STREAM_RTOL = 1e-5  # task E1-4: chunks vs one pass, float32 (RoPE tables and softmax over different key sets)
+LEAK_RTOL = 1e-10  # task MCA-10: a stream alone vs inside a batch, float64 (batched products may sum differently)
 GRADCHECK = dict(eps=1e-6, atol=1e-5, rtol=1e-3)  # float64 central differences
 
 REFERENCE_NAMES_ONE_LAYER = [
@@ -286,9 +286,9 @@ def test_adamw_training_from_python_equals_lm_train(mechanism):
 
 
 def test_streaming_equals_a_single_pass():
-    """SPEC E1-4 from Python: with window=None (or a window covering the stream) chunks give one pass's logits and
-    loss (float32, rel 1e-5). A short window does too here, since its cache holds exactly the keys the window can
-    see; restarting the state at every chunk does not (the comparison can fail)."""
+    """acceptance task E1-4 from Python: with window=None (or a window covering the stream) chunks give one pass's
+    logits and loss (float32, rel 1e-5). A short window does too here, since its cache holds exactly the keys the window
+    can see; restarting the state at every chunk does not (the comparison can fail)."""
     gen = torch.Generator().manual_seed(4)
     tokens = ids(gen, (2, 25), 20)
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -316,8 +316,8 @@ def test_streaming_equals_a_single_pass():
 
 @pytest.mark.parametrize("birth_threshold", [-2.0, 50.0])
 def test_no_cross_stream_leakage(birth_threshold):
-    """SPEC MCA-10 from Python: a batch of 2 streams gives each stream the logits, loss, banks and receipts it gets
-    alone (float64, rel 1e-10)."""
+    """acceptance task MCA-10 from Python: a batch of 2 streams gives each stream the logits, loss, banks and receipts
+    it gets alone (float64, rel 1e-10)."""
     torch.manual_seed(2)
     mech = small_mca(birth_threshold=birth_threshold).double()
     gen = torch.Generator().manual_seed(5)
@@ -365,9 +365,9 @@ def test_no_cross_stream_leakage(birth_threshold):
 
 @pytest.mark.parametrize("cls", [SlidingWindowSpine, MomentClosureAttention])
 def test_protocol_detach_and_tbptt(cls):
-    """SPEC MCA-11 / E1-6: both are ContextMechanisms; train_tbptt over 4 chunks of 6 (vocab 12, d 16, one layer,
-    2 heads, window 4) gives finite losses and updates every detach_horizon chunks plus the flushed remainder; after
-    detach no carried tensor requires grad and a second step's backward succeeds (without detach it fails)."""
+    """acceptance tasks MCA-11 / E1-6: both are ContextMechanisms; train_tbptt over 4 chunks of 6 (vocab 12, d 16, one
+    layer, 2 heads, window 4) gives finite losses and updates every detach_horizon chunks plus the flushed remainder;
+    after detach no carried tensor requires grad and a second step's backward succeeds (without detach it fails)."""
     torch.manual_seed(3)
     mech = cls(12, d_model=16, n_layer=1, n_head=2, window=4)
     assert isinstance(mech, ContextMechanism)
@@ -604,7 +604,7 @@ def test_reference_usage_patterns():
 
 
 def test_a_changed_batch_size_and_a_tampered_bank():
-    """SPEC MCA-9: a changed batch size → ValueError "batch size"; a tampered bank count → RuntimeError
+    """acceptance task MCA-9: a changed batch size → ValueError "batch size"; a tampered bank count → RuntimeError
     "one-token/one-representation" (a new tensor, or the state's own tensor changed in place)."""
     torch.manual_seed(6)
     mech = small_mca()

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The variational families through the Python API: AttentionOptimizerState (SPEC.md §4.5), variational embedding
-attention (§4.6; the unit rows VEA-1 and VEA-4..VEA-8 of §9.4 with the shared contract C-1..C-7 of §9.1) and
-variational multi-hop attention (§5; VMHA-2 of §9.5), plus composition, keyed tying, model files and pickling.
+"""The variational families through the Python API: AttentionOptimizerState
+(docs/mechanisms.md#variational-embedding-attention), variational embedding attention
+(docs/mechanisms.md#variational-embedding-attention; the unit acceptance rows VEA-1 and VEA-4..VEA-8 with the shared
+contract C-1..C-7) and variational multi-hop attention (docs/mechanisms.md#variational-multi-hop-attention; acceptance
+row VMHA-2), plus composition, keyed tying, model files and pickling.
 
 The oracles are numpy code written here from the model equations: log densities and predictions from the gate and
 the emission, the E-step from finite differences of sum_n w_n log p_n at a posterior whose variance is negligible
-(log_var = -60, so every Monte-Carlo table equals the mean to 1e-13), and the M-step from the Adam formulas of §4.4.
+(log_var = -60, so every Monte-Carlo table equals the mean to 1e-13), and the M-step from the Adam formulas of
+docs/mechanisms.md#variational-embedding-attention.
 The acceptance fits (VEA-2, VEA-3, VMHA-1) are in test_variational_acceptance.py (label slow)."""
 import io
 import json
@@ -111,7 +114,8 @@ def vea_proba(model, context, q):
 
 
 def vmha_joint(model, keys, values, q, t=None, E=None):
-    """p(z1 = i, z2 = j) B[v_j, t] (or without the emission when t is None): the (N, N) joint of §5."""
+    """p(z1 = i, z2 = j) B[v_j, t] (or without the emission when t is None): the (N, N) joint of
+    docs/mechanisms.md#variational-multi-hop-attention."""
     E, s2 = (model.mean if E is None else E), model.sigma2
     s1 = -np.sum((E[q] - E[keys]) ** 2, axis=1) / (2 * s2)
     a1 = np.exp(s1 - lse(s1))
@@ -148,8 +152,8 @@ def finite_difference_gradient(log_p, model, rows, w, h=1e-5):
 
 
 def adam_oracle(state, grad_m, grad_logv, lr, kl_weight):
-    """One Adam ascent step of SPEC.md §4.4 from state (numpy; an AttentionOptimizerState or its to_dict() form, as
-    value() gives it)."""
+    """One Adam ascent step of docs/mechanisms.md#variational-embedding-attention from state (numpy; an
+    AttentionOptimizerState or its to_dict() form, as value() gives it)."""
     state = AttentionOptimizerState.from_dict(state) if isinstance(state, dict) else state
     tau = state.iteration + 1
     m, lv = np.array(state.mean), np.array(state.log_var)
@@ -184,7 +188,7 @@ def e_step(model, rows_or_enc, w=None, acc=None):
 
 
 def assert_values_close(a, b, rtol=1e-12, atol=1e-15):
-    """Every numeric field within rtol (SPEC.md §9 "rel"), the optimizer states equal."""
+    """Every numeric field within rtol ("rel" as in the acceptance tasks), the optimizer states equal."""
     assert len(a) == len(b)
     for x, y in zip(a, b):
         if x is None or isinstance(x, (dict, AttentionOptimizerState)):
@@ -246,7 +250,7 @@ def test_reference_names_are_exported():
     assert issubclass(VariationalMultiHopAttentionAccumulator, attnmix.Accumulator)
 
 
-# ---- AttentionOptimizerState (SPEC.md §4.5, VEA-7) ----------------------------------------------------------------
+# ---- AttentionOptimizerState (docs/mechanisms.md#variational-embedding-attention, VEA-7) --------------------------
 
 
 def test_fresh_state_has_zero_moments(rng):
@@ -358,8 +362,8 @@ def test_vea_attributes_and_str(rng):
 
 
 def test_vea_estimator_and_encoder_of_a_model(rng):
-    """SPEC.md §4.5: model.estimator() passes the dimensions, sigma2 and seed = optimizer_state.seed; the rest
-    default."""
+    """docs/mechanisms.md#variational-embedding-attention: model.estimator() passes the dimensions, sigma2 and seed =
+    optimizer_state.seed; the rest default."""
     model = with_state(random_vea(rng, S=6, N=4, D=3, T=5, sigma2=0.4, name="m"), seed=17, iteration=3)
     est = model.estimator(pseudo_count=2.0)
     assert isinstance(est, VariationalEmbeddingAttentionEstimator)
@@ -430,7 +434,7 @@ def test_vea_sampler_types_and_contexts(rng):
     assert 0 <= q < 6 and 0 <= t < 5
     for c, _, _ in model.sampler(seed=2).sample(50):
         assert len(set(c.tolist())) == 4  # without replacement when N <= S
-    wide = random_vea(rng, S=3, N=5)  # N > S: with replacement (SPEC.md §10.5)
+    wide = random_vea(rng, S=3, N=5)  # N > S: with replacement (docs/porting.md)
     for c, q, t in wide.sampler(seed=3).sample(20):
         assert c.shape == (5,) and c.min() >= 0 and c.max() < 3
     sampler = VariationalEmbeddingAttentionSampler(model, seed=5)
@@ -507,7 +511,7 @@ def test_vea_encoder_shapes_and_dtypes(rng):
 
 
 def test_vea_id_validation(rng):
-    """C-5: exact ids (SPEC.md §1.2, §4.7)."""
+    """C-5: exact ids (docs/mechanisms.md#building-blocks and #variational-embedding-attention)."""
     model = random_vea(rng, S=6, N=3, T=5)
     enc = model.dist_to_encoder()
     with pytest.raises(ValueError, match="exact integer"):
@@ -566,7 +570,7 @@ def test_vea_undeclared_bounds_are_checked_against_the_model(rng):
     assert acc.value()[5] == 0.0
 
 
-# ---- VEA: constructor and option validation (C-5, §4.7) -----------------------------------------------------------
+# ---- VEA: constructor and option validation (C-5, docs/mechanisms.md#variational-embedding-attention) -------------
 
 
 def test_vea_constructor_validation(rng):
@@ -604,7 +608,8 @@ def test_vea_constructor_validation(rng):
 
 
 def test_vea_supplied_optimizer_state_must_match(rng):
-    """SPEC.md §4.5: a supplied state must have the family, the geometry and bit-identical mean/log_var."""
+    """docs/mechanisms.md#variational-embedding-attention: a supplied state must have the family, the geometry and
+    bit-identical mean/log_var."""
     model = random_vea(rng)
     mean, lv = np.array(model.mean), np.array(model.log_var)
     args = (model.emission, model.position_prior)
@@ -628,8 +633,9 @@ def test_vea_supplied_optimizer_state_must_match(rng):
 
 
 def test_vea_estimator_and_accumulator_argument_validation():
-    """§4.7: S, N, D, T, mc positive integers (bool or float -> TypeError); lr, sigma2 positive finite;
-    prior_strength, emission_smoothing finite >= 0; seed a non-negative integer."""
+    """docs/mechanisms.md#variational-embedding-attention: S, N, D, T, mc positive integers (bool or float ->
+    TypeError); lr, sigma2 positive finite; prior_strength, emission_smoothing finite >= 0; seed a non-negative
+    integer."""
     for args, error in (((0, 2, 2, 2), ValueError), ((2, -1, 2, 2), ValueError), ((2, 2, 0, 2), ValueError),
                         ((2, 2, 2, 0), ValueError), ((2.0, 2, 2, 2), TypeError), ((2, True, 2, 2), TypeError),
                         ((2, 2, 2.5, 2), TypeError), ((2, 2, 2, None), TypeError)):
@@ -681,9 +687,10 @@ def test_vea_accumulator_constructors_and_factory():
 
 
 def test_vea_e_step_matches_the_gradient_of_the_log_likelihood(rng):
-    """SPEC.md §4.2/§4.3 with a negligible posterior variance: grad_m is the gradient of sum_n w_n log p_n at m
-    (central differences), grad_logv vanishes, the counts are the weighted posterior responsibilities a_i b_i / p,
-    ll = sum_n w_n log p_n and n = sum_n w_n; every Monte-Carlo sample gives the same values."""
+    """docs/mechanisms.md#variational-embedding-attention with a negligible posterior variance: grad_m is the gradient
+    of sum_n w_n log p_n at m (central differences), grad_logv vanishes, the counts are the weighted posterior
+    responsibilities a_i b_i / p, ll = sum_n w_n log p_n and n = sum_n w_n; every Monte-Carlo sample gives the same
+    values."""
     model = random_vea(rng, S=6, N=4, D=3, T=5, log_var=TINY_LOG_VAR)
     rows = model.sampler(seed=6).sample(25)
     w = rng.random(25)
@@ -818,8 +825,8 @@ def test_vea_update_and_initialize_equal_their_seq_forms(rng):
 
 
 def test_vea_combine_requires_equal_optimizer_states(rng):
-    """SPEC.md §4.3: statistics of different optimizer states (or of a state and of none) never combine; the
-    accumulator is unchanged."""
+    """docs/mechanisms.md#variational-embedding-attention: statistics of different optimizer states (or of a state and
+    of none) never combine; the accumulator is unchanged."""
     model = random_vea(rng)
     rows = model.sampler(seed=17).sample(10)
     acc = e_step(model, rows)
@@ -927,8 +934,8 @@ def test_vea_weight_and_model_argument_validation(rng):
 
 
 def test_vea_estimate_is_one_adam_step_and_closed_form_counts(rng):
-    """SPEC.md §4.4 against numpy: Adam ascent with separate moments and the log_var clip, iteration + 1, seed kept;
-    B = (emission_count + eps) row-normalised, pi = position_count / sum."""
+    """docs/mechanisms.md#variational-embedding-attention against numpy: Adam ascent with separate moments and the
+    log_var clip, iteration + 1, seed kept; B = (emission_count + eps) row-normalised, pi = position_count / sum."""
     model = with_state(random_vea(rng), iteration=4, seed=3, mean_first_moment=rng.standard_normal((6, 3)),
                        mean_second_moment=rng.random((6, 3)), log_var_second_moment=rng.random((6, 3)))
     value = e_step(model, model.sampler(seed=19).sample(40)).value()
@@ -953,8 +960,8 @@ def test_vea_estimate_is_one_adam_step_and_closed_form_counts(rng):
 
 
 def test_vea_initial_estimate_draws_the_embeddings_from_the_seed(rng):
-    """SPEC.md §4.4 initialisation call (no state): m = 0.1 N(0, 1) from the estimator's seed, log v = log 0.3,
-    zero moments, iteration 0."""
+    """docs/mechanisms.md#variational-embedding-attention initialisation call (no state): m = 0.1 N(0, 1) from the
+    estimator's seed, log v = log 0.3, zero moments, iteration 0."""
     model = random_vea(rng, S=40, N=4, D=10, T=5)
     acc = fresh_accumulator(model)
     rows = model.sampler(seed=1).sample(50)
@@ -1010,7 +1017,7 @@ def test_vea_optimize_continues_the_adam_trajectory(rng):
     assert matches, "optimize(prev_estimate=...) re-initialised the embeddings"
     assert_same_vea(resumed, iterates[matches[0]])
     scores = [float(m.seq_log_density(enc).sum()) for m in iterates]
-    assert scores[matches[0]] == max(scores)  # the best-scoring iterate (SPEC.md §1.7)
+    assert scores[matches[0]] == max(scores)  # the best-scoring iterate (docs/mechanisms.md#training)
 
 
 def test_vea_optimize_is_deterministic_and_writes_progress(rng):
@@ -1200,7 +1207,7 @@ def test_vea_precision_must_be_a_known_name(rng):
                                                   precision="half")
 
 
-# ---- VMHA (SPEC.md §5, VMHA-2) ------------------------------------------------------------------------------------
+# ---- VMHA (docs/mechanisms.md#variational-multi-hop-attention, VMHA-2) --------------------------------------------
 
 
 def test_vmha_attributes_estimator_and_encoder(rng):
@@ -1236,8 +1243,8 @@ def test_vmha_attributes_estimator_and_encoder(rng):
 
 
 def test_vmha_log_density_and_prediction_match_the_two_hop_chain(rng):
-    """C-1 for VMHA: seq_log_density equals per-row log_density (rel 1e-12) and the (i, j) sum of §5; predict_proba
-    rows sum to 1."""
+    """C-1 for VMHA: seq_log_density equals per-row log_density (rel 1e-12) and the (i, j) sum of
+    docs/mechanisms.md#variational-multi-hop-attention; predict_proba rows sum to 1."""
     model = random_vmha(rng, S=7, D=3, T=5)
     rows = model.sampler(seed=2, context_length=5).sample(30)
     enc = model.dist_to_encoder().seq_encode(rows)
@@ -1262,8 +1269,9 @@ def test_vmha_log_density_and_prediction_match_the_two_hop_chain(rng):
 
 
 def test_vmha_e_step_matches_the_gradient_of_the_log_likelihood(rng):
-    """SPEC.md §5 E-step with a negligible posterior variance: grad_m is the gradient of sum_n w_n log p_n
-    (central differences), grad_logv vanishes, emission_count[v_j, t] = sum w r_j, ll and n."""
+    """docs/mechanisms.md#variational-multi-hop-attention E-step with a negligible posterior variance: grad_m is the
+    gradient of sum_n w_n log p_n (central differences), grad_logv vanishes, emission_count[v_j, t] = sum w r_j, ll and
+    n."""
     model = random_vmha(rng, S=6, D=3, T=5, log_var=TINY_LOG_VAR)
     rows = model.sampler(seed=3, context_length=4).sample(20)
     w = rng.random(20)
@@ -1348,7 +1356,8 @@ def test_vmha_impossible_evidence_fails_before_mutation():
 
 
 def test_vmha_estimate_anneals_the_kl_weight(rng):
-    """SPEC.md §5: one Adam step with lambda_tau = prior_strength * min(1, tau / anneal_iters); B smoothed."""
+    """docs/mechanisms.md#variational-multi-hop-attention: one Adam step with lambda_tau = prior_strength * min(1, tau /
+    anneal_iters); B smoothed."""
     model = random_vmha(rng)
     rows = model.sampler(seed=6, context_length=4).sample(40)
     est = VariationalMultiHopAttentionEstimator(6, 3, 5, lr=0.2, prior_strength=0.8, anneal_iters=10,
@@ -1370,7 +1379,8 @@ def test_vmha_estimate_anneals_the_kl_weight(rng):
 
 
 def test_vmha_initial_estimate_uses_unit_scale(rng):
-    """SPEC.md §5: the initial means are N(0, 1) from the estimator's seed, log v = log 0.3."""
+    """docs/mechanisms.md#variational-multi-hop-attention: the initial means are N(0, 1) from the estimator's seed, log
+    v = log 0.3."""
     model = random_vmha(rng, S=40, D=10, T=5)
     acc = fresh_accumulator(model)
     acc.seq_initialize(model.dist_to_encoder().seq_encode(model.sampler(seed=1).sample(30)), np.ones(30), 2)

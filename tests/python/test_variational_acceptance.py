@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fitting acceptance rows of the variational families through the Python API (label: slow): VEA-2 and VEA-3
-of SPEC.md §9.4 (in both precisions of the gate, docs/mixed_precision.md) and VMHA-1 of §9.5. Data are generated with numpy RandomState streams (seeded from the test's rng
-fixture) as the SPEC describes; the thresholds are the SPEC's. Each test prints what it measured."""
+(in both precisions of the gate, docs/mixed_precision.md) and VMHA-1. Data are generated with numpy RandomState streams
+(seeded from the test's rng fixture) as the acceptance tasks describe, with their thresholds. Each test prints what it
+measured."""
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from attnmix import (
 
 pytestmark = pytest.mark.slow
 
-# §9.4: C = 6 concepts x 2 synonyms; symbols 2c and 2c + 1 are concept c's synonyms.
+# The synonym task: C = 6 concepts x 2 synonyms; symbols 2c and 2c + 1 are concept c's synonyms.
 C, S, N, D, T = 6, 12, 4, 8, 6
 
 
@@ -106,8 +107,8 @@ def test_monte_carlo_log_likelihood_rises(rng, precision):
 
 
 def transitive_task(n, rs, M=3, symbols=18):
-    """SPEC.md §9.5 (the §9.3 construction with S = 18, Mr = 3): distinct a, b, c and a permutation pi per row;
-    keys = [a, b_pi], values = [b, c], query a_i, target c_j where b_pi(j) = b_i."""
+    """The two-hop task (the transitive-lookup construction with S = 18, Mr = 3): distinct a, b, c and a permutation pi
+    per row; keys = [a, b_pi], values = [b, c], query a_i, target c_j where b_pi(j) = b_i."""
     keys = np.empty((n, 2 * M), dtype=np.int64)
     values = np.empty((n, 2 * M), dtype=np.int64)
     queries = np.empty(n, dtype=np.int64)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Assignment-tree building blocks (SPEC.md §8.1): perturb-and-MAP sampling and frequencies (AT-3),
-// Kruskal's maximum spanning tree (AT-2), dense and tree-sparse attention.
+// Assignment-tree building blocks (docs/mechanisms.md#assignment-tree-attention): perturb-and-MAP sampling and
+// frequencies (AT-3), Kruskal's maximum spanning tree (AT-2), dense and tree-sparse attention.
 #include "attnmix/assign/assignment_tree.hpp"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The assignment-tree experiment (SPEC.md §8.2) and its acceptance rows AT-4 … AT-10 (§9.8) on the
-// real run (label: slow). The run is made once per process and shared by the tests.
+// The assignment-tree experiment (docs/mechanisms.md#assignment-tree-attention) and its acceptance rows AT-4 … AT-10 on
+// the real run (label: slow). The run is made once per process and shared by the tests.
 #include "attnmix/assign/experiment.hpp"
 
 #include <gtest/gtest.h>
@@ -84,8 +84,8 @@ TEST_F(AssignmentTreeExperimentTest, TreesHaveThirtyEdges) {
   EXPECT_EQ(result().tree_edges_K16_mean, 30.0);
 }
 
-/// AT-9: every results.json key, in the order of SPEC.md §8.2 step 6; a second run with the same
-/// seed (on one thread instead of all) is bitwise identical.
+/// AT-9: every results.json key, in the order of docs/mechanisms.md#assignment-tree-attention; a second run with the
+/// same seed (on one thread instead of all) is bitwise identical.
 TEST_F(AssignmentTreeExperimentTest, JsonKeysInOrderAndRunIsReproducible) {
   const nlohmann::ordered_json doc = result().to_json();
   const std::vector<std::string> keys = {"seed",

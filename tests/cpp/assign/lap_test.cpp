@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Rectangular linear assignment (SPEC.md §8.1) against brute-force enumeration of every injective
-// assignment, on random problems up to 7 × 7, 6 × 8 and 8 × 6 with ties and forbidden (+inf) pairs;
+// Rectangular linear assignment (docs/mechanisms.md#assignment-tree-attention) against brute-force enumeration of every
+// injective assignment, on random problems up to 7 × 7, 6 × 8 and 8 × 6 with ties and forbidden (+inf) pairs;
 // documented errors.
 #include "attnmix/assign/lap.hpp"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chained-attention acceptance row of SPEC.md §9.3 that fits models (label: slow).
+// Chained-attention acceptance row of docs/mechanisms.md#chained-attention that fits models (label: slow).
 #include <gtest/gtest.h>
 
 #include <iostream>

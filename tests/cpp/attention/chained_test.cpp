@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chained attention: the unit rows of SPEC.md §9.3 and the formulas of §3 against independent oracles.
+// Chained attention: the unit acceptance rows and the formulas of docs/mechanisms.md#chained-attention against
+// independent oracles.
 //
-// Oracles written here, from SPEC.md §3 and not from the library's internals (only parameters are read):
-//   * enumerate_paths: the generative story of §3.1 summed over all N^L hop paths, with every gate computed as
+// Oracles written here, from docs/mechanisms.md#chained-attention and not from the library's internals (only parameters
+// are read):
+//   * enumerate_paths: the generative story of docs/mechanisms.md#chained-attention summed over all N^L hop paths, with
+//     every gate computed as
 //     softmax_j(−‖e_u − K[k_j]‖² / (2σ²)) from the full squared distance (not the expanded logit);
-//   * log_space_reference: the log-sum-exp recursions of §3.2, used where N^L is too large to enumerate;
-//   * scatter_statistics: the statistics formulas of §3.3 applied to given marginals.
+//   * log_space_reference: the log-sum-exp recursions of docs/mechanisms.md#chained-attention, used where N^L is too
+//     large to enumerate;
+//   * scatter_statistics: the statistics formulas of docs/mechanisms.md#chained-attention applied to given marginals.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -124,7 +128,7 @@ struct Marginals {
   std::vector<Matrix> xi;
 };
 
-/// Oracle (SPEC.md §3.1): p(t | k, v, q) = Σ over all N^L paths z of
+/// Oracle (docs/mechanisms.md#chained-attention): p(t | k, v, q) = Σ over all N^L paths z of
 ///   g(q, K⁽⁰⁾)_{z_0} · Π_{ℓ≥1} g(v_{z_{ℓ−1}}, K⁽ℓ⁾)_{z_ℓ} · B[v_{z_{L−1}}, t],
 /// and γ, ξ as the path-posterior masses of z_ℓ = i and (z_ℓ, z_{ℓ+1}) = (i, j).
 Marginals enumerate_paths(const ChainedAttention& model, const ChainedAttentionBatch& batch, Index row) {
@@ -171,8 +175,8 @@ double reference_lse(const std::vector<double>& x) {
   return top + std::log(total);
 }
 
-/// Oracle (SPEC.md §3.2 in log space): log α, log β by LSE recursions over gates computed from the full squared
-/// distance; γ, ξ by exponentiating. Never underflows (every log gate is finite).
+/// Oracle (docs/mechanisms.md#chained-attention in log space): log α, log β by LSE recursions over gates computed from
+/// the full squared distance; γ, ξ by exponentiating. Never underflows (every log gate is finite).
 Marginals log_space_reference(const ChainedAttention& model, const ChainedAttentionBatch& batch, Index row,
                               bool with_xi = true) {
   const ChainedAttentionParams& p = model.params();
@@ -232,8 +236,8 @@ Marginals log_space_reference(const ChainedAttention& model, const ChainedAttent
   return m;
 }
 
-/// Expected statistics of SPEC.md §3.3 from per-row marginals: hop 0 scatters γ_0 at (k_i, q); hop ℓ ≥ 1 scatters
-/// ξ_{ℓ−1}(i, j) at (k_j, v_i); emission_count[v_j, t] += w γ_{L−1}(j); ll += w log p; n += w.
+/// Expected statistics of docs/mechanisms.md#chained-attention from per-row marginals: hop 0 scatters γ_0 at (k_i, q);
+/// hop ℓ ≥ 1 scatters ξ_{ℓ−1}(i, j) at (k_j, v_i); emission_count[v_j, t] += w γ_{L−1}(j); ll += w log p; n += w.
 struct ExpectedStats {
   std::vector<Matrix> key_num;  // L × [S, S]
   Matrix key_mass;              // [L, S]
@@ -439,8 +443,8 @@ TEST(ChainedAttentionTest, PosteriorMarginalsMatchEnumeration) {
   }
 }
 
-/// SPEC.md §3.3: the weighted E-step statistics equal the formulas applied to the enumerated posteriors (repeated
-/// key and value symbols exercise the scatter-add), rel 1e-10.
+/// docs/mechanisms.md#chained-attention: the weighted E-step statistics equal the formulas applied to the enumerated
+/// posteriors (repeated key and value symbols exercise the scatter-add), rel 1e-10.
 TEST(ChainedAttentionTest, StatisticsMatchEnumeratedPosteriors) {
   Rng rng(testing::test_seed(37));
   const Index L = 3, N = 4, S = 4, T = 3;
@@ -550,8 +554,8 @@ TEST(ChainedAttentionTest, UnderflowingRowsAreRescuedInLogSpace) {
   }
 }
 
-/// SPEC.md §3.2: log p = −∞ iff B[v_j, t] = 0 for every position j; the posterior of such a row is all zeros (never
-/// NaN); a row with one emitting position stays finite however unlikely that position is.
+/// docs/mechanisms.md#chained-attention: log p = −∞ iff B[v_j, t] = 0 for every position j; the posterior of such a row
+/// is all zeros (never NaN); a row with one emitting position stays finite however unlikely that position is.
 TEST(ChainedAttentionTest, AllZeroEmissionGivesMinusInfinity) {
   ChainedAttentionParams p;
   p.key_tables = {Matrix::Identity(3, 3), Matrix::Identity(3, 3)};
@@ -585,7 +589,7 @@ TEST(ChainedAttentionTest, ConstructorRejectsInvalidParameters) {
   EXPECT_NO_THROW(ChainedAttention{good});
 
   ChainedAttentionParams p = good;
-  p.emission << 1.1, -0.1, 0.5, 0.5;  // SPEC §3.4 example
+  p.emission << 1.1, -0.1, 0.5, 0.5;  // docs/mechanisms.md#chained-attention example
   EXPECT_THROW(ChainedAttention{p}, ValueError);
   p.emission << 0.5, 0.5, 0.5, 0.5 + 1e-9;  // off by more than 1e-12
   EXPECT_THROW(ChainedAttention{p}, ValueError);
@@ -695,7 +699,8 @@ TEST(ChainedAttentionTest, InvalidIdsAndShapesAreRejected) {
   EXPECT_THROW((void)model.sampler(1, 0), ValueError);  // context_length must be ≥ 1
 }
 
-/// The reference impossible case of SPEC.md §3.4 (B = [[1,0],[1,0]], keys [0,1], values [0,1], q 0, t 1).
+/// The reference impossible case of docs/mechanisms.md#chained-attention (B = [[1,0],[1,0]], keys [0,1], values [0,1],
+/// q 0, t 1).
 ChainedAttention reference_impossible_model(Rng& rng) {
   ChainedAttentionParams p;
   for (int hop = 0; hop < 2; ++hop) {
@@ -708,8 +713,8 @@ ChainedAttention reference_impossible_model(Rng& rng) {
   return ChainedAttention(std::move(p));
 }
 
-/// CA-5 / SPEC.md §3.4: log_density = −∞; accumulate throws ImpossibleEvidenceError listing row 0 and leaves the
-/// packed statistics bit-identical; with zero weight the row is accepted and contributes nothing.
+/// CA-5 / docs/mechanisms.md#chained-attention: log_density = −∞; accumulate throws ImpossibleEvidenceError listing row
+/// 0 and leaves the packed statistics bit-identical; with zero weight the row is accepted and contributes nothing.
 TEST(ChainedAttentionTest, ReferenceImpossibleCaseLeavesStatisticsUnchanged) {
   Rng rng(testing::test_seed(41));
   const ChainedAttention model = reference_impossible_model(rng);
@@ -740,7 +745,7 @@ TEST(ChainedAttentionTest, ImpossibleRowInsideBatchIsAtomic) {
   keys << 0, 1, 1, 0, 0, 1, 1, 1, 0, 0;
   values << 1, 0, 0, 1, 0, 1, 1, 1, 0, 0;
   const IdVector queries = (IdVector(5) << 0, 1, 0, 1, 1).finished();
-  const IdVector targets = (IdVector(5) << 0, 0, 1, 0, 0).finished();  // row 2 is the §3.4 case
+  const IdVector targets = (IdVector(5) << 0, 0, 1, 0, 0).finished();  // row 2 is the reference impossible case
   const ChainedAttentionBatch batch = model.encoder().encode(keys, values, queries, targets);
   const std::vector<double> log_p = log_densities(model, batch);
   for (Index n = 0; n < 5; ++n) {
@@ -808,9 +813,9 @@ TEST(ChainedAttentionTest, SamplerHonoursContextLength) {
   EXPECT_EQ(model.sampler(5, 4).sample(Index{0}).n_rows(), 0);
 }
 
-/// The sampler walks the chain of SPEC.md §3.4: for every target t, the frequency of t equals the mean over the
-/// sampled contexts of p(t | k, v, q) = predict_proba (within 5 standard errors), and identical seeds give identical
-/// draws.
+/// The sampler walks the chain of docs/mechanisms.md#chained-attention: for every target t, the frequency of t equals
+/// the mean over the sampled contexts of p(t | k, v, q) = predict_proba (within 5 standard errors), and identical seeds
+/// give identical draws.
 TEST(ChainedAttentionTest, SamplerTargetsFollowModel) {
   Rng rng(testing::test_seed(44));
   const Index S = 5, T = 3, n = 20000;
@@ -897,10 +902,10 @@ TEST(ChainedAttentionTest, EStepNeverAllocatesAnNNSTensor) {
 
 // ----- seq_initialize ---------------------------------------------------------------------------------------------
 
-/// SPEC.md §3.3 seq_initialize: the statistics equal the formulas applied to independent draws, in the documented
-/// order, from the same seed (γ_ℓ ~ Dirichlet(1_N) for every hop, all rows, hop-major; then ξ_ℓ ~ Dirichlet(1_{N²})
-/// for ℓ = 0..L−2); the mass laws hold (Σ key_mass[ℓ] = n = Σ w, Σ emission_count = n); ll is untouched; zero-weight
-/// rows still consume their draws; the same seed gives the same bits.
+/// docs/mechanisms.md#chained-attention seq_initialize: the statistics equal the formulas applied to independent draws,
+/// in the documented order, from the same seed (γ_ℓ ~ Dirichlet(1_N) for every hop, all rows, hop-major; then ξ_ℓ ~
+/// Dirichlet(1_{N²}) for ℓ = 0..L−2); the mass laws hold (Σ key_mass[ℓ] = n = Σ w, Σ emission_count = n); ll is
+/// untouched; zero-weight rows still consume their draws; the same seed gives the same bits.
 TEST(ChainedAttentionTest, InitializeDrawsDocumentedOrderAndKeepsMassLaws) {
   const uint64_t seed = testing::test_seed(46);
   Rng data_rng(seed);
@@ -957,8 +962,9 @@ TEST(ChainedAttentionTest, InitializeDrawsDocumentedOrderAndKeepsMassLaws) {
 
 // ----- M-step -----------------------------------------------------------------------------------------------------
 
-/// SPEC.md §3.3 M-step on a hand-built accumulator: K⁽ℓ⁾[s] = key_num[ℓ][s] / max(key_mass[ℓ][s], 1e-9), B =
-/// (emission_count + ε) row-normalised (a zero-total row uniform when ε = 0), σ² the estimator's exactly, name kept.
+/// docs/mechanisms.md#chained-attention M-step on a hand-built accumulator: K⁽ℓ⁾[s] = key_num[ℓ][s] /
+/// max(key_mass[ℓ][s], 1e-9), B = (emission_count + ε) row-normalised (a zero-total row uniform when ε = 0), σ² the
+/// estimator's exactly, name kept.
 TEST(ChainedAttentionTest, EstimateMatchesHandComputedValues) {
   const ChainedAttentionAccumulator acc = hand_accumulator();
   ChainedAttentionEstimatorOptions options;
@@ -1013,8 +1019,9 @@ void ExpectMassLawError(F&& f, const std::string& context) {
   }
 }
 
-/// SPEC.md §1.3 / §3.3: estimate rejects nobs ≠ n and statistics of another layout; combine, from_value, unpack and
-/// estimate reject statistics that break Σ key_mass[ℓ] = n or Σ emission_count = n, and change nothing.
+/// docs/mechanisms.md#building-blocks / docs/mechanisms.md#chained-attention: estimate rejects nobs ≠ n and statistics
+/// of another layout; combine, from_value, unpack and estimate reject statistics that break Σ key_mass[ℓ] = n or Σ
+/// emission_count = n, and change nothing.
 TEST(ChainedAttentionTest, MassLawViolationsAreRejected) {
   const ChainedAttentionAccumulator acc = hand_accumulator();
   const ChainedAttentionEstimator est(2, 3, 2);
@@ -1049,8 +1056,8 @@ TEST(ChainedAttentionTest, MassLawViolationsAreRejected) {
 
 // ----- determinism, fitting, composition --------------------------------------------------------------------------
 
-/// SPEC.md §1.8: the packed statistics and per-row log densities of parallel_accumulate are bitwise identical for 1
-/// and 2 threads at chunk sizes 1, 7 and 64, and agree with the serial E-step at rounding level.
+/// docs/mechanisms.md#training: the packed statistics and per-row log densities of parallel_accumulate are bitwise
+/// identical for 1 and 2 threads at chunk sizes 1, 7 and 64, and agree with the serial E-step at rounding level.
 TEST(ChainedAttentionTest, ParallelStatisticsAreThreadCountInvariant) {
   Rng rng(testing::test_seed(47));
   const ChainedAttention model = random_model(3, 6, 4, 0.3, rng);
@@ -1076,7 +1083,7 @@ TEST(ChainedAttentionTest, ParallelStatisticsAreThreadCountInvariant) {
   }
 }
 
-/// SPEC.md §1.8 / F-6: optimize() gives bitwise-identical models and scores for 1 and 2 threads.
+/// docs/mechanisms.md#training / F-6: optimize() gives bitwise-identical models and scores for 1 and 2 threads.
 TEST(ChainedAttentionTest, OptimizeIsThreadCountInvariant) {
   const ChainedAttentionBatch data = make_transitive_task(300, testing::test_seed(48));
   std::vector<OptimizeResult<ChainedAttention>> fits;
@@ -1133,8 +1140,8 @@ TEST(ChainedAttentionTest, OptimizeFitsTransitiveTask) {
   EXPECT_GT(acc, 0.5) << "seed " << seed;
 }
 
-/// Composition (SPEC.md §1.5): a 2-component mixture of chained-attention heads fits through optimize() (10
-/// iterations): finite scores, weights summing to 1, chained components; the mixture density equals
+/// Composition (docs/mechanisms.md#building-blocks): a 2-component mixture of chained-attention heads fits through
+/// optimize() (10 iterations): finite scores, weights summing to 1, chained components; the mixture density equals
 /// log(Σ_k w_k p_k) computed from the components.
 TEST(ChainedAttentionTest, FitsInsideTwoComponentMixture) {
   const ChainedAttentionBatch data = make_transitive_task(300, testing::test_seed(50));
@@ -1166,7 +1173,7 @@ TEST(ChainedAttentionTest, FitsInsideTwoComponentMixture) {
 
 // ----- model files ------------------------------------------------------------------------------------------------
 
-/// F-7 / SPEC.md §1.10: save → load of a chained model (through the file and through the JSON document) is
+/// F-7 / docs/model-format.md: save → load of a chained model (through the file and through the JSON document) is
 /// bit-identical, keeps the name, and is stored under the family "chained_attention" with params keys/emission/sigma2.
 TEST(ChainedAttentionTest, ModelFileRoundTripIsBitIdentical) {
   Rng rng(testing::test_seed(51));
@@ -1212,8 +1219,8 @@ void ExpectFieldError(const nlohmann::json& doc, const std::string& field, const
   }
 }
 
-/// SPEC.md §1.10: a malformed params.keys (2-D, ragged tables, ragged rows, non-square, not an array) or emission is
-/// rejected with a ValueError naming the file and the field.
+/// docs/model-format.md: a malformed params.keys (2-D, ragged tables, ragged rows, non-square, not an array) or
+/// emission is rejected with a ValueError naming the file and the field.
 TEST(ChainedAttentionTest, MalformedModelFileNamesTheField) {
   const nlohmann::json good = nlohmann::json::parse(R"({"format": "attnmix-model", "schema_version": 1,
       "family": "chained_attention",

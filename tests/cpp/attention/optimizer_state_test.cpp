@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The optimizer state shared by the variational families (SPEC.md §4.3–§4.5) against independent oracles.
+// The optimizer state shared by the variational families (docs/mechanisms.md#variational-embedding-attention) against
+// independent oracles.
 //
-// Oracles written here, from SPEC.md and not from the library's internals:
-//   * scalar_adam_step: the Adam ascent of §4.4 written entry by entry (bias correction with 0.9^τ and 0.999^τ,
+// Oracles written here, from docs/mechanisms.md#variational-embedding-attention and not from the library's internals:
+//   * scalar_adam_step: the Adam ascent of docs/mechanisms.md#variational-embedding-attention written entry by entry
+//     (bias correction with 0.9^τ and 0.999^τ,
 //     ε = 1e-8, the KL gradient −λ m and −λ ½(v − 1), then the clip of log v to [−8, 2]);
 //   * central finite differences of the KL term;
 //   * the noise tables drawn directly from Rng(derive_seed(seed, kMcNoise, τ)), N(0, 1) row-major, k in order.
@@ -81,7 +83,8 @@ void ExpectValueError(F&& f, const std::vector<std::string>& fragments, const st
   }
 }
 
-/// Oracle: one Adam ascent step of SPEC.md §4.4 on one scalar, with the moments it updates.
+/// Oracle: one Adam ascent step of docs/mechanisms.md#variational-embedding-attention on one scalar, with the moments
+/// it updates.
 struct ScalarAdam {
   double theta, m1, m2;
 };
@@ -96,8 +99,8 @@ ScalarAdam scalar_adam_step(ScalarAdam s, double g, double lr, int64_t tau) {
 
 // ----- fresh / validate --------------------------------------------------------------------------------------------
 
-/// SPEC.md §4.5: fresh(family, mean, log_var, seed) keeps the arrays bit for bit, has four zero moments of the same
-/// shape, iteration 0 and the given seed, and validates.
+/// docs/mechanisms.md#variational-embedding-attention: fresh(family, mean, log_var, seed) keeps the arrays bit for bit,
+/// has four zero moments of the same shape, iteration 0 and the given seed, and validates.
 TEST(AttentionOptimizerStateTest, FreshHasZeroMomentsAndIterationZero) {
   Rng rng(testing::test_seed(31));
   const Matrix mean = random_matrix(4, 3, 1.0, rng);
@@ -119,9 +122,9 @@ TEST(AttentionOptimizerStateTest, FreshHasZeroMomentsAndIterationZero) {
   EXPECT_STREQ(AttentionOptimizerState::kAlgorithm, "adam");
 }
 
-/// SPEC.md §4.5: validate() rejects (ValueError naming the field) an unknown family, each of the six arrays with
-/// another shape, an empty array, a NaN or ±∞ entry in each array, a negative second moment and a negative
-/// iteration; the where argument starts the message.
+/// docs/mechanisms.md#variational-embedding-attention: validate() rejects (ValueError naming the field) an unknown
+/// family, each of the six arrays with another shape, an empty array, a NaN or ±∞ entry in each array, a negative
+/// second moment and a negative iteration; the where argument starts the message.
 TEST(AttentionOptimizerStateTest, ValidateRejectsInvalidStates) {
   Rng rng(testing::test_seed(32));
   const AttentionOptimizerState good = random_state(3, 2, rng);
@@ -202,9 +205,9 @@ TEST(AttentionOptimizerStateTest, EqualityIsBitwise) {
 
 // ----- JSON ----------------------------------------------------------------------------------------------------------
 
-/// SPEC.md §4.5 (VEA-7): to_json → from_json is bit-exact for awkward doubles (1/3, 0.1, subnormals, ±1e300, −0.0),
-/// both as a JSON value and through its text; the document holds schema_version 1, algorithm "adam", family,
-/// iteration and seed (a seed above 2⁶³ included), arrays as nested lists.
+/// docs/mechanisms.md#variational-embedding-attention (VEA-7): to_json → from_json is bit-exact for awkward doubles
+/// (1/3, 0.1, subnormals, ±1e300, −0.0), both as a JSON value and through its text; the document holds schema_version
+/// 1, algorithm "adam", family, iteration and seed (a seed above 2⁶³ included), arrays as nested lists.
 TEST(AttentionOptimizerStateTest, JsonRoundTripIsBitExact) {
   Rng rng(testing::test_seed(34));
   AttentionOptimizerState s = random_state(3, 4, rng);
@@ -237,9 +240,10 @@ TEST(AttentionOptimizerStateTest, JsonRoundTripIsBitExact) {
   EXPECT_EQ(optimizer_state_to_json(optimizer_state_from_json(doc, "doc")).dump(), doc.dump());
 }
 
-/// SPEC.md §4.5: from_json validates everything: an unknown schema_version or algorithm raises ValueError naming
-/// that field; so do a missing or unknown field, an unknown family, ragged or mismatched arrays, a non-finite
-/// entry, a negative iteration and a negative seed. The message starts with the source name.
+/// docs/mechanisms.md#variational-embedding-attention: from_json validates everything: an unknown schema_version or
+/// algorithm raises ValueError naming that field; so do a missing or unknown field, an unknown family, ragged or
+/// mismatched arrays, a non-finite entry, a negative iteration and a negative seed. The message starts with the source
+/// name.
 TEST(AttentionOptimizerStateTest, FromJsonRejectsUnknownVersionAlgorithmAndInvalidFields) {
   Rng rng(testing::test_seed(35));
   const nlohmann::json good = optimizer_state_to_json(random_state(2, 2, rng));
@@ -292,7 +296,8 @@ TEST(AttentionOptimizerStateTest, FromJsonRejectsUnknownVersionAlgorithmAndInval
 
 // ----- Adam ascent ---------------------------------------------------------------------------------------------------
 
-/// SPEC.md §4.4: three adam_ascent steps from a fresh state equal the scalar Adam oracle entry by entry (rel 1e-14:
+/// docs/mechanisms.md#variational-embedding-attention: three adam_ascent steps from a fresh state equal the scalar Adam
+/// oracle entry by entry (rel 1e-14:
 /// the same formula, possibly with different rounding of the bias corrections): the data gradient minus λ m and
 /// λ ½(v − 1), separate moment pairs for m and log v, bias correction with τ = 1, 2, 3, and the clip of log v to
 /// [−8, 2] (entries placed just inside each bound with a gradient pushing them out are clipped exactly to the bound).
@@ -360,8 +365,9 @@ TEST(AttentionOptimizerStateTest, AdamAscentMatchesScalarReference) {
   EXPECT_TRUE(clipped_low);
 }
 
-/// SPEC.md §4.4: the bias correction uses τ = iteration + 1 of the carried state: one step from a state at iteration
-/// 7 with non-zero moments equals the scalar oracle with τ = 8 (and differs from τ = 1); the input state is unchanged.
+/// docs/mechanisms.md#variational-embedding-attention: the bias correction uses τ = iteration + 1 of the carried state:
+/// one step from a state at iteration 7 with non-zero moments equals the scalar oracle with τ = 8 (and differs from τ =
+/// 1); the input state is unchanged.
 TEST(AttentionOptimizerStateTest, AdamAscentBiasCorrectionUsesCarriedIteration) {
   Rng rng(testing::test_seed(37));
   const Index S = 2, D = 3;
@@ -386,9 +392,9 @@ TEST(AttentionOptimizerStateTest, AdamAscentBiasCorrectionUsesCarriedIteration) 
 
 // ----- KL ------------------------------------------------------------------------------------------------------------
 
-/// SPEC.md §4.2: kl_to_standard_normal equals ½ Σ (v + m² − 1 − log v) (zero at m = 0, log v = 0; ½(e − 1) at
-/// m = 1, log v = 1), and its central finite differences (h = 1e-5) equal the analytic gradients ∂KL/∂m = m
-/// and ∂KL/∂log v = ½(v − 1) to 1e-6 relative (|fd − g| ≤ 1e-6·max(1, |g|)).
+/// docs/mechanisms.md#variational-embedding-attention: kl_to_standard_normal equals ½ Σ (v + m² − 1 − log v) (zero at m
+/// = 0, log v = 0; ½(e − 1) at m = 1, log v = 1), and its central finite differences (h = 1e-5) equal the analytic
+/// gradients ∂KL/∂m = m and ∂KL/∂log v = ½(v − 1) to 1e-6 relative (|fd − g| ≤ 1e-6·max(1, |g|)).
 TEST(AttentionOptimizerStateTest, KlGradientMatchesFiniteDifferences) {
   EXPECT_EQ(kl_to_standard_normal(Matrix::Zero(3, 2), Matrix::Zero(3, 2)), 0.0);
   EXPECT_NEAR(kl_to_standard_normal(Matrix::Constant(1, 1, 1.0), Matrix::Constant(1, 1, 1.0)),
@@ -418,9 +424,9 @@ TEST(AttentionOptimizerStateTest, KlGradientMatchesFiniteDifferences) {
 
 // ----- Monte-Carlo tables -------------------------------------------------------------------------------------------
 
-/// SPEC.md §4.3: the tables of iteration τ are ε_k ~ N(0, 1)^{S×D} drawn row-major, k in order, from
-/// Rng(derive_seed(seed, kMcNoise, τ)); E_k = m + exp(½ log v) ⊙ ε_k and the log-variance factor is ½ exp(½ log v)
-/// ⊙ ε_k (rel 1e-15). The mc = 3 tables are the first 3 of mc = 5 bit for bit.
+/// docs/mechanisms.md#variational-embedding-attention: the tables of iteration τ are ε_k ~ N(0, 1)^{S×D} drawn
+/// row-major, k in order, from Rng(derive_seed(seed, kMcNoise, τ)); E_k = m + exp(½ log v) ⊙ ε_k and the log-variance
+/// factor is ½ exp(½ log v) ⊙ ε_k (rel 1e-15). The mc = 3 tables are the first 3 of mc = 5 bit for bit.
 TEST(AttentionOptimizerStateTest, MonteCarloTablesFollowTheDocumentedStreamAndArePrefixes) {
   Rng rng(testing::test_seed(39));
   const Index S = 4, D = 3;
@@ -454,8 +460,8 @@ TEST(AttentionOptimizerStateTest, MonteCarloTablesFollowTheDocumentedStreamAndAr
   EXPECT_EQ(cache.get(state, 5).get(), cached.get());
 }
 
-/// SPEC.md §4.3 / §10.8: the noise depends on (seed, iteration) only: other moments, means, log variances or family
-/// give the same ε; another seed or another iteration gives different ε.
+/// docs/mechanisms.md#variational-embedding-attention / docs/porting.md: the noise depends on (seed, iteration) only:
+/// other moments, means, log variances or family give the same ε; another seed or another iteration gives different ε.
 TEST(AttentionOptimizerStateTest, MonteCarloNoiseDependsOnlyOnSeedAndIteration) {
   Rng rng(testing::test_seed(40));
   const Index S = 3, D = 2;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility-attention acceptance rows of SPEC.md §9.2 that fit models (label: slow), in both precisions
-// (docs/mixed_precision.md): the mixed-precision E-step must pass every one of them too.
+// Responsibility-attention acceptance rows of docs/mechanisms.md#responsibility-attention that fit models (label:
+// slow), in both precisions (docs/mixed_precision.md): the mixed-precision E-step must pass every one of them too.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Responsibility attention: the unit rows of SPEC.md §9.2 and the formulas of §2 against independent oracles.
+// Responsibility attention: the unit acceptance rows and the formulas of docs/mechanisms.md#responsibility-attention
+// against independent oracles.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +25,7 @@ ResponsibilityAttention random_model(Index S, Index N, Index D, Index T, Rng& rn
   return ResponsibilityAttention(testing::random_responsibility_params(S, N, D, T, rng, sigma2));
 }
 
-/// The reference impossible case of SPEC.md §2.5.
+/// The reference impossible case of docs/mechanisms.md#responsibility-attention.
 ResponsibilityAttention impossible_case_model() {
   ResponsibilityAttentionParams p;
   p.key_means = Matrix::Zero(2, 1);
@@ -266,7 +267,7 @@ TEST(ResponsibilityAttentionTest, EstimateMatchesClosedForm) {
   EXPECT_NEAR(p.sigma2, scatter / (D * acc.key_mass().sum()), 1e-12);
 }
 
-/// SPEC §10.16: with zero smoothing a never-attended symbol's emission row becomes uniform.
+/// docs/porting.md: with zero smoothing a never-attended symbol's emission row becomes uniform.
 TEST(ResponsibilityAttentionTest, ZeroTotalEmissionRowIsUniform) {
   ResponsibilityAttentionEstimatorOptions options;
   options.emission_smoothing = 0.0;
@@ -420,7 +421,8 @@ TEST(ResponsibilityAttentionTest, InvalidInputsRaise) {
   EXPECT_THROW(ResponsibilityAttentionEstimator(2, 2, 1, 2, bad), ValueError);
 }
 
-/// RA-13 / SPEC §2.5 reference case: −∞ density, ImpossibleEvidenceError listing the row, accumulator unchanged.
+/// RA-13 / docs/mechanisms.md#responsibility-attention reference case: −∞ density, ImpossibleEvidenceError listing the
+/// row, accumulator unchanged.
 TEST(ResponsibilityAttentionTest, ImpossibleEvidenceLeavesStatisticsUnchanged) {
   const ResponsibilityAttention model = impossible_case_model();
   const auto impossible = one_row({0, 1}, {0.0}, 1);
@@ -449,8 +451,8 @@ TEST(ResponsibilityAttentionTest, ImpossibleEvidenceLeavesStatisticsUnchanged) {
 namespace attnmix {
 namespace {
 
-/// SPEC §2.1: a zero-prior position can never be revived: after EM steps its prior is exactly 0 (positions in the
-/// middle of a 16-wide context exercise the vectorised exp).
+/// docs/mechanisms.md#responsibility-attention: a zero-prior position can never be revived: after EM steps its prior is
+/// exactly 0 (positions in the middle of a 16-wide context exercise the vectorised exp).
 TEST(ResponsibilityAttentionTest, ZeroPriorPositionStaysExactlyZero) {
   Rng rng(testing::test_seed(22));
   ResponsibilityAttentionParams p = random_model(8, 16, 4, 3, rng).params();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Variational acceptance rows of SPEC.md §9.4 (VEA-2, VEA-3) and §9.5 (VMHA-1) that fit models (label: slow). The
+// Variational acceptance rows VEA-2, VEA-3 and VMHA-1 that fit models (label: slow). The
 // VEA rows run in both precisions (docs/mixed_precision.md): the mixed-precision gate must pass them too.
 // Data come from attnmix::Rng with fixed seeds (ATTNMIX_TEST_SEED overrides); every test prints what it measured.
 #include <gtest/gtest.h>
@@ -28,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// ----- the synonym task of SPEC.md §9.4 ----------------------------------------------------------------------------
+// ----- the synonym task of docs/mechanisms.md#variational-embedding-attention --------------------------------------
 
 /// C = 6 concepts × 2 synonyms: symbols 2c and 2c + 1 name concept c (S = 12); N = 4, T = 6.
 constexpr int64_t kConcepts = 6, kSynonymS = 12, kSynonymN = 4, kSynonymT = 6;
@@ -182,7 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Precisions, VariationalEmbeddingAttentionAcceptanceTest
                            return std::string(precision_name(param.param));
                          });
 
-// ----- the two-hop task of SPEC.md §9.5 ----------------------------------------------------------------------------
+// ----- the two-hop task of docs/mechanisms.md#variational-multi-hop-attention --------------------------------------
 
 /// S = 18, Mr = 3 (N = 6): each row draws a_1..a_Mr, b_1..b_Mr, c_1..c_Mr, each set without replacement from [S]
 /// independently, and a permutation π; keys = [a, b_π], values = [b, c]; the query is a_i for a random i, and the

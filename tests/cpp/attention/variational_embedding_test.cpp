@@ -1,15 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// Variational embedding attention: the unit rows of SPEC.md §9.4 (VEA-1, VEA-4 … VEA-8) and the formulas of §4
-// against independent oracles.
+// Variational embedding attention: the unit acceptance rows (VEA-1, VEA-4 … VEA-8) and the formulas of
+// docs/mechanisms.md#variational-embedding-attention against independent oracles.
 //
-// Oracles written here, from SPEC.md §4 and not from the library's internals (only parameters are read):
-//   * oracle_row: the plug-in model of §4.1 with plain loops and log-sum-exp (gate, posterior r, log p);
-//   * oracle_noise: the Monte-Carlo noise of §4.3 drawn directly from Rng(derive_seed(seed, kMcNoise, τ));
-//   * oracle_statistics: the E-step sums of §4.3 (ll, counts, n) over those tables;
+// Oracles written here, from docs/mechanisms.md#variational-embedding-attention and not from the library's internals
+// (only parameters are read):
+//   * oracle_row: the plug-in model of docs/mechanisms.md#variational-embedding-attention with plain loops and
+//     log-sum-exp (gate, posterior r, log p);
+//   * oracle_noise: the Monte-Carlo noise of docs/mechanisms.md#variational-embedding-attention drawn directly from
+//     Rng(derive_seed(seed, kMcNoise, τ));
+//   * oracle_statistics: the E-step sums of docs/mechanisms.md#variational-embedding-attention (ll, counts, n) over
+//     those tables;
 //   * central finite differences of the fixed-noise objective (1/mc) Σ_k Σ_n w_n log p(E_k) — the accumulator's ll —
-//     for the data gradient of §4.2 with respect to m and log v (perturbing the model's mean or log_var while its
-//     optimizer state keeps the seed and iteration, so the same ε is reused);
-//   * scalar Adam (§4.4), Dirichlet draws in row order (§4.3 seq_initialize), and the initial embeddings of §4.4.
+//     for the data gradient of docs/mechanisms.md#variational-embedding-attention with respect to m and log v
+//     (perturbing the model's mean or log_var while its optimizer state keeps the seed and iteration, so the same ε is
+//     reused);
+//   * scalar Adam, Dirichlet draws in row order (seq_initialize), and the initial embeddings, all of
+//     docs/mechanisms.md#variational-embedding-attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,8 +150,9 @@ double reference_lse(const std::vector<double>& x) {
   return top + std::log(total);
 }
 
-/// Oracle (SPEC.md §4.1) for one row at table E: s_i = log π_i − ‖E[q] − E[c_i]‖²/(2σ²), log a = s − LSE s,
-/// log p = LSE_i(log a_i + log B[c_i, t]), r_i = exp(log a_i + log B[c_i, t] − log p) (0 for an impossible row).
+/// Oracle (docs/mechanisms.md#variational-embedding-attention) for one row at table E: s_i = log π_i − ‖E[q] −
+/// E[c_i]‖²/(2σ²), log a = s − LSE s, log p = LSE_i(log a_i + log B[c_i, t]), r_i = exp(log a_i + log B[c_i, t] − log
+/// p) (0 for an impossible row).
 struct RowOracle {
   double log_p = 0.0;
   std::vector<double> a, r;
@@ -176,7 +183,8 @@ RowOracle oracle_row(const Params& p, const Matrix& E, const int64_t* c, int64_t
   return out;
 }
 
-/// Oracle (SPEC.md §4.3): the mc noise tables ε_k of (seed, iteration), N(0, 1) row-major, k in order.
+/// Oracle (docs/mechanisms.md#variational-embedding-attention): the mc noise tables ε_k of (seed, iteration), N(0, 1)
+/// row-major, k in order.
 std::vector<Matrix> oracle_noise(const AttentionOptimizerState& state, int64_t mc) {
   Rng rng(derive_seed(state.seed, SeedPurpose::kMcNoise, static_cast<uint64_t>(state.iteration)));
   std::vector<Matrix> out;
@@ -188,8 +196,8 @@ std::vector<Matrix> oracle_noise(const AttentionOptimizerState& state, int64_t m
   return out;
 }
 
-/// Oracle (SPEC.md §4.3): ll = (1/mc) Σ_k Σ_n w_n log p(E_k), counts (1/mc) Σ_k Σ_n w_n r_ni, n = Σ w, with
-/// E_k = m + exp(½ log v) ⊙ ε_k.
+/// Oracle (docs/mechanisms.md#variational-embedding-attention): ll = (1/mc) Σ_k Σ_n w_n log p(E_k), counts (1/mc) Σ_k
+/// Σ_n w_n r_ni, n = Σ w, with E_k = m + exp(½ log v) ⊙ ε_k.
 struct OracleStats {
   Matrix emission_count;
   Vector position_count;
@@ -218,7 +226,7 @@ OracleStats oracle_statistics(const Params& p, const Batch& batch, const std::ve
   return out;
 }
 
-/// "rel x" of SPEC.md §9: |a − b| ≤ x·max(1, max|b|) over a whole array.
+/// "rel x" of the acceptance tasks: |a − b| ≤ x·max(1, max|b|) over a whole array.
 void ExpectRel(const Matrix& actual, const Matrix& expected, double rel, const std::string& what) {
   ASSERT_EQ(actual.rows(), expected.rows()) << what;
   ASSERT_EQ(actual.cols(), expected.cols()) << what;
@@ -231,7 +239,7 @@ void ExpectRel(double actual, double expected, double rel, const std::string& wh
       << what << ": " << actual << " vs " << expected;
 }
 
-/// Every field of two accumulators agrees to rel (SPEC.md §9 "rel x", per field), and n exactly.
+/// Every field of two accumulators agrees to rel ("rel x" of the acceptance tasks, per field), and n exactly.
 void ExpectFieldsClose(const Acc& actual, const Acc& expected, double rel) {
   ExpectRel(Matrix(actual.grad_mean()), Matrix(expected.grad_mean()), rel, "grad_mean");
   ExpectRel(Matrix(actual.grad_log_var()), Matrix(expected.grad_log_var()), rel, "grad_log_var");
@@ -267,7 +275,7 @@ void ExpectThrowWith(F&& f, const std::vector<std::string>& fragments, const std
   }
 }
 
-/// Oracle: one scalar Adam ascent step (SPEC.md §4.4).
+/// Oracle: one scalar Adam ascent step (docs/mechanisms.md#variational-embedding-attention).
 double adam_theta(double theta, double g, double m1, double m2, double lr, int64_t tau, double* m1_out,
                   double* m2_out) {
   m1 = 0.9 * m1 + 0.1 * g;
@@ -279,7 +287,7 @@ double adam_theta(double theta, double g, double m1, double m2, double lr, int64
   return theta + lr * m_hat / (std::sqrt(v_hat) + 1e-8);
 }
 
-/// The model reloaded from its model file (SPEC.md §1.10) through text: model_to_json → dump → parse →
+/// The model reloaded from its model file (docs/model-format.md) through text: model_to_json → dump → parse →
 /// model_from_json.
 Model reload(const Model& model) {
   const nlohmann::json doc = model_to_json(AnyDistribution(model));
@@ -293,9 +301,9 @@ constexpr Index kS = 5, kN = 4, kD = 3, kT = 4;
 
 // ----- plug-in density and prediction (VEA-1) -------------------------------------------------------------------
 
-/// SPEC.md §4.1 (VEA-1): log_density at E = m equals the brute-force oracle (rel 1e-12) on rows with repeated
-/// symbols and queries inside their own context, including a model with a zero-prior position; log_density_at an
-/// arbitrary table equals the oracle at that table; every row is finite.
+/// docs/mechanisms.md#variational-embedding-attention (VEA-1): log_density at E = m equals the brute-force oracle (rel
+/// 1e-12) on rows with repeated symbols and queries inside their own context, including a model with a zero-prior
+/// position; log_density_at an arbitrary table equals the oracle at that table; every row is finite.
 TEST(VariationalEmbeddingAttentionTest, PlugInLogDensityMatchesBruteForce) {
   Rng rng(testing::test_seed(41));
   for (const bool zero_prior : {false, true}) {
@@ -318,9 +326,10 @@ TEST(VariationalEmbeddingAttentionTest, PlugInLogDensityMatchesBruteForce) {
   }
 }
 
-/// SPEC.md §4.1: a row whose likelihood is far below 1e-250 but positive (the attended symbol emits the target with
-/// probability 1e-300 and every other position is ~e^-2000 away) gets the exact log p of the log-space oracle
-/// (rel 1e-12), not −∞ or a floored value; its E-step statistics are finite and keep the mass laws.
+/// docs/mechanisms.md#variational-embedding-attention: a row whose likelihood is far below 1e-250 but positive (the
+/// attended symbol emits the target with probability 1e-300 and every other position is ~e^-2000 away) gets the exact
+/// log p of the log-space oracle (rel 1e-12), not −∞ or a floored value; its E-step statistics are finite and keep the
+/// mass laws.
 TEST(VariationalEmbeddingAttentionTest, UnderflowingRowsMatchLogSpaceOracle) {
   Params p;
   p.mean = Matrix::Zero(3, 1);
@@ -349,9 +358,9 @@ TEST(VariationalEmbeddingAttentionTest, UnderflowingRowsMatchLogSpaceOracle) {
   EXPECT_NEAR(acc.emission_count().sum(), 3.0, 1e-12);
 }
 
-/// SPEC.md §4.1 (VEA-1): embeddings() is the mean [S, D]; predict_proba has shape (n, T), rows sum to 1 (1e-12),
-/// equal Σ_i a_i B[c_i, ·] of the oracle gate (1e-12), both overloads agree, and predict_proba[t] equals
-/// exp(log_density of the row with target t).
+/// docs/mechanisms.md#variational-embedding-attention (VEA-1): embeddings() is the mean [S, D]; predict_proba has shape
+/// (n, T), rows sum to 1 (1e-12), equal Σ_i a_i B[c_i, ·] of the oracle gate (1e-12), both overloads agree, and
+/// predict_proba[t] equals exp(log_density of the row with target t).
 TEST(VariationalEmbeddingAttentionTest, PredictProbaSumsToOneAndMatchesBruteForce) {
   Rng rng(testing::test_seed(42));
   const Params p = random_params(kS, kN, kD, kT, rng, 1.2);
@@ -378,11 +387,12 @@ TEST(VariationalEmbeddingAttentionTest, PredictProbaSumsToOneAndMatchesBruteForc
   }
 }
 
-// ----- E-step (§4.3) -----------------------------------------------------------------------------------------------
+// ----- E-step (docs/mechanisms.md#variational-embedding-attention) -------------------------------------------------
 
-/// SPEC.md §4.3: the E-step's ll, emission_count, position_count and n equal the oracle sums over the noise tables
-/// drawn from Rng(derive_seed(seed, kMcNoise, τ)) (rel 1e-12), with non-uniform weights including zeros; the
-/// statistics carry the model's optimizer state; log_p_out receives the plug-in log densities.
+/// docs/mechanisms.md#variational-embedding-attention: the E-step's ll, emission_count, position_count and n equal the
+/// oracle sums over the noise tables drawn from Rng(derive_seed(seed, kMcNoise, τ)) (rel 1e-12), with non-uniform
+/// weights including zeros; the statistics carry the model's optimizer state; log_p_out receives the plug-in log
+/// densities.
 TEST(VariationalEmbeddingAttentionTest, EStepStatisticsMatchMonteCarloOracle) {
   Rng rng(testing::test_seed(43));
   const Params p = random_params(kS, kN, kD, kT, rng);
@@ -408,10 +418,11 @@ TEST(VariationalEmbeddingAttentionTest, EStepStatisticsMatchMonteCarloOracle) {
   }
 }
 
-/// SPEC.md §4.2–§4.3: grad_mean and grad_log_var equal central finite differences (h = 1e-5) of the fixed-noise
-/// Monte-Carlo objective ll = (1/mc) Σ_k Σ_n w_n log p(t_n | E_k), E_k = m + exp(½ log v) ⊙ ε_k, with respect to
-/// every entry of m and of log v, to 1e-6 relative (|fd − g| ≤ 1e-6·max(1, max|g|)); weights are non-uniform with
-/// zero weights; the same ε is reused because the perturbed models keep the optimizer state's seed and iteration.
+/// docs/mechanisms.md#variational-embedding-attention: grad_mean and grad_log_var equal central finite differences (h =
+/// 1e-5) of the fixed-noise Monte-Carlo objective ll = (1/mc) Σ_k Σ_n w_n log p(t_n | E_k), E_k = m + exp(½ log v) ⊙
+/// ε_k, with respect to every entry of m and of log v, to 1e-6 relative (|fd − g| ≤ 1e-6·max(1, max|g|)); weights are
+/// non-uniform with zero weights; the same ε is reused because the perturbed models keep the optimizer state's seed and
+/// iteration.
 /// The model has repeated symbols and queries inside their own context, so one symbol receives both the query and
 /// the key contribution.
 TEST(VariationalEmbeddingAttentionTest, DataGradientMatchesFiniteDifferencesOfMcObjective) {
@@ -474,10 +485,11 @@ TEST(VariationalEmbeddingAttentionTest, ZeroWeightEqualsDroppingTheRow) {
 
 // ----- impossible evidence (VEA-5) ----------------------------------------------------------------------------------
 
-/// VEA-5 / SPEC.md §1.2: with B = I (S = T = 4) and π = (½, ½, 0), a row is impossible when no position with π_i > 0
-/// holds its target. log_density is −∞ exactly there; accumulate (direct and chunk-parallel) raises
-/// ImpossibleEvidenceError listing exactly those rows, ascending, with "impossible evidence" in the message, before
-/// any statistic or the attached state changes; the same rows with zero weight are accepted and equal dropping them.
+/// VEA-5 / docs/mechanisms.md#building-blocks: with B = I (S = T = 4) and π = (½, ½, 0), a row is impossible when no
+/// position with π_i > 0 holds its target. log_density is −∞ exactly there; accumulate (direct and chunk-parallel)
+/// raises ImpossibleEvidenceError listing exactly those rows, ascending, with "impossible evidence" in the message,
+/// before any statistic or the attached state changes; the same rows with zero weight are accepted and equal dropping
+/// them.
 TEST(VariationalEmbeddingAttentionTest, ImpossibleTargetsRaiseBeforeAnyStatisticChanges) {
   Rng rng(testing::test_seed(46));
   Params p;
@@ -576,8 +588,8 @@ TEST(VariationalEmbeddingAttentionTest, PlugInSamplerIgnoresLogVarAndBatchesEqua
   }
 }
 
-/// SPEC.md §1.2 (as every family's sampler): sample(0) is an empty batch and a negative size raises ValueError, for
-/// the plug-in and the posterior-predictive sampler.
+/// docs/mechanisms.md#building-blocks (as every family's sampler): sample(0) is an empty batch and a negative size
+/// raises ValueError, for the plug-in and the posterior-predictive sampler.
 TEST(VariationalEmbeddingAttentionTest, SamplerRejectsNegativeSize) {
   Rng rng(testing::test_seed(59));
   const Model model(random_params(kS, kN, kD, kT, rng));
@@ -587,9 +599,9 @@ TEST(VariationalEmbeddingAttentionTest, SamplerRejectsNegativeSize) {
   EXPECT_THROW((void)model.posterior_predictive_sampler(1).sample(Index{-3}), ValueError);
 }
 
-/// SPEC.md §4.6: sampled contexts hold N distinct symbols when N ≤ S and are drawn with replacement when N > S; the
-/// target frequencies equal the mean over the sampled rows of predict_proba (within 5 standard errors), so targets
-/// follow the plug-in gate and emission.
+/// docs/mechanisms.md#variational-embedding-attention: sampled contexts hold N distinct symbols when N ≤ S and are
+/// drawn with replacement when N > S; the target frequencies equal the mean over the sampled rows of predict_proba
+/// (within 5 standard errors), so targets follow the plug-in gate and emission.
 TEST(VariationalEmbeddingAttentionTest, SamplerFollowsThePlugInModel) {
   Rng rng(testing::test_seed(48));
   const Params p = random_params(kS, kN, kD, kT, rng, 1.0);
@@ -618,11 +630,11 @@ TEST(VariationalEmbeddingAttentionTest, SamplerFollowsThePlugInModel) {
 
 // ----- estimator (VEA-7) --------------------------------------------------------------------------------------------
 
-/// VEA-7 / SPEC.md §4.4: estimate is stateless: two calls on the same statistics give bit-identical models; each call
-/// advances the iteration by exactly 1 (3 → 4); the state's seed is kept even when the estimator's seed differs (a
-/// fresh estimator never re-randomises a trained model); the new m and log v are one Adam step of the carried state
-/// (scalar oracle with λ = prior_strength, rel 1e-13), B = (emission_count + ε) row-normalised and
-/// π = position_count / Σ (rel 1e-14), σ² and name from the estimator.
+/// VEA-7 / docs/mechanisms.md#variational-embedding-attention: estimate is stateless: two calls on the same statistics
+/// give bit-identical models; each call advances the iteration by exactly 1 (3 → 4); the state's seed is kept even when
+/// the estimator's seed differs (a fresh estimator never re-randomises a trained model); the new m and log v are one
+/// Adam step of the carried state (scalar oracle with λ = prior_strength, rel 1e-13), B = (emission_count + ε)
+/// row-normalised and π = position_count / Σ (rel 1e-14), σ² and name from the estimator.
 TEST(VariationalEmbeddingAttentionTest, EstimateIsStatelessAndTakesOneAdamStep) {
   Rng rng(testing::test_seed(49));
   const Params p = random_params(kS, kN, kD, kT, rng);
@@ -679,10 +691,10 @@ TEST(VariationalEmbeddingAttentionTest, EstimateIsStatelessAndTakesOneAdamStep) 
   EXPECT_EQ(own.estimate(std::nullopt, acc).optimizer_state().iteration, 4);
 }
 
-/// SPEC.md §4.4: statistics without a state (seq_initialize) make estimate initialise: m = 0.1·N(0, 1) row-major from
-/// Rng(derive_seed(seed, kInit, 0)), log v = log 0.3 everywhere, zero moments, iteration 0, the estimator's seed;
-/// gradients in the statistics are ignored. With zero emission smoothing an all-zero emission row is uniform
-/// (SPEC.md §10.16), and zero position counts give a uniform π.
+/// docs/mechanisms.md#variational-embedding-attention: statistics without a state (seq_initialize) make estimate
+/// initialise: m = 0.1·N(0, 1) row-major from Rng(derive_seed(seed, kInit, 0)), log v = log 0.3 everywhere, zero
+/// moments, iteration 0, the estimator's seed; gradients in the statistics are ignored. With zero emission smoothing an
+/// all-zero emission row is uniform (docs/porting.md), and zero position counts give a uniform π.
 TEST(VariationalEmbeddingAttentionTest, StatisticsWithoutStateInitialise) {
   Rng rng(testing::test_seed(50));
   const Batch batch = random_variational_rows(20, kN, kS, kT, rng);
@@ -714,9 +726,9 @@ TEST(VariationalEmbeddingAttentionTest, StatisticsWithoutStateInitialise) {
   EXPECT_TRUE(Matrix(uniform.position_prior()).isApprox(Matrix::Constant(kN, 1, 1.0 / kN), 1e-15));
 }
 
-/// SPEC.md §4.3 seq_initialize: for every row, in row order, a_n ~ Dirichlet(1_N) from the caller's rng (zero-weight
-/// rows still draw), scaled by w_n and added to emission_count[c_ni, t_n] and position_count[i]; n += Σ w; gradients
-/// and ll stay zero and no state is attached (rel 1e-14 against the same draws).
+/// docs/mechanisms.md#variational-embedding-attention seq_initialize: for every row, in row order, a_n ~ Dirichlet(1_N)
+/// from the caller's rng (zero-weight rows still draw), scaled by w_n and added to emission_count[c_ni, t_n] and
+/// position_count[i]; n += Σ w; gradients and ll stay zero and no state is attached (rel 1e-14 against the same draws).
 TEST(VariationalEmbeddingAttentionTest, InitializeDrawsDirichletInRowOrder) {
   Rng rng(testing::test_seed(51));
   const Batch batch = random_variational_rows(15, kN, kS, kT, rng);
@@ -747,8 +759,9 @@ TEST(VariationalEmbeddingAttentionTest, InitializeDrawsDirichletInRowOrder) {
   EXPECT_EQ(draws.next_u64(), oracle.next_u64());  // the same number of draws
 }
 
-/// VEA-7 / SPEC.md §4.4: estimate rejects statistics carrying a state of the other family (same geometry) or of
-/// another geometry (S or D), with ValueError, and rejects nobs ≠ n ("cannot exceed" / "must equal").
+/// VEA-7 / docs/mechanisms.md#variational-embedding-attention: estimate rejects statistics carrying a state of the
+/// other family (same geometry) or of another geometry (S or D), with ValueError, and rejects nobs ≠ n ("cannot exceed"
+/// / "must equal").
 TEST(VariationalEmbeddingAttentionTest, EstimateRejectsForeignStates) {
   Rng rng(testing::test_seed(52));
   const Model model(random_params(kS, kN, kD, kT, rng));
@@ -776,9 +789,10 @@ TEST(VariationalEmbeddingAttentionTest, EstimateRejectsForeignStates) {
   EXPECT_THROW((void)estimator.estimate(std::nullopt, Acc(kS, kN + 1, kD, kT)), ValueError);
 }
 
-/// VEA-7 / SPEC.md §4.3: statistics carrying different optimizer states never combine: combine raises ValueError
-/// containing "cannot combine attention statistics from different optimizer states" and changes nothing, as does an
-/// E-step of another model into them, and combining E-step statistics with state-free (initialisation) statistics.
+/// VEA-7 / docs/mechanisms.md#variational-embedding-attention: statistics carrying different optimizer states never
+/// combine: combine raises ValueError containing "cannot combine attention statistics from different optimizer states"
+/// and changes nothing, as does an E-step of another model into them, and combining E-step statistics with state-free
+/// (initialisation) statistics.
 /// Equal states held by different objects (two models built from the same parameters) combine.
 TEST(VariationalEmbeddingAttentionTest, CombineRejectsDifferentOptimizerStates) {
   Rng rng(testing::test_seed(53));
@@ -815,9 +829,10 @@ TEST(VariationalEmbeddingAttentionTest, CombineRejectsDifferentOptimizerStates) 
   EXPECT_TRUE(*a.optimizer_state() == *q.optimizer_state);
 }
 
-/// VEA-7 / SPEC.md §4.5: restart equivalence: 60 EM steps (em_step) from an initial model equal 30 steps, a save/load
-/// round trip of the model file (model_to_json → text → model_from_json), then 30 more steps — bit for bit, state
-/// included. The reloaded model equals the saved one bit for bit and has iteration 30.
+/// VEA-7 / docs/mechanisms.md#variational-embedding-attention: restart equivalence: 60 EM steps (em_step) from an
+/// initial model equal 30 steps, a save/load round trip of the model file (model_to_json → text → model_from_json),
+/// then 30 more steps — bit for bit, state included. The reloaded model equals the saved one bit for bit and has
+/// iteration 30.
 TEST(VariationalEmbeddingAttentionTest, RestartFromSavedModelContinuesBitForBit) {
   Rng rng(testing::test_seed(54));
   const Model truth(random_params(kS, kN, kD, kT, rng, 1.5));
@@ -846,9 +861,9 @@ TEST(VariationalEmbeddingAttentionTest, RestartFromSavedModelContinuesBitForBit)
   ExpectSameModel(resumed, straight);
 }
 
-/// SPEC.md §4.5: optimize(prev_estimate = model) continues the Adam trajectory instead of re-initialising: the first
-/// reported score is that of the given model, and the returned model is bit for bit one of the iterates
-/// model, em_step(model), em_step²(model), … (the one at best_iteration).
+/// docs/mechanisms.md#variational-embedding-attention: optimize(prev_estimate = model) continues the Adam trajectory
+/// instead of re-initialising: the first reported score is that of the given model, and the returned model is bit for
+/// bit one of the iterates model, em_step(model), em_step²(model), … (the one at best_iteration).
 TEST(VariationalEmbeddingAttentionTest, OptimizeWithPrevEstimateContinuesTrajectory) {
   Rng rng(testing::test_seed(55));
   const Model truth(random_params(kS, kN, kD, kT, rng, 1.5));
@@ -877,9 +892,9 @@ TEST(VariationalEmbeddingAttentionTest, OptimizeWithPrevEstimateContinuesTraject
 
 // ----- parallel E-step (VEA-8) -------------------------------------------------------------------------------------
 
-/// VEA-8 / SPEC.md §1.8: 1 chunk vs 7 chunks of parallel_accumulate give equal statistics (rel 1e-12, every field)
-/// because every chunk uses the same noise tables; 1, 2, 3 and 8 threads give bitwise-identical packed statistics,
-/// log densities and the same attached state.
+/// VEA-8 / docs/mechanisms.md#training: 1 chunk vs 7 chunks of parallel_accumulate give equal statistics (rel 1e-12,
+/// every field) because every chunk uses the same noise tables; 1, 2, 3 and 8 threads give bitwise-identical packed
+/// statistics, log densities and the same attached state.
 TEST(VariationalEmbeddingAttentionTest, ChunkIndependenceAndThreadCountInvariance) {
   Rng rng(testing::test_seed(56));
   const Model model(random_params(kS, kN, kD, kT, rng));
@@ -910,10 +925,10 @@ TEST(VariationalEmbeddingAttentionTest, ChunkIndependenceAndThreadCountInvarianc
 
 // ----- validation (C-5) ---------------------------------------------------------------------------------------------
 
-/// C-5 / SPEC.md §4.7: the constructor rejects (ValueError naming the field) empty, non-finite or mismatched mean and
-/// log_var, log_var whose exp overflows, a non-simplex or wrongly shaped emission, a non-simplex position prior, a
-/// non-positive or non-finite σ², and a supplied optimizer state of another family, another geometry, or whose
-/// mean/log_var differ by one ulp.
+/// C-5 / docs/mechanisms.md#variational-embedding-attention: the constructor rejects (ValueError naming the field)
+/// empty, non-finite or mismatched mean and log_var, log_var whose exp overflows, a non-simplex or wrongly shaped
+/// emission, a non-simplex position prior, a non-positive or non-finite σ², and a supplied optimizer state of another
+/// family, another geometry, or whose mean/log_var differ by one ulp.
 TEST(VariationalEmbeddingAttentionTest, ConstructorRejectsInvalidParameters) {
   Rng rng(testing::test_seed(57));
   const Params good = random_params(kS, kN, kD, kT, rng);
@@ -956,9 +971,9 @@ TEST(VariationalEmbeddingAttentionTest, ConstructorRejectsInvalidParameters) {
   expect_bad("iteration", [](Params& p) { p.optimizer_state->iteration = -1; });
 }
 
-/// C-5 / SPEC.md §4.7: the estimator and the accumulator reject non-positive dimensions and mc, non-positive or
-/// non-finite lr and σ², and negative or non-finite prior_strength and emission_smoothing (ValueError naming the
-/// option); zero prior_strength and zero smoothing are accepted.
+/// C-5 / docs/mechanisms.md#variational-embedding-attention: the estimator and the accumulator reject non-positive
+/// dimensions and mc, non-positive or non-finite lr and σ², and negative or non-finite prior_strength and
+/// emission_smoothing (ValueError naming the option); zero prior_strength and zero smoothing are accepted.
 TEST(VariationalEmbeddingAttentionTest, EstimatorOptionsAreValidated) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
@@ -987,7 +1002,7 @@ TEST(VariationalEmbeddingAttentionTest, EstimatorOptionsAreValidated) {
   ExpectThrowWith([] { Acc a(kS, kN, kD, kT, 0); }, {"mc"}, "accumulator mc");
   EXPECT_THROW(Acc(0, kN, kD, kT), ValueError);
   EXPECT_THROW(Acc(kS, kN, 0, kT), ValueError);
-  // Defaults (SPEC.md §4.6).
+  // Defaults (docs/mechanisms.md#variational-embedding-attention).
   const EstimatorOptions d;
   EXPECT_EQ(d.sigma2, 0.5);
   EXPECT_EQ(d.lr, 0.05);
@@ -998,10 +1013,11 @@ TEST(VariationalEmbeddingAttentionTest, EstimatorOptionsAreValidated) {
   EXPECT_EQ(Estimator(kS, kN, kD, kT).make_accumulator().mc(), 6);
 }
 
-/// C-5 / SPEC.md §1.2, §4.7: the encoder rejects negative and out-of-range context, query and target ids
-/// ("out-of-range ID"), a context width other than the declared N, a zero width, and rows of unequal counts; a batch
-/// of an undeclared encoder with ids beyond the model's S or T, or another width, is rejected by log_density,
-/// accumulate, predict_proba and log_density_at; bad weights (negative, NaN, wrong length) raise ValueError.
+/// C-5 / docs/mechanisms.md#building-blocks and #variational-embedding-attention: the encoder rejects negative and
+/// out-of-range context, query and target ids ("out-of-range ID"), a context width other than the declared N, a zero
+/// width, and rows of unequal counts; a batch of an undeclared encoder with ids beyond the model's S or T, or another
+/// width, is rejected by log_density, accumulate, predict_proba and log_density_at; bad weights (negative, NaN, wrong
+/// length) raise ValueError.
 TEST(VariationalEmbeddingAttentionTest, InvalidIdsShapesAndWeightsAreRejected) {
   const Encoder declared{kS, kN, kT};
   const auto expect_oor = [](auto&& f, const std::string& context) {

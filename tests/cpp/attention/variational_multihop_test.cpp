@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Variational multi-hop attention: the unit row VMHA-2 of SPEC.md §9.5 (the mechanics of VEA-1, VEA-4 … VEA-8 for
-// the two-hop family) and the formulas of §5 against independent oracles.
+// Variational multi-hop attention: the unit acceptance row VMHA-2 (the mechanics of VEA-1, VEA-4 … VEA-8 for
+// the two-hop family) and the formulas of docs/mechanisms.md#variational-multi-hop-attention against independent
+// oracles.
 //
-// Oracles written here, from SPEC.md §5 and not from the library's internals (only parameters are read):
+// Oracles written here, from docs/mechanisms.md#variational-multi-hop-attention and not from the library's internals
+// (only parameters are read):
 //   * enumerate_paths: the two-hop model summed over all N² paths (i, j) in log space, giving log p, the gates a1 and
 //     a2, and the path posterior ρ_ij;
 //   * oracle_noise / oracle_statistics: the Monte-Carlo E-step sums (ll, emission counts, n) over noise drawn
@@ -157,7 +159,7 @@ double squared(const Matrix& E, int64_t a, int64_t b) {
   return sq;
 }
 
-/// Oracle (SPEC.md §5): every path (i, j) of one row at table E, in log space:
+/// Oracle (docs/mechanisms.md#variational-multi-hop-attention): every path (i, j) of one row at table E, in log space:
 ///   log a1_i = −‖E[q] − E[k_i]‖²/(2σ²) − LSE_i′(…),  log a2_ij = −‖E[v_i] − E[k_j]‖²/(2σ²) − LSE_j′(…),
 ///   log p = LSE_{i,j}(log a1_i + log a2_ij + log B[v_j, t]),  ρ_ij = exp(… − log p),  r_j = Σ_i ρ_ij.
 struct PathOracle {
@@ -198,7 +200,8 @@ PathOracle enumerate_paths(const Params& p, const Matrix& E, const Batch& batch,
   return out;
 }
 
-/// Oracle (SPEC.md §4.3): the mc noise tables of (seed, iteration), N(0, 1) row-major, k in order.
+/// Oracle (docs/mechanisms.md#variational-embedding-attention): the mc noise tables of (seed, iteration), N(0, 1)
+/// row-major, k in order.
 std::vector<Matrix> oracle_noise(const AttentionOptimizerState& state, int64_t mc) {
   Rng rng(derive_seed(state.seed, SeedPurpose::kMcNoise, static_cast<uint64_t>(state.iteration)));
   std::vector<Matrix> out;
@@ -210,7 +213,8 @@ std::vector<Matrix> oracle_noise(const AttentionOptimizerState& state, int64_t m
   return out;
 }
 
-/// Oracle (SPEC.md §5): ll = (1/mc) Σ_k Σ_n w_n log p(E_k), emission_count[v_j, t] += w r_j / mc, n = Σ w.
+/// Oracle (docs/mechanisms.md#variational-multi-hop-attention): ll = (1/mc) Σ_k Σ_n w_n log p(E_k), emission_count[v_j,
+/// t] += w r_j / mc, n = Σ w.
 struct OracleStats {
   Matrix emission_count;
   double ll = 0.0;
@@ -235,7 +239,7 @@ OracleStats oracle_statistics(const Params& p, const Batch& batch, const std::ve
   return out;
 }
 
-/// "rel x" of SPEC.md §9: |a − b| ≤ x·max(1, max|b|) over a whole array.
+/// "rel x" of the acceptance tasks: |a − b| ≤ x·max(1, max|b|) over a whole array.
 void ExpectRel(const Matrix& actual, const Matrix& expected, double rel, const std::string& what) {
   ASSERT_EQ(actual.rows(), expected.rows()) << what;
   ASSERT_EQ(actual.cols(), expected.cols()) << what;
@@ -287,7 +291,7 @@ double adam_theta(double theta, double g, double m1, double m2, double lr, int64
   return theta + lr * m_hat / (std::sqrt(v_hat) + 1e-8);
 }
 
-/// The model reloaded from its model file (SPEC.md §1.10) through text.
+/// The model reloaded from its model file (docs/model-format.md) through text.
 Model reload(const Model& model) {
   const nlohmann::json doc = model_to_json(AnyDistribution(model));
   const AnyDistribution loaded = model_from_json(nlohmann::json::parse(doc.dump()), "restart.json");
@@ -300,8 +304,9 @@ constexpr Index kS = 6, kD = 3, kT = 4, kN = 4;
 
 // ----- plug-in density, posterior and prediction --------------------------------------------------------------------
 
-/// SPEC.md §5: log_density at E = m equals the enumeration over all (i, j) paths (rel 1e-12) for context widths
-/// N = 1, 2, 4, 7 with repeated symbols (the free width of §5: one model scores every width); every row is finite.
+/// docs/mechanisms.md#variational-multi-hop-attention: log_density at E = m equals the enumeration over all (i, j)
+/// paths (rel 1e-12) for context widths N = 1, 2, 4, 7 with repeated symbols (the free width of
+/// docs/mechanisms.md#variational-multi-hop-attention: one model scores every width); every row is finite.
 TEST(VariationalMultiHopAttentionTest, PlugInLogDensityMatchesPathEnumeration) {
   Rng rng(testing::test_seed(61));
   const Params p = random_params(kS, kD, kT, rng, 1.3);
@@ -317,8 +322,9 @@ TEST(VariationalMultiHopAttentionTest, PlugInLogDensityMatchesPathEnumeration) {
   }
 }
 
-/// SPEC.md §5: posterior_at an arbitrary table returns log p (rel 1e-12), the gates a1 [N] and a2 [N, N] and the
-/// path posterior ρ [N, N] of the enumeration (atol 1e-12); a1, each row of a2 and ρ sum to 1.
+/// docs/mechanisms.md#variational-multi-hop-attention: posterior_at an arbitrary table returns log p (rel 1e-12), the
+/// gates a1 [N] and a2 [N, N] and the path posterior ρ [N, N] of the enumeration (atol 1e-12); a1, each row of a2 and ρ
+/// sum to 1.
 TEST(VariationalMultiHopAttentionTest, PosteriorAtMatchesEnumeration) {
   Rng rng(testing::test_seed(62));
   const Params p = random_params(kS, kD, kT, rng);
@@ -340,9 +346,9 @@ TEST(VariationalMultiHopAttentionTest, PosteriorAtMatchesEnumeration) {
   }
 }
 
-/// SPEC.md §5 (exact log space): far-apart embeddings (gate logits ≈ −10⁴) and an emission entry of 1e-300 give a
-/// finite log p far below log(1e-250) equal to the log-space enumeration (rel 1e-12), never −∞ or a floor; the
-/// E-step statistics stay finite and keep the mass law.
+/// docs/mechanisms.md#variational-multi-hop-attention (exact log space): far-apart embeddings (gate logits ≈ −10⁴) and
+/// an emission entry of 1e-300 give a finite log p far below log(1e-250) equal to the log-space enumeration (rel
+/// 1e-12), never −∞ or a floor; the E-step statistics stay finite and keep the mass law.
 TEST(VariationalMultiHopAttentionTest, ExtremeRowsMatchLogSpaceEnumeration) {
   Params p;
   p.mean = Matrix::Zero(3, 1);
@@ -368,8 +374,9 @@ TEST(VariationalMultiHopAttentionTest, ExtremeRowsMatchLogSpaceEnumeration) {
   EXPECT_NEAR(acc.emission_count().sum(), 1.5, 1e-12);
 }
 
-/// SPEC.md §5: predict_proba = Σ_{i,j} a1_i a2_ij B[v_j, ·] at E = m: shape (n, T), rows sum to 1 (1e-12), equal the
-/// enumeration (1e-12), both overloads agree, and predict_proba[t] = exp(log_density of the row with target t).
+/// docs/mechanisms.md#variational-multi-hop-attention: predict_proba = Σ_{i,j} a1_i a2_ij B[v_j, ·] at E = m: shape (n,
+/// T), rows sum to 1 (1e-12), equal the enumeration (1e-12), both overloads agree, and predict_proba[t] =
+/// exp(log_density of the row with target t).
 TEST(VariationalMultiHopAttentionTest, PredictProbaSumsToOneAndMatchesEnumeration) {
   Rng rng(testing::test_seed(63));
   const Params p = random_params(kS, kD, kT, rng);
@@ -397,9 +404,9 @@ TEST(VariationalMultiHopAttentionTest, PredictProbaSumsToOneAndMatchesEnumeratio
 
 // ----- E-step -------------------------------------------------------------------------------------------------------
 
-/// SPEC.md §5: the E-step's ll, emission_count (w r_j / mc at (v_j, t)) and n equal the oracle sums over the noise of
-/// Rng(derive_seed(seed, kMcNoise, τ)) (rel 1e-12) with non-uniform and zero weights; the statistics carry the model's
-/// state; log_p_out receives the plug-in log densities.
+/// docs/mechanisms.md#variational-multi-hop-attention: the E-step's ll, emission_count (w r_j / mc at (v_j, t)) and n
+/// equal the oracle sums over the noise of Rng(derive_seed(seed, kMcNoise, τ)) (rel 1e-12) with non-uniform and zero
+/// weights; the statistics carry the model's state; log_p_out receives the plug-in log densities.
 TEST(VariationalMultiHopAttentionTest, EStepStatisticsMatchMonteCarloOracle) {
   Rng rng(testing::test_seed(64));
   const Params p = random_params(kS, kD, kT, rng);
@@ -423,10 +430,10 @@ TEST(VariationalMultiHopAttentionTest, EStepStatisticsMatchMonteCarloOracle) {
   }
 }
 
-/// SPEC.md §5: grad_mean and grad_log_var equal central finite differences (h = 1e-5) of the fixed-noise objective
-/// ll = (1/mc) Σ_k Σ_n w_n log p(E_k) with respect to every entry of m and log v, to 1e-6 relative
-/// (|fd − g| ≤ 1e-6·max(1, max|g|)); non-uniform weights with a zero weight; keys, values and the query share
-/// symbols, so one symbol receives query, key and value contributions.
+/// docs/mechanisms.md#variational-multi-hop-attention: grad_mean and grad_log_var equal central finite differences (h =
+/// 1e-5) of the fixed-noise objective ll = (1/mc) Σ_k Σ_n w_n log p(E_k) with respect to every entry of m and log v, to
+/// 1e-6 relative (|fd − g| ≤ 1e-6·max(1, max|g|)); non-uniform weights with a zero weight; keys, values and the query
+/// share symbols, so one symbol receives query, key and value contributions.
 TEST(VariationalMultiHopAttentionTest, DataGradientMatchesFiniteDifferencesOfMcObjective) {
   Rng rng(testing::test_seed(65));
   const Params p = random_params(kS, kD, kT, rng);
@@ -484,10 +491,11 @@ TEST(VariationalMultiHopAttentionTest, ZeroWeightEqualsDroppingTheRow) {
   ExpectFieldsClose(sparse, kept, 1e-12);
 }
 
-/// VMHA-2 (VEA-5) / SPEC.md §5: with B = I (S = T = 4) a row is impossible when no value emits its target: log_density
-/// is −∞ exactly there and their posterior is all zeros (never NaN); accumulate (direct and chunk-parallel) raises
-/// ImpossibleEvidenceError listing exactly those rows with "impossible evidence" in the message, before any statistic
-/// or the attached state changes; with zero weight they are accepted and equal dropping them.
+/// VMHA-2 (VEA-5) / docs/mechanisms.md#variational-multi-hop-attention: with B = I (S = T = 4) a row is impossible when
+/// no value emits its target: log_density is −∞ exactly there and their posterior is all zeros (never NaN); accumulate
+/// (direct and chunk-parallel) raises ImpossibleEvidenceError listing exactly those rows with "impossible evidence" in
+/// the message, before any statistic or the attached state changes; with zero weight they are accepted and equal
+/// dropping them.
 TEST(VariationalMultiHopAttentionTest, ImpossibleTargetsRaiseBeforeAnyStatisticChanges) {
   Rng rng(testing::test_seed(67));
   Params p;
@@ -505,7 +513,8 @@ TEST(VariationalMultiHopAttentionTest, ImpossibleTargetsRaiseBeforeAnyStatisticC
   for (size_t row = 0; row < log_p.size(); ++row) {
     const bool bad = std::find(impossible.begin(), impossible.end(), static_cast<int64_t>(row)) != impossible.end();
     EXPECT_EQ(log_p[row] == kNegInfinity, bad) << "row " << row;
-    // SPEC.md §1.2: the posterior of an impossible row is all zeros, never NaN; the gates stay distributions.
+    // docs/mechanisms.md#building-blocks: the posterior of an impossible row is all zeros, never NaN; the gates stay
+    // distributions.
     const VariationalMultiHopPosterior post = model.posterior_at(p.mean, batch, static_cast<Index>(row));
     EXPECT_EQ(post.log_p, log_p[row]) << "row " << row;
     EXPECT_TRUE(post.joint.allFinite()) << "row " << row;
@@ -588,8 +597,8 @@ TEST(VariationalMultiHopAttentionTest, PlugInSamplerIgnoresLogVarAndBatchesEqual
   EXPECT_THROW((void)model.posterior_predictive_sampler(seed, -1), ValueError);
 }
 
-/// SPEC.md §1.2 (as every family's sampler): sample(0) is an empty batch and a negative size raises ValueError, for
-/// the plug-in and the posterior-predictive sampler.
+/// docs/mechanisms.md#building-blocks (as every family's sampler): sample(0) is an empty batch and a negative size
+/// raises ValueError, for the plug-in and the posterior-predictive sampler.
 TEST(VariationalMultiHopAttentionTest, SamplerRejectsNegativeSize) {
   Rng rng(testing::test_seed(79));
   const Model model(random_params(kS, kD, kT, rng));
@@ -599,8 +608,8 @@ TEST(VariationalMultiHopAttentionTest, SamplerRejectsNegativeSize) {
   EXPECT_THROW((void)model.posterior_predictive_sampler(1, kN).sample(Index{-3}), ValueError);
 }
 
-/// SPEC.md §5: the plug-in sampler walks the two hops: target frequencies equal the mean over the sampled rows of
-/// predict_proba (within 5 standard errors).
+/// docs/mechanisms.md#variational-multi-hop-attention: the plug-in sampler walks the two hops: target frequencies equal
+/// the mean over the sampled rows of predict_proba (within 5 standard errors).
 TEST(VariationalMultiHopAttentionTest, SamplerTargetsFollowThePlugInModel) {
   Rng rng(testing::test_seed(69));
   const Model model(random_params(kS, kD, kT, rng, 1.5));
@@ -618,10 +627,10 @@ TEST(VariationalMultiHopAttentionTest, SamplerTargetsFollowThePlugInModel) {
 
 // ----- estimator ----------------------------------------------------------------------------------------------------
 
-/// SPEC.md §5: the KL weight is annealed, λ_τ = prior_strength · min(1, τ / max(1, anneal_iters)) (exact for
-/// τ = 1, 40, 79, 80, 81, 1000 with anneal_iters 80, and for anneal_iters 1); the M-step takes one Adam step of the
-/// carried state with λ_τ at τ = iteration + 1 (scalar oracle, rel 1e-13, for carried iterations 0, 39, 79 and 150),
-/// which differs from the un-annealed step while τ < anneal_iters.
+/// docs/mechanisms.md#variational-multi-hop-attention: the KL weight is annealed, λ_τ = prior_strength · min(1, τ /
+/// max(1, anneal_iters)) (exact for τ = 1, 40, 79, 80, 81, 1000 with anneal_iters 80, and for anneal_iters 1); the
+/// M-step takes one Adam step of the carried state with λ_τ at τ = iteration + 1 (scalar oracle, rel 1e-13, for carried
+/// iterations 0, 39, 79 and 150), which differs from the un-annealed step while τ < anneal_iters.
 TEST(VariationalMultiHopAttentionTest, MStepUsesAnnealedKlWeight) {
   EstimatorOptions options;
   options.prior_strength = 2.0;
@@ -672,9 +681,10 @@ TEST(VariationalMultiHopAttentionTest, MStepUsesAnnealedKlWeight) {
   }
 }
 
-/// SPEC.md §5: B = (emission_count + ε) row-normalised (rel 1e-14), σ² and name from the estimator; model.estimator()
-/// carries the model's σ² and state seed; statistics without a state initialise with m ~ N(0, 1) (scale 1) from
-/// Rng(derive_seed(seed, kInit, 0)), log v = log 0.3, zero moments, iteration 0 and the estimator's seed.
+/// docs/mechanisms.md#variational-multi-hop-attention: B = (emission_count + ε) row-normalised (rel 1e-14), σ² and name
+/// from the estimator; model.estimator() carries the model's σ² and state seed; statistics without a state initialise
+/// with m ~ N(0, 1) (scale 1) from Rng(derive_seed(seed, kInit, 0)), log v = log 0.3, zero moments, iteration 0 and the
+/// estimator's seed.
 TEST(VariationalMultiHopAttentionTest, EstimateClosedFormsAndInitialisation) {
   Rng rng(testing::test_seed(71));
   const Params p = random_params(kS, kD, kT, rng);
@@ -717,9 +727,9 @@ TEST(VariationalMultiHopAttentionTest, EstimateClosedFormsAndInitialisation) {
               s.log_var_first_moment.isZero(0.0) && s.log_var_second_moment.isZero(0.0));
 }
 
-/// SPEC.md §5 seq_initialize: for every row, in row order, r ~ Dirichlet(1_N) over the final-hop positions (zero-weight
-/// rows still draw), scaled by w_n and added to emission_count[v_nj, t_n]; n += Σ w; gradients and ll stay zero; no
-/// state (rel 1e-14 against the same draws).
+/// docs/mechanisms.md#variational-multi-hop-attention seq_initialize: for every row, in row order, r ~ Dirichlet(1_N)
+/// over the final-hop positions (zero-weight rows still draw), scaled by w_n and added to emission_count[v_nj, t_n]; n
+/// += Σ w; gradients and ll stay zero; no state (rel 1e-14 against the same draws).
 TEST(VariationalMultiHopAttentionTest, InitializeDrawsDirichletOverFinalHopPositions) {
   Rng rng(testing::test_seed(72));
   const Batch batch = random_rows(12, kN, kS, kT, rng);
@@ -861,9 +871,10 @@ TEST(VariationalMultiHopAttentionTest, ChunkIndependenceAndThreadCountInvariance
 
 // ----- validation (C-5) ---------------------------------------------------------------------------------------------
 
-/// C-5 / SPEC.md §4.7, §5: the constructor rejects (ValueError naming the field) empty, non-finite or mismatched mean
-/// and log_var, log_var whose exp overflows, a non-simplex or wrongly shaped emission, a bad σ², and a supplied state
-/// of another family, another geometry, or with mean/log_var one ulp off; no state means fresh(family, m, log v, 0).
+/// C-5 / docs/mechanisms.md#variational-embedding-attention and #variational-multi-hop-attention: the constructor
+/// rejects (ValueError naming the field) empty, non-finite or mismatched mean and log_var, log_var whose exp overflows,
+/// a non-simplex or wrongly shaped emission, a bad σ², and a supplied state of another family, another geometry, or
+/// with mean/log_var one ulp off; no state means fresh(family, m, log v, 0).
 TEST(VariationalMultiHopAttentionTest, ConstructorRejectsInvalidParameters) {
   Rng rng(testing::test_seed(77));
   const Params good = random_params(kS, kD, kT, rng);
@@ -916,9 +927,10 @@ TEST(VariationalMultiHopAttentionTest, ConstructorRejectsInvalidParameters) {
   });
 }
 
-/// C-5 / SPEC.md §5: the estimator rejects non-positive dimensions, mc and anneal_iters, non-positive or non-finite
-/// lr and σ², negative or non-finite prior_strength and emission_smoothing (ValueError naming the option); the
-/// defaults are σ² 0.3, lr 0.05, mc 5, prior_strength 0.1, anneal_iters 100, smoothing 1e-4, seed 0.
+/// C-5 / docs/mechanisms.md#variational-multi-hop-attention: the estimator rejects non-positive dimensions, mc and
+/// anneal_iters, non-positive or non-finite lr and σ², negative or non-finite prior_strength and emission_smoothing
+/// (ValueError naming the option); the defaults are σ² 0.3, lr 0.05, mc 5, prior_strength 0.1, anneal_iters 100,
+/// smoothing 1e-4, seed 0.
 TEST(VariationalMultiHopAttentionTest, EstimatorOptionsAreValidated) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
@@ -955,9 +967,10 @@ TEST(VariationalMultiHopAttentionTest, EstimatorOptionsAreValidated) {
   EXPECT_EQ(Estimator(kS, kD, kT).make_accumulator().mc(), 5);
 }
 
-/// C-5 / SPEC.md §1.2: the encoder rejects negative and out-of-range key, value, query and target ids ("out-of-range
-/// ID") and keys/values of different shapes; a batch of an undeclared encoder with ids beyond the model's S or T is
-/// rejected by log_density, accumulate, predict_proba and posterior_at; bad weights raise ValueError; nothing changes.
+/// C-5 / docs/mechanisms.md#building-blocks: the encoder rejects negative and out-of-range key, value, query and target
+/// ids ("out-of-range ID") and keys/values of different shapes; a batch of an undeclared encoder with ids beyond the
+/// model's S or T is rejected by log_density, accumulate, predict_proba and posterior_at; bad weights raise ValueError;
+/// nothing changes.
 TEST(VariationalMultiHopAttentionTest, InvalidIdsShapesAndWeightsAreRejected) {
   const Encoder declared{kS, kT};
   const auto expect_oor = [](auto&& f, const std::string& context) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// `attnmix lm train|eval|generate|recall` end to end (SPEC.md §1.10, §6-7): the binary
-// (ATTNMIX_CLI) runs in a fresh temporary directory per test on a generated text. A tiny model
-// (d_model 8, one layer, 2 streams of 16 bytes) keeps each run to a fraction of a second.
+// `attnmix lm train|eval|generate|recall` end to end (docs/model-format.md, docs/mechanisms.md#streaming-language-model
+// and #moment-closure-far-field): the binary (ATTNMIX_CLI) runs in a fresh temporary directory per test on a generated
+// text. A tiny model (d_model 8, one layer, 2 streams of 16 bytes) keeps each run to a fraction of a second.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>

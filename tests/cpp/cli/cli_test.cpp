@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// End-to-end tests of the attnmix command-line tool (SPEC.md §1.10): the binary (ATTNMIX_CLI) runs
+// End-to-end tests of the attnmix command-line tool (docs/model-format.md): the binary (ATTNMIX_CLI) runs
 // in a fresh temporary directory per test; fixtures come from ATTNMIX_TEST_DATA_DIR (see
 // tests/data/README.md).
 #include <gtest/gtest.h>
@@ -420,7 +420,7 @@ TEST_F(CliTest, BadModelFilesExitTwoNamingTheField) {
 }
 
 /// Impossible evidence in a fit exits 2 and names the lines; scoring an impossible row gives -inf
-/// (SPEC.md §2.5).
+/// (docs/mechanisms.md#responsibility-attention).
 TEST_F(CliTest, ImpossibleEvidence) {
   write("impossible_model.json",
         R"({"format":"attnmix-model","schema_version":1,"family":"responsibility_attention",
@@ -715,8 +715,8 @@ TEST_F(CliTest, ChainedBadDataFilesExitTwoNamingFileLineAndField) {
   EXPECT_FALSE(fs::exists(path("model.json")));
 }
 
-/// Impossible evidence (SPEC.md §3.4's reference case) scores -inf; in a fit it exits 2 naming the
-/// lines; a failed chained fit never touches an existing model.
+/// Impossible evidence (the reference case of docs/mechanisms.md#chained-attention) scores -inf; in a fit it exits 2
+/// naming the lines; a failed chained fit never touches an existing model.
 TEST_F(CliTest, ChainedImpossibleEvidenceAndFailedFits) {
   write("impossible_model.json",
         R"({"format":"attnmix-model","schema_version":1,"family":"chained_attention",
@@ -1375,7 +1375,7 @@ TEST_F(CliTest, DemoFitsEachMechanismAndBeatsItsBaseline) {
   EXPECT_LT(one_hop, 0.2);
   EXPECT_TRUE(contains(r.out, "Why one hop fails")) << r.out;
   // Variational embedding attention: tied embeddings transfer to held-out synonyms, untied
-  // one-hot responsibility attention cannot (SPEC.md §9.4, VEA-2).
+  // one-hot responsibility attention cannot (acceptance task VEA-2).
   double tied_train = -1.0, tied_test = -1.0, untied_train = -1.0, untied_test = -1.0;
   const size_t tied = r.out.find("tied embeddings  (VEA)");
   const size_t untied = r.out.find("untied one-hot   (RA)");
@@ -1407,10 +1407,10 @@ TEST_F(CliTest, DemoFitsEachMechanismAndBeatsItsBaseline) {
   EXPECT_TRUE(contains(r.out, "attnmix assign-tree")) << r.out;
 }
 
-// ----- assign-tree (SPEC.md §8.2)
+// ----- assign-tree (docs/mechanisms.md#assignment-tree-attention)
 // -------------------------------------------------------------------------------------
 
-/// The keys of results.json in the order of SPEC.md §8.2 step 6.
+/// The keys of results.json in the order of docs/mechanisms.md#assignment-tree-attention.
 const std::vector<std::string> kAssignTreeKeys = {
     "seed",
     "shape",
@@ -1464,7 +1464,9 @@ TEST_F(CliTest, AssignTreeWritesResultsInSpecOrderAndPrintsVerdicts) {
   for (size_t e = 0; e < edges.size(); ++e) {
     EXPECT_LT(edges[e][0].get<int>(), 16);
     EXPECT_LT(edges[e][1].get<int>(), 15);
-    if (e > 0) EXPECT_LT(edges[e - 1], edges[e]);
+    if (e > 0) {
+      EXPECT_LT(edges[e - 1], edges[e]);
+    }
   }
   // The document is printed first, without the matrices, which the next line points to.
   auto shown = doc;

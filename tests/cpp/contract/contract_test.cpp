@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Instantiations of the shared distribution contract (SPEC.md §9.1), one traits struct per family,
-// and the keyed tying row F-5 (SPEC.md §1.4).
+// Instantiations of the shared distribution contract (docs/mechanisms.md#building-blocks), one traits struct per
+// family, and the keyed tying row F-5 (docs/mechanisms.md#building-blocks).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -162,7 +162,8 @@ struct ChainedAttentionTraits {
     acc.key_mass()(1, 0) += 1.0;  // Σ key_mass[1] now exceeds n
     return true;
   }
-  /// Emission = identity (S = T = 3): a row whose target is none of its values is impossible (SPEC.md §3.2).
+  /// Emission = identity (S = T = 3): a row whose target is none of its values is impossible
+  /// (docs/mechanisms.md#chained-attention).
   static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
     ChainedAttentionParams p;
     for (Index hop = 0; hop < L; ++hop) {
@@ -203,11 +204,12 @@ struct ChainedAttentionTraits {
 // ----- variational embedding attention
 // ----------------------------------------------------------------------
 
-/// The variational families (SPEC.md §4, §5) run the whole contract. Their E-step is a Monte-Carlo estimate whose
-/// noise depends only on the model's optimizer state (seed, iteration), so every law below (merge = concatenation,
-/// snapshots, zero weights, scaling, atomic impossible evidence, thread-count invariance) holds exactly as for an
-/// exact family. Only the EM monotonicity check is skipped (kExactEm = false): each M-step is one stochastic Adam
-/// step on the ELBO, which need not increase the plug-in log-likelihood that optimize() scores.
+/// The variational families (docs/mechanisms.md#variational-embedding-attention and #variational-multi-hop-attention)
+/// run the whole contract. Their E-step is a Monte-Carlo estimate whose noise depends only on the model's optimizer
+/// state (seed, iteration), so every law below (merge = concatenation, snapshots, zero weights, scaling, atomic
+/// impossible evidence, thread-count invariance) holds exactly as for an exact family. Only the EM monotonicity check
+/// is skipped (kExactEm = false): each M-step is one stochastic Adam step on the ELBO, which need not increase the
+/// plug-in log-likelihood that optimize() scores.
 struct VariationalEmbeddingAttentionTraits {
   using Distribution = VariationalEmbeddingAttention;
   using Batch = VariationalEmbeddingAttentionBatch;
@@ -348,7 +350,8 @@ struct VariationalMultiHopAttentionTraits {
     acc.emission_count()(0, 0) += 1.0;  // Σ emission_count now exceeds n
     return true;
   }
-  /// Emission = identity (S = T = 3): a row whose target is none of its values is impossible (SPEC.md §5).
+  /// Emission = identity (S = T = 3): a row whose target is none of its values is impossible
+  /// (docs/mechanisms.md#variational-multi-hop-attention).
   static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
     VariationalMultiHopAttentionParams p;
     p.mean.resize(3, 2);
@@ -574,7 +577,7 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Families, LargeSupportContractTest, FamiliesWithL
 // ----- F-5: keyed tying
 // --------------------------------------------------------------------------------------
 
-/// F-5 (SPEC.md §1.4): two RA components of a mixture whose estimators carry the same key end one
+/// F-5 (docs/mechanisms.md#building-blocks): two RA components of a mixture whose estimators carry the same key end one
 /// EM step with identical parameters, equal (rel 1e-12) to estimate() of the sum of their separate
 /// statistics; the tying is the same through optimize's em_step and by hand.
 TEST(KeyTyingTest, TiedMixtureComponentsShareEstimateOfSummedStatistics) {

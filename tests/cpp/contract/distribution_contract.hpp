@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file distribution_contract.hpp
-/// The shared distribution contract (SPEC.md §9.1, STYLE.md §11) as a typed GoogleTest suite.
+/// The shared distribution contract (docs/mechanisms.md#building-blocks, STYLE.md §11) as a typed GoogleTest suite.
 /// Instantiate it once per family with a traits struct (Batch, Acc, Estimator: the family's):
 ///
 ///   using Distribution = X;
@@ -10,7 +10,8 @@
 ///   static Batch row_alone(const Batch&, Index row);    that row encoded on its own (C-1)
 ///   static Estimator make_estimator(const X&);          the family's estimator for the model
 ///   static constexpr bool kExactEm;           EM provably never decreases the log-likelihood (false for
-///                                             generalised-EM families such as chained attention, SPEC.md §3.3)
+///                                             generalised-EM families such as chained attention,
+///                                             docs/mechanisms.md#chained-attention)
 ///   static Acc other_layout_accumulator(const X&);      same family, another layout (C-5)
 ///   static double total_mass(const Acc&);     the mass estimate() checks nobs against (C-7)
 ///   static bool tamper(Acc&);                 break an internal mass law; false if none (C-7)
@@ -19,8 +20,8 @@
 ///   static std::vector<std::pair<Estimator, Acc>> large_support(Rng&);  T = 1e5; families with a
 ///                                             large discrete support, in LargeSupportContractTest (C-8)
 ///
-/// Each test names its SPEC.md row. Tolerances: "rel x" is |a − b| ≤ x·(1 + |b|) per packed
-/// entry (within a factor 2 of SPEC.md's x·max(1, |b|)); "exact" is == on every entry.
+/// Each test names its acceptance row. Tolerances: "rel x" is |a − b| ≤ x·(1 + |b|) per packed
+/// entry (within a factor 2 of the acceptance tasks' x·max(1, |b|)); "exact" is == on every entry.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -145,7 +146,7 @@ inline void ExpectRelClose(const std::vector<double>& actual, const std::vector<
   testing::ExpectAllClose(actual, expected, rel, rel);
 }
 
-/// f must throw ValueError whose message contains "cannot exceed" or "must equal" (SPEC.md §1.3).
+/// f must throw ValueError whose message contains "cannot exceed" or "must equal" (docs/mechanisms.md#building-blocks).
 template <class F>
 void ExpectMassLawError(F&& f, std::string_view context) {
   try {
@@ -496,7 +497,7 @@ TYPED_TEST_P(DistributionContractTest, SamplerShapes) {
   }
 }
 
-/// EM (SPEC.md §1.7) never decreases the log-likelihood of an exact-EM family (delta = None, 10
+/// EM (docs/mechanisms.md#training) never decreases the log-likelihood of an exact-EM family (delta = None, 10
 /// iterations, within 1e-9·|ll|; not asserted for generalised-EM families); optimize through AnyEstimator
 /// reports the same scores bit for bit.
 TYPED_TEST_P(DistributionContractTest, EmLogLikelihoodNeverDecreases) {

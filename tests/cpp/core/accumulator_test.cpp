@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Flat additive statistics (SPEC.md §1.3): one buffer with a declared layout; validated combine / from_value /
-// unpack; mass laws with tol_mass; snapshots.
+// Flat additive statistics (docs/mechanisms.md#building-blocks): one buffer with a declared layout; validated combine /
+// from_value / unpack; mass laws with tol_mass; snapshots.
 #include <gtest/gtest.h>
 
 #include "attnmix/attention/responsibility.hpp"

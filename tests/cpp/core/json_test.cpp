@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Model files (SPEC.md §1.10, acceptance F-7): save → load is bit-identical and always validates;
+// Model files (docs/model-format.md, acceptance F-7): save → load is bit-identical and always validates;
 // the writer is atomic; every documented content error names the file and the field.
 #include "attnmix/io/model_file.hpp"
 
@@ -326,7 +326,8 @@ TEST(ModelJsonTest, AtomicWriteLeavesNoTemporaryFiles) {
   EXPECT_EQ(dir.listing(), (std::vector<std::string>{"model.json", "taken"}));
 }
 
-// ----- variational families (SPEC.md §4.5, §5): the optimizer state beside params
+// ----- variational families (docs/mechanisms.md#variational-embedding-attention and #variational-multi-hop-attention):
+// the optimizer state beside params
 // ---------------------------
 
 /// A random matrix of awkward doubles (all 17 significant digits matter).
@@ -488,7 +489,7 @@ TEST(ModelJsonTest, MixturesOfVariationalFamiliesRoundTrip) {
   EXPECT_FALSE(doc["params"]["components"][1]["params"].contains("optimizer_state"));
 }
 
-/// SPEC.md §1.10: the optimizer state sits beside params, in the form optimizer_state_to_json
+/// docs/model-format.md: the optimizer state sits beside params, in the form optimizer_state_to_json
 /// writes; params hold the constructor's arguments.
 TEST(ModelJsonTest, VariationalDocumentsHaveDocumentedFields) {
   Rng rng(testing::test_seed(25));
@@ -537,7 +538,8 @@ TEST(ModelJsonTest, OptimizerStateIsOptionalForVariationalAndUnknownElsewhere) {
                     {"model.json", "unknown field 'optimizer_state'", "responsibility_attention"});
 }
 
-/// A tampered optimizer state is rejected, naming the file and the field (SPEC.md §4.5).
+/// A tampered optimizer state is rejected, naming the file and the field
+/// (docs/mechanisms.md#variational-embedding-attention).
 TEST(ModelJsonTest, TamperedOptimizerStateIsRejected) {
   json doc = valid_vea_document();
   // One ulp off in the state's mean: no longer the params' mean bit for bit.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix::Rng: determinism, support and goodness of fit of the in-house distributions (SPEC.md §1.6).
+// attnmix::Rng: determinism, support and goodness of fit of the in-house distributions (docs/mechanisms.md#training).
 #include <gtest/gtest.h>
 
 #include <cmath>

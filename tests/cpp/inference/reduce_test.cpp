@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The chunked parallel E-step (SPEC.md §1.8): chunking only reassociates, impossible rows of every chunk are
-// reported with global indices before anything changes, and thread counts give bitwise-identical results.
+// The chunked parallel E-step (docs/mechanisms.md#training): chunking only reassociates, impossible rows of every chunk
+// are reported with global indices before anything changes, and thread counts give bitwise-identical results.
 #include <gtest/gtest.h>
 
 #include <string>

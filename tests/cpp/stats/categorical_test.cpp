@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Categorical leaf (SPEC.md §1.2, §1.5): encoder and constructor validation, exact log density, the
+// Categorical leaf (docs/mechanisms.md#building-blocks): encoder and constructor validation, exact log density, the
 // smoothed-count M-step and the sampler. The shared contract rows run in contract_test.cpp.
 #include "attnmix/stats/categorical.hpp"
 
@@ -31,7 +31,7 @@ std::string error_message(F&& f) {
   return "";
 }
 
-/// C-5 (SPEC.md §1.2): ids must be exact, ≥ 0 and < K ("out-of-range ID"); integral reals are
+/// C-5 (docs/mechanisms.md#building-blocks): ids must be exact, ≥ 0 and < K ("out-of-range ID"); integral reals are
 /// accepted.
 TEST(CategoricalTest, EncoderValidatesExactIds) {
   const CategoricalEncoder encoder{3};

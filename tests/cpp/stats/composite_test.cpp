@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Composite (product) distribution (SPEC.md §1.5): batches, the summed log density, atomic E-step,
-// all-or-nothing statistics validation, keyed children and initialisation order. The shared
+// Composite (product) distribution (docs/mechanisms.md#building-blocks): batches, the summed log density, atomic
+// E-step, all-or-nothing statistics validation, keyed children and initialisation order. The shared
 // contract rows run in contract_test.cpp (categorical × Gaussian).
 #include "attnmix/stats/composite.hpp"
 
@@ -145,7 +145,7 @@ TEST(CompositeTest, StatisticsAreValidatedInEveryChildBeforeCommitting) {
   EXPECT_EQ(packed(acc), before);
 }
 
-/// estimate(nobs) checks nobs against every child (SPEC.md §1.3): children with different masses
+/// estimate(nobs) checks nobs against every child (docs/mechanisms.md#building-blocks): children with different masses
 /// cannot pass.
 TEST(CompositeTest, EstimatePassesNobsToEveryChild) {
   const CompositeEstimator estimator(

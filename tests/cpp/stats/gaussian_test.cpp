@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Diagonal Gaussian leaf (SPEC.md §1.2, §1.5): validation, the closed-form log density, the floored
+// Diagonal Gaussian leaf (docs/mechanisms.md#building-blocks): validation, the closed-form log density, the floored
 // moment M-step and the sampler. The shared contract rows run in contract_test.cpp.
 #include "attnmix/stats/gaussian.hpp"
 
@@ -21,7 +21,7 @@ DiagonalGaussian make_gaussian(Vector mu, Vector sigma2) {
   return DiagonalGaussian({std::move(mu), std::move(sigma2), "x"});
 }
 
-/// C-5 (SPEC.md §1.2): μ non-empty and finite; σ² of the same length, each finite and > 0.
+/// C-5 (docs/mechanisms.md#building-blocks): μ non-empty and finite; σ² of the same length, each finite and > 0.
 TEST(DiagonalGaussianTest, ConstructorValidatesParameters) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   EXPECT_NO_THROW(make_gaussian(Vector::Zero(2), Vector::Ones(2)));

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The finite mixture (SPEC.md §1.5) against direct formulas.
+// The finite mixture (docs/mechanisms.md#building-blocks) against direct formulas.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,8 +116,9 @@ TEST(MixtureTest, PackConcatenatesChildrenAndUnpackValidatesFirst) {
 namespace attnmix {
 namespace {
 
-/// A row impossible under only one component gives that component exactly zero weight (SPEC §1.5): the E-step
-/// succeeds and the impossible component receives no mass from the row.
+/// A row impossible under only one component gives that component exactly zero weight
+/// (docs/mechanisms.md#building-blocks): the E-step succeeds and the impossible component receives no mass from the
+/// row.
 TEST(MixtureTest, RowImpossibleUnderOneComponentGivesItZeroWeight) {
   const ResponsibilityAttention a = component(1.0, 0.5);  // symbol 2 never emits target 1
   ResponsibilityAttentionParams q = a.params();

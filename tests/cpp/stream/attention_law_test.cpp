@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// attention_law (SPEC.md §7.1–7.2; row MCA-12 of §9.7).
+// attention_law (docs/mechanisms.md#moment-closure-far-field; acceptance row MCA-12).
 //
-// Oracles written here, from SPEC.md §7 and not from src/stream/moment_propagation.cpp:
+// Oracles written here, from docs/mechanisms.md#moment-closure-far-field and not from
+// src/stream/moment_propagation.cpp:
 //   * hand_law: every needed moment by explicit sums over the layer input — μ_i = Σ_a W_ia μ_a + b_i and
 //     Cov(i, j) = Σ_ab W_ia Σ_ab W_jb, never the 3d×3d product — then A_h = Cov(V_h, K_h)/√d_head per head, the law
 //     N(μ_V + A μ_Q, A Σ_QQ Aᵀ) and its push through proj, and P A W_q, with Eigen products for the small d×d steps;
 //   * a Monte Carlo population: N draws of h from the law, keys and values from them, and the softmax-weighted
-//     average of the values for one fixed query — the attention output over a large population that §7.1 says is
-//     exactly μ_V + Σ_VK q/√d.
+//     average of the values for one fixed query — the attention output over a large population that
+//     docs/mechanisms.md#moment-closure-far-field says is exactly μ_V + Σ_VK q/√d.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -124,9 +125,9 @@ HandLaw hand_law(const Layer& l, Index n_head) {
   return out;
 }
 
-/// MCA-12: the exact linear push of SPEC §7.2 — out mean, out covariance and jacobian equal the hand computation
-/// (float64, rtol 1e-12, atol 1e-12) for (d, n_head) = (6, 2), (8, 4), (4, 1) and (4, 4) (head_dim 1); the output
-/// covariance is symmetric.
+/// MCA-12: the exact linear push of docs/mechanisms.md#moment-closure-far-field — out mean, out covariance and jacobian
+/// equal the hand computation (float64, rtol 1e-12, atol 1e-12) for (d, n_head) = (6, 2), (8, 4), (4, 1) and (4, 4)
+/// (head_dim 1); the output covariance is symmetric.
 TEST(AttentionLawTest, ExactLinearPushMatchesHandComputation) {
   const uint64_t seed = testing::test_seed(401);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -147,11 +148,12 @@ TEST(AttentionLawTest, ExactLinearPushMatchesHandComputation) {
   }
 }
 
-/// SPEC §7.1 by Monte Carlo: d 4, 2 heads (head_dim 2). For N = 200000 draws h_n of the law, k_n and v_n from qkv,
-/// and one fixed query q, each head's softmax-weighted value average Σ_n e^{u_h·k_nh} v_nh / Σ_n e^{u_h·k_nh}
-/// (u = q/√2) equals the affine identity μ_V + Σ_VK u, computed here from the hand moments, within 5 estimated
-/// standard errors per coordinate (seeded). Each head's query is a random direction scaled to u_hᵀΣ_KK,h u_h = 0.5,
-/// so the weights e^{u·k} are log-normal with variance 0.5 and the standard-error estimate is reliable for every seed.
+/// docs/mechanisms.md#moment-closure-far-field by Monte Carlo: d 4, 2 heads (head_dim 2). For N = 200000 draws h_n of
+/// the law, k_n and v_n from qkv, and one fixed query q, each head's softmax-weighted value average Σ_n e^{u_h·k_nh}
+/// v_nh / Σ_n e^{u_h·k_nh} (u = q/√2) equals the affine identity μ_V + Σ_VK u, computed here from the hand moments,
+/// within 5 estimated standard errors per coordinate (seeded). Each head's query is a random direction scaled to
+/// u_hᵀΣ_KK,h u_h = 0.5, so the weights e^{u·k} are log-normal with variance 0.5 and the standard-error estimate is
+/// reliable for every seed.
 /// The query moves the output more than 10 standard errors away from μ_V (the check has power). With proj = identity,
 /// attention_law's mean + jacobian·(h₀ − μ_h) for the input h₀ = W_q⁻¹(q − b_q) that produces q is the same affine
 /// value (1e-9 relative: the inverse may be ill-conditioned).
@@ -223,7 +225,8 @@ TEST(AttentionLawTest, MonteCarloPopulationAttentionIsAffineInTheQuery) {
               largest_shift_in_se);
 }
 
-/// SPEC §7.2: d_model % n_head ≠ 0 (and n_head ≤ 0), a wrong shape of any input, or a non-finite entry → ValueError.
+/// docs/mechanisms.md#moment-closure-far-field: d_model % n_head ≠ 0 (and n_head ≤ 0), a wrong shape of any input, or a
+/// non-finite entry → ValueError.
 TEST(AttentionLawTest, InvalidInputsThrow) {
   const uint64_t seed = testing::test_seed(403);
   Rng rng(seed);

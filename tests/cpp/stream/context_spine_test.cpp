@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The sliding-window spine (SPEC.md §6.1–6.4; rows E1-4 and E1-6 of §9.6) against oracles written here.
+// The sliding-window spine (docs/mechanisms.md#streaming-language-model; acceptance rows E1-4 and E1-6) against oracles
+// written here.
 //
-// Oracles written from SPEC.md §6 and not from src/stream/context_spine.cpp (only the parameters are read):
+// Oracles written from docs/mechanisms.md#streaming-language-model and not from src/stream/context_spine.cpp (only the
+// parameters are read):
 //   * naive_forward: one pass over a whole sequence in float64 — explicit LayerNorm (eps 1e-5, biased variance),
 //     Linear as x Wᵀ + b, GELU as ½x(1 + erf(x/√2)), RoPE as the rotation of each pair (x_k, x_{k+h/2}) by
 //     p·10000^(−2k/h) with angles from std::pow/std::cos/std::sin, the mask 0 ≤ P_i − P_j < window built by a
@@ -37,8 +39,8 @@ namespace {
 using testing::ExpectAllClose;
 using testing::to_vector;
 
-/// max |a − b| / max |b|: the relative gap over a whole tensor (SPEC §6.4's "relative 1e-5"; per-element relative
-/// error is meaningless for logits that cross zero).
+/// max |a − b| / max |b|: the relative gap over a whole tensor (the "relative 1e-5" of
+/// docs/mechanisms.md#streaming-language-model; per-element relative error is meaningless for logits that cross zero).
 double relative_gap(const torch::Tensor& a, const torch::Tensor& b) {
   const auto a64 = a.detach().to(torch::kFloat64);
   const auto b64 = b.detach().to(torch::kFloat64);
@@ -119,7 +121,8 @@ struct NaiveOutput {
   std::vector<torch::Tensor> v;    ///< per layer, values (b, T, H, h)
 };
 
-/// SPEC §6.2–6.4 over the whole sequence x (b, T) in one pass, in float64, with the spine's parameters.
+/// docs/mechanisms.md#streaming-language-model over the whole sequence x (b, T) in one pass, in float64, with the
+/// spine's parameters.
 NaiveOutput naive_forward(SlidingWindowSpine& spine, const torch::Tensor& x, std::optional<int64_t> window) {
   torch::NoGradGuard no_grad;
   const auto& o = spine->options();
@@ -206,8 +209,9 @@ std::string splits_name(const std::vector<int64_t>& splits) {
 
 // ----- SpineOptions -------------------------------------------------------------------------------------------------
 
-/// E1-6 / SPEC §6.2: every size must be positive, d_model % n_head == 0, head_dim even and cp_size 1 (ValueError
-/// naming the field, from validate_spine_options and from the constructor); valid options construct.
+/// E1-6 / docs/mechanisms.md#streaming-language-model: every size must be positive, d_model % n_head == 0, head_dim
+/// even and cp_size 1 (ValueError naming the field, from validate_spine_options and from the constructor); valid
+/// options construct.
 TEST(SpineOptionsTest, InvalidOptionsThrowNamingTheField) {
   struct Case {
     std::string what;
@@ -253,8 +257,9 @@ TEST(SpineOptionsTest, InvalidOptionsThrowNamingTheField) {
 
 // ----- the window mask ----------------------------------------------------------------------------------------------
 
-/// SPEC §6.4 step 3: window_visibility equals a double loop over 0 ≤ P_i − P_j < window (or P_i ≥ P_j when
-/// unbounded) for random, unsorted, partly negative positions and several windows (exact).
+/// The visibility rule (docs/mechanisms.md#streaming-language-model): window_visibility equals a double loop over 0 ≤
+/// P_i − P_j < window (or P_i ≥ P_j when unbounded) for random, unsorted, partly negative positions and several windows
+/// (exact).
 TEST(WindowVisibilityTest, MatchesNaiveDoubleLoop) {
   const uint64_t seed = testing::test_seed(201);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -383,10 +388,10 @@ static_assert(ContextMechanism<SlidingWindowSpineImpl>);
 static_assert(!ContextMechanism<MissingDetach>);
 static_assert(!ContextMechanism<WrongStepResult>);
 
-/// E1-6 / SPEC §6.1: the spine is a ContextMechanism (static_assert, and two non-conforming types are rejected);
-/// init_state rejects batch sizes ≤ 0 and returns an empty state at position 0; step returns a differentiable scalar
-/// loss equal to the mean token cross-entropy of advance()'s logits (float64, 1e-12), moves pos by t and keeps
-/// (b, min(window, pos), H, head_dim) caches.
+/// E1-6 / docs/mechanisms.md#streaming-language-model: the spine is a ContextMechanism (static_assert, and two
+/// non-conforming types are rejected); init_state rejects batch sizes ≤ 0 and returns an empty state at position 0;
+/// step returns a differentiable scalar loss equal to the mean token cross-entropy of advance()'s logits (float64,
+/// 1e-12), moves pos by t and keeps (b, min(window, pos), H, head_dim) caches.
 TEST(SlidingWindowSpineTest, ConformsToContextMechanism) {
   const uint64_t seed = testing::test_seed(204);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -440,8 +445,9 @@ std::string value_error_message(const std::function<void()>& f) {
   return "";
 }
 
-/// E1-6 / SPEC §6.1: a chunk whose batch size differs from the state's → ValueError mentioning "batch size", on a
-/// fresh state and on one that already holds caches; a state made by a spine with another layout → ValueError.
+/// E1-6 / docs/mechanisms.md#streaming-language-model: a chunk whose batch size differs from the state's → ValueError
+/// mentioning "batch size", on a fresh state and on one that already holds caches; a state made by a spine with another
+/// layout → ValueError.
 TEST(SlidingWindowSpineTest, ChangedBatchSizeThrows) {
   const uint64_t seed = testing::test_seed(205);
   Rng rng(seed);
@@ -463,8 +469,8 @@ TEST(SlidingWindowSpineTest, ChangedBatchSizeThrows) {
   EXPECT_THROW(spine->step(other->init_state(2), x2, x2), ValueError);
 }
 
-/// E1-6 / SPEC §6.1: x and y must be (batch, t) int64 with equal shapes, t ≥ 1 and ids in [0, vocab): each
-/// violation → ValueError from step (and from advance for x).
+/// E1-6 / docs/mechanisms.md#streaming-language-model: x and y must be (batch, t) int64 with equal shapes, t ≥ 1 and
+/// ids in [0, vocab): each violation → ValueError from step (and from advance for x).
 TEST(SlidingWindowSpineTest, InvalidChunksThrow) {
   const uint64_t seed = testing::test_seed(206);
   Rng rng(seed);
@@ -500,11 +506,12 @@ TEST(SlidingWindowSpineTest, InvalidChunksThrow) {
 
 // ----- gradients -----------------------------------------------------------------------------------------------------
 
-/// SPEC §6.4 (gradients flow through the cache): float64, window 3, a stream of two chunks of 4 (the second chunk's
-/// queries see 3 cached keys of the first), loss of the second chunk without detaching: the autograd gradient of 12
-/// random entries across tok, qkv (q, k and v rows, bias), proj, fc1, fc2, ln1, ln2 and ln_f equals central finite
-/// differences (eps 1e-6; |g − fd| ≤ 1e-5·|fd| + 1e-8, the rounding error of the difference being ~1e-10). With the
-/// state detached between the chunks the gradient differs (> 1e-6 somewhere), so the cache path is exercised.
+/// docs/mechanisms.md#streaming-language-model (gradients flow through the cache): float64, window 3, a stream of two
+/// chunks of 4 (the second chunk's queries see 3 cached keys of the first), loss of the second chunk without detaching:
+/// the autograd gradient of 12 random entries across tok, qkv (q, k and v rows, bias), proj, fc1, fc2, ln1, ln2 and
+/// ln_f equals central finite differences (eps 1e-6; |g − fd| ≤ 1e-5·|fd| + 1e-8, the rounding error of the difference
+/// being ~1e-10). With the state detached between the chunks the gradient differs (> 1e-6 somewhere), so the cache path
+/// is exercised.
 TEST(SlidingWindowSpineTest, GradientMatchesCentralDifferences) {
   const uint64_t seed = testing::test_seed(207);
   SCOPED_TRACE("seed " + std::to_string(seed));

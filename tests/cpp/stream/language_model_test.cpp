@@ -318,8 +318,8 @@ TEST_F(LanguageModelTest, TamperedCheckpointsAreRejectedNamingTheProblem) {
 
 // ---- evaluation --------------------------------------------------------------------------------
 
-/// With full attention the chunk size changes nothing but rounding (SPEC §6.4, E1-4); the window
-/// mechanism keeps the last `window` keys, so the same holds for it.
+/// With full attention the chunk size changes nothing but rounding (docs/mechanisms.md#streaming-language-model, E1-4);
+/// the window mechanism keeps the last `window` keys, so the same holds for it.
 TEST_F(LanguageModelTest, EvaluateDoesNotDependOnTheChunkSize) {
   constexpr double kRel = 1e-5;  // float32 reassociation across chunkings
   for (const Mechanism mechanism : {Mechanism::kFull, Mechanism::kWindow}) {

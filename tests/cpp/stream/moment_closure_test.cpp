@@ -1,26 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
-// Moment-closure attention (SPEC.md §7.3–7.8 and §10 items 11–12; rows MCA-1…MCA-11 of §9.7).
+// Moment-closure attention (docs/mechanisms.md#moment-closure-far-field and docs/porting.md; acceptance rows
+// MCA-1…MCA-11).
 // MCA-12 (attention_law's exact linear push) is covered by attention_law_test.cpp; MCA-1 below uses
 // attention_law as its oracle.
 //
-// Oracles written here from SPEC.md §7 and not from src/stream/moment_closure.cpp:
-//   * hand_logit / hand_out: the MGF logit and the affine cluster output of §7.4 by explicit loops
-//   in double;
+// Oracles written here from docs/mechanisms.md#moment-closure-far-field and not from src/stream/moment_closure.cpp:
+//   * hand_logit / hand_out: the MGF logit and the affine cluster output of docs/mechanisms.md#moment-closure-far-field
+//   by explicit loops in double;
 //   * attention_law with a deterministic query path (W_q = 0, b_q = q) for the single-population
-//   identity (§7.1);
+//   identity (docs/mechanisms.md#moment-closure-far-field);
 //   * pooled_moments: weighted population moments by explicit sums over the tokens, with the bank's
 //   cluster as a
-//     pseudo-population of n₀ points (mean μ₀, covariance Σ₀), for the Chan/Welford update (§7.5)
-//     and merges;
-//   * central finite differences in float64 for gradients (§7.5: no custom backward);
+//     pseudo-population of n₀ points (mean μ₀, covariance Σ₀), for the Chan/Welford update
+//     (docs/mechanisms.md#moment-closure-far-field) and merges;
+//   * central finite differences in float64 for gradients (docs/mechanisms.md#moment-closure-far-field: no custom
+//     backward);
 //   * hand birth statistics, a hand pair scan for merges and a hand misfit receipt (membership,
 //   diagonal
-//     regression, outliers, weighting) for §7.6;
+//     regression, outliers, weighting) for docs/mechanisms.md#moment-closure-far-field;
 //   * naive_mca_logits: a whole MCA step in double by loops (LayerNorm, RoPE pair rotation, the
 //   window mask, the
 //     joint softmax over near keys and far clusters with the un-rotated query, the MLP, the tied
-//     head) (§7.8);
-//   * batch-size-1 runs of every stream for the batch axis (§10 item 11).
+//     head) (docs/mechanisms.md#moment-closure-far-field);
+//   * batch-size-1 runs of every stream for the batch axis (docs/porting.md).
 #include "attnmix/stream/moment_closure.hpp"
 
 #include <gtest/gtest.h>
@@ -204,7 +206,7 @@ ClusterBank random_bank(Rng& rng, int64_t B, int64_t H, int64_t C, int64_t d,
   return bank;
 }
 
-/// logit_c(q) of SPEC §7.4 by loops.
+/// logit_c(q) of docs/mechanisms.md#moment-closure-far-field by loops.
 double hand_logit(const Vec& q, const SlotStats& s) {
   const double d = static_cast<double>(q.size());
   double lin = 0.0, quad = 0.0;
@@ -215,7 +217,8 @@ double hand_logit(const Vec& q, const SlotStats& s) {
   return lin / std::sqrt(d) + quad / (2.0 * d) + std::log(std::max(s.count, 1e-8));
 }
 
-/// The misfit receipt's regression residual ||v − (μ_v + Σ_vk ((k − μ_k) / max(σ², 1e-6)))|| (SPEC §7.6) by loops.
+/// The misfit receipt's regression residual ||v − (μ_v + Σ_vk ((k − μ_k) / max(σ², 1e-6)))||
+/// (docs/mechanisms.md#moment-closure-far-field) by loops.
 double hand_residual(const Vec& k, const Vec& v, const SlotStats& s) {
   const size_t d = k.size();
   double norm2 = 0.0;
@@ -316,8 +319,8 @@ SlotStats pooled_pair(const SlotStats& a, const SlotStats& b) {
   return out;
 }
 
-/// The birth statistics of SPEC §7.6 for one stream and head: count t, means, floored population
-/// variances and the population cross-covariance.
+/// The birth statistics of docs/mechanisms.md#moment-closure-far-field for one stream and head: count t, means, floored
+/// population variances and the population cross-covariance.
 SlotStats hand_birth(const torch::Tensor& k, const torch::Tensor& v, int64_t b, int64_t h) {
   const int64_t t = k.size(1);
   std::vector<Vec> ks, vs;
@@ -331,13 +334,13 @@ SlotStats hand_birth(const torch::Tensor& k, const torch::Tensor& v, int64_t b, 
   return s;
 }
 
-// ----- §7.4 MGF logits and outputs
+// ----- docs/mechanisms.md#moment-closure-far-field MGF logits and outputs
 // ---------------------------------------------------------------------------------
 
 /// MCA-1: with one live cluster whose moments are those of a Gaussian layer input pushed through
 /// qkv, the MGF output equals attention_law's mean (proj = identity, and a query path W_q = 0, b_q
 /// = q that makes the query deterministic), atol 1e-8 rtol 1e-6, for three queries and two heads;
-/// the logit equals the §7.4 formula by hand.
+/// the logit equals the docs/mechanisms.md#moment-closure-far-field formula by hand.
 TEST(MomentClosureTest, OneClusterOutputEqualsAttentionLawMean) {
   const uint64_t seed = testing::test_seed(701);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -407,8 +410,8 @@ TEST(MomentClosureTest, OneClusterOutputEqualsAttentionLawMean) {
   }
 }
 
-/// SPEC §7.4: per stream, live slots get the hand logit and output; slots beyond a stream's live
-/// prefix get logit −∞ and output exactly 0; n = max_b n_clusters (streams 2, 0 and 3 live clusters
+/// docs/mechanisms.md#moment-closure-far-field: per stream, live slots get the hand logit and output; slots beyond a
+/// stream's live prefix get logit −∞ and output exactly 0; n = max_b n_clusters (streams 2, 0 and 3 live clusters
 /// of C = 4).
 TEST(MomentClosureTest, DeadSlotsGetMinusInfinityAndZeroOutput) {
   const uint64_t seed = testing::test_seed(702);
@@ -442,8 +445,8 @@ TEST(MomentClosureTest, DeadSlotsGetMinusInfinityAndZeroOutput) {
   }
 }
 
-/// SPEC §7.4: with no live cluster in any stream both tensors are empty, (B, t, 0, H, d) and (B, t,
-/// 0, H).
+/// docs/mechanisms.md#moment-closure-far-field: with no live cluster in any stream both tensors are empty, (B, t, 0, H,
+/// d) and (B, t, 0, H).
 TEST(MomentClosureTest, NoClustersGivesEmptyTensors) {
   const auto bank = empty_cluster_bank(2, 2, 3, 4, f64_options());
   const auto q = torch::ones({2, 5, 2, 4}, f64_options());
@@ -454,8 +457,8 @@ TEST(MomentClosureTest, NoClustersGivesEmptyTensors) {
   EXPECT_EQ(cluster_responsibilities(q, bank).abs().sum().item<double>(), 0.0);
 }
 
-/// SPEC §7.4: cluster_responsibilities is (B, t, H, C) = softmax of the hand logits (the token's
-/// key as the query) over the stream's live slots; rows sum to 1 over live slots, entries beyond
+/// docs/mechanisms.md#moment-closure-far-field: cluster_responsibilities is (B, t, H, C) = softmax of the hand logits
+/// (the token's key as the query) over the stream's live slots; rows sum to 1 over live slots, entries beyond
 /// them are exactly 0, and a stream without clusters gets all zeros.
 TEST(MomentClosureTest, ResponsibilitiesAreSoftmaxOverLiveSlots) {
   const uint64_t seed = testing::test_seed(703);
@@ -603,8 +606,8 @@ TEST(MomentClosureTest, UpdateGradientsMatchFiniteDifferences) {
                   {"count", "mu_k", "mu_v", "sigma_kk", "sigma_vk", "k", "v", "r"});
 }
 
-/// SPEC §7.8 "gradients flow through the soft-update path (responsibilities and raw k/v)": the bank
-/// after ingest_cluster_batch (two live clusters per stream, no birth, no merge) has float64
+/// docs/mechanisms.md#moment-closure-far-field "gradients flow through the soft-update path (responsibilities and raw
+/// k/v)": the bank after ingest_cluster_batch (two live clusters per stream, no birth, no merge) has float64
 /// gradients with respect to k and v that equal central differences.
 TEST(MomentClosureTest, IngestSoftPathGradientsMatchFiniteDifferences) {
   const uint64_t seed = testing::test_seed(706);
@@ -625,8 +628,8 @@ TEST(MomentClosureTest, IngestSoftPathGradientsMatchFiniteDifferences) {
                   {"k", "v"});
 }
 
-/// SPEC §7.8 "birth decisions and birth statistics are detached": ingesting into a bank where
-/// stream 0 is empty (it births) and stream 1 has one cluster (soft update), the gradient of stream
+/// docs/mechanisms.md#moment-closure-far-field "birth decisions and birth statistics are detached": ingesting into a
+/// bank where stream 0 is empty (it births) and stream 1 has one cluster (soft update), the gradient of stream
 /// 0's statistics with respect to k is exactly zero and that of stream 1's statistics with respect
 /// to its own tokens is not.
 TEST(MomentClosureTest, BirthStatisticsCarryNoGradient) {
@@ -667,7 +670,7 @@ TEST(MomentClosureTest, BirthStatisticsCarryNoGradient) {
   EXPECT_EQ(g1[1][0].abs().max().item<double>(), 0.0);
 }
 
-// ----- §7.5 the Chan/Welford update
+// ----- docs/mechanisms.md#moment-closure-far-field the Chan/Welford update
 // ------------------------------------------------------------------------------
 
 void expect_banks_close(const ClusterBank& actual, const ClusterBank& expected, double count_atol,
@@ -731,8 +734,8 @@ TEST(MomentClosureTest, SequentialUpdatesEqualOneBatch) {
   }
 }
 
-/// SPEC §7.5: a slot that receives no responsibility (n₁ = 0) is left unchanged, including a dead
-/// all-zero slot.
+/// docs/mechanisms.md#moment-closure-far-field: a slot that receives no responsibility (n₁ = 0) is left unchanged,
+/// including a dead all-zero slot.
 TEST(MomentClosureTest, UpdateWithZeroResponsibilityLeavesSlotUnchanged) {
   const uint64_t seed = testing::test_seed(709);
   Rng rng(seed);
@@ -750,7 +753,7 @@ TEST(MomentClosureTest, UpdateWithZeroResponsibilityLeavesSlotUnchanged) {
   EXPECT_NEAR(out.count[0][0][0].item<double>(), bank.count[0][0][0].item<double>() + t, 1e-12);
 }
 
-// ----- §7.6 birth
+// ----- docs/mechanisms.md#moment-closure-far-field birth
 // -----------------------------------------------------------------------------------------------
 
 /// MCA-4: an empty bank plus 8 tokens around +5 (σ 0.1, d 3, two heads, threshold −2) births
@@ -866,8 +869,8 @@ TEST(MomentClosureTest, BudgetRuleBirthsEveryChunkAndMakesRoomByTheClosestPair) 
   EXPECT_THROW(static_cast<void>(parse_cluster_rule("Budget", "t")), ValueError);
 }
 
-/// SPEC §7.6: a birth needs *every* head's best logit below the threshold and a free slot. A chunk
-/// that is far from the cluster in one head but close to it in the other (either way round) does
+/// docs/mechanisms.md#moment-closure-far-field: a birth needs *every* head's best logit below the threshold and a free
+/// slot. A chunk that is far from the cluster in one head but close to it in the other (either way round) does
 /// not birth; the same chunk births once both heads are far; a full bank (C = 1) never births.
 /// Identical tokens birth with σ²_kk = 1e-6 (the floor) and Σ_vk = 0.
 TEST(MomentClosureTest, BirthNeedsEveryHeadAndAFreeSlot) {
@@ -931,8 +934,8 @@ TEST(MomentClosureTest, BirthIngestionCountsTheBatchOnce) {
   EXPECT_EQ(r.expected_ingested_tokens_per_head, 3);
 }
 
-/// SPEC §7.7 per stream: in one batch, stream 0 (empty) births and stream 1 (one cluster, count 5)
-/// takes the soft update with r ≡ 1 — its cluster becomes the pooled population of the cluster and
+/// docs/mechanisms.md#moment-closure-far-field per stream: in one batch, stream 0 (empty) births and stream 1 (one
+/// cluster, count 5) takes the soft update with r ≡ 1 — its cluster becomes the pooled population of the cluster and
 /// the 3 tokens — and neither stream's batch is counted twice.
 TEST(MomentClosureTest, IngestionIsPerStream) {
   const uint64_t seed = testing::test_seed(713);
@@ -964,11 +967,12 @@ TEST(MomentClosureTest, IngestionIsPerStream) {
   }
 }
 
-/// SPEC §7.7: a head whose total does not grow by t raises StateError "cluster ingestion did not
-/// count every observation exactly once". Provoked through the public API with a cluster of count
+/// docs/mechanisms.md#moment-closure-far-field: a head whose total does not grow by t raises StateError "cluster
+/// ingestion did not count every observation exactly once". Provoked through the public API with a cluster of count
 /// 1e17 in float64: 1e17 + 3 rounds back to 1e17 (ulp 16), so the soft update cannot register the 3
 /// tokens.
-/// validate_cluster_bank (SPEC §7.3's invariants): a consistent bank passes; each broken invariant is named.
+/// validate_cluster_bank (the bank invariants of docs/mechanisms.md#moment-closure-far-field): a consistent bank
+/// passes; each broken invariant is named.
 TEST(MomentClosureTest, ValidateClusterBankNamesTheBrokenInvariant) {
   const auto good = [] {
     auto bank = empty_cluster_bank(2, 2, 3, 2, f64_options());
@@ -1020,7 +1024,7 @@ TEST(MomentClosureTest, ConservationAllowsForTheRoundingOfLargeCounts) {
   EXPECT_NO_THROW((void)ingest_cluster_batch(bank, k, k, {}));
 }
 
-// ----- §7.6 merge
+// ----- docs/mechanisms.md#moment-closure-far-field merge
 // ----------------------------------------------------------------------------------------------
 
 /// MCA-5: two clusters of count 20 at μ_k [1,2,3] and [1.01,2.01,3.01] (σ² 1, Σ_vk 0.1·I, two
@@ -1099,8 +1103,8 @@ TEST(MomentClosureTest, DistantClustersDoNotMerge) {
   EXPECT_NEAR(merged.receipts[0].merge_distances[0], 10.0, 1e-10);
 }
 
-/// SPEC §7.6 default merge threshold 2.65 + 6/√max(n_small, 1), n_small = the smallest count over
-/// both clusters and all heads. Two clusters 4 pooled standard deviations apart (RMS over two heads
+/// docs/mechanisms.md#moment-closure-far-field default merge threshold 2.65 + 6/√max(n_small, 1), n_small = the
+/// smallest count over both clusters and all heads. Two clusters 4 pooled standard deviations apart (RMS over two heads
 /// and two dims): counts 100 → threshold 3.25, no merge; one head's count 4 → 5.65, merge. 10 apart
 /// with counts 0.25 → max(·, 1) = 1 gives 8.65, no merge (without the floor the threshold would
 /// be 14.65).
@@ -1128,8 +1132,8 @@ TEST(MomentClosureTest, DefaultMergeThresholdUsesSmallestCount) {
   EXPECT_EQ(run(8.0, 0.25, 0.25).merged.size(), 1u);
 }
 
-/// SPEC §7.6: after a merge the scan restarts from the same i. Three clusters at 0, 1 and 2 (σ² 1,
-/// count 10, merge threshold 1.6): d(0,1) = 1 merges; the pooled cluster (mean 0.5, σ² 1.25) is
+/// docs/mechanisms.md#moment-closure-far-field: after a merge the scan restarts from the same i. Three clusters at 0, 1
+/// and 2 (σ² 1, count 10, merge threshold 1.6): d(0,1) = 1 merges; the pooled cluster (mean 0.5, σ² 1.25) is
 /// then √2 from the old cluster 2 (moved into slot 1), which merges too, although d(0,2) = 2 did
 /// not qualify before. merged == [(0,1), (0,1)] with distances [1, 1.5/√1.125], and the survivor
 /// holds the population of all three.
@@ -1158,8 +1162,8 @@ TEST(MomentClosureTest, MergeRescansFromSameIndex) {
   expect_slot_zero(result.bank, 0, 2);
 }
 
-/// SPEC §7.6 compaction: of four clusters, only 0 and 2 are close; merging 2 into 0 moves the last
-/// live slot (3) into slot 2 and zeroes slot 3: merged == [(0, 2)], slots [pooled(0, 2), 1, 3,
+/// docs/mechanisms.md#moment-closure-far-field compaction: of four clusters, only 0 and 2 are close; merging 2 into 0
+/// moves the last live slot (3) into slot 2 and zeroes slot 3: merged == [(0, 2)], slots [pooled(0, 2), 1, 3,
 /// zero].
 TEST(MomentClosureTest, MergeMovesLastSlotIntoTheGap) {
   const int64_t H = 1, C = 4, d = 2;
@@ -1185,7 +1189,7 @@ TEST(MomentClosureTest, MergeMovesLastSlotIntoTheGap) {
   expect_slot_zero(result.bank, 0, 3);
 }
 
-/// SPEC §7.6: a non-finite cluster distance raises StateError.
+/// docs/mechanisms.md#moment-closure-far-field: a non-finite cluster distance raises StateError.
 TEST(MomentClosureTest, NonFiniteMergeDistanceThrowsStateError) {
   const int64_t H = 1, C = 2, d = 2;
   auto bank = empty_cluster_bank(1, H, C, d, f64_options());
@@ -1198,11 +1202,11 @@ TEST(MomentClosureTest, NonFiniteMergeDistanceThrowsStateError) {
   EXPECT_THROW((void)birth_and_merge(bank, k, k, o), StateError);
 }
 
-// ----- §7.6 misfit receipt
+// ----- docs/mechanisms.md#moment-closure-far-field misfit receipt
 // ---------------------------------------------------------------------------------------
 
-/// SPEC §7.6 misfit receipt against a hand computation: three live clusters (two heads, d 2, counts
-/// differing per head, a full Σ_vk, one key variance below the 1e-6 regression floor), seven tokens
+/// docs/mechanisms.md#moment-closure-far-field misfit receipt against a hand computation: three live clusters (two
+/// heads, d 2, counts differing per head, a full Σ_vk, one key variance below the 1e-6 regression floor), seven tokens
 /// near clusters 0 and 1 and none near cluster 2, outlier_top_k 2. Hard membership = argmax of the
 /// head-mean responsibility; residual = head-mean
 /// ||v − (μ_v + Σ_vk ((k − μ_k) / max(σ², 1e-6)))||; misfit[c] = mean over members (0 for cluster
@@ -1360,8 +1364,8 @@ TEST(MomentClosureTest, BirthAndResidualsMatchHandFormulasAtEveryBlockEdge) {
 // ----- validation
 // -----------------------------------------------------------------------------------------------
 
-/// SPEC §7.6 validation (birth_and_merge and ingest_cluster_batch): a negative outlier_top_k, k/v
-/// that are not 4-D, differ in shape, have t = 0, the wrong batch size, head count or head_dim,
+/// docs/mechanisms.md#moment-closure-far-field validation (birth_and_merge and ingest_cluster_batch): a negative
+/// outlier_top_k, k/v that are not 4-D, differ in shape, have t = 0, the wrong batch size, head count or head_dim,
 /// another dtype, or a non-finite entry → ValueError. The tensor functions reject inputs that do
 /// not fit the bank (ValueError).
 TEST(MomentClosureTest, InvalidTokensThrowValueError) {
@@ -1435,8 +1439,8 @@ torch::Tensor ids(std::vector<int64_t> values) {
   return torch::tensor(values, torch::kLong).view({1, static_cast<int64_t>(values.size())});
 }
 
-/// SPEC §7.8 constructor and init_state errors: a non-positive size, d_model % n_head ≠ 0, an odd
-/// head_dim ("must be even"), a non-finite birth_threshold or merge_threshold → ValueError;
+/// docs/mechanisms.md#moment-closure-far-field constructor and init_state errors: a non-positive size, d_model % n_head
+/// ≠ 0, an odd head_dim ("must be even"), a non-finite birth_threshold or merge_threshold → ValueError;
 /// init_state(0) → ValueError.
 TEST(MomentClosureAttentionTest, InvalidOptionsThrowValueError) {
   const auto make = [](const std::function<void(MomentClosureOptions&)>& edit) {
@@ -1615,9 +1619,9 @@ Vec naive_rope(const Vec& x, int64_t p) {
   return out;
 }
 
-/// SPEC §7.8 steps 3–5 and 8 in double by loops: per layer the exact window over the state's raw
-/// cache plus the chunk (RoPE once at absolute positions), the state's bank with the un-rotated
-/// query, one max-shifted softmax over both, proj and MLP residuals; then the tied head. With far =
+/// The near field, far field and loss of docs/mechanisms.md#moment-closure-far-field in double by loops: per layer the
+/// exact window over the state's raw cache plus the chunk (RoPE once at absolute positions), the state's bank with the
+/// un-rotated query, one max-shifted softmax over both, proj and MLP residuals; then the tied head. With far =
 /// false the clusters are ignored. far_share (when given) receives per layer the clusters' softmax
 /// weight, mean over streams, queries and heads.
 torch::Tensor naive_mca_logits(MomentClosureAttention& model, const MomentClosureState& state,
@@ -1692,8 +1696,8 @@ double relative_gap(const torch::Tensor& a, const torch::Tensor& b) {
   return (f64(a) - f64(b)).abs().max().item<double>() / f64(b).abs().max().item<double>();
 }
 
-/// SPEC §7.8 steps 3–5 (near field, far field with un-rotated queries against the bank at the start
-/// of the step, one joint softmax) and 8: after two chunks (two streams, two layers, window 3,
+/// docs/mechanisms.md#moment-closure-far-field (near field, far field with un-rotated queries against the bank at the
+/// start of the step, one joint softmax, the loss): after two chunks (two streams, two layers, window 3,
 /// float64), the logits of a third chunk equal naive_mca_logits (relative 1e-10); the far field
 /// matters (ignoring it moves the logits by > 1e-6). The step's loss is the mean cross-entropy of
 /// those logits; each layer's receipt misfit is the mean over the streams and last_misfit the mean
@@ -1719,8 +1723,8 @@ TEST(MomentClosureAttentionTest, StepMatchesNaiveJointSoftmax) {
   const auto x = random_tokens(rng, 2, 4, 0, o.vocab);
   const auto logits = model->advance(state, x).logits;
   ASSERT_EQ(logits.scalar_type(), torch::kFloat64);
-  // Receipt aggregation (§7.8 step 8): per layer the mean over streams, last_misfit the mean over
-  // layers.
+  // Receipt aggregation (docs/mechanisms.md#moment-closure-far-field, after all layers): per layer the mean over
+  // streams, last_misfit the mean over layers.
   const auto& receipts = model->last_receipts();
   ASSERT_EQ(receipts.size(), 2u);
   double layer_mean = 0.0;
@@ -1815,7 +1819,7 @@ std::string structure(const std::vector<LayerReceipt>& receipts, int64_t b,
   return out;
 }
 
-/// MCA-10 (SPEC §10 item 11): with two streams in one batch (float64, two layers, window 3,
+/// MCA-10 (the batch axis of docs/porting.md): with two streams in one batch (float64, two layers, window 3,
 /// max_clusters 3, five chunks of 4), every step's per-stream logits, caches, banks (every tensor
 /// and n_clusters) and receipts equal those of running each stream alone with batch size 1
 /// (relative 1e-10). Four (birth, merge) threshold settings are run; in at least one of them the
@@ -1987,7 +1991,7 @@ TEST(MomentClosureAttentionTest, TbpttTrainsAndDetachCutsTheGraph) {
   expect_no_graph(again.state);
 }
 
-/// MCA-11 / SPEC §7.8: detach() always cuts the caches; it cuts the banks iff
+/// MCA-11 / docs/mechanisms.md#moment-closure-far-field: detach() always cuts the caches; it cuts the banks iff
 /// detach_horizon_clusters. After a birth and a soft update (birth threshold −1e6, so the second
 /// eviction cannot birth) the banks carry a graph; with the flag false they keep it after detach(),
 /// with the flag true they lose it. step() carries the flag forward.

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// RoPE (SPEC.md §6.3, row E1-1 of §9.6) against the SPEC test vector and a hand-written per-pair rotation.
+// RoPE (docs/mechanisms.md#streaming-language-model, acceptance row E1-1) against the RoPE test vector and a
+// hand-written per-pair rotation.
 //
-// Oracles written here, from SPEC.md §6.3 and not from src/stream/rope.cpp:
-//   * the SPEC test vector (head_dim 4, x = [1, 2, 3, 4], positions 1 and 2), generated independently by
+// Oracles written here, from docs/mechanisms.md#streaming-language-model and not from src/stream/rope.cpp:
+//   * the RoPE test vector (head_dim 4, x = [1, 2, 3, 4], positions 1 and 2), generated independently by
 //       python3 -c "import math; x=[1,2,3,4]
 //       for p in (1,2):
 //         a=[p*10000**(-2*k/4) for k in (0,1)]; c=[math.cos(v) for v in a]; s=[math.sin(v) for v in a]
@@ -33,7 +34,8 @@ using testing::to_vector;
 using testing::normal_tensor;
 
 
-/// The rotation of SPEC §6.3 written pair by pair: x (t, H, h) at positions p (t), in double.
+/// The rotation of docs/mechanisms.md#streaming-language-model written pair by pair: x (t, H, h) at positions p (t), in
+/// double.
 std::vector<double> naive_rope(const std::vector<double>& x, const std::vector<int64_t>& positions, int64_t n_head,
                                int64_t h) {
   std::vector<double> out(x.size());
@@ -58,8 +60,9 @@ torch::Tensor positions_tensor(const std::vector<int64_t>& positions) {
   return torch::tensor(positions, torch::kLong);
 }
 
-/// E1-1: head_dim 4, x = [1, 2, 3, 4] at positions 1 and 2 gives the SPEC §6.3 test vector to 4 decimals
-/// (tolerance 1e-4), in float32 (the default module dtype) and float64.
+/// E1-1: head_dim 4, x = [1, 2, 3, 4] at positions 1 and 2 gives the RoPE test vector
+/// (docs/mechanisms.md#streaming-language-model) to 4 decimals (tolerance 1e-4), in float32 (the default module dtype)
+/// and float64.
 TEST(RopeTest, MatchesSpecTestVector) {
   const std::vector<double> expected = {-1.9841, 1.9599, 2.4624, 4.0198,    // position 1
                                         -3.1440, 1.9196, -0.3391, 4.0392};  // position 2
@@ -92,8 +95,9 @@ TEST(RopeTest, MatchesNaivePairRotationInDouble) {
   }
 }
 
-/// E1-1: the same rotation in float32 (angles computed in float32, as SPEC §6.3 prescribes the module dtype) at
-/// positions below 64, where the float32 angle error p·2⁻²⁴ stays under 4e-6: atol 2e-5 on |x| ≲ 4.
+/// E1-1: the same rotation in float32 (angles computed in float32, as docs/mechanisms.md#streaming-language-model
+/// prescribes the module dtype) at positions below 64, where the float32 angle error p·2⁻²⁴ stays under 4e-6: atol 2e-5
+/// on |x| ≲ 4.
 TEST(RopeTest, MatchesNaivePairRotationInFloat) {
   const uint64_t seed = testing::test_seed(102);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -107,7 +111,8 @@ TEST(RopeTest, MatchesNaivePairRotationInFloat) {
   ExpectAllClose(to_vector(rotated), naive_rope(to_vector(x), positions, n_head, h), 0.0, 2e-5);
 }
 
-/// SPEC §6.3: the tables hold cos/sin of [p·inv_freq, p·inv_freq] with inv_freq_k = 10000^(−2k/h) (float64, 1e-12).
+/// docs/mechanisms.md#streaming-language-model: the tables hold cos/sin of [p·inv_freq, p·inv_freq] with inv_freq_k =
+/// 10000^(−2k/h) (float64, 1e-12).
 TEST(RopeTest, TablesRepeatTheHalfLengthAngles) {
   const int64_t h = 6;
   const std::vector<int64_t> positions = {0, 1, 5, 100};
@@ -127,8 +132,8 @@ TEST(RopeTest, TablesRepeatTheHalfLengthAngles) {
   ExpectAllClose(to_vector(tables.sin), sin_expected, 0.0, 1e-12);
 }
 
-/// SPEC §6.3: rotate_half(x) = [−x₂, x₁] over the last axis (exact), on a vector and row-wise on a matrix;
-/// applied twice it negates.
+/// docs/mechanisms.md#streaming-language-model: rotate_half(x) = [−x₂, x₁] over the last axis (exact), on a vector and
+/// row-wise on a matrix; applied twice it negates.
 TEST(RopeTest, RotateHalfIsMinusSecondHalfThenFirstHalf) {
   const auto x = torch::tensor({1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, torch::kFloat64);
   EXPECT_EQ(to_vector(rotate_half(x)), (std::vector<double>{-4.0, -5.0, -6.0, 1.0, 2.0, 3.0}));
@@ -137,9 +142,9 @@ TEST(RopeTest, RotateHalfIsMinusSecondHalfThenFirstHalf) {
   EXPECT_TRUE(torch::equal(rotate_half(rotate_half(m)), -m));
 }
 
-/// SPEC §6.3 consequences: position 0 is the identity, the rotation preserves each head's norm, and
-/// ⟨RoPE(q, p₁), RoPE(k, p₂)⟩ depends only on p₁ − p₂ (float64, 1e-12) — what lets a cache of raw keys be rotated
-/// at absolute positions.
+/// docs/mechanisms.md#streaming-language-model consequences: position 0 is the identity, the rotation preserves each
+/// head's norm, and ⟨RoPE(q, p₁), RoPE(k, p₂)⟩ depends only on p₁ − p₂ (float64, 1e-12) — what lets a cache of raw keys
+/// be rotated at absolute positions.
 TEST(RopeTest, DotProductsDependOnlyOnRelativePosition) {
   const uint64_t seed = testing::test_seed(103);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -160,7 +165,8 @@ TEST(RopeTest, DotProductsDependOnlyOnRelativePosition) {
   EXPECT_GT(std::fabs((at(q, 9) * at(k, 3)).sum().item<double>() - reference), 1e-3);
 }
 
-/// SPEC §6.2–6.3: head_dim must be a positive even integer and positions a 1-D int64 tensor (ValueError).
+/// docs/mechanisms.md#streaming-language-model: head_dim must be a positive even integer and positions a 1-D int64
+/// tensor (ValueError).
 TEST(RopeTest, InvalidArgumentsThrow) {
   const auto positions = positions_tensor({0, 1, 2});
   for (const int64_t h : {0, -2, 1, 3, 7}) {

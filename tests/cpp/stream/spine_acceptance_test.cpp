@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Context-spine acceptance rows of SPEC.md §9.6 that train or stream long (labels: slow, torch).
+// Context-spine acceptance rows that train or stream long (labels: slow, torch).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

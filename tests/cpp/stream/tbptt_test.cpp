@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Truncated backpropagation through time and detach (SPEC.md §6.1, §6.5; rows E1-5 and E1-6 of §9.6).
+// Truncated backpropagation through time and detach (docs/mechanisms.md#streaming-language-model; acceptance rows E1-5
+// and E1-6).
 //
-// Oracles written here, from SPEC.md §6.5 and not from context_spine.hpp:
+// Oracles written here, from docs/mechanisms.md#streaming-language-model and not from context_spine.hpp:
 //   * RunningSum, a toy ContextMechanism whose state is s ← s + w and whose chunk loss is s. Between two detaches
 //     s_j = s₀ + j·w with s₀ constant, so an update over m pending chunks has gradient (1/m)·Σ_{j=1..m} j = (m+1)/2
 //     and SGD moves w by −lr·(m+1)/2; a missing detach, a wrong divisor or a lost remainder changes the numbers.
-//     simulate_running_sum replays §6.5 by hand in double.
+//     simulate_running_sum replays docs/mechanisms.md#streaming-language-model by hand in double.
 //   * for the spine, the gradient of the mean of the pending chunk losses computed on a second copy of the model
 //     with the state carried attached, and plain streaming for the recorded losses.
 #include <gtest/gtest.h>
@@ -92,7 +93,7 @@ struct Simulated {
   double s = 0.0;
 };
 
-/// SPEC §6.5 by hand for RunningSum: SGD(lr) from w₀, detach_horizon h, n chunks.
+/// docs/mechanisms.md#streaming-language-model by hand for RunningSum: SGD(lr) from w₀, detach_horizon h, n chunks.
 Simulated simulate_running_sum(double w0, double lr, int64_t horizon, int64_t n) {
   Simulated sim;
   sim.w = w0;
@@ -112,10 +113,10 @@ Simulated simulate_running_sum(double w0, double lr, int64_t horizon, int64_t n)
   return sim;
 }
 
-/// E1-6 / SPEC §6.5 on RunningSum: for (chunks, detach_horizon) = (5, 2), (7, 3), (4, 1), (4, 6) and (6, 3),
-/// train_tbptt's losses, the number of optimizer steps (ceil(n/h): the remainder is flushed), the gradient each update
-/// sees (mean of the pending losses, graph cut at every update) and the final w and forward state s (never reset)
-/// equal the hand simulation (1e-12).
+/// E1-6 / docs/mechanisms.md#streaming-language-model on RunningSum: for (chunks, detach_horizon) = (5, 2), (7, 3), (4,
+/// 1), (4, 6) and (6, 3), train_tbptt's losses, the number of optimizer steps (ceil(n/h): the remainder is flushed),
+/// the gradient each update sees (mean of the pending losses, graph cut at every update) and the final w and forward
+/// state s (never reset) equal the hand simulation (1e-12).
 TEST(TbpttTest, MatchesHandSimulationOnRunningSum) {
   const double lr = 0.1;
   for (const auto& [n, horizon] : std::vector<std::pair<int64_t, int64_t>>{{5, 2}, {7, 3}, {4, 1}, {4, 6}, {6, 3}}) {
@@ -147,8 +148,8 @@ TEST(TbpttTest, MatchesHandSimulationOnRunningSum) {
   }
 }
 
-/// E1-6 / SPEC §6.5: detach_horizon must be a positive integer (ValueError from train_tbptt and TbpttRunner, before
-/// any chunk runs).
+/// E1-6 / docs/mechanisms.md#streaming-language-model: detach_horizon must be a positive integer (ValueError from
+/// train_tbptt and TbpttRunner, before any chunk runs).
 TEST(TbpttTest, NonPositiveDetachHorizonThrows) {
   RunningSum mech;
   torch::optim::SGD opt({mech.w}, torch::optim::SGDOptions(0.1));
@@ -233,10 +234,10 @@ TEST(TbpttTest, FlushesTheRemainderOnTheSpine) {
   EXPECT_FALSE(state.cache_k[0].requires_grad());
 }
 
-/// SPEC §6.5 on the spine (float64): with detach_horizon 3 and 3 chunks, one SGD step (lr 0.1) moves the parameters
-/// by −lr·∇((l₁ + l₂ + l₃)/3), the gradient taken on an identical model with the state carried attached through the
-/// three chunks (atol 1e-10); the recorded losses equal that model's (1e-12). Detaching between the chunks would give
-/// another gradient (checked: > 1e-6).
+/// docs/mechanisms.md#streaming-language-model on the spine (float64): with detach_horizon 3 and 3 chunks, one SGD step
+/// (lr 0.1) moves the parameters by −lr·∇((l₁ + l₂ + l₃)/3), the gradient taken on an identical model with the state
+/// carried attached through the three chunks (atol 1e-10); the recorded losses equal that model's (1e-12). Detaching
+/// between the chunks would give another gradient (checked: > 1e-6).
 TEST(TbpttTest, UpdateFollowsTheMeanOfThePendingLosses) {
   const uint64_t seed = testing::test_seed(302);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -286,9 +287,9 @@ TEST(TbpttTest, UpdateFollowsTheMeanOfThePendingLosses) {
   EXPECT_GT(detach_gap, 1e-6);
 }
 
-/// SPEC §6.5: train_tbptt records float(loss) of every chunk and carries the forward state through updates: with
-/// SGD at lr 0 the recorded losses equal plain streaming (exact), and the final state (pos, caches) equals the
-/// streamed state.
+/// docs/mechanisms.md#streaming-language-model: train_tbptt records float(loss) of every chunk and carries the forward
+/// state through updates: with SGD at lr 0 the recorded losses equal plain streaming (exact), and the final state (pos,
+/// caches) equals the streamed state.
 TEST(TbpttTest, RecordsEveryChunkLossAndNeverResetsTheForwardState) {
   const uint64_t seed = testing::test_seed(303);
   Rng rng(seed);
@@ -316,10 +317,10 @@ TEST(TbpttTest, RecordsEveryChunkLossAndNeverResetsTheForwardState) {
 
 // ----- detach -------------------------------------------------------------------------------------------------------
 
-/// E1-6 / SPEC §6.1: after a step every cache tensor carries a graph; detach() returns equal values with
-/// requires_grad false and no grad_fn (pos and batch size kept, the input state untouched), and a second step from
-/// the detached state backpropagates after the first step's backward — whereas from the undetached state that
-/// backward throws (the first graph was freed), so detach is what makes TBPTT possible.
+/// E1-6 / docs/mechanisms.md#streaming-language-model: after a step every cache tensor carries a graph; detach()
+/// returns equal values with requires_grad false and no grad_fn (pos and batch size kept, the input state untouched),
+/// and a second step from the detached state backpropagates after the first step's backward — whereas from the
+/// undetached state that backward throws (the first graph was freed), so detach is what makes TBPTT possible.
 TEST(SlidingWindowSpineTest, DetachCutsTheGraph) {
   const uint64_t seed = testing::test_seed(304);
   Rng rng(seed);
