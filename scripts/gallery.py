@@ -85,7 +85,7 @@ def main():
         history = os.path.join(scratch, "lm.jsonl")
         subprocess.run([args.cli, "lm", "train", "--mechanism", "moment-closure", "--window", "16", "--chunk", "16",
                         "--max-clusters", "4", "--steps", "200", "--batch", "4", "--d-model", "32",
-                        "--history", history], check=True, capture_output=True)
+                        "--eval-every", "20", "--history", history], check=True, capture_output=True)
         save(plot.lm_history(history), "lm_history")
 
     with tempfile.TemporaryDirectory() as scratch:  # the demo's variational fit: synonyms share a concept

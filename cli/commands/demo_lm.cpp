@@ -133,6 +133,7 @@ void demo_lm_section(std::ostream& out, std::string* history) {
   options.model.window = kWindow;
   options.steps = kSteps;
   options.lr = kLr;
+  if (history != nullptr) options.eval_every = kReportEvery;  // the figure's held-out curve
   const lm::ModelConfig& m = options.model;
   out << "A small causal Transformer reads text one byte at a time, in chunks, and predicts each "
          "byte from\nthose before it. Each layer attends to the last "

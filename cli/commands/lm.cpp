@@ -136,6 +136,8 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
     throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
   if (!(r.holdout >= 0.0 && r.holdout < 1.0))
     throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r.holdout) + ")");
+  if (r.options.eval_every > 0 && r.holdout == 0.0)
+    throw UsageError("--eval-every needs a held-out part (--holdout F with F > 0)");
   r.options.threads = capped_threads(r.options.threads);
   return lm_plugin().train(r);
 }
@@ -162,7 +164,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
       "train", "Train a byte-level streaming language model on a text file and save a checkpoint");
   cmd->footer(
       std::string("Data: the bytes of --text (default ") + kDefaultCorpus +
-      "); the last --holdout fraction is held out and scored at the end. The training bytes are "
+      "); the last --holdout fraction is held out and scored at the end (and every --eval-every "
+      "steps). The training bytes are "
       "cut into --batch contiguous streams; step s feeds every stream its next chunk of --chunk "
       "bytes (after one pass the streams start again, with a fresh state) and the model predicts "
       "each byte from those before it.\n"
@@ -188,9 +191,9 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--history", r.history,
                   "Also write one JSON line per step of this run (step, loss in nats per byte, tokens_per_second, "
                   "elapsed_seconds; moment-closure, per layer: clusters (live clusters), bank_mass (tokens the clusters "
-                  "summarise) and far_share (the far field's share of the attention)) and, with a held-out part, a "
-                  "last line with its bits per byte; for plots "
-                  "(attnmix.plot.lm_history)")
+                  "summarise) and far_share (the far field's share of the attention); every --eval-every steps "
+                  "heldout_bits_per_byte) and, with a held-out part, a last line with the final model's held-out "
+                  "bits per byte; for plots (attnmix.plot.lm_history)")
       ->type_name("FILE");
   cmd->add_option("--mechanism", args->mechanism,
                   "Attention: window (the last --window tokens, bounded state), full (every "
@@ -290,6 +293,11 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every,
                   "Also write --out every this many steps (at whole updates; 0: only at the end)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  cmd->add_option("--eval-every", o.eval_every,
+                  "Also score the held-out part every this many steps (bits per byte in the progress and the "
+                  "--history; the training is unchanged, its speed excludes the scoring; 0: only the final model)")
       ->check(kNonNegative)
       ->capture_default_str();
   cmd->callback([args, cmd, &exit_code] { exit_code = run_train(*args, cmd); });

@@ -94,6 +94,7 @@ std::string history_line(const lm::Progress& p) {
     line["bank_mass"] = p.bank_mass;
     line["far_share"] = p.far_share;
   }
+  if (p.heldout_bits_per_byte) line["heldout_bits_per_byte"] = *p.heldout_bits_per_byte;
   return line.dump() + "\n";
 }
 
@@ -105,9 +106,10 @@ std::string format_lm_progress(const lm::Progress& p) {
   const int64_t percent = p.steps > 0 ? p.step * 100 / p.steps : 100;
   char loss[32];
   std::snprintf(loss, sizeof loss, "%.4f", p.loss);
-  return "step " + std::to_string(p.step) + "/" + std::to_string(p.steps) + "  " +
-         std::to_string(percent) + "%  " + format_rate(p.tokens_per_second) + " tokens/s  loss " +
-         loss + "  ETA " + format_duration(p.eta_seconds);
+  std::string text = "step " + std::to_string(p.step) + "/" + std::to_string(p.steps) + "  " +
+                     std::to_string(percent) + "%  " + format_rate(p.tokens_per_second) + " tokens/s  loss " + loss;
+  if (p.heldout_bits_per_byte) text += "  held out " + format_short(*p.heldout_bits_per_byte, 4) + " bits/byte";
+  return text + "  ETA " + format_duration(p.eta_seconds);
 }
 
 namespace {
@@ -260,13 +262,17 @@ std::string optimizer_text(const lm::TrainOptions& o) {
 
 // ---- the progress bar ------------------------------------------------------------------------
 
-/// Redraws one line on a terminal (\r), or prints a line every 5 % of the steps otherwise; stderr.
+/// Redraws one line on a terminal (\r), or prints a line every 5 % of the steps and at every held-out score
+/// otherwise; stderr. The latest held-out score stays on the terminal's line.
 class ProgressBar {
  public:
   explicit ProgressBar(std::ostream& err) : err_(err), tty_(::isatty(STDERR_FILENO) == 1) {}
 
-  void update(const lm::Progress& p) {
+  void update(lm::Progress p) {
+    const bool scored = p.heldout_bits_per_byte.has_value();
+    if (scored) heldout_ = p.heldout_bits_per_byte;
     if (tty_) {
+      p.heldout_bits_per_byte = heldout_;
       const auto now = std::chrono::steady_clock::now();
       if (p.step != p.steps && drawn_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
       last_draw_ = now;
@@ -280,7 +286,7 @@ class ProgressBar {
     }
     const bool first = !drawn_;
     const bool crossed = p.step * 20 / p.steps != (p.step - 1) * 20 / p.steps;
-    if (first || crossed || p.step == p.steps) err_ << format_lm_progress(p) << '\n' << std::flush;
+    if (first || crossed || scored || p.step == p.steps) err_ << format_lm_progress(p) << '\n' << std::flush;
     drawn_ = true;
   }
 
@@ -306,6 +312,7 @@ class ProgressBar {
   std::ostream& err_;
   bool tty_;
   bool drawn_ = false;
+  std::optional<double> heldout_;  // the latest held-out bits per byte
   size_t width_ = 0;
   std::chrono::steady_clock::time_point last_draw_{};
 };

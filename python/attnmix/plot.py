@@ -245,7 +245,8 @@ def fit_history(history):
 
 def lm_history(history):
     """A streaming language model's training (``attnmix lm train --history``: a JSON Lines file or its records):
-    the loss per step in bits per byte, with the held-out bits per byte when the last record has them, the
+    the loss per step in bits per byte, with the held-out bits per byte wherever the records have them (every
+    ``--eval-every`` steps and the final model's last line), the
     training speed in tokens per second and, for moment closure, per layer as the far field's bank fills up: the
     live clusters (mean over the streams), the bank mass (the evicted tokens the clusters summarise, mean over
     streams and heads) and the far field's share of the attention (the softmax weight on clusters and stored
@@ -264,9 +265,9 @@ def lm_history(history):
     loss, speed = axes[:2]
     step_axis = [r["step"] for r in steps]
     loss.plot(step_axis, [r["loss"] / np.log(2) for r in steps], label="training")
-    for r in heldout:
-        loss.scatter([r["step"]], [r["heldout_bits_per_byte"]], color="tab:red", zorder=3,
-                     label=f"held out: {r['heldout_bits_per_byte']:.3f}")
+    if heldout:
+        loss.plot([r["step"] for r in heldout], [r["heldout_bits_per_byte"] for r in heldout], color="tab:red",
+                  marker="o", zorder=3, label=f"held out (last: {heldout[-1]['heldout_bits_per_byte']:.3f})")
     loss.set_title("loss")
     loss.set_xlabel("step")
     loss.set_ylabel("bits per byte")

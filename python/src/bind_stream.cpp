@@ -357,6 +357,7 @@ const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
       ATTNMIX_OPTION(O, "seed", seed),
       ATTNMIX_OPTION(O, "threads", threads),
       ATTNMIX_OPTION(O, "checkpoint_every", checkpoint_every),
+      ATTNMIX_OPTION(O, "eval_every", eval_every),
   };
   return fields;
 }
@@ -490,9 +491,15 @@ py::dict summary_out(const lm::TrainSummary& s) {
 }
 
 py::dict progress_out(const lm::Progress& p) {
-  return py::dict("step"_a = p.step, "steps"_a = p.steps, "loss"_a = p.loss,
-                  "tokens_per_second"_a = p.tokens_per_second,
-                  "elapsed_seconds"_a = p.elapsed_seconds, "eta_seconds"_a = p.eta_seconds);
+  py::dict out("step"_a = p.step, "steps"_a = p.steps, "loss"_a = p.loss, "tokens_per_second"_a = p.tokens_per_second,
+               "elapsed_seconds"_a = p.elapsed_seconds, "eta_seconds"_a = p.eta_seconds);
+  if (!p.clusters.empty()) {
+    out["clusters"] = py::cast(p.clusters);
+    out["bank_mass"] = py::cast(p.bank_mass);
+    out["far_share"] = py::cast(p.far_share);
+  }
+  if (p.heldout_bits_per_byte) out["heldout_bits_per_byte"] = *p.heldout_bits_per_byte;
+  return out;
 }
 
 py::dict recall_out(const lm::RecallResult& r) {
@@ -586,9 +593,13 @@ window,
 max_clusters, birth_threshold, merge_threshold, outlier_capacity (moment-closure: evicted tokens kept
 exactly per cluster; 0: none), cluster_rule ("threshold" or "budget"), sketch_rows (frequent-directions: rows of each head's sketch),
 sketch_dim, sketch_degree (tensor-sketch: the sketch's width and the kernel's degree), batch, chunk,
-steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or "cosine"), weight_decay, clip, seed, threads, checkpoint_every. heldout: tokens to evaluate the
-final model on; out: checkpoint path to write (None: no file); resume_from: a checkpoint to
-continue; on_progress(dict) is called after every step. Returns {first_step, steps, losses,
+steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or "cosine"), weight_decay, clip, seed, threads,
+checkpoint_every, eval_every. heldout: tokens to evaluate the final model on (and, with
+eval_every = K > 0, the model after every K-th step); out: checkpoint path to write (None: no
+file); resume_from: a checkpoint to continue; on_progress(dict) is called after every step with
+step, steps, loss, tokens_per_second, elapsed_seconds, eta_seconds and, for moment closure, the
+per-layer lists clusters, bank_mass and far_share; at the scored steps also heldout_bits_per_byte
+(the lines of ``attnmix lm train --history``). Returns {first_step, steps, losses,
 tokens, seconds, parameters, state_bytes, far_field, heldout}. ValueError for invalid options or
 tokens; RuntimeError for a bad checkpoint or a non-finite loss.)";
 

@@ -1053,6 +1053,7 @@ TrainSummary train_kind(Session<Kind>& s, std::span<const int64_t> tokens, const
   for (const auto& p : parameters) summary.parameters += p.numel();
   FarFieldTally tally;
   const auto start = Clock::now();
+  double scoring_seconds = 0.0;  // the periodic held-out scoring, kept out of the training speed
   const int64_t tokens_per_step = o.batch * o.chunk;
   for (; s.step < o.steps; ++s.step) {
     current_step = s.step;
@@ -1076,26 +1077,32 @@ TrainSummary train_kind(Session<Kind>& s, std::span<const int64_t> tokens, const
       --s.step;
     }
     if (on_progress) {
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       Progress p;
       p.step = s.step + 1;
       p.steps = o.steps;
       p.loss = loss;
-      p.elapsed_seconds = elapsed;
-      p.tokens_per_second = elapsed > 0 ? static_cast<double>(summary.tokens) / elapsed : 0.0;
-      const auto done = static_cast<double>(s.step + 1 - summary.first_step);
-      p.eta_seconds = elapsed / done * static_cast<double>(o.steps - s.step - 1);
       if constexpr (Kind::kHasFarField) {
         p.clusters = mean_live_clusters(s.state);
         p.bank_mass = mean_bank_mass(s.state);
         p.far_share = far_shares(s.model->last_receipts());
       }
+      if (o.eval_every > 0 && !heldout.empty() && (s.step + 1) % o.eval_every == 0 && s.step + 1 < o.steps) {
+        const Evaluation scored = evaluate_model<Kind>(s.model, heldout, o.chunk);
+        p.heldout_bits_per_byte = scored.bits_per_token;
+        scoring_seconds += scored.seconds;
+      }
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      p.elapsed_seconds = elapsed;
+      const double training_seconds = elapsed - scoring_seconds;
+      p.tokens_per_second = training_seconds > 0 ? static_cast<double>(summary.tokens) / training_seconds : 0.0;
+      const auto done = static_cast<double>(s.step + 1 - summary.first_step);
+      p.eta_seconds = elapsed / done * static_cast<double>(o.steps - s.step - 1);
       on_progress(p);
     }
   }
   runner.flush(s.state);
   summary.steps = s.step;
-  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count() - scoring_seconds;
   summary.state_bytes = s.state.bytes();
   if constexpr (Kind::kHasFarField) summary.far_field = tally.finish(s.state);
   if (!out.empty()) {
@@ -1187,6 +1194,7 @@ void validate(const TrainOptions& o) {
   static_cast<void>(checked_product("lm", "one step's tensor sketches (batch x chunk x sketch_dim x n_head x 2)",
                                     {o.batch, o.chunk, m.sketch_dim, m.n_head, 2}));
   if (o.checkpoint_every < 0) throw ValueError("lm: checkpoint_every must be >= 0");
+  if (o.eval_every < 0) throw ValueError("lm: eval_every must be >= 0");
   if (!(o.lr > 0.0) || !std::isfinite(o.lr)) throw ValueError("lm: lr must be a positive number");
   if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) throw ValueError("lm: min_lr_ratio must lie in [0, 1]");
   if (!(o.weight_decay >= 0.0) || !std::isfinite(o.weight_decay)) throw ValueError("lm: weight_decay must be >= 0");
@@ -1267,6 +1275,7 @@ TrainSummary train(const TrainOptions& requested, std::span<const int64_t> token
     }
     s.options.threads = requested.threads;
     s.options.checkpoint_every = requested.checkpoint_every;
+    s.options.eval_every = requested.eval_every;
     return train_kind(s, tokens, out, on_progress, heldout);
   });
 }

@@ -291,33 +291,41 @@ def test_plot_command_errors_write_nothing(tmp_path, ra_fit, ca_model, args, cod
 def test_lm_history_draws_loss_in_bits_heldout_and_speed(tmp_path):
     path = tmp_path / "lm.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 2.0 * np.log(2) / s, "tokens_per_second": 100.0 * s,
-                                        "elapsed_seconds": 0.1 * s}) + "\n" for s in (1, 2, 4))
+                                        "elapsed_seconds": 0.1 * s, **({"heldout_bits_per_byte": 1.5} if s == 2 else {})})
+                            + "\n" for s in (1, 2, 4))
                     + json.dumps({"step": 4, "heldout_bits_per_byte": 0.75}) + "\n")
     fig = plot.lm_history(path)
     loss, speed = fig.axes
-    np.testing.assert_allclose(loss.get_lines()[0].get_ydata(), [2.0, 1.0, 0.5])  # nats / ln 2 = bits
-    np.testing.assert_array_equal(loss.collections[0].get_offsets(), [[4, 0.75]])
+    training, heldout = loss.get_lines()
+    np.testing.assert_allclose(training.get_ydata(), [2.0, 1.0, 0.5])  # nats / ln 2 = bits
+    np.testing.assert_array_equal(np.column_stack(heldout.get_data()), [[2, 1.5], [4, 0.75]])
+    assert "last: 0.750" in heldout.get_label()
     assert list(speed.get_lines()[0].get_ydata()) == [100.0, 200.0, 400.0]
     with pytest.raises(ValueError, match="no training steps"):
         plot.lm_history([{"step": 1, "heldout_bits_per_byte": 1.0}])
 
 
 def test_lm_train_history_through_the_program(tmp_path):
-    """`attnmix lm train --history` writes one line per step with the losses the run trained on, then the held-out
-    bits per byte the summary prints; `attnmix plot --history` draws it."""
+    """`attnmix lm train --history` writes one line per step with the losses the run trained on (every --eval-every
+    steps with the held-out bits per byte, which the progress lines show too), then the held-out bits per byte the
+    summary prints; `attnmix plot --history` draws it."""
     if "lm" not in subprocess.run([cli(), "--help"], capture_output=True, text=True).stdout:
         pytest.skip("this build has no attnmix lm")
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     history = tmp_path / "lm.jsonl"
     result = subprocess.run([cli(), "lm", "train", "--text", text, "--steps", "4", "--batch", "2", "--chunk", "16",
-                             "--window", "8", "--d-model", "16", "--history", history], capture_output=True, text=True)
+                             "--window", "8", "--d-model", "16", "--eval-every", "2", "--history", history],
+                            capture_output=True, text=True)
     if result.returncode == 2 and "libtorch" in result.stderr:
         pytest.skip("this build has no libtorch")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in history.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 4]
     assert all(r["loss"] > 0 and r["tokens_per_second"] > 0 for r in records[:4])
+    assert ["heldout_bits_per_byte" in r for r in records] == [False, True, False, False, True]
+    (progress_line,) = [line for line in result.stderr.splitlines() if line.startswith("step 2/4")]
+    assert f"held out {records[1]['heldout_bits_per_byte']:.4g} bits/byte" in progress_line
     (summary_line,) = [line for line in result.stdout.splitlines() if line.startswith("  held out ")]
     assert f"= {records[4]['heldout_bits_per_byte']:.4g} bits per byte" in summary_line
     run_cli("plot", "--history", history, "--out", tmp_path / "figures")

@@ -638,6 +638,8 @@ def test_train_and_evaluate_a_tiny_language_model(tmp_path, mechanism):
     assert (summary["first_step"], summary["steps"], summary["tokens"]) == (0, 40, 40 * 2 * 8)
     assert summary["parameters"] > 0 and summary["state_bytes"] > 0
     assert [p["step"] for p in seen] == list(range(1, 41)) and seen[-1]["loss"] == losses[-1]
+    assert ("far_share" in seen[0]) == (mechanism == "moment-closure")
+    assert not any("heldout_bits_per_byte" in p for p in seen)  # eval_every = 0: only the final model is scored
     assert len(summary["far_field"]) == (1 if mechanism == "moment-closure" else 0)
     assert summary["heldout"]["tokens"] > 0
 
@@ -661,6 +663,25 @@ def test_train_and_evaluate_a_tiny_language_model(tmp_path, mechanism):
     assert again.shape == (12,) and again.max() < 8
     with pytest.raises(ValueError, match="window_cache"):
         ex.evaluate_language_model(checkpoint, tokens[360:], window_cache="int4")
+
+
+def test_eval_every_reports_the_held_out_curve():
+    """eval_every = K adds heldout_bits_per_byte to every K-th progress dict but the last; the score at step K is the
+    final score of a run that stops there; the losses are those of a run that never scores; moment closure's dicts
+    carry one clusters, bank_mass and far_share entry per layer."""
+    tokens = pattern_tokens()
+    options = dict(mechanism="moment-closure", batch=2, chunk=8, lr=1e-2, schedule="constant", **TINY_MODEL)
+    seen = []
+    scored = ex.train_language_model(tokens[:360], heldout=tokens[360:], on_progress=seen.append, steps=9,
+                                     eval_every=3, **options)
+    assert [p["step"] for p in seen if "heldout_bits_per_byte" in p] == [3, 6]
+    assert all(len(p["clusters"]) == len(p["bank_mass"]) == len(p["far_share"]) == 1 for p in seen)
+    plain = ex.train_language_model(tokens[:360], heldout=tokens[360:], steps=9, **options)
+    assert scored["losses"] == plain["losses"]
+    short = ex.train_language_model(tokens[:360], heldout=tokens[360:], steps=3, **options)
+    assert seen[2]["heldout_bits_per_byte"] == short["heldout"]["bits_per_token"]
+    with pytest.raises(ValueError, match="eval_every"):
+        ex.train_language_model(tokens[:360], heldout=tokens[360:], steps=2, eval_every=-1, **options)
 
 
 def test_a_callback_error_stops_training(tmp_path):

@@ -132,6 +132,9 @@ struct TrainOptions {
   uint64_t seed = 0;             ///< torch::manual_seed for the initial parameters
   int threads = 1;               ///< libtorch intra-op threads
   int64_t checkpoint_every = 0;  ///< also save every this many steps (0: only at the end)
+  /// also score the held-out tokens every this many steps (Progress::heldout_bits_per_byte; 0: only the final model;
+  /// the step that ends the run is always left to the final evaluation, TrainSummary::heldout)
+  int64_t eval_every = 0;
 };
 
 /// @throws ValueError naming the offending field.
@@ -142,8 +145,8 @@ struct Progress {
   int64_t step = 0;   ///< 1-based step just finished
   int64_t steps = 0;  ///< total steps of the run
   double loss = 0.0;  ///< this step's mean cross-entropy (nats per token)
-  double tokens_per_second = 0.0;
-  double elapsed_seconds = 0.0;
+  double tokens_per_second = 0.0;  ///< training tokens per second of training time (held-out scoring excluded)
+  double elapsed_seconds = 0.0;    ///< since the run began, held-out scoring included
   double eta_seconds = 0.0;
   /// moment-closure: each layer's live clusters after this step, mean over the streams; empty otherwise.
   std::vector<double> clusters;
@@ -153,6 +156,9 @@ struct Progress {
   /// moment-closure: each layer's far-field share of this step's attention (LayerReceipt::far_attention_share);
   /// empty otherwise.
   std::vector<double> far_share;
+  /// the held-out tokens' bits per token under the model after this step, at every TrainOptions::eval_every-th step
+  /// (a train() given held-out tokens); empty otherwise.
+  std::optional<double> heldout_bits_per_byte;
 };
 
 /// What the far field of one moment-closure layer did over a run (from the per-step receipts; docs/lm.md).
@@ -179,7 +185,7 @@ struct TrainSummary {
   int64_t steps = 0;             ///< the step reached
   std::vector<double> losses;    ///< one per step run here
   int64_t tokens = 0;            ///< tokens trained on in this run
-  double seconds = 0.0;
+  double seconds = 0.0;          ///< training time of this run (the eval_every scoring excluded)
   int64_t parameters = 0;        ///< number of trainable scalars
   int64_t state_bytes = 0;       ///< size of the carried state after the last step
   /// moment-closure: one per layer, over the steps run here and every stream (clusters: the final state);
@@ -199,8 +205,10 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> split_heldout(std::span<co
 /// empty: no file) and returns what happened. on_progress, if set, is called after every step (after the periodic
 /// checkpoint of that step, if one is due). With `heldout` tokens (at least 2), the final model is evaluated on them
 /// in chunks of `chunk` (TrainSummary::heldout) after the checkpoint is written.
-/// When resuming, `options` supplies only steps, threads and checkpoint_every; everything else comes from the
-/// checkpoint, and the corpus must be the one it was trained on.
+/// With `heldout` tokens and options.eval_every > 0 they are also scored every eval_every steps, without changing the
+/// training (Progress::heldout_bits_per_byte).
+/// When resuming, `options` supplies only steps, threads, checkpoint_every and eval_every; everything else comes from
+/// the checkpoint, and the corpus must be the one it was trained on.
 /// Nothing is written before the first step succeeds; a loss that turns non-finite stops the run with an error
 /// before the next checkpoint is written (an earlier periodic checkpoint stays).
 /// @throws ValueError for invalid options, ids outside the vocabulary, a corpus too short for one chunk per stream,
@@ -237,7 +245,7 @@ uint64_t corpus_fingerprint(std::span<const int64_t> tokens);
 /// What a checkpoint holds, for messages and resume checks: its config, step and training corpus.
 struct CheckpointInfo {
   ModelConfig model;
-  TrainOptions options;      ///< threads and checkpoint_every are not stored (their defaults)
+  TrainOptions options;      ///< threads, checkpoint_every and eval_every are not stored (their defaults)
   int64_t step = 0;          ///< steps trained so far
   int64_t corpus_tokens = 0;
   uint64_t corpus_fingerprint = 0;

@@ -130,6 +130,9 @@ TEST_F(CliLmTest, UsageErrorsExitOne) {
   EXPECT_EQ(train("--steps -3").code, 1);
   EXPECT_EQ(train("--holdout 1").code, 1);
   EXPECT_EQ(train("--checkpoint-every 5").code, 1);           // needs --out
+  const RunResult eval_every = train("--holdout 0 --eval-every 2");  // needs a held-out part
+  EXPECT_EQ(eval_every.code, 1);
+  EXPECT_TRUE(contains(eval_every.err, "--eval-every needs a held-out part")) << eval_every.err;
   EXPECT_EQ(run("lm eval --text text.txt").code, 1);          // --checkpoint missing
   EXPECT_EQ(run("lm generate --checkpoint m.ckpt").code, 1);  // --prompt missing
   EXPECT_EQ(run("lm generate --checkpoint m.ckpt --prompt ''").code, 1);

@@ -386,6 +386,36 @@ TEST_F(LanguageModelTest, TrainEvaluatesTheHeldOutTokens) {
   EXPECT_THROW(train(o, train_part, "", "", {}, one), ValueError);
 }
 
+/// eval_every scores the held-out tokens at every K-th step but the last, each score is evaluate() of the checkpoint
+/// a run stopped at that step writes, and the training itself (losses, far field) is bit for bit the same.
+TEST_F(LanguageModelTest, EvalEveryScoresTheHeldOutTokensWithoutChangingTheTraining) {
+  const auto [train_part, heldout] = split_heldout(corpus_, 0.1);
+  TrainOptions o = tiny_moment_options();
+  o.schedule = Schedule::kConstant;  // so that a shorter run trains the same first steps
+  o.steps = 6;
+  std::vector<Progress> plain, scored;
+  const auto a = train(o, train_part, "", "", [&](const Progress& p) { plain.push_back(p); }, heldout);
+  o.eval_every = 2;
+  const auto b = train(o, train_part, "", "", [&](const Progress& p) { scored.push_back(p); }, heldout);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_DOUBLE_EQ(a.heldout->mean_cross_entropy, b.heldout->mean_cross_entropy);
+  ASSERT_EQ(plain.size(), 6U);
+  ASSERT_EQ(scored.size(), 6U);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_FALSE(plain[i].heldout_bits_per_byte.has_value());
+    EXPECT_EQ(scored[i].heldout_bits_per_byte.has_value(), i == 1 || i == 3) << "step " << i + 1;
+    EXPECT_EQ(plain[i].far_share, scored[i].far_share);
+    EXPECT_EQ(plain[i].bank_mass, scored[i].bank_mass);
+  }
+  for (const int64_t step : {2, 4}) {
+    o.steps = step;
+    o.eval_every = 0;
+    train(o, train_part, "", path("s.ckpt"));
+    const Evaluation e = evaluate(path("s.ckpt"), heldout, o.chunk, 1);
+    EXPECT_DOUBLE_EQ(*scored[static_cast<size_t>(step - 1)].heldout_bits_per_byte, e.bits_per_token);
+  }
+}
+
 // ---- training ----------------------------------------------------------------------------------
 
 TEST_F(LanguageModelTest, TrainReportsEveryStepAndLowersTheLoss) {
@@ -1060,6 +1090,7 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
   expect_field("detach_horizon", [](TrainOptions& o) { o.detach_horizon = 0; });
   expect_field("threads", [](TrainOptions& o) { o.threads = 0; });
   expect_field("checkpoint_every", [](TrainOptions& o) { o.checkpoint_every = -1; });
+  expect_field("eval_every", [](TrainOptions& o) { o.eval_every = -1; });
   expect_field("lr", [](TrainOptions& o) { o.lr = 0.0; });
   expect_field("lr", [](TrainOptions& o) { o.lr = std::numeric_limits<double>::infinity(); });
   expect_field("min_lr_ratio", [](TrainOptions& o) { o.min_lr_ratio = 1.5; });
