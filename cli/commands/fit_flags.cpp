@@ -76,22 +76,6 @@ std::string default_text(const OptionValue& value) {
   return option_text(value);
 }
 
-/// An option's help as a flag's: capitalised, and the options it names in braces written as flags.
-std::string flag_help(std::string_view help) {
-  std::string out;
-  for (size_t i = 0; i < help.size(); ++i) {
-    const size_t close = help[i] == '{' ? help.find('}', i) : std::string_view::npos;
-    if (close == std::string_view::npos) {
-      out += help[i];
-      continue;
-    }
-    out += "--" + flag_of(help.substr(i + 1, close - i - 1));
-    i = close;
-  }
-  if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-  return out;
-}
-
 }  // namespace
 
 std::vector<const FamilySpec*> fitted_families() {
@@ -136,10 +120,11 @@ void add_family_flags(CLI::App* cmd, FitArgs& args) {
       take(std::string(size.flag), family, OptionValue(int64_t{0}),
            std::string(size.symbol) + ", " + std::string(size.help),
            size.fallback ? std::to_string(*size.fallback) : "", /*from_model=*/false);
+  const auto as_flag = [](std::string_view name) { return "--" + flag_of(name); };  // {option} in a help text
   for (const FamilySpec* family : fitted)
     for (const OptionSpec& option : family->fit.options)
-      take(flag_of(option.name), family, option.fallback, flag_help(option.help), default_text(option.fallback),
-           option.from_model);
+      take(flag_of(option.name), family, option.fallback, option_help(option.help, as_flag),
+           default_text(option.fallback), option.from_model);
   for (const FamilySpec* family : fitted)
     if (family->fit.text.rows) {
       take("text", family, OptionValue(std::string()), "", "", false);

@@ -177,13 +177,6 @@ namespace {
 
 /// "Gate variance sigma^2, fixed unless estimate_sigma2": an option's help as Python names the options it mentions
 /// (in braces in the table), with a capital first letter.
-std::string help_text(std::string_view help) {
-  std::string out;
-  for (const char c : help)
-    if (c != '{' && c != '}') out += c;
-  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 'a' + 'A');
-  return out;
-}
 
 /// "A float, default 1.0", "'float64' or 'mixed', default 'float64'".
 std::string type_and_default(const OptionSpec& spec) {
@@ -206,7 +199,7 @@ std::string size_doc(const SizeSpec& size, bool of_statistics) {
 }
 
 std::string option_doc(const OptionSpec& spec, bool of_statistics) {
-  return help_text(spec.help) + ". " + type_and_default(spec) +
+  return option_help(spec.help, [](std::string_view option) { return std::string(option); }) + ". " + type_and_default(spec) +
          (of_statistics ? "; an estimator option that these statistics depend on." : ".");
 }
 

@@ -26,6 +26,21 @@ std::string choices_text(const OptionSpec& spec) {
   return out;
 }
 
+std::string option_help(std::string_view help, std::string (*name_of)(std::string_view option)) {
+  std::string out;
+  for (size_t i = 0; i < help.size(); ++i) {
+    const size_t close = help[i] == '{' ? help.find('}', i) : std::string_view::npos;
+    if (close == std::string_view::npos) {
+      out += help[i];
+      continue;
+    }
+    out += name_of(help.substr(i + 1, close - i - 1));
+    i = close;
+  }
+  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 'a' + 'A');
+  return out;
+}
+
 void check_option(const OptionSpec& spec, const OptionValue& value, std::string_view where) {
   const std::string name = std::string(where) + ": " + std::string(spec.name);
   if (value.index() != spec.fallback.index())

@@ -25,11 +25,12 @@ using OptionValue = std::variant<bool, int64_t, double, std::string>;
 /// Option values by name (the options that were given; the others keep their defaults).
 using OptionValues = std::map<std::string, OptionValue, std::less<>>;
 
+/// The sign a numeric option must have: any value, > 0 or ≥ 0 (check_option enforces it).
 enum class OptionCheck { kAny, kPositive, kNonNegative };
 
 /// One hyperparameter: `sigma2` is the flag `--sigma2` and the keyword `sigma2=` (underscores become dashes in flags).
 struct OptionSpec {
-  std::string_view name = {};
+  std::string_view name = {};  ///< "sigma2": the keyword; the flag is the name with dashes
   /// "gate variance sigma^2, fixed unless {estimate_sigma2}": another option is named in braces, which each adapter
   /// writes its way (`--estimate-sigma2` in the CLI, `estimate_sigma2` in Python).
   std::string_view help = {};
@@ -45,6 +46,11 @@ struct OptionSpec {
 
 /// "'float64' or 'mixed'": the choices of a named-choice option, for messages.
 [[nodiscard]] std::string choices_text(const OptionSpec& spec);
+
+/// "Gate variance sigma^2, fixed unless --estimate-sigma2": an option's help (OptionSpec::help) with its first letter
+/// capitalised and every option named in braces written as `name_of` gives it (the flag in the command line, the
+/// keyword in Python).
+[[nodiscard]] std::string option_help(std::string_view help, std::string (*name_of)(std::string_view option));
 
 /// Checks a value against its option (type, sign, choices). @throws ValueError naming `where` and the option.
 void check_option(const OptionSpec& spec, const OptionValue& value, std::string_view where);
@@ -77,6 +83,7 @@ class OptionTable {
     return std::move(*this);
   }
 
+  /// The options in the order they were added (the order of the help text and of the Python keywords).
   [[nodiscard]] const std::vector<OptionSpec>& specs() const noexcept { return specs_; }
 
   /// Every option's value in `options`.
