@@ -31,6 +31,9 @@ RecallTask make_recall_task(Index n_train, Index n_test, uint64_t seed, const Re
   check::positive_int(kWhere, "context_length", o.context_length);
   check::positive_int(kWhere, "query_dim", o.query_dim);
   check::positive_int(kWhere, "num_targets", o.n_targets);
+  if (n_train < 0 || n_test < 0)
+    throw ValueError(std::string(kWhere) + ": n_train and n_test must be >= 0 (got " + std::to_string(n_train) + " and " +
+                     std::to_string(n_test) + ")");
   if (o.context_length > o.n_symbols)
     throw ValueError(std::string(kWhere) + ": context_length must be <= num_symbols (contexts are distinct)");
   Rng rng(derive_seed(seed, SeedPurpose::kData, 0));

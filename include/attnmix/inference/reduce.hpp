@@ -7,8 +7,9 @@
 /// bitwise identical for any thread count. One thread reuses one partial, and its merge also clears it for the next
 /// chunk (one pass over both buffers). Several threads own 3 partials each, which they zero themselves before use,
 /// and whichever thread completes the next chunk in order merges it, so no thread waits for another at every chunk
-/// (a lock-step ordered loop collapses when the machine is oversubscribed). Impossible rows of all chunks are collected before the total is added to the caller's
-/// accumulator, so the E-step stays atomic; of other errors, the first failing chunk's is rethrown.
+/// (a lock-step ordered loop collapses when the machine is oversubscribed). Impossible rows of all chunks are
+/// collected before the total is added to the caller's accumulator, so the E-step stays atomic; of other errors, the
+/// first failing chunk's is rethrown.
 /// Cost: the family's per-row cost, plus one flat add (and one zeroing) of the statistics per chunk
 /// (docs/PERFORMANCE.md); memory: 1 (one thread) or 3·threads partials, kept between calls in a ReduceScratch.
 #pragma once
@@ -32,9 +33,14 @@
 
 namespace attnmix {
 
+/// How the E-step and scoring passes run in parallel (`docs/mechanisms.md#training`); OptimizeOptions::parallel()
+/// makes one from optimize()'s options.
 struct ParallelOptions {
+  /// The threads to use (≥ 0; resolve_threads); the results do not depend on it.
   int n_threads = 0;        // 0: all hardware threads
+  /// The rows per chunk (> 0): the unit of work and of the ordered reduction.
   Index chunk_rows = 1024;  // fixed chunking; results change with it only at rounding level
+  /// @throws ValueError when n_threads < 0 or chunk_rows ≤ 0.
   void validate() const;
 };
 
@@ -76,11 +82,14 @@ void merge_and_clear(A& total, A& partial) {
 }  // namespace detail
 
 /// The total and the partials of parallel_accumulate, kept between calls (EmStepper holds one) with one accumulator
-/// configuration (the first caller's), so repeated E-steps allocate no statistics: a freed large buffer goes back to the system and faults in again on the next call, which
-/// on a VM costs more than the merge itself. Every buffer is zeroed before use, so results do not depend on reuse.
+/// configuration (the first caller's), so repeated E-steps allocate no statistics: a freed large buffer goes back to
+/// the system and faults in again on the next call, which on a VM costs more than the merge itself. Every buffer is
+/// zeroed before use, so results do not depend on reuse.
 template <class A>
 struct ReduceScratch {
+  /// The chunk-ordered total of a call, before it is added to the caller's accumulator (null until first used).
   std::unique_ptr<A> total;
+  /// The partials: one with one thread, 3 per thread otherwise (grown to the most threads used so far).
   std::vector<std::unique_ptr<A>> partials;
 };
 
@@ -235,7 +244,8 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
   parallel_accumulate(model, batch, w, acc, log_p_out, options, scratch);
 }
 
-/// out[n] = log p(x_n) computed chunk-parallel (no reduction, so trivially thread-count invariant).
+/// out[n] = log p(x_n) computed chunk-parallel (no reduction, so trivially thread-count invariant). When rows fail,
+/// the first failing chunk's error is thrown, whatever the thread count.
 template <class D>
 void parallel_log_density(const D& model, const typename D::batch_type& batch, std::span<double> out,
                           const ParallelOptions& options) {
@@ -246,7 +256,8 @@ void parallel_log_density(const D& model, const typename D::batch_type& batch, s
   const Index n_chunks = (n + chunk - 1) / chunk;
   const int n_threads = std::max(1, std::min<int>(resolve_threads(options.n_threads), static_cast<int>(n_chunks)));
   std::mutex error_mutex;
-  std::exception_ptr error;
+  std::exception_ptr error;  // the first failing chunk's, whatever the thread count
+  Index error_chunk = n_chunks;
 #pragma omp parallel for num_threads(n_threads) schedule(static, 1)
   for (Index c = 0; c < n_chunks; ++c) {
     const Index begin = c * chunk;
@@ -256,7 +267,10 @@ void parallel_log_density(const D& model, const typename D::batch_type& batch, s
                         out.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)));
     } catch (...) {
       const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
+      if (c < error_chunk) {
+        error_chunk = c;
+        error = std::current_exception();
+      }
     }
   }
   if (error) std::rethrow_exception(error);

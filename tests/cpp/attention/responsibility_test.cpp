@@ -292,6 +292,14 @@ std::vector<double> manual_em_log_likelihoods(const ResponsibilityAttentionBatch
   return lls;
 }
 
+TEST(RecallTaskTest, RejectsNegativeRowCountsAndDrawsEmptyParts) {
+  EXPECT_THROW((void)make_recall_task(-1, 1, 3), ValueError);
+  EXPECT_THROW((void)make_recall_task(1, -1, 3), ValueError);
+  const RecallTask task = make_recall_task(0, 5, 3);
+  EXPECT_EQ(task.train.n_rows(), 0);
+  EXPECT_EQ(task.test.n_rows(), 5);
+}
+
 /// RA-7: EM is monotone on 1500 observations over 15 manual iterations.
 TEST(ResponsibilityAttentionTest, EmIsMonotone) {
   const RecallTask task = make_recall_task(1500, 1, testing::test_seed(19));

@@ -3,11 +3,16 @@
 // are reported with global indices before anything changes, and thread counts give bitwise-identical results.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/any.hpp"
+#include "attnmix/core/errors.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "testing/all_close.hpp"
 
@@ -65,6 +70,42 @@ TEST(ParallelAccumulateTest, ReportsImpossibleRowsOfAllChunksAndChangesNothing) 
   parallel_accumulate(model, batch, w, acc, log_p, {2, 64});
   EXPECT_EQ(log_p[130], -INFINITY);
   EXPECT_TRUE(std::isfinite(log_p[131]));
+}
+
+/// Rows [begin, begin + count) of a batch that holds only its size.
+struct RowRange {
+  Index begin = 0, count = 0;
+  [[nodiscard]] Index n_rows() const { return count; }
+  [[nodiscard]] RowRange slice(Index b, Index c) const { return {begin + b, c}; }
+};
+
+/// A model whose log_density throws at the given rows, the first of them after a pause (so that, with several threads,
+/// a later chunk fails first in time).
+struct FailingModel {
+  using batch_type = RowRange;
+  std::vector<Index> failing;
+  void log_density(const RowRange& rows, std::span<double> out) const {
+    for (Index k = 0; k < rows.count; ++k) {
+      const Index row = rows.begin + k;
+      if (row == failing.front()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (std::find(failing.begin(), failing.end(), row) != failing.end())
+        throw ValueError("row " + std::to_string(row));
+      out[static_cast<size_t>(k)] = 0.0;
+    }
+  }
+};
+
+TEST(ParallelLogDensityTest, ThrowsTheFirstFailingChunksErrorForEveryThreadCount) {
+  const FailingModel model{{5, 60, 61}};
+  std::vector<double> out(64);
+  for (int threads : {1, 2, 4}) {
+    try {
+      parallel_log_density(model, RowRange{0, 64}, out, {threads, 8});
+      FAIL() << "no error with " << threads << " threads";
+    } catch (const ValueError& e) {
+      EXPECT_STREQ(e.what(), "row 5") << threads << " threads";
+    }
+  }
 }
 
 TEST(ParallelAccumulateTest, ChunkingOnlyReassociatesAndThreadsAreBitwiseEqual) {
