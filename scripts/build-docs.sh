@@ -10,7 +10,8 @@ out=$build/docs
 rm -rf "$out"
 mkdir -p "$out/doxygen"
 
-# Doxygen: the headers' own comments as HTML pages under cpp/ of the site (docs/api/cpp.md links there).
+# Doxygen: the headers' own comments as HTML pages under cpp/ of the site (docs/api/cpp.md links there). Every public
+# name must be documented: an undocumented one, like any other warning, fails the build.
 doxygen - > "$out/doxygen.log" <<DOXYFILE
 PROJECT_NAME = attnmix
 PROJECT_BRIEF = "C++ API reference"
@@ -20,8 +21,9 @@ STRIP_FROM_INC_PATH = $root/include
 RECURSIVE = YES
 FILE_PATTERNS = *.hpp
 EXCLUDE_SYMBOLS = detail *::detail
-EXTRACT_ALL = YES
+EXTRACT_ALL = NO
 JAVADOC_AUTOBRIEF = YES
+DISTRIBUTE_GROUP_DOC = YES
 FULL_PATH_NAMES = YES
 OUTPUT_DIRECTORY = $out/doxygen
 GENERATE_HTML = YES
@@ -29,7 +31,8 @@ HTML_OUTPUT = cpp
 GENERATE_LATEX = NO
 HAVE_DOT = NO
 QUIET = YES
-WARN_IF_UNDOCUMENTED = NO
+WARN_IF_UNDOCUMENTED = YES
+WARN_IF_DOC_ERROR = YES
 WARN_AS_ERROR = FAIL_ON_WARNINGS
 DOXYFILE
 

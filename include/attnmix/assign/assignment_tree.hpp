@@ -20,6 +20,8 @@
 
 namespace attnmix::assign {
 
+/// A set of (query, key) edges as a boolean matrix [nq, nk], row-major: entry (i, j) is true for the edge between
+/// query i and key j.
 using Mask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// One perturb-and-MAP sample: the (nq, nk) Gumbel table is drawn from rng row-major, scaled by tau and added to cost.
@@ -51,15 +53,22 @@ using Mask = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor
 
 /// The building blocks composed: freq = frequency_estimate(cost, tau, K, rng), tree = kruskal_tree(freq).
 struct AssignmentTree {
+  /// freq ⊙ tree [nq, nk]: the frequencies on the tree's edges, 0 elsewhere (sparse_attention's tree_freq).
   Matrix tree_freq;  // freq ⊙ tree
+  /// The maximum spanning tree kruskal_tree(freq) [nq, nk]: nq + nk − 1 edges.
   Mask tree;
+  /// The matching frequencies frequency_estimate(cost, tau, K, rng) [nq, nk], each in [0, 1].
   Matrix freq;
 };
+/// freq = frequency_estimate(cost, tau, K, rng, n_threads), tree = kruskal_tree(freq) and their product (see
+/// AssignmentTree). Cost: the two steps' costs. @throws ValueError as frequency_estimate.
 [[nodiscard]] AssignmentTree assignment_tree(const Matrix& cost, double tau, int64_t K, Rng& rng, int n_threads = 0);
 
 /// Attention output [nq, dv] and probabilities [nq, nk].
 struct AttentionResult {
+  /// The output p·v [nq, dv].
   Matrix out;
+  /// The attention probabilities [nq, nk]; each row sums to 1.
   Matrix p;
 };
 
@@ -70,8 +79,11 @@ struct AttentionResult {
 /// argmax_j tree_freq[i, j] (the first maximum); logits q·kᵀ/√d + alpha·log(eps + tree_freq) on the support, −∞ off
 /// it; softmax; p·v. Cost O(nq·nk·(d + dv)).
 struct SparseAttentionResult {
+  /// The output p·v [nq, dv].
   Matrix out;
+  /// The attention probabilities [nq, nk]: each row sums to 1 and is 0 off its support.
   Matrix p;
+  /// The query rows whose support was empty and were repaired, in increasing order.
   std::vector<Index> repaired_rows;
 };
 /// @throws ValueError on shape mismatches, non-finite inputs, negative tree_freq or eps ≤ 0.

@@ -19,11 +19,15 @@ namespace attnmix::assign {
 
 /// Matched pairs (rows[k], cols[k]), sorted by row; min(nq, nk) of them.
 struct Assignment {
+  /// The matched rows (queries), increasing.
   std::vector<Index> rows;
+  /// cols[k]: the column (key) matched to rows[k].
   std::vector<Index> cols;
 };
 
-/// @throws ValueError on NaN or −∞ entries, or when no complete assignment of finite cost exists.
+/// The minimum-cost assignment of cost [nq, nk] (see the file comment); empty when a side is empty.
+/// @throws ValueError on NaN or −∞ entries, a side of 2³¹ − 1 or more, or when no complete assignment of finite cost
+/// exists.
 [[nodiscard]] Assignment linear_sum_assignment(const Matrix& cost);
 
 }  // namespace attnmix::assign

@@ -34,25 +34,42 @@ class ModelJsonField;
 
 /// The optimizer state of one variational model: immutable once built, validated by validate().
 struct AttentionOptimizerState {
+  /// The schema_version of the JSON form that this build writes and reads.
   static constexpr int64_t kSchemaVersion = 1;
+  /// The optimizer the state belongs to, written as `algorithm` in the JSON form.
   static constexpr const char* kAlgorithm = "adam";
+  /// The name of this struct in error messages.
   static constexpr const char* kWhere = "AttentionOptimizerState";
 
+  /// The family the state belongs to: variational_embedding_attention or variational_multihop_attention (the kFamily of
+  /// its model).
   std::string family;  // "variational_embedding_attention" or "variational_multihop_attention"
+  /// The posterior means m [S, D].
   Matrix mean;         // [S, D]
+  /// The posterior log variances log v [S, D].
   Matrix log_var;      // [S, D]
+  /// The Adam first moment μ1 of the mean [S, D] (zero in a fresh state).
   Matrix mean_first_moment, mean_second_moment;        // Adam moments of the mean
+  /// The Adam first moment μ1 of the log variance [S, D] (zero in a fresh state).
   Matrix log_var_first_moment, log_var_second_moment;  // Adam moments of the log variance
+  /// The number of Adam steps already applied (≥ 0). The E-step's noise tables come from derive_seed(seed, kMcNoise,
+  /// iteration), and the next M-step is Adam step τ = iteration + 1.
   int64_t iteration = 0;                               // Adam steps already applied
+  /// The seed of the Monte-Carlo noise; the estimator that drew the initial embeddings used the same seed.
   uint64_t seed = 0;                                   // the Monte-Carlo noise seed
 
   /// Zero moments, iteration 0.
   [[nodiscard]] static AttentionOptimizerState fresh(std::string family, Matrix mean, Matrix log_var,
                                                      uint64_t seed);
-  /// Known family, six finite non-empty arrays of one shape, iteration ≥ 0. @throws ValueError naming the field.
+  /// Known family, six finite non-empty arrays of one shape, second moments ≥ 0, iteration ≥ 0. @throws ValueError
+  /// naming the field.
   void validate(std::string_view where) const;
   /// Bitwise equality of every array and field.
   [[nodiscard]] bool operator==(const AttentionOptimizerState& other) const;
+  /// @var AttentionOptimizerState::mean_second_moment
+  /// The Adam second moment μ2 of the mean [S, D] (≥ 0; zero in a fresh state).
+  /// @var AttentionOptimizerState::log_var_second_moment
+  /// The Adam second moment μ2 of the log variance [S, D] (≥ 0; zero in a fresh state).
 };
 
 /// The state a variational model keeps: checks mean and log_var (non-empty, finite, one shape,
@@ -82,8 +99,11 @@ struct AttentionOptimizerState {
 
 /// The Monte-Carlo tables of one iteration (see the file comment).
 struct MonteCarloTables {
+  /// The noise tables ε_k [S, D] for k = 0..mc−1: standard normal draws, row-major, in order of k.
   std::vector<Matrix> noise;       // ε_k [S, D]
+  /// The perturbed tables E_k = m + s ⊙ ε_k [S, D], with s = exp(½ log v).
   std::vector<Matrix> embeddings;  // E_k = m + s ⊙ ε_k
+  /// The factors ½ s ⊙ ε_k [S, D], which are ∂E_k/∂log v: the E-step adds G_k ⊙ this to grad_log_var.
   std::vector<Matrix> log_var_factor;  // ½ s ⊙ ε_k: ∂E_k/∂log v, so grad_log_var += G_k ⊙ this
 };
 
@@ -93,6 +113,9 @@ struct MonteCarloTables {
 /// Tables of one model, computed once per sample count and shared by every chunk and thread (thread-safe).
 class MonteCarloCache {
  public:
+  /// The tables of state for mc samples: built by monte_carlo_tables() on the first request for this mc, then shared by
+  /// every later request. The cache keys on mc alone, so it must only ever be given one state (its model's).
+  /// Thread-safe.
   [[nodiscard]] std::shared_ptr<const MonteCarloTables> get(const AttentionOptimizerState& state, int64_t mc) const;
 
  private:
@@ -104,8 +127,11 @@ class MonteCarloCache {
 /// after an E-step. Statistics of different states never combine.
 class AttachedOptimizerState {
  public:
+  /// The attached state, or null when none is attached.
   [[nodiscard]] const std::shared_ptr<const AttentionOptimizerState>& get() const noexcept { return state_; }
+  /// Attaches state (null detaches it).
   void set(std::shared_ptr<const AttentionOptimizerState> state) { state_ = std::move(state); }
+  /// Detaches the state.
   void reset() noexcept { state_.reset(); }
   /// The FlatAccumulator attachment rule. @throws ValueError("cannot combine attention statistics from different
   /// optimizer states") before any change.

@@ -49,19 +49,31 @@ struct ResponsibilityFloatTables;
 /// Slices share storage (O(1)); only the encoder (and the sampler, which draws valid rows) creates batches.
 class ResponsibilityAttentionBatch {
  public:
+  /// An empty batch: no rows, context length 0 and query dimension 0. Batches with rows come from
+  /// ResponsibilityAttentionEncoder::encode() or from a sampler.
   ResponsibilityAttentionBatch();
+  /// The number of rows n of this batch (of this slice, not of the shared storage).
   [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  /// The context length N, the width of every context row (0 for an empty default batch).
   [[nodiscard]] Index context_length() const noexcept { return storage_->contexts.cols(); }
+  /// The query dimension D, the number of coordinates of every query (0 for an empty default batch).
   [[nodiscard]] Index query_dim() const noexcept { return storage_->queries.cols(); }
   /// Largest context id and target in the underlying storage (−1 when empty): O(1) range checks.
   [[nodiscard]] int64_t max_symbol() const noexcept { return storage_->max_symbol; }
+  /// The largest target id in the underlying storage, −1 when it is empty. Like max_symbol(), it covers every row of
+  /// the shared storage, not only this slice, so a range check against it is conservative and O(1).
   [[nodiscard]] int64_t max_target() const noexcept { return storage_->max_target; }
+  /// The N context ids of row `row` (0-based within this slice), contiguous; valid while any batch shares the storage.
+  /// No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] const int64_t* context(Index row) const noexcept {
     return storage_->contexts.data() + (begin_ + row) * storage_->contexts.cols();
   }
+  /// The D query coordinates of row `row` (0-based within this slice), contiguous. No bounds check: row must lie in
+  /// [0, n_rows()).
   [[nodiscard]] const double* query(Index row) const noexcept {
     return storage_->queries.data() + (begin_ + row) * storage_->queries.cols();
   }
+  /// The target id of row `row`, in [0, T). No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
   /// The targets of rows [row, n_rows()) are contiguous from here (numpy views in the Python module).
   [[nodiscard]] const int64_t* target_data(Index row = 0) const noexcept {
@@ -71,7 +83,9 @@ class ResponsibilityAttentionBatch {
   [[nodiscard]] ResponsibilityAttentionBatch slice(Index begin, Index count) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const;
+  /// A copy of this slice's queries, [n, D].
   [[nodiscard]] Matrix queries() const;
+  /// A copy of this slice's targets, [n].
   [[nodiscard]] IdVector targets() const;
 
  private:
@@ -91,47 +105,82 @@ class ResponsibilityAttentionBatch {
 /// Validates raw arrays into a batch. Undeclared dimensions are taken from the data.
 class ResponsibilityAttentionEncoder {
  public:
+  /// The declared number of symbols S: context ids must lie in [0, S). When unset, ids are only checked to be ≥ 0, and
+  /// the model checks the upper bound when it reads the batch.
   std::optional<int64_t> n_symbols;
+  /// The declared context length N: contexts must have exactly N columns. When unset, N is the width of the contexts,
+  /// which must be at least 1 when there are rows.
   std::optional<int64_t> context_length;
+  /// The declared query dimension D: queries must have exactly D columns. When unset, D is the width of the queries,
+  /// which must be at least 1 when there are rows.
   std::optional<int64_t> query_dim;
+  /// The declared number of targets T: targets must lie in [0, T). When unset, targets are only checked to be ≥ 0.
   std::optional<int64_t> n_targets;
 
   /// @throws ValueError on shape mismatch, out-of-range ids, non-finite queries.
   [[nodiscard]] ResponsibilityAttentionBatch encode(IdMatrix contexts, Matrix queries, IdVector targets) const;
+  /// Whether both encoders declare the same dimensions (member-wise comparison).
   [[nodiscard]] bool operator==(const ResponsibilityAttentionEncoder&) const = default;
 };
 
 /// Constructor arguments under their Python names (what model files store).
 struct ResponsibilityAttentionParams {
+  /// Key means K [S, D]: row s is the mean query that addresses symbol s. S, D ≥ 1; every entry finite with magnitude
+  /// at most 1e50.
   Matrix key_means;       // [S, D]
+  /// Emission matrix B [S, T]: row s is p(t | attended symbol s), a distribution. A zero entry is a structural zero.
   Matrix emission;        // [S, T] row-simplex
+  /// Position prior π [N], a distribution over the context positions. A zero entry is a structural zero that no M-step
+  /// revives.
   Vector position_prior;  // [N] simplex
+  /// Isotropic gate variance σ², finite and at least 1e-100 (default 1).
   double sigma2 = 1.0;
+  /// The model's name, stored in model files (may be empty).
   std::string name;
 };
 
 /// Statistics, in value() order: key_sum [S,D], key_mass [S], emission_count [S,T], position_count [N], query_sq.
 class ResponsibilityAttentionAccumulator : public FlatAccumulator<ResponsibilityAttentionAccumulator> {
  public:
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "ResponsibilityAttentionAccumulator";
+  /// The batch type that the E-step and initialize() read.
   using batch_type = ResponsibilityAttentionBatch;
+  /// Zeroed statistics for S = n_symbols, N = context_length, D = query_dim and T = n_targets, carrying an optional
+  /// tying key (keyed tying, `docs/mechanisms.md#building-blocks`). @throws ValueError when a dimension is not positive
+  /// or the statistics would exceed 2^48 entries.
   ResponsibilityAttentionAccumulator(int64_t n_symbols, int64_t context_length, int64_t query_dim,
                                      int64_t n_targets, std::optional<std::string> keys = std::nullopt);
 
+  /// The number of symbols S.
   [[nodiscard]] int64_t n_symbols() const noexcept { return S_; }
+  /// The context length N.
   [[nodiscard]] int64_t context_length() const noexcept { return N_; }
+  /// The query dimension D.
   [[nodiscard]] int64_t query_dim() const noexcept { return D_; }
+  /// The number of targets T.
   [[nodiscard]] int64_t n_targets() const noexcept { return T_; }
 
+  /// Writable view of key_sum [S, D] (field 0): row s holds Σ w_n r_ni y_n over the positions i where c_i = s.
   [[nodiscard]] MatrixMap key_sum() { return {field(0), S_, D_}; }
+  /// Writable view of key_mass [S] (field 1): entry s holds Σ w_n r_ni over the positions i where c_i = s.
   [[nodiscard]] VectorMap key_mass() { return {field(1), S_}; }
+  /// Writable view of emission_count [S, T] (field 2): entry (s, t) holds Σ w_n r_ni over the positions i where
+  /// c_i = s, in the rows whose target is t.
   [[nodiscard]] MatrixMap emission_count() { return {field(2), S_, T_}; }
+  /// Writable view of position_count [N] (field 3): entry i holds Σ_n w_n r_ni. Its total is the assigned mass M.
   [[nodiscard]] VectorMap position_count() { return {field(3), N_}; }
+  /// Writable reference to query_sq (field 4): Σ_n w_n (Σ_i r_ni) ‖y_n‖², which the σ² update needs.
   [[nodiscard]] double& query_sq() { return *field(4); }
+  /// Read-only view of key_sum [S, D] (field 0).
   [[nodiscard]] ConstMatrixMap key_sum() const { return {field(0), S_, D_}; }
+  /// Read-only view of key_mass [S] (field 1).
   [[nodiscard]] ConstVectorMap key_mass() const { return {field(1), S_}; }
+  /// Read-only view of emission_count [S, T] (field 2).
   [[nodiscard]] ConstMatrixMap emission_count() const { return {field(2), S_, T_}; }
+  /// Read-only view of position_count [N] (field 3).
   [[nodiscard]] ConstVectorMap position_count() const { return {field(3), N_}; }
+  /// The value of query_sq (field 4).
   [[nodiscard]] double query_sq() const { return *field(4); }
 
   /// Σ position_count: the assigned mass M.
@@ -155,34 +204,54 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
 /// A vector–Jacobian product of a batch function of the queries Y [n, D] and the key means K [S, D]: for the
 /// incoming gradient G of the function's output and L = ⟨G, f(Y, K)⟩, the exact ∂L/∂Y and ∂L/∂K.
 struct ResponsibilityAttentionVjp {
+  /// ∂L/∂Y [n, D]: row n is the gradient with respect to the query y_n.
   Matrix queries;    // [n, D]: row n = ∂L/∂y_n
+  /// ∂L/∂K [S, D]: row s is the gradient with respect to K[s], summed over all rows and positions that hold symbol s
+  /// (zero for a symbol that never occurs).
   Matrix key_means;  // [S, D]: row s = ∂L/∂K[s]
 };
 
 /// The immutable model. The constructor validates and precomputes log tables.
 class ResponsibilityAttention {
  public:
+  /// The parameter struct that the constructor takes (the four roles: docs/design.md).
   using params_type = ResponsibilityAttentionParams;
+  /// The validated batch that log_density() and the E-step read.
   using batch_type = ResponsibilityAttentionBatch;
+  /// The statistics that the E-step, accumulate(), fills.
   using accumulator_type = ResponsibilityAttentionAccumulator;
+  /// The M-step that turns those statistics into the next model.
   using estimator_type = ResponsibilityAttentionEstimator;
+  /// The encoder that validates raw arrays into a batch_type.
   using encoder_type = ResponsibilityAttentionEncoder;
+  /// The `family` name of this family's model files.
   static constexpr const char* kFamily = "responsibility_attention";
+  /// The name of this class in error messages (its Python name).
   static constexpr const char* kWhere = "ResponsibilityAttentionDistribution";
 
   /// precision: the arithmetic of log_density, the E-step and log_density_vjp (core/precision.hpp; mixed builds
   /// float copies of K, log B and log π, O(S·(D + T) + N)). predict_proba and its VJP are float64 in either.
-  /// @throws TypeError/ValueError on invalid parameters.
+  /// @throws ValueError on invalid parameters.
   explicit ResponsibilityAttention(ResponsibilityAttentionParams params, Precision precision = Precision::kFloat64);
 
+  /// The parameters, as validated by the constructor.
   [[nodiscard]] const ResponsibilityAttentionParams& params() const noexcept { return params_; }
+  /// The number of symbols S (the rows of key_means).
   [[nodiscard]] int64_t n_symbols() const noexcept { return params_.key_means.rows(); }
+  /// The query dimension D (the columns of key_means).
   [[nodiscard]] int64_t query_dim() const noexcept { return params_.key_means.cols(); }
+  /// The number of targets T (the columns of emission).
   [[nodiscard]] int64_t n_targets() const noexcept { return params_.emission.cols(); }
+  /// The context length N (the length of position_prior).
   [[nodiscard]] int64_t context_length() const noexcept { return params_.position_prior.size(); }
+  /// The gate variance σ².
   [[nodiscard]] double sigma2() const noexcept { return params_.sigma2; }
+  /// The arithmetic of log_density, the E-step and log_density_vjp (core/precision.hpp).
   [[nodiscard]] Precision precision() const noexcept { return precision_; }
+  /// The Gaussian normalising constant −(D/2)·log(2πσ²), included in every ℓ_i so that log_density is a proper density
+  /// over y.
   [[nodiscard]] double gate_const() const noexcept { return gate_const_; }
+  /// log π [N], precomputed by the constructor (−∞ where π_i = 0).
   [[nodiscard]] const Vector& log_position_prior() const noexcept { return log_prior_; }
 
   /// out[n] = log p(y_n, t_n | c_n) (exact; −∞ for impossible rows). @throws ValueError on a batch of other dims.
@@ -193,6 +262,8 @@ class ResponsibilityAttention {
                   ResponsibilityAttentionAccumulator& acc, std::span<double> log_p_out = {}) const;
   /// p(t | c, y) [n, T] for contexts [n, N] and queries [n, D] (validated like the encoder).
   [[nodiscard]] Matrix predict_proba(const IdMatrix& contexts, const Matrix& queries) const;
+  /// p(t | c, y) [n, T] for the rows of a batch; the batch's targets are not used. O(N·(D + T)) per row, in float64
+  /// whatever the precision. @throws ValueError on a batch of other dimensions or with out-of-range ids.
   [[nodiscard]] Matrix predict_proba(const ResponsibilityAttentionBatch& batch) const;
   /// The E-step responsibilities r [n, N]: which position each row attends to, given its target (each row sums to 1;
   /// a row impossible under the model is all zeros). The same bits as the E-step's, in the model's precision.
@@ -211,10 +282,13 @@ class ResponsibilityAttention {
   [[nodiscard]] ResponsibilityAttentionVjp predict_proba_vjp(const IdMatrix& contexts, const Matrix& queries,
                                                              const Matrix& grad_proba) const;
 
+  /// Zeroed statistics of this model's dimensions, without a tying key.
   [[nodiscard]] ResponsibilityAttentionAccumulator make_accumulator() const;
   /// Estimator with this model's dimensions, σ² fixed at this model's σ², its name and its precision.
   [[nodiscard]] ResponsibilityAttentionEstimator estimator() const;
+  /// An encoder that declares this model's S, N, D and T, so that the batches it makes fit this model.
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
+  /// A sampler of this model whose random stream is seeded with seed (see ResponsibilityAttentionSampler).
   [[nodiscard]] ResponsibilityAttentionSampler sampler(uint64_t seed) const;
 
  private:
@@ -231,11 +305,20 @@ class ResponsibilityAttention {
 
 /// Options of the M-step (`docs/mechanisms.md#responsibility-attention`); the single source of the defaults.
 struct ResponsibilityAttentionEstimatorOptions {
+  /// The gate variance σ² of the returned models (finite, at least 1e-100; default 1). With estimate_sigma2 it is used
+  /// only when the statistics hold no key mass.
   double sigma2 = 1.0;
+  /// Whether the M-step learns σ² as the pooled within-symbol scatter, floored at min_sigma2 (default false: σ² stays
+  /// fixed).
   bool estimate_sigma2 = false;
+  /// The floor of a learned σ² (finite, at least 1e-100; default 1e-6).
   double min_sigma2 = 1e-6;
+  /// The pseudo-count ε added to every emission count before the rows are normalised (finite, ≥ 0; default 1e-6).
   double emission_smoothing = 1e-6;
+  /// The name of the models that estimate() returns.
   std::string name;
+  /// The tying key of the accumulators that make_accumulator() returns: sites with the same key pool their statistics
+  /// after the E-step (`docs/mechanisms.md#building-blocks`).
   std::optional<std::string> keys;
   /// The precision of the models estimate() returns (their E-steps; core/precision.hpp).
   Precision precision = Precision::kFloat64;
@@ -244,21 +327,31 @@ struct ResponsibilityAttentionEstimatorOptions {
 /// The M-step: const and stateless.
 class ResponsibilityAttentionEstimator {
  public:
+  /// The model that estimate() returns.
   using distribution_type = ResponsibilityAttention;
+  /// The statistics that estimate() reads.
   using accumulator_type = ResponsibilityAttentionAccumulator;
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "ResponsibilityAttentionEstimator";
 
   /// @throws ValueError on non-positive dimensions or invalid options.
   ResponsibilityAttentionEstimator(int64_t n_symbols, int64_t context_length, int64_t query_dim, int64_t n_targets,
                                    ResponsibilityAttentionEstimatorOptions options = {});
 
+  /// The options of the M-step.
   [[nodiscard]] const ResponsibilityAttentionEstimatorOptions& options() const noexcept { return options_; }
+  /// The number of symbols S.
   [[nodiscard]] int64_t n_symbols() const noexcept { return S_; }
+  /// The context length N.
   [[nodiscard]] int64_t context_length() const noexcept { return N_; }
+  /// The query dimension D.
   [[nodiscard]] int64_t query_dim() const noexcept { return D_; }
+  /// The number of targets T.
   [[nodiscard]] int64_t n_targets() const noexcept { return T_; }
 
+  /// Zeroed statistics of these dimensions, carrying options().keys.
   [[nodiscard]] ResponsibilityAttentionAccumulator make_accumulator() const;
+  /// An encoder that declares these dimensions.
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
   /// K = key_sum / max(key_mass, 1e-12); B = smoothed row-normalised counts; π = normalised position counts;
   /// σ² fixed or the pooled scatter (floored at min_sigma2). nobs, when given, must equal Σ position_count.
@@ -273,17 +366,23 @@ class ResponsibilityAttentionEstimator {
 
 /// One observation: context ids [N], query [D], target.
 struct ResponsibilityAttentionObservation {
+  /// The context symbol ids [N], each in [0, S).
   std::vector<int64_t> context;
+  /// The query [D].
   std::vector<double> query;
+  /// The target id, in [0, T).
   int64_t target = 0;
 };
 
 /// Draws, per observation: a context (without replacement when N ≤ S), z ~ π, y = K[c_z] + σ·N(0, I), t ~ B[c_z].
 class ResponsibilityAttentionSampler {
  public:
+  /// A sampler of model whose random stream is seeded with seed: the same seed gives the same draws.
   ResponsibilityAttentionSampler(ResponsibilityAttention model, uint64_t seed);
+  /// Draws one observation (see the class comment).
   [[nodiscard]] ResponsibilityAttentionObservation sample();
   /// m consecutive sample() draws as a batch.
+  /// @throws ValueError when m is negative.
   [[nodiscard]] ResponsibilityAttentionBatch sample(Index m);
 
  private:

@@ -14,13 +14,17 @@
 
 namespace attnmix {
 
+/// The sizes of the transitive-lookup task (make_transitive_task()).
 struct TransitiveTaskOptions {
+  /// S, the number of symbols, which is also the number of targets T (positive and at least 3·M; default 30).
   int64_t n_symbols = 30;  // S (= T)
+  /// M, the number of pairs per row (positive; default 5). The context length is N = 2M.
   int64_t n_pairs = 5;     // M; the context length is N = 2M
 };
 
 /// n rows drawn from a stream seeded by derive_seed(seed, kData, 0).
 /// @throws ValueError unless 3·M ≤ S (the symbols of a row are distinct).
+/// The batch declares S = T = n_symbols. @throws ValueError also when S or M is not positive, or n_rows is negative.
 [[nodiscard]] ChainedAttentionBatch make_transitive_task(Index n_rows, uint64_t seed,
                                                          const TransitiveTaskOptions& options = {});
 

@@ -47,21 +47,35 @@ class VariationalFloatTables;
 /// An immutable, validated batch: contexts [n, N], queries [n], targets [n] (ids). Slices share storage (O(1)).
 class VariationalEmbeddingAttentionBatch {
  public:
+  /// An empty batch: no rows and context length 0. Batches with rows come from
+  /// VariationalEmbeddingAttentionEncoder::encode() or from a sampler.
   VariationalEmbeddingAttentionBatch();
+  /// The number of rows n of this batch (of this slice, not of the shared storage).
   [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  /// The context length N, the width of every context row (0 for an empty default batch).
   [[nodiscard]] Index context_length() const noexcept { return storage_->contexts.cols(); }
   /// Largest context or query id and largest target in the underlying storage (−1 when empty).
   [[nodiscard]] int64_t max_symbol() const noexcept { return storage_->max_symbol; }
+  /// The largest target id in the underlying storage, −1 when it is empty. Like max_symbol(), it covers the whole
+  /// shared storage, not only this slice.
   [[nodiscard]] int64_t max_target() const noexcept { return storage_->max_target; }
+  /// The N context ids of row `row` (0-based within this slice), contiguous. No bounds check: row must lie in
+  /// [0, n_rows()).
   [[nodiscard]] const int64_t* context(Index row) const noexcept {
     return storage_->contexts.data() + (begin_ + row) * storage_->contexts.cols();
   }
+  /// The query symbol of row `row`. No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
+  /// The target id of row `row`. No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
+  /// Rows [begin, begin + count) sharing this batch's storage, in O(1). The range must lie within this batch
+  /// (asserted).
   [[nodiscard]] VariationalEmbeddingAttentionBatch slice(Index begin, Index count) const;
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const;
+  /// A copy of this slice's query symbols, [n].
   [[nodiscard]] IdVector queries() const;
+  /// A copy of this slice's targets, [n].
   [[nodiscard]] IdVector targets() const;
 
  private:
@@ -82,23 +96,36 @@ class VariationalEmbeddingAttentionBatch {
 /// declared N, queries < S, targets < T. Undeclared bounds are checked against the model later.
 class VariationalEmbeddingAttentionEncoder {
  public:
+  /// The declared number of symbols S: context ids and query symbols must lie in [0, S). When unset, they are only
+  /// checked to be ≥ 0, and the model checks the upper bound when it reads the batch.
   std::optional<int64_t> n_symbols;
+  /// The declared context length N: contexts must have exactly N columns when there are rows. When unset, N is the
+  /// width of the contexts.
   std::optional<int64_t> context_length;
+  /// The declared number of targets T: targets must lie in [0, T). When unset, targets are only checked to be ≥ 0.
   std::optional<int64_t> n_targets;
 
   /// @throws ValueError on shape mismatch or invalid ids.
   [[nodiscard]] VariationalEmbeddingAttentionBatch encode(IdMatrix contexts, IdVector queries,
                                                           IdVector targets) const;
+  /// Whether both encoders declare the same bounds (member-wise comparison).
   [[nodiscard]] bool operator==(const VariationalEmbeddingAttentionEncoder&) const = default;
 };
 
 /// Constructor arguments under their Python names (what model files store).
 struct VariationalEmbeddingAttentionParams {
+  /// Posterior means m [S, D], the plug-in embeddings of scoring and prediction. S, D ≥ 1; every entry finite with
+  /// magnitude at most 1e50.
   Matrix mean;            // [S, D]
+  /// Posterior log variances log v [S, D], of the shape of mean; every entry finite with magnitude at most 2 ln 1e50.
   Matrix log_var;         // [S, D]
+  /// Emission matrix B [S, T]: row s is p(t | attended symbol s), a distribution. A zero entry is a structural zero.
   Matrix emission;        // [S, T] row-simplex
+  /// Position prior π [N], a distribution over the context positions. A zero entry is a structural zero.
   Vector position_prior;  // [N] simplex
+  /// The fixed gate variance σ², finite and at least 1e-100 (default 0.5).
   double sigma2 = 0.5;
+  /// The model's name, stored in model files (may be empty).
   std::string name;
   /// nullopt: AttentionOptimizerState::fresh(family, mean, log_var, seed 0). A supplied state must have this family,
   /// this geometry and bit-identical mean and log_var.
@@ -109,35 +136,64 @@ struct VariationalEmbeddingAttentionParams {
 /// ll, n, plus the attached optimizer state. Mass laws: Σ position_count = n = Σ emission_count.
 class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<VariationalEmbeddingAttentionAccumulator> {
  public:
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionAccumulator";
+  /// The batch type that the E-step and initialize() read.
   using batch_type = VariationalEmbeddingAttentionBatch;
+  /// Zeroed statistics without an attached state, for S = n_symbols, N = context_length, D = embed_dim and
+  /// T = n_targets, carrying an optional tying key (keyed tying, `docs/mechanisms.md#building-blocks`). mc is the
+  /// number of Monte-Carlo noise tables that an E-step into these statistics draws (default 6, the estimator's
+  /// default). @throws ValueError when a dimension or mc is not positive, or the statistics would exceed 2^48 entries.
   VariationalEmbeddingAttentionAccumulator(int64_t n_symbols, int64_t context_length, int64_t embed_dim,
                                            int64_t n_targets, int64_t mc = 6,
                                            std::optional<std::string> keys = std::nullopt);
 
+  /// The number of symbols S.
   [[nodiscard]] int64_t n_symbols() const noexcept { return S_; }
+  /// The context length N.
   [[nodiscard]] int64_t context_length() const noexcept { return N_; }
+  /// The embedding dimension D.
   [[nodiscard]] int64_t embed_dim() const noexcept { return D_; }
+  /// The number of targets T.
   [[nodiscard]] int64_t n_targets() const noexcept { return T_; }
+  /// The number of Monte-Carlo noise tables of each E-step into these statistics.
   [[nodiscard]] int64_t mc() const noexcept { return mc_; }
 
+  /// Writable view of grad_mean [S, D] (field 0, `grad_m` in value() and the layout): the weighted gradient of the
+  /// log-likelihood with respect to the means, averaged over the mc noise tables.
   [[nodiscard]] MatrixMap grad_mean() { return {field(0), S_, D_}; }
+  /// Writable view of grad_log_var [S, D] (field 1, `grad_logv` in value() and the layout): the reparameterised
+  /// gradient with respect to the log variances, the average over k of G_k ⊙ ½ s ⊙ ε_k.
   [[nodiscard]] MatrixMap grad_log_var() { return {field(1), S_, D_}; }
+  /// Writable view of emission_count [S, T] (field 2): Σ w r_i / mc at (c_i, t), with the posterior responsibilities r
+  /// of every noise table.
   [[nodiscard]] MatrixMap emission_count() { return {field(2), S_, T_}; }
+  /// Writable view of position_count [N] (field 3): Σ w r_i / mc per position. Its total is n.
   [[nodiscard]] VectorMap position_count() { return {field(3), N_}; }
+  /// Writable reference to ll (field 4): Σ w log p / mc over the rows and noise tables of the E-step (initialize()
+  /// leaves it unchanged).
   [[nodiscard]] double& ll() { return *field(4); }
+  /// Writable reference to n (field 5): the total weight Σ w of the accumulated rows.
   [[nodiscard]] double& n() { return *field(5); }
+  /// Read-only view of grad_mean [S, D] (field 0).
   [[nodiscard]] ConstMatrixMap grad_mean() const { return {field(0), S_, D_}; }
+  /// Read-only view of grad_log_var [S, D] (field 1).
   [[nodiscard]] ConstMatrixMap grad_log_var() const { return {field(1), S_, D_}; }
+  /// Read-only view of emission_count [S, T] (field 2).
   [[nodiscard]] ConstMatrixMap emission_count() const { return {field(2), S_, T_}; }
+  /// Read-only view of position_count [N] (field 3).
   [[nodiscard]] ConstVectorMap position_count() const { return {field(3), N_}; }
+  /// The value of ll (field 4).
   [[nodiscard]] double ll() const { return *field(4); }
+  /// The value of n (field 5).
   [[nodiscard]] double n() const { return *field(5); }
 
   /// The state of the model whose E-step produced these statistics; null after initialize() or set_zero().
   [[nodiscard]] const std::shared_ptr<const AttentionOptimizerState>& optimizer_state() const noexcept {
     return state_.get();
   }
+  /// Attaches state (null detaches it). The E-step attaches its model's state, and estimate() takes its Adam step from
+  /// the attached one.
   void set_optimizer_state(std::shared_ptr<const AttentionOptimizerState> state) { state_.set(std::move(state)); }
 
   /// Finite entries, counts ≥ 0, Σ position_count = n, Σ emission_count = n. @throws ValueError.
@@ -150,6 +206,7 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
   /// draws never depend on their content, so they are made and dropped without the rows.
   void initialize_shard(const VariationalEmbeddingAttentionBatch& batch, std::span<const double> w, Rng& rng,
                         Index rows_before, Index rows_after);
+  /// An encoder that declares these S, N and T.
   [[nodiscard]] VariationalEmbeddingAttentionEncoder encoder() const;
   /// Zeroes the statistics and detaches the state.
   void set_zero();
@@ -166,12 +223,19 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
 /// The immutable model. The constructor validates and precomputes log π.
 class VariationalEmbeddingAttention {
  public:
+  /// The parameter struct that the constructor takes (the four roles: docs/design.md).
   using params_type = VariationalEmbeddingAttentionParams;
+  /// The validated batch that log_density() and the E-step read.
   using batch_type = VariationalEmbeddingAttentionBatch;
+  /// The statistics that the E-step, accumulate(), fills.
   using accumulator_type = VariationalEmbeddingAttentionAccumulator;
+  /// The M-step that turns those statistics into the next model.
   using estimator_type = VariationalEmbeddingAttentionEstimator;
+  /// The encoder that validates raw arrays into a batch_type.
   using encoder_type = VariationalEmbeddingAttentionEncoder;
+  /// The `family` name of this family's model files and of its optimizer state.
   static constexpr const char* kFamily = "variational_embedding_attention";
+  /// The name of this class in error messages (its Python name).
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionDistribution";
 
   /// precision: the arithmetic of the gate in log_density and the E-step (core/precision.hpp; mixed builds float
@@ -183,17 +247,29 @@ class VariationalEmbeddingAttention {
 
   /// The parameters; optimizer_state is always present.
   [[nodiscard]] const VariationalEmbeddingAttentionParams& params() const noexcept { return params_; }
+  /// The Adam state: the same values as params().optimizer_state, shared by the copies of this model.
   [[nodiscard]] const AttentionOptimizerState& optimizer_state() const noexcept { return *state_; }
+  /// The posterior means m [S, D].
   [[nodiscard]] const Matrix& mean() const noexcept { return params_.mean; }
+  /// The posterior log variances log v [S, D].
   [[nodiscard]] const Matrix& log_var() const noexcept { return params_.log_var; }
+  /// The plug-in embedding table E = m [S, D] of scoring and prediction (the same matrix as mean()).
   [[nodiscard]] const Matrix& embeddings() const noexcept { return params_.mean; }
+  /// The emission matrix B [S, T].
   [[nodiscard]] const Matrix& emission() const noexcept { return params_.emission; }
+  /// The position prior π [N].
   [[nodiscard]] const Vector& position_prior() const noexcept { return params_.position_prior; }
+  /// The fixed gate variance σ².
   [[nodiscard]] double sigma2() const noexcept { return params_.sigma2; }
+  /// The number of symbols S (the rows of mean).
   [[nodiscard]] int64_t n_symbols() const noexcept { return params_.mean.rows(); }
+  /// The context length N (the length of position_prior).
   [[nodiscard]] int64_t context_length() const noexcept { return params_.position_prior.size(); }
+  /// The embedding dimension D (the columns of mean).
   [[nodiscard]] int64_t embed_dim() const noexcept { return params_.mean.cols(); }
+  /// The number of targets T (the columns of emission).
   [[nodiscard]] int64_t n_targets() const noexcept { return params_.emission.cols(); }
+  /// The arithmetic of the gate in log_density and the E-step (core/precision.hpp).
   [[nodiscard]] Precision precision() const noexcept { return precision_; }
 
   /// out[n] = log p(t_n | c_n, q_n, E = m) (exact; −∞ for impossible rows). @throws ValueError on invalid ids.
@@ -205,6 +281,8 @@ class VariationalEmbeddingAttention {
                   VariationalEmbeddingAttentionAccumulator& acc, std::span<double> log_p_out = {}) const;
   /// Σ_i a_i B[c_i, ·] at E = m: [n, T].
   [[nodiscard]] Matrix predict_proba(const IdMatrix& contexts, const IdVector& queries) const;
+  /// The same for the rows of a batch; the batch's targets are not used. O(N·(D + T)) per row. @throws ValueError on a
+  /// batch of another context length or with out-of-range ids.
   [[nodiscard]] Matrix predict_proba(const VariationalEmbeddingAttentionBatch& batch) const;
   /// log p of one row at an arbitrary embedding table [S, D] (tests and diagnostics).
   [[nodiscard]] double log_density_at(const Matrix& table, const VariationalEmbeddingAttentionBatch& batch,
@@ -215,6 +293,7 @@ class VariationalEmbeddingAttention {
   /// Estimator with this model's dimensions, σ², seed = optimizer_state().seed, name and precision; other options
   /// default.
   [[nodiscard]] VariationalEmbeddingAttentionEstimator estimator() const;
+  /// An encoder that declares this model's S, N and T.
   [[nodiscard]] VariationalEmbeddingAttentionEncoder encoder() const;
   /// Plug-in sampler (uses m only).
   [[nodiscard]] VariationalEmbeddingAttentionSampler sampler(uint64_t seed) const;
@@ -234,13 +313,24 @@ class VariationalEmbeddingAttention {
 
 /// Options of the M-step (`docs/mechanisms.md#variational-embedding-attention`); the single source of the defaults.
 struct VariationalEmbeddingAttentionEstimatorOptions {
+  /// The fixed gate variance σ² of the returned models (finite, at least 1e-100; default 0.5).
   double sigma2 = 0.5;
+  /// The Adam step size of the embedding update (finite, > 0; default 0.05).
   double lr = 0.05;
+  /// The number of Monte-Carlo noise tables per E-step of the accumulators that make_accumulator() returns (positive;
+  /// default 6). More tables reduce the gradient noise, at proportional cost.
   int64_t mc = 6;
+  /// The KL weight λ (finite, ≥ 0; default 1); 0 turns the prior off.
   double prior_strength = 1.0;
+  /// The pseudo-count ε added to every emission count before the rows are normalised (finite, ≥ 0; default 1e-4).
   double emission_smoothing = 1e-4;
+  /// The seed of the initial embeddings, stored in their optimizer state as the seed of all Monte-Carlo noise
+  /// (default 0). Statistics that carry a state keep that state's seed.
   uint64_t seed = 0;
+  /// The name of the models that estimate() returns.
   std::string name;
+  /// The tying key of the accumulators that make_accumulator() returns: sites with the same key pool their statistics
+  /// after the E-step (`docs/mechanisms.md#building-blocks`).
   std::optional<std::string> keys;
   /// The precision of the models estimate() returns (their E-steps; core/precision.hpp).
   Precision precision = Precision::kFloat64;
@@ -251,22 +341,33 @@ struct VariationalEmbeddingAttentionEstimatorOptions {
 /// B = (emission_count + ε) row-normalised and π = position_count / Σ.
 class VariationalEmbeddingAttentionEstimator {
  public:
+  /// The model that estimate() returns.
   using distribution_type = VariationalEmbeddingAttention;
+  /// The statistics that estimate() reads.
   using accumulator_type = VariationalEmbeddingAttentionAccumulator;
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "VariationalEmbeddingAttentionEstimator";
 
   /// @throws ValueError on non-positive dimensions or invalid options.
   VariationalEmbeddingAttentionEstimator(int64_t n_symbols, int64_t context_length, int64_t embed_dim,
                                          int64_t n_targets, VariationalEmbeddingAttentionEstimatorOptions options = {});
 
+  /// The options of the M-step.
   [[nodiscard]] const VariationalEmbeddingAttentionEstimatorOptions& options() const noexcept { return options_; }
+  /// The number of symbols S.
   [[nodiscard]] int64_t n_symbols() const noexcept { return S_; }
+  /// The context length N.
   [[nodiscard]] int64_t context_length() const noexcept { return N_; }
+  /// The embedding dimension D.
   [[nodiscard]] int64_t embed_dim() const noexcept { return D_; }
+  /// The number of targets T.
   [[nodiscard]] int64_t n_targets() const noexcept { return T_; }
 
+  /// Zeroed statistics of these dimensions with options().mc noise tables, carrying options().keys.
   [[nodiscard]] VariationalEmbeddingAttentionAccumulator make_accumulator() const;
+  /// An encoder that declares these S, N and T.
   [[nodiscard]] VariationalEmbeddingAttentionEncoder encoder() const;
+  /// The M-step of the class comment: the next model from acc, with these options' σ², name and precision.
   /// @throws ValueError on invalid statistics, a state of another family or geometry, or nobs ≠ n.
   [[nodiscard]] VariationalEmbeddingAttention estimate(std::optional<double> nobs,
                                                        const VariationalEmbeddingAttentionAccumulator& acc) const;
@@ -278,8 +379,11 @@ class VariationalEmbeddingAttentionEstimator {
 
 /// One observation.
 struct VariationalEmbeddingAttentionObservation {
+  /// The context symbol ids [N], each in [0, S).
   std::vector<int64_t> context;
+  /// The query symbol, in [0, S).
   int64_t query = 0;
+  /// The target id, in [0, T).
   int64_t target = 0;
 };
 
@@ -287,10 +391,14 @@ struct VariationalEmbeddingAttentionObservation {
 /// (without replacement when N ≤ S, else with); q uniform over [S]; z ~ a (the gate with π); t ~ B[c_z].
 class VariationalEmbeddingAttentionSampler {
  public:
+  /// A sampler of model whose random stream is seeded with seed. With posterior_predictive, every event first draws a
+  /// fresh embedding table from q; otherwise the plug-in table m is used.
   VariationalEmbeddingAttentionSampler(VariationalEmbeddingAttention model, uint64_t seed,
                                        bool posterior_predictive = false);
+  /// Draws one observation (see the class comment).
   [[nodiscard]] VariationalEmbeddingAttentionObservation sample();
   /// m consecutive sample() draws as a batch.
+  /// @throws ValueError when m is negative.
   [[nodiscard]] VariationalEmbeddingAttentionBatch sample(Index m);
 
  private:

@@ -5,7 +5,7 @@
 /// Every leaf accumulator keeps its statistics in ONE contiguous buffer of doubles whose layout (an ordered list of
 /// named, shaped fields) is declared once per family. That single list is the value() tuple layout, the pack order,
 /// the serialisation order and the MPI reduction unit; combine is element-wise addition of two buffers, scale is
-/// element-wise multiplication, equality is bitwise equality of buffers.
+/// element-wise multiplication, equality is entry-wise equality of buffers (NaN equal to NaN).
 ///
 /// FlatAccumulator<Derived> supplies combine / from_value / pack / unpack / scale for a family that provides
 ///   void validate(std::string_view where) const;   // finiteness, counts ≥ 0 and the family's mass laws
@@ -34,12 +34,15 @@ namespace attnmix {
 /// Count fields must be ≥ 0; real fields only finite.
 enum class FieldKind { kCount, kReal };
 
+/// One named, shaped field of an accumulator's statistics, as a family declares it to StatLayout (name, shape,
+/// kind); StatLayout fills in where it sits in the flat buffer and how many entries it has.
 struct FieldSpec {
+  /// The field's name in value(), messages and model files ("key_sum", "comp_count").
   std::string name;
-  std::vector<Index> shape;  // {} for a scalar
-  FieldKind kind = FieldKind::kCount;
-  Index offset = 0;          // filled by StatLayout
-  Index size = 1;            // product of shape
+  std::vector<Index> shape;  ///< the extents of the field, row-major; {} for a scalar
+  FieldKind kind = FieldKind::kCount;  ///< what validation requires of its entries (counts ≥ 0, or finite reals)
+  Index offset = 0;          ///< the index of its first entry in the flat buffer; filled by StatLayout
+  Index size = 1;            ///< its number of entries, the product of shape (1 for a scalar); filled by StatLayout
 };
 
 /// The declared layout of one accumulator: fields in value() order, packed back to back.
@@ -48,8 +51,11 @@ class StatLayout {
   /// Each field's size is the checked product of its shape (sizes.hpp), and so is the total.
   /// @throws ValueError "<where>: statistic <name> (a x b) must have at most 2^48 elements" for a shape too large.
   StatLayout(std::string_view where, std::vector<FieldSpec> fields);
+  /// The fields in value() order, with their offsets and sizes filled in.
   [[nodiscard]] const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
+  /// The total number of doubles in the flat buffer: the sum of the fields' sizes (at most 2^48).
   [[nodiscard]] Index flat_size() const noexcept { return flat_size_; }
+  /// Whether both layouts have the same fields in the same order: equal names, shapes and kinds. O(number of fields).
   [[nodiscard]] bool operator==(const StatLayout& other) const;
   /// "key_sum (16,8), key_mass (16,), ..." for messages.
   [[nodiscard]] std::string describe() const;
@@ -62,28 +68,42 @@ class StatLayout {
 /// A flat statistics buffer with its layout. Copying copies the buffer (value semantics).
 class FlatStats {
  public:
+  /// A zeroed buffer of layout->flat_size() doubles. The layout (non-null) is shared, not copied: copies of this
+  /// buffer point at the same layout object.
   explicit FlatStats(std::shared_ptr<const StatLayout> layout);
 
+  /// The declared layout of this buffer.
   [[nodiscard]] const StatLayout& layout() const noexcept { return *layout_; }
+  /// The number of doubles in the buffer, layout().flat_size().
   [[nodiscard]] Index flat_size() const noexcept { return layout_->flat_size(); }
+  /// The whole buffer, read-only, in layout order (the pack order).
   [[nodiscard]] std::span<const double> flat() const noexcept { return data_; }
+  /// The whole buffer, writable; nothing written through it is validated. For the library's own code: the reducer
+  /// and the sum over the processes of a distributed fit write it in place (inference/reduce.hpp, optimize.hpp).
   [[nodiscard]] std::span<double> flat() noexcept { return data_; }
   /// Pointer to the first entry of field i (row-major within the field).
   [[nodiscard]] double* field(size_t i) noexcept { return data_.data() + layout_->fields()[i].offset; }
+  /// Read-only pointer to the first entry of field i (row-major within the field); i must be below
+  /// layout().fields().size().
   [[nodiscard]] const double* field(size_t i) const noexcept {
     return data_.data() + layout_->fields()[i].offset;
   }
+  /// Sets every entry to 0 (the keys of an accumulator stay). O(flat_size()).
   void set_zero();
-  /// Bitwise equality of layout and buffer (tests, determinism checks).
+  /// Equality of layout and buffer, entry by entry, with NaN equal to NaN (tests, determinism checks); 0.0 and -0.0
+  /// compare equal.
   [[nodiscard]] bool operator==(const FlatStats& other) const;
 
  protected:
-  /// Throws ValueError unless other has the same layout (names and shapes).
+  /// Throws ValueError unless other has the same layout (names, shapes and kinds).
   void check_same_layout(std::string_view where, const StatLayout& other) const;
   /// Every entry finite, count fields ≥ 0.
   void check_entries(std::string_view where) const;
+  /// Adds values element-wise, without validation; values must have flat_size() entries.
   void add_unchecked(std::span<const double> values);
+  /// Multiplies every entry by c, without validation.
   void scale_unchecked(double c);
+  /// Overwrites the buffer with values, without validation; values must have flat_size() entries.
   void assign_unchecked(std::span<const double> values);
 
  private:
@@ -93,15 +113,16 @@ class FlatStats {
 
 /// How combine-like operations treat a family's attachment (see the file comment).
 enum class AttachmentMerge {
-  kStrict,   // combine: both absent, or identical
-  kAdopt,    // merge_trusted: an absent attachment takes the other's; two present ones must be identical
-  kReplace,  // from_value: take the other's
+  kStrict,   ///< combine: both absent, or identical
+  kAdopt,    ///< merge_trusted: an absent attachment takes the other's; two present ones must be identical
+  kReplace,  ///< from_value: take the other's
 };
 
 /// CRTP base: the validated value semantics shared by all families (`docs/mechanisms.md#building-blocks`).
 template <class Derived>
 class FlatAccumulator : public FlatStats {
  public:
+  /// A zeroed accumulator of the given layout, without keys (FlatStats's constructor).
   using FlatStats::FlatStats;
 
   /// A snapshot: later changes to this accumulator never alias it.
@@ -149,7 +170,11 @@ class FlatAccumulator : public FlatStats {
     add_unchecked(other.flat());
   }
 
+  /// The key of keyed tying (`docs/mechanisms.md#building-blocks`): sites with the same key pool their statistics
+  /// after the E-step; nothing for an untied site. The key is not part of the statistics: combine, pack and equality
+  /// ignore it.
   [[nodiscard]] const std::optional<std::string>& keys() const noexcept { return keys_; }
+  /// Sets (or, with nothing, clears) the key of keyed tying; families call it from their constructors.
   void set_keys(std::optional<std::string> keys) { keys_ = std::move(keys); }
 
  private:

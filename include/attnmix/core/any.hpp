@@ -38,12 +38,17 @@ using KeyPool = std::map<std::string, AnyAccumulator*>;
 class AnyBatch {
  public:
   AnyBatch() = default;
+  /// Wraps a family's batch (moved into one shared, immutable instance; copies of the handle share it).
   template <class B>
     requires(!std::same_as<std::remove_cvref_t<B>, AnyBatch>)
   explicit AnyBatch(B batch) : self_(std::make_shared<const Model<B>>(std::move(batch))) {}
 
+  /// Whether this handle holds a batch (false for a default-constructed one).
   [[nodiscard]] bool has_value() const noexcept { return self_ != nullptr; }
+  /// The number of rows of the batch held; 0 for an empty handle.
   [[nodiscard]] Index n_rows() const { return self_ ? self_->n_rows() : 0; }
+  /// Rows [begin, begin + count) as a batch of the same family, through the family's O(1) slice; the range must
+  /// lie within the batch (the family checks it). The handle must not be empty.
   [[nodiscard]] AnyBatch slice(Index begin, Index count) const {
     AnyBatch out;
     out.self_ = self_->slice(begin, count);
@@ -100,15 +105,22 @@ void initialize_shard(A& acc, const B& batch, std::span<const double> w, Rng& rn
                      "initialize_shard, which replays the other ranks' initialisation draws)");
 }
 
-/// A mutable accumulator of any family (deep copy).
+/// A mutable accumulator of any family (deep copy). Copying, moving, get() and get_if() accept an empty
+/// (default-constructed) handle; every other member requires one that holds an accumulator.
 class AnyAccumulator {
  public:
+  /// The batches initialize() takes: any family's, unwrapped to the held family's batch type.
   using batch_type = AnyBatch;
 
   AnyAccumulator() = default;
+  /// Wraps a family's accumulator (moved in; the handle owns it).
   template <class A>
     requires(!std::same_as<std::remove_cvref_t<A>, AnyAccumulator>)
   explicit AnyAccumulator(A acc) : self_(std::make_unique<Model<A>>(std::move(acc))) {}
+  /// @name Value semantics
+  //@{
+  /// A copy is a deep copy of the held accumulator (statistics, keys and children; an empty handle copies as
+  /// empty); a move takes the accumulator over and leaves the source empty.
   AnyAccumulator(const AnyAccumulator& other) : self_(other.self_ ? other.self_->clone() : nullptr) {}
   AnyAccumulator(AnyAccumulator&&) noexcept = default;
   AnyAccumulator& operator=(const AnyAccumulator& other) {
@@ -116,8 +128,11 @@ class AnyAccumulator {
     return *this;
   }
   AnyAccumulator& operator=(AnyAccumulator&&) noexcept = default;
+  //@}
 
+  /// The number of doubles pack() writes: a leaf's flat buffer; a combinator's own fields followed by its children's.
   [[nodiscard]] Index flat_size() const { return self_->flat_size(); }
+  /// Writes the statistics to out, which must hold flat_size() doubles. @throws ValueError for a wrong size.
   void pack(std::span<double> out) const { self_->pack(out); }
   /// Validates, then overwrites. @throws ValueError.
   void unpack(std::span<const double> in) { self_->unpack(in); }
@@ -125,8 +140,11 @@ class AnyAccumulator {
   void combine(const AnyAccumulator& other) { self_->combine(*other.self_); }
   /// Validates v, then overwrites (keys stay). @throws ValueError / TypeError.
   void from_value(const AnyAccumulator& v) { self_->from_value(*v.self_); }
+  /// A snapshot: a deep copy of this handle, which later changes to it never alias.
   [[nodiscard]] AnyAccumulator value() const { return *this; }
+  /// Multiplies every statistic by c (finite, ≥ 0). @throws ValueError otherwise.
   void scale(double c) { self_->scale(c); }
+  /// Sets every statistic to 0 (keys stay).
   void set_zero() { self_->set_zero(); }
   /// Adds a partial produced by this library's own E-step (layout checked, values trusted).
   void merge_trusted(const AnyAccumulator& other) { self_->merge_trusted(*other.self_); }
@@ -138,25 +156,38 @@ class AnyAccumulator {
                         Index rows_after) {
     self_->initialize_shard(batch, w, rng, rows_before, rows_after);
   }
+  /// The key of keyed tying of the held accumulator (`docs/mechanisms.md#building-blocks`); nothing when untied.
   [[nodiscard]] std::optional<std::string> keys() const { return self_->keys(); }
   /// The type of the family's accumulator held (adapters find their wrappers by it).
   [[nodiscard]] const std::type_info& type() const { return self_->type(); }
   /// The sub-accumulators of a combinator (Mixture components, Composite fields); empty for a leaf.
   [[nodiscard]] std::span<AnyAccumulator> children() { return self_->children(); }
+  /// The sub-accumulators of a combinator, read-only; empty for a leaf.
   [[nodiscard]] std::span<const AnyAccumulator> children() const { return self_->children(); }
   /// A leaf's flat statistics buffer (core/accumulator.hpp), or null for a combinator.
   [[nodiscard]] const FlatStats* flat_stats() const { return self_->flat_stats(); }
   /// Keyed tying (`docs/mechanisms.md#building-blocks`): this site then its children depth-first.
+  /// The first site with a key becomes the pool's entry for it; a later site with the same key is combined into that
+  /// entry (validated). pool holds pointers into the tree: keep the tree unchanged until key_replace has run.
+  /// @throws ValueError / TypeError as combine.
   void key_merge(KeyPool& pool);
+  /// The second half of keyed tying, after key_merge over the same pool: every keyed site other than the pool's entry
+  /// reads the pooled statistics (from_value, so its own keys stay), this site then its children depth-first. Tied
+  /// sites then hold identical statistics. @throws ValueError / TypeError as from_value.
   void key_replace(const KeyPool& pool);
+  /// Whether both handles hold the same family with equal accumulators (the family's operator==); false across
+  /// families.
   [[nodiscard]] bool operator==(const AnyAccumulator& other) const { return self_->equals(*other.self_); }
 
+  /// The concrete accumulator of family type A, writable. @throws TypeError naming where when this handle is empty or
+  /// holds another family's statistics.
   template <class A>
   [[nodiscard]] A& get(std::string_view where) {
     if (!self_ || self_->type() != typeid(A))
       throw TypeError(std::string(where) + ": the statistics belong to another family");
     return static_cast<Model<A>&>(*self_).acc;
   }
+  /// The concrete accumulator of family type A, read-only. @throws TypeError as the writable overload.
   template <class A>
   [[nodiscard]] const A& get(std::string_view where) const {
     return const_cast<AnyAccumulator*>(this)->get<A>(where);
@@ -166,6 +197,7 @@ class AnyAccumulator {
   [[nodiscard]] A* get_if() noexcept {
     return self_ && self_->type() == typeid(A) ? &static_cast<Model<A>&>(*self_).acc : nullptr;
   }
+  /// The concrete accumulator, read-only, or nullptr when this handle is empty or holds another family.
   template <class A>
   [[nodiscard]] const A* get_if() const noexcept {
     return const_cast<AnyAccumulator*>(this)->get_if<A>();
@@ -240,19 +272,24 @@ class AnyAccumulator {
 /// An immutable estimator (M-step) of any family.
 class AnyEstimator {
  public:
+  /// What estimate() returns: the held family's model, type-erased.
   using distribution_type = AnyDistribution;
+  /// The statistics estimate() takes: the held family's accumulator, type-erased.
   using accumulator_type = AnyAccumulator;
 
   AnyEstimator() = default;
+  /// Wraps a family's estimator (moved into one shared, immutable instance; copies of the handle share it).
   template <class E>
     requires(!std::same_as<std::remove_cvref_t<E>, AnyEstimator>)
   explicit AnyEstimator(E estimator) : self_(std::make_shared<const Model<E>>(std::move(estimator))) {}
 
+  /// A zeroed accumulator of the estimator's family and sizes, carrying its keys. The handle must not be empty.
   [[nodiscard]] AnyAccumulator make_accumulator() const { return self_->make_accumulator(); }
   /// The type of the family's estimator held (adapters find their wrappers by it).
   [[nodiscard]] const std::type_info& type() const { return self_->type(); }
   /// @throws ValueError on invalid statistics.
   [[nodiscard]] AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const;
+  /// The concrete estimator, or nullptr when this handle is empty or holds another family (bindings dispatch on it).
   template <class E>
   [[nodiscard]] const E* get_if() const {
     return self_ && self_->type() == typeid(E) ? &static_cast<const Model<E>&>(*self_).estimator : nullptr;
@@ -277,30 +314,39 @@ class AnyEstimator {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-/// An immutable distribution of any family.
+/// An immutable distribution of any family. Every member but has_value() and get_if() requires a non-empty handle.
 class AnyDistribution {
  public:
+  /// The batches log_density() and accumulate() take: any family's, unwrapped to the held family's batch type.
   using batch_type = AnyBatch;
+  /// The statistics accumulate() fills: the held family's accumulator, type-erased.
   using accumulator_type = AnyAccumulator;
+  /// What estimator() returns: the held family's estimator, type-erased.
   using estimator_type = AnyEstimator;
 
   AnyDistribution() = default;
+  /// Wraps a family's model (moved into one shared, immutable instance; copies of the handle share it).
   template <class D>
     requires(!std::same_as<std::remove_cvref_t<D>, AnyDistribution>)
   explicit AnyDistribution(D model) : self_(std::make_shared<const Model<D>>(std::move(model))) {}
 
+  /// Whether this handle holds a model (false for a default-constructed one).
   [[nodiscard]] bool has_value() const noexcept { return self_ != nullptr; }
   /// The model-file family name ("responsibility_attention", "mixture", ...).
   [[nodiscard]] std::string family() const { return self_->family(); }
   /// The type of the family's distribution held (adapters find their wrappers by it).
   [[nodiscard]] const std::type_info& type() const { return self_->type(); }
+  /// Writes log p(row) of every row of batch to out, which must hold batch.n_rows() doubles; −∞ for a row the model
+  /// gives probability zero. @throws TypeError for a batch of another family; ValueError for a wrong output length.
   void log_density(const AnyBatch& batch, std::span<double> out) const { self_->log_density(batch, out); }
   /// The E-step (atomic). @throws ImpossibleEvidenceError, ValueError, TypeError.
   void accumulate(const AnyBatch& batch, std::span<const double> w, AnyAccumulator& acc,
                   std::span<double> log_p_out = {}) const {
     self_->accumulate(batch, w, acc, log_p_out);
   }
+  /// A zeroed accumulator of this model's family and sizes, ready for accumulate().
   [[nodiscard]] AnyAccumulator make_accumulator() const { return self_->make_accumulator(); }
+  /// An estimator (M-step) of this model's family and sizes, as the family's estimator() builds it.
   [[nodiscard]] AnyEstimator estimator() const { return self_->estimator(); }
   /// Whether the family has a predictive distribution p(target | inputs) (the attention families; not a categorical,
   /// a Gaussian or a mixture).
@@ -310,6 +356,7 @@ class AnyDistribution {
   /// m observations drawn with the family's sampler from seed. @throws ValueError when the family has none.
   [[nodiscard]] AnyBatch sample(Index m, uint64_t seed) const { return self_->sample(m, seed); }
 
+  /// The concrete model, or nullptr when this handle is empty or holds another family (bindings dispatch on it).
   template <class D>
   [[nodiscard]] const D* get_if() const {
     return self_ && self_->type() == typeid(D) ? &static_cast<const Model<D>&>(*self_).model : nullptr;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file check.hpp
-/// Boundary checkers. Each takes (where, name, value...) and throws TypeError or ValueError with a
+/// Boundary checkers. Each takes (where, name, value...) and throws ValueError with a
 /// message saying where the problem is, what must hold and what was seen. Used once, at the boundary.
 #pragma once
 

@@ -22,29 +22,39 @@ namespace attnmix {
 /// accessor throws ValueError.
 class ModelJsonField {
  public:
+  /// A view of value, which is not copied and must outlive this field and every field derived from it. source
+  /// names the file in messages ("model.json"); path is the field path from the root ("params.key_means"), "" at
+  /// the root.
   ModelJsonField(const nlohmann::json& value, std::string source, std::string path);
 
+  /// The JSON value viewed.
   [[nodiscard]] const nlohmann::json& value() const noexcept { return *value_; }
+  /// The field path from the document's root, such as "params.components[1].params.emission"; "" at the root.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   /// The file (or other source) the value was read from.
   [[nodiscard]] const std::string& source() const noexcept { return source_; }
   /// "source: path: message" (or "source: message" at the root).
   [[nodiscard]] std::string where(std::string_view message) const;
+  /// Throws ValueError(where(message)).
   [[noreturn]] void fail(std::string_view message) const;
 
   /// This value must be an object whose keys are all in `required` or `optional`; every required
   /// key present.
   void expect_object(std::span<const std::string_view> required,
                      std::span<const std::string_view> optional) const;
+  /// Whether this value is an object with a member `key` (false for a value that is not an object).
   [[nodiscard]] bool has(std::string_view key) const;
   /// The member `key` (which must exist).
   [[nodiscard]] ModelJsonField operator[](std::string_view key) const;
   /// The elements of this array.
   [[nodiscard]] std::vector<ModelJsonField> elements() const;
 
+  /// A finite JSON number (an integer is accepted); any other value, or a number beyond the range of a double, is
+  /// rejected naming the field.
   [[nodiscard]] double as_double() const;
   /// A JSON integer in int64's range; a float (1e15, 3.0) is rejected naming the field.
   [[nodiscard]] int64_t as_int() const;
+  /// A JSON string.
   [[nodiscard]] std::string as_string() const;
   /// A 1-D array of numbers.
   [[nodiscard]] Vector as_vector() const;
@@ -73,6 +83,8 @@ class ModelJsonField {
 
 /// A matrix as a list of rows, a vector as a list (doubles in shortest round-trip form).
 [[nodiscard]] nlohmann::json matrix_to_json(const Matrix& m);
+/// A vector as a JSON array of its entries (doubles in shortest round-trip form), what ModelJsonField::as_vector
+/// reads back bit for bit.
 [[nodiscard]] nlohmann::json vector_to_json(const Vector& v);
 
 }  // namespace attnmix

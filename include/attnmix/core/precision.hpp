@@ -12,6 +12,7 @@
 
 namespace attnmix {
 
+/// The arithmetic of an E-step, as the file comment describes (`docs/mixed_precision.md`).
 enum class Precision { kFloat64, kMixed };
 
 /// "float64" or "mixed".

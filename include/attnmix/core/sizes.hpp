@@ -21,7 +21,7 @@ namespace attnmix {
 inline constexpr int64_t kMaxElements = int64_t{1} << 48;
 
 /// The product of `extents`, each ≥ 0.
-/// @throws ValueError "<where>: <what> (a × b × …) must have at most 2^48 elements" when the product exceeds
+/// @throws ValueError "<where>: <what> (a x b x …) must have at most 2^48 elements" when the product exceeds
 ///         kMaxElements (an overflow of int64 included), or "<where>: <what>: extent k is negative (got e)".
 [[nodiscard]] int64_t checked_product(std::string_view where, std::string_view what,
                                       std::initializer_list<int64_t> extents);

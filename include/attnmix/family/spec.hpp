@@ -56,8 +56,8 @@ struct FamilySpec;
 /// The data files a model reads: the family whose schema and encoder read them and the sizes the model fixes (each
 /// "from the model"); the sizes it leaves open (a chained model's context length N) come from the data.
 struct DataOf {
-  const FamilySpec* family = nullptr;
-  Dims dims = {};
+  const FamilySpec* family = nullptr;  ///< the family whose schema reads the files (a mixture's: its components')
+  Dims dims = {};                      ///< the sizes the model fixes, each "from the model"
 };
 
 /// A size of a family's data or model as a fit takes and reports it: "S=4 symbols", `--symbols 4`.
@@ -75,11 +75,11 @@ struct SizeSpec {
 /// Everything an estimator is built from, and what it reports: its sizes (those fixed by the model), options, the
 /// seed of a fresh initialisation (families with a Monte-Carlo objective), name and keys.
 struct EstimatorSettings {
-  Dims sizes = {};
+  Dims sizes = {};            ///< the sizes the model fixes ("S", "T", ...)
   OptionValues options = {};  ///< to make one: the given options (the others keep their defaults)
-  uint64_t seed = 0;
-  std::string name = {};
-  std::optional<std::string> keys = {};
+  uint64_t seed = 0;          ///< the seed of a fresh initialisation (Monte-Carlo families)
+  std::string name = {};      ///< the model's name (empty: none)
+  std::optional<std::string> keys = {};  ///< the statistics' key: accumulators with equal keys are merged
 };
 
 /// A family that can be fitted to a plain-text corpus: the corpus's tokens become its rows.
@@ -114,15 +114,18 @@ struct FitSpec {
   std::string (*mechanism)(const Dims& dims) = nullptr;
   /// " (its Adam trajectory goes on after step 3)": what a fit from this saved model continues; null: nothing.
   std::string (*resume_note)(const AnyDistribution& init) = nullptr;
-  TextSpec text = {};
+  TextSpec text = {};  ///< fitting to a plain-text corpus (null members: the family cannot)
 };
 
+/// One family, registered once (docs/design.md): its names, model-file codec, data schema, the encoder and sampler of
+/// its rows, and what fitting it takes. Every adapter (the command line, the Python module, model files) works from
+/// this descriptor; none asks which family a model is.
 struct FamilySpec {
   std::string_view name = {};                  ///< "responsibility"
   std::vector<std::string_view> aliases = {};  ///< "ra"
   std::string_view title = {};                 ///< "responsibility attention"
   std::string_view file_family = {};           ///< "responsibility_attention"
-  ModelCodec codec = {};
+  ModelCodec codec = {};                       ///< reads and writes the family's model files
   /// The family's data files; null for a family that reads none of its own (a mixture reads its components').
   const RowSchema* schema = nullptr;
   /// The data files `model` reads. @throws ValueError when it reads none (null for such a family).
@@ -135,7 +138,7 @@ struct FamilySpec {
   /// family leaves it open (its schema's width that data_of does not fix), and must equal the model's otherwise.
   /// @throws ValueError for a width the model cannot use.
   AnyBatch (*sample)(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) = nullptr;
-  FitSpec fit = {};
+  FitSpec fit = {};  ///< what fitting the family takes
 };
 
 /// The data files a model reads (spec_of(model).data_of). @throws ValueError for a family that reads none.

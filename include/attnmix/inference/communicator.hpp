@@ -23,10 +23,15 @@
 
 namespace attnmix {
 
+/// The processes of one distributed fit, as optimize() uses them (see the file comment and
+/// `docs/design.md#distributed-fits`). attnmix::mpi's MpiCommunicator (mpi/mpi.hpp) implements it over MPI. The
+/// collective calls must be made by every rank, in the same order.
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  /// This process's rank r, in [0, size()).
   [[nodiscard]] virtual int rank() const noexcept = 0;
+  /// The number of processes P of the fit (≥ 1).
   [[nodiscard]] virtual int size() const noexcept = 0;
   /// values ← the element-wise sum over ranks, in place, with the same bits on every rank. Collective.
   virtual void sum(std::span<double> values) const = 0;
@@ -39,7 +44,9 @@ class Communicator {
 
 /// The shard of this rank: its first global row and the global row count.
 struct RowShard {
+  /// The global index of this rank's first row: the rows held by the lower ranks, offset_r = Σ_{q<r} n_q.
   int64_t offset = 0;
+  /// The rows of all ranks together.
   int64_t total = 0;
 };
 
@@ -58,8 +65,11 @@ struct RowShard {
 /// OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_RANK, PMI-based launchers PMI_SIZE and PMI_RANK (PMIx: PMIX_RANK).
 /// Without a launcher: {false, 1, 0}; a size or rank that is not a decimal integer reads as 1 or 0.
 struct LauncherWorld {
+  /// True when a launcher's variables are set (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK).
   bool launched = false;
+  /// The number of processes the launcher started (≥ 1).
   int size = 1;
+  /// This process's rank among them (≥ 0).
   int rank = 0;
 };
 

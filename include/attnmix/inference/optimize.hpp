@@ -35,32 +35,59 @@
 
 namespace attnmix {
 
+/// How optimize() ended: kConverged when an iteration's score improvement fell below OptimizeOptions::delta (a
+/// decrease included); kMaxIterations when max_its iterations ran without that (also for max_its = 0).
 enum class OptimizeStatus { kConverged, kMaxIterations };
 
 /// The single source of optimize()'s defaults (C++, CLI flags and Python keywords).
 struct OptimizeOptions {
+  /// The most EM iterations (≥ 0; CLI --max-its). 0 returns the starting model unscored.
   int max_its = 10;
+  /// The convergence threshold: the loop stops at the first iteration whose score improvement is below delta, so a
+  /// decrease stops it too. nullopt runs every iteration (and the classic loop then accepts every finite step).
+  /// Must not be NaN.
   std::optional<double> delta = 1e-9;  // nullopt: run every iteration
+  /// The probability with which each row takes part in the random initialisation (w_n ~ Bernoulli(init_p)). Must
+  /// not be NaN.
   double init_p = 0.1;                 // ≤ 0 behaves as 0.1; clamped to [0, 1]
+  /// The seed of the random initialisation (Rng(seed)); not used when optimize() is given a starting model.
   uint64_t seed = 0;
+  /// The reporting period (> 0): which iterations reach on_iteration.
   int print_iter = 1;                  // report iteration i when i % print_iter == 0 (or on convergence)
+  /// True: the fused loop, which scores each model in the pass that runs its E-step; false: the classic loop, which
+  /// scores every new model in a pass of its own (CLI --classic).
   bool reuse_estep_ll = true;          // fused loop; false: classic loop
+  /// The E-step and scoring threads (≥ 0); the results do not depend on it.
   int n_threads = 0;                   // 0: all hardware threads
+  /// Rows per parallel chunk (> 0); the results change with it only at rounding level (reduce.hpp).
   Index chunk_rows = 1024;
   /// The processes of a distributed fit (not owned; nullptr: this process alone). Every rank passes equal options.
   const Communicator* communicator = nullptr;
+  /// Receives the report of every print_iter-th iteration and of the converged one, on the calling thread (on every
+  /// rank of a distributed fit); empty: no reports.
   std::function<void(const IterationReport&)> on_iteration;
   /// @throws ValueError naming the field.
   void validate() const;
+  /// The options of the E-step and scoring passes: {n_threads, chunk_rows}.
   [[nodiscard]] ParallelOptions parallel() const { return {n_threads, chunk_rows}; }
 };
 
+/// What optimize() returns (`docs/mechanisms.md#training`): the best-scoring model of distribution type D and how
+/// the loop ended.
 template <class D>
 struct OptimizeResult {
+  /// The returned model: the best-scoring iterate (ties go to the later one); in the classic loop with validation
+  /// data, the accepted iterate with the best validation score.
   D model;
+  /// Whether the loop stopped on delta (kConverged) or ran out of iterations (kMaxIterations).
   OptimizeStatus status = OptimizeStatus::kMaxIterations;
+  /// The iterations run (0 when max_its = 0).
   int n_iterations = 0;
+  /// The iteration whose report line scored the returned model; max_its + 1: the final model of a fused loop that did
+  /// not converge; 0: the starting model (max_its = 0, or a classic loop that accepted no step).
   int best_iteration = 0;       // the report line whose model was returned (max_its + 1: the final model)
+  /// The training score of every iteration's reported model, reported to on_iteration or not: scores[i − 1] is
+  /// iteration i's. The score of the final model, scored after a fused loop that did not converge, is not included.
   std::vector<double> scores{};  // score of each reported model, by iteration
 };
 
@@ -74,6 +101,9 @@ void tie_keys(A& acc) {
     for (AnyAccumulator& child : acc.children()) child.key_replace(pool);
   }
 }
+/// Key tying pass over a type-erased accumulator, depth first from the accumulator itself: the first site with a key
+/// holds the pool, later sites add into it, then every site reads the pooled statistics
+/// (`docs/mechanisms.md#building-blocks`).
 inline void tie_keys(AnyAccumulator& acc) {
   KeyPool pool;
   acc.key_merge(pool);
@@ -184,12 +214,14 @@ template <class E>
 }
 
 /// EM steps over one batch with reusable storage: the unit weights, the accumulator and the reducer's partials are
-/// allocated once and reused by every step(), so an iteration allocates only the new model. (Large buffers freed every iteration go
-/// back to the system and fault in again; on a VM that costs a quarter of a responsibility-attention iteration,
-/// docs/PERFORMANCE.md.) The statistics are zeroed before each E-step, so step() equals a fresh em_step bit for bit.
+/// allocated once and reused by every step(), so an iteration allocates only the new model. (Large buffers freed
+/// every iteration go back to the system and fault in again; on a VM that costs a quarter of a
+/// responsibility-attention iteration, docs/PERFORMANCE.md.) The statistics are zeroed before each E-step, so step()
+/// equals a fresh em_step bit for bit.
 template <class E>
 class EmStepper {
  public:
+  /// The distribution type E estimates.
   using D = typename E::distribution_type;
   /// comm: the processes of a distributed fit (not owned; nullptr: this process alone).
   EmStepper(const E& estimator, Index n_rows, const Communicator* comm = nullptr)

@@ -25,8 +25,8 @@ namespace attnmix {
 /// A declared dimension and where it came from ("the model", "--symbols", "line 1", "the training
 /// data"), which messages quote: "context has 5 entries; expected N = 6 (from the model)".
 struct Dim {
-  int64_t value = 0;
-  std::string from;
+  int64_t value = 0;  ///< the size itself (S, N, D, T, …)
+  std::string from;   ///< where it came from, as messages quote it after "from": "the model", "line 1"
 };
 
 /// Whether rows must carry a target (fit, score) or may omit it on every line (predict).
@@ -34,10 +34,10 @@ enum class TargetPolicy { kRequired, kOptional };
 
 /// Where the rows of a data set came from, to point at a row in messages.
 struct RowOrigin {
-  std::string source;  // the file name
-  bool is_npz = false;
-  std::vector<int64_t> line_of_row;  // JSONL: the 1-based line of each row
-  int64_t first_row = 0;  // npz: the array index of row 0 (a stripe's offset in its file)
+  std::string source;  ///< the file name
+  bool is_npz = false;  ///< whether the rows came from an .npz archive (rows are then located by array index)
+  std::vector<int64_t> line_of_row;  ///< JSONL: the 1-based line of each row
+  int64_t first_row = 0;  ///< npz: the array index of row 0 (a stripe's offset in its file)
   /// "data.jsonl: line 7" or "data.npz: row 6".
   [[nodiscard]] std::string locate(Index row) const;
 };
@@ -50,9 +50,9 @@ struct RowOrigin {
 /// error (the fit checks the count over every process). The default reads a whole file, which must
 /// hold rows.
 struct RowStripe {
-  int part = 0;
-  int parts = 1;
-  bool shard = false;
+  int part = 0;        ///< this process's stripe, in [0, parts) (its rank)
+  int parts = 1;       ///< the number of stripes the rows are cut into (the number of processes), ≥ 1
+  bool shard = false;  ///< whether the rows are one process's share, so that an empty stripe is not an error
   /// [begin, end) of the stripe among `rows` rows.
   [[nodiscard]] std::pair<int64_t, int64_t> range(int64_t rows) const {
     return {rows * part / parts, rows * (part + 1) / parts};
@@ -63,6 +63,8 @@ struct RowStripe {
 /// "data.jsonl: lines 3, 9: impossible evidence: …".
 [[noreturn]] void rethrow_with_lines(const ImpossibleEvidenceError& error, const RowOrigin& origin);
 
+/// The two kinds of data file: JSON Lines (kJsonLines) or a NumPy .npz archive (kNpz), told apart by content
+/// (data_file_kind), never by the file's name.
 enum class DataFileKind { kJsonLines, kNpz };
 
 /// Opens `path` and tells JSON Lines from an .npz archive by its first bytes.
@@ -128,10 +130,11 @@ void check_width(const char* what, const char* symbol, std::optional<Dim>& dim, 
 
 /// A dimension taken from the data as 1 + the largest id of some fields (S from the keys, values and queries, T
 /// from the targets), remembering the first row that holds the largest id, so that a dimension too large for the
-/// model can be traced to its row: Dim{S, "the largest key id at ca.jsonl: line 3, field keys"}. Ids are below kMaxElements
-/// (check_id_range), so 1 + the largest never overflows.
+/// model can be traced to its row: Dim{S, "the largest key id at ca.jsonl: line 3, field keys"}. Ids are below
+/// kMaxElements (check_id_range), so 1 + the largest never overflows.
 class LargestId {
  public:
+  /// Tracks no id yet. `what` names the ids in the dimension's origin ("the largest key, value or query id").
   explicit LargestId(std::string what) : what_(std::move(what)) {}
   /// Sees the ids of `field` in one row set (one row per matrix row; IdVector: one id per row).
   template <class Ids>
@@ -162,8 +165,13 @@ class LargestId {
 /// omit them; fit and score need them). @throws ValueError naming the line.
 class TargetPresence {
  public:
+  /// Nothing seen yet; policy says whether every line must carry a target.
   explicit TargetPresence(TargetPolicy policy) : policy_(policy) {}
+  /// Records whether the line at `where` ("data.jsonl: line 3") carries a target. @throws ValueError "missing field
+  /// 'target'" for a line without one under TargetPolicy::kRequired, and when this line differs from the first line
+  /// seen (some lines with a target, some without).
   void see(bool has_target, const std::string& where);
+  /// Whether the lines seen carry targets: the answer of the first line (true when no line has been seen).
   [[nodiscard]] bool has_targets() const { return seen_.value_or(true); }
 
  private:

@@ -19,11 +19,13 @@
 
 namespace attnmix {
 
+/// The value of a model file's "format" field, which every model file starts with (`docs/model-format.md`).
 inline constexpr const char* kModelFormat = "attnmix-model";
+/// The "schema_version" this build writes and the only one it reads; a document of another version is refused.
 inline constexpr int kModelSchemaVersion = 1;
 
 /// The whole model document, "format" and "schema_version" included.
-/// @throws ValueError when the model's family is not registered.
+/// @throws ValueError when the model handle is empty or its family has no model-file format (is not registered).
 [[nodiscard]] nlohmann::json model_to_json(const AnyDistribution& model);
 
 /// Rebuilds a model through its family's validating constructor. `source` (usually the file name) starts every

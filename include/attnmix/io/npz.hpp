@@ -21,14 +21,17 @@ namespace attnmix {
 /// One array of an archive, decoded to int64 (bool, int, uint dtypes) or double (float dtypes), in
 /// C order: all of it, or only a stripe of its rows (axis 0), [first_row, first_row + held rows).
 struct NpyArray {
+  /// The decoded element type: bool (|b1, held in ints as 0/1), integer (int8-64 and uint8-64, held in ints) or
+  /// float (float32 and float64, held in reals as doubles).
   enum class Kind { kBool, kInt, kFloat };
-  std::string descr;           // the dtype as numpy wrote it, e.g. "<i8"
-  std::vector<int64_t> shape;  // of the whole array in the file; () for a scalar
-  Kind kind = Kind::kInt;
-  int64_t first_row = 0;      // axis-0 index of the first row held
-  int64_t row_size = 1;       // elements per row (the product of shape[1:])
-  std::vector<int64_t> ints;  // kBool (0/1) and kInt (a uint64 value above INT64_MAX is rejected)
-  std::vector<double> reals;  // kFloat
+  std::string descr;           ///< the dtype as numpy wrote it, e.g. "<i8"
+  std::vector<int64_t> shape;  ///< of the whole array in the file; () for a scalar
+  Kind kind = Kind::kInt;      ///< which of ints and reals holds the elements
+  int64_t first_row = 0;      ///< axis-0 index of the first row held
+  int64_t row_size = 1;       ///< elements per row (the product of shape[1:]; 1 for a scalar or a 1-D array)
+  std::vector<int64_t> ints;  ///< kBool (0/1) and kInt (a uint64 value above INT64_MAX is rejected)
+  std::vector<double> reals;  ///< kFloat
+  /// The number of elements held (of ints for kBool and kInt, of reals for kFloat): held rows × row_size.
   [[nodiscard]] size_t size() const;
   /// Index into ints / reals of element `col` of row `row` (an axis-0 index of the file, among the rows held).
   [[nodiscard]] size_t at(int64_t row, int64_t col = 0) const;

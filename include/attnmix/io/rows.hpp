@@ -26,12 +26,14 @@
 
 namespace attnmix {
 
+/// What a data field holds: integer ids (kIds; integral floats such as 2.0 are accepted and converted) or real
+/// numbers (kReals; finite, magnitude at most 1e+50).
 enum class DataKind { kIds, kReals };
 
 /// One field of a family's observations: a JSON Lines key and the .npz array of the same name.
 struct DataField {
   std::string_view name = {};        ///< "context"
-  DataKind kind = DataKind::kIds;
+  DataKind kind = DataKind::kIds;     ///< whether the field holds ids or reals
   std::string_view width = {};       ///< the size every row's width must equal ("N", "D"); "" for one value per row
   std::string_view bound = {};       ///< ids: the size every id must stay below ("S", "T")
   std::string_view noun = {};        ///< ids: how "the largest … id" names it ("key" for keys)
@@ -41,6 +43,8 @@ struct DataField {
 
 /// A family's data files: its fields, in file order.
 struct RowSchema {
+  /// The fields in file order, which is also the order of Rows::columns and of the keys write_json_lines writes; the
+  /// target field, if any, is the last.
   std::vector<DataField> fields;
 
   /// The field called `name`. @throws ValueError (a schema without it is a programming error).
@@ -54,14 +58,17 @@ using Dims = std::map<std::string, Dim, std::less<>>;
 
 /// One field's values over the rows: ids or reals, rows × width (width 1 for a one-value field).
 struct Column {
-  IdMatrix ids;
-  Matrix reals;
+  IdMatrix ids;  ///< the values of an ids field, rows × width; empty (0 × 0) for a reals field
+  Matrix reals;  ///< the values of a reals field, rows × width; empty (0 × 0) for an ids field
 };
 
 /// Validated rows of a data file, not yet encoded; the RowOrigin part locates them in their file.
 struct Rows : RowOrigin {
   std::vector<Column> columns;  ///< one per schema field, in order; the target's is zeros when !has_targets
+  /// Whether the rows carry the schema's target field: false when every row goes without it (TargetPolicy::kOptional)
+  /// or the schema has no target field.
   bool has_targets = true;
+  /// The number of rows: the row count of the first column (0 without columns).
   [[nodiscard]] Index n_rows() const;
 };
 

@@ -19,12 +19,14 @@
 
 namespace attnmix {
 
+/// The Communicator of a distributed fit over MPI ranks: sums in rank order, so a fit's bits do not depend on the
+/// number of ranks (`docs/design.md#distributed-fits`).
 class MpiCommunicator final : public Communicator {
  public:
   /// A communicator that must stay valid while this object is used (MPI_COMM_WORLD by default).
   explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
-  [[nodiscard]] int rank() const noexcept override { return rank_; }
-  [[nodiscard]] int size() const noexcept override { return size_; }
+  [[nodiscard]] int rank() const noexcept override { return rank_; }  ///< this process's rank in the communicator
+  [[nodiscard]] int size() const noexcept override { return size_; }  ///< the number of ranks
   void sum(std::span<double> values) const override;
   [[nodiscard]] std::vector<int64_t> all_counts(int64_t own) const override;
   [[nodiscard]] std::string first_failure(const std::string& own) const override;
@@ -40,6 +42,7 @@ class MpiCommunicator final : public Communicator {
 /// MPI_COMM_WORLD) and become std::runtime_error.
 class MpiSession {
  public:
+  /// Initialises MPI with the program's arguments. @throws std::runtime_error when MPI cannot start.
   MpiSession(int& argc, char**& argv);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;

@@ -37,11 +37,16 @@ class CategoricalSampler;
 /// An immutable, validated batch of ids [n]. Slices share storage (O(1)).
 class CategoricalBatch {
  public:
+  /// An empty batch (no rows).
   CategoricalBatch();
+  /// The number of rows n.
   [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  /// The id of row `row`, in [0, K) when the encoder knew K (0 ≤ row < n_rows(); not checked).
   [[nodiscard]] int64_t id(Index row) const noexcept { return storage_->ids[begin_ + row]; }
   /// Largest id in the underlying storage (−1 when empty): O(1) range checks.
   [[nodiscard]] int64_t max_id() const noexcept { return storage_->max_id; }
+  /// Rows [begin, begin + count), sharing this batch's storage (O(1)). The range must lie inside the batch (a broken
+  /// precondition aborts).
   [[nodiscard]] CategoricalBatch slice(Index begin, Index count) const;
   /// A copy of the rows.
   [[nodiscard]] IdVector ids() const;
@@ -60,6 +65,7 @@ class CategoricalBatch {
 /// Validates ids: ≥ 0 and < K when K is declared ("out-of-range ID", ValueError).
 class CategoricalEncoder {
  public:
+  /// The number of categories K when declared (it must then be > 0, and every id < K); nullopt checks only id ≥ 0.
   std::optional<int64_t> n_categories;
 
   /// @throws ValueError on out-of-range ids.
@@ -67,24 +73,36 @@ class CategoricalEncoder {
   /// Real-valued ids must be exact integers (2.0 is accepted, 1.5 and NaN are not). @throws
   /// ValueError.
   [[nodiscard]] CategoricalBatch encode(std::span<const double> ids) const;
+  /// Encoders are equal when they declare the same K.
   [[nodiscard]] bool operator==(const CategoricalEncoder&) const = default;
 };
 
+/// The parameters of a Categorical (what its model files store).
 struct CategoricalParams {
+  /// The probabilities p [K]: a simplex (entries finite and ≥ 0, |Σ p − 1| ≤ 1e-12); a zero entry is a structural
+  /// zero (`docs/mechanisms.md#building-blocks`).
   Vector p;  // [K] simplex
+  /// The model's name ("" for none), kept by estimator() and saved in model files.
   std::string name;
 };
 
 /// Statistics, in value() order: counts [K] (Σ w per id).
 class CategoricalAccumulator : public FlatAccumulator<CategoricalAccumulator> {
  public:
+  /// The prefix of this accumulator's error messages.
   static constexpr const char* kWhere = "CategoricalAccumulator";
+  /// The batch type initialize() reads.
   using batch_type = CategoricalBatch;
+  /// Zero counts for K = n_categories categories, carrying the tying key `keys` (`docs/mechanisms.md#building-blocks`;
+  /// nullopt: untied). @throws ValueError when n_categories ≤ 0.
   explicit CategoricalAccumulator(int64_t n_categories,
                                   std::optional<std::string> keys = std::nullopt);
 
+  /// The number of categories K.
   [[nodiscard]] int64_t n_categories() const noexcept { return K_; }
+  /// The counts [K] (Σ w per id), writable in place (no validation).
   [[nodiscard]] VectorMap counts() { return {field(0), K_}; }
+  /// The counts [K] (Σ w per id).
   [[nodiscard]] ConstVectorMap counts() const { return {field(0), K_}; }
   /// Σ counts (accurate sum).
   [[nodiscard]] double total_mass() const;
@@ -97,27 +115,40 @@ class CategoricalAccumulator : public FlatAccumulator<CategoricalAccumulator> {
                         Index /*rows_after*/) {
     initialize(batch, w, rng);
   }
+  /// An encoder that accepts the ids of this accumulator's K categories.
   [[nodiscard]] CategoricalEncoder encoder() const { return {K_}; }
 
  private:
   int64_t K_;
 };
 
+/// The categorical distribution (`docs/mechanisms.md#categorical`): immutable; the constructor validates p and
+/// precomputes log p.
 class Categorical {
  public:
+  /** @name Roles */
+  /// @{
+  /// The types of the roles this distribution works with (`docs/design.md`): its parameters, batch, accumulator,
+  /// estimator and encoder.
   using params_type = CategoricalParams;
   using batch_type = CategoricalBatch;
   using accumulator_type = CategoricalAccumulator;
   using estimator_type = CategoricalEstimator;
   using encoder_type = CategoricalEncoder;
+  /// @}
+  /// The family's name: AnyDistribution::family() and the "family" of its model files.
   static constexpr const char* kFamily = "categorical";
+  /// The prefix of this distribution's error messages.
   static constexpr const char* kWhere = "CategoricalDistribution";
 
   /// @throws ValueError unless p is a simplex.
   explicit Categorical(CategoricalParams params);
 
+  /// The validated parameters.
   [[nodiscard]] const CategoricalParams& params() const noexcept { return params_; }
+  /// The number of categories K.
   [[nodiscard]] int64_t n_categories() const noexcept { return params_.p.size(); }
+  /// log p [K], precomputed exactly: −∞ where p is 0, never floored.
   [[nodiscard]] const Vector& log_p() const noexcept { return log_p_; }
 
   /// out[n] = log p[x_n]. @throws ValueError on an id ≥ K or a wrong output length.
@@ -126,12 +157,15 @@ class Categorical {
   /// and p[x_n] = 0; ValueError on bad weights, ids or accumulator size.
   void accumulate(const CategoricalBatch& batch, std::span<const double> w,
                   CategoricalAccumulator& acc, std::span<double> log_p_out = {}) const;
+  /// Zero counts for this model's K, untied.
   [[nodiscard]] CategoricalAccumulator make_accumulator() const {
     return CategoricalAccumulator(n_categories());
   }
   /// Estimator with this model's K, smoothing 0 and its name.
   [[nodiscard]] CategoricalEstimator estimator() const;
+  /// An encoder that accepts the ids of this model's K categories.
   [[nodiscard]] CategoricalEncoder encoder() const { return {n_categories()}; }
+  /// A sampler of (a copy of) this model whose draws come from Rng(seed).
   [[nodiscard]] CategoricalSampler sampler(uint64_t seed) const;
 
  private:
@@ -142,25 +176,37 @@ class Categorical {
 
 /// Options of the M-step; the single source of the defaults.
 struct CategoricalEstimatorOptions {
+  /// The smoothing ε added to every count before normalising: finite and ≥ 0 (CLI --smoothing).
   double smoothing = 0.0;  // ε added to every count before normalising
+  /// The name of every model estimate() returns.
   std::string name;
+  /// The tying key of the accumulators make_accumulator() returns (`docs/mechanisms.md#building-blocks`); nullopt:
+  /// untied.
   std::optional<std::string> keys;
 };
 
+/// The categorical M-step (`docs/mechanisms.md#categorical`): const and stateless.
 class CategoricalEstimator {
  public:
+  /// The distribution estimate() returns.
   using distribution_type = Categorical;
+  /// The statistics estimate() reads.
   using accumulator_type = CategoricalAccumulator;
+  /// The prefix of this estimator's error messages.
   static constexpr const char* kWhere = "CategoricalEstimator";
 
   /// @throws ValueError on K ≤ 0 or a negative / non-finite smoothing.
   explicit CategoricalEstimator(int64_t n_categories, CategoricalEstimatorOptions options = {});
 
+  /// The number of categories K.
   [[nodiscard]] int64_t n_categories() const noexcept { return K_; }
+  /// The options given to the constructor.
   [[nodiscard]] const CategoricalEstimatorOptions& options() const noexcept { return options_; }
+  /// Zero counts for K categories, carrying options().keys.
   [[nodiscard]] CategoricalAccumulator make_accumulator() const {
     return CategoricalAccumulator(K_, options_.keys);
   }
+  /// An encoder that accepts the ids of K categories.
   [[nodiscard]] CategoricalEncoder encoder() const { return {K_}; }
   /// p = (counts + ε) / Σ (counts + ε), uniform on a zero total. @throws ValueError on invalid
   /// statistics or when nobs ≠ Σ counts ("cannot exceed" / "must equal").
@@ -175,7 +221,9 @@ class CategoricalEstimator {
 /// Draws ids by inverse CDF (Rng::categorical); sample(m) equals m consecutive sample() calls.
 class CategoricalSampler {
  public:
+  /// A sampler of `model` whose draws come from Rng(seed).
   CategoricalSampler(Categorical model, uint64_t seed) : model_(std::move(model)), rng_(seed) {}
+  /// Draws one id in [0, K).
   [[nodiscard]] int64_t sample();
   /// @throws ValueError when m < 0.
   [[nodiscard]] CategoricalBatch sample(Index m);

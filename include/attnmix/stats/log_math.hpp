@@ -13,7 +13,9 @@
 
 namespace attnmix {
 
+/// −∞: log 0, the log density of an impossible row.
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+/// +∞ (e.g. the first score improvement reported by optimize()).
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// log Σ exp(x_i) with max subtraction; −∞ for an empty or all −∞ input. +∞/NaN propagate.

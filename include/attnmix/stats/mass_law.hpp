@@ -9,9 +9,11 @@
 
 namespace attnmix {
 
+/// The tolerance of a mass law between masses a and b: 64 · 2⁻²³ · max(1, |a|, |b|), about 7.6e-6 relative.
 [[nodiscard]] double tol_mass(double a, double b);
 
-/// Throws ValueError unless assigned equals declared within tol_mass.
+/// Throws ValueError unless assigned equals declared within tol_mass (also when either is not finite: "must be
+/// finite").
 void check_mass_law(std::string_view where, std::string_view declared_name, double declared,
                     std::string_view assigned_name, double assigned);
 

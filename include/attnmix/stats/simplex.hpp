@@ -9,6 +9,8 @@
 
 namespace attnmix {
 
+/// B [S, T] from counts [S, T] and ε = eps as above. eps is not checked here: the attention estimators validate it
+/// (finite, ≥ 0) at construction.
 [[nodiscard]] Matrix smoothed_row_normalise(const ConstMatrixMap& counts, double eps);
 
 }  // namespace attnmix

@@ -26,6 +26,8 @@ inline ClusterRule parse_cluster_rule(const std::string& text, const std::string
   throw ValueError(where + ": cluster_rule must be \"threshold\" or \"budget\", not \"" + text + "\"");
 }
 
+/// The rule's name as parse_cluster_rule reads it and checkpoints and model configurations write it: "budget" for
+/// ClusterRule::kBudget, "threshold" for ClusterRule::kThreshold. The result is a static string.
 inline const char* cluster_rule_name(ClusterRule rule) {
   return rule == ClusterRule::kBudget ? "budget" : "threshold";
 }

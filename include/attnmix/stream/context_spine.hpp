@@ -37,6 +37,7 @@ namespace attnmix {
 /// What a mechanism's step returns: the carried state after the chunk and the chunk's mean cross-entropy.
 template <class State>
 struct MechanismStep {
+  /// The carried state after the chunk, to pass to the next step (its tensors still attached to the graph).
   State state;
   torch::Tensor loss;  ///< scalar, differentiable
 };
@@ -54,11 +55,17 @@ concept ContextMechanism = requires(M& m, const typename M::state_type& s, const
 /// Sizes of the spine. Every size is a positive integer, d_model % n_head == 0 and head_dim is even;
 /// window = nullopt means unbounded (full causal attention); cp_size (context parallelism) accepts only 1.
 struct SpineOptions {
+  /// V, the number of token ids (the embedding's rows and the logits' width).
   int64_t vocab = 256;
+  /// d, the width of the residual stream; a multiple of n_head.
   int64_t d_model = 32;
+  /// The number of Transformer layers.
   int64_t n_layer = 2;
+  /// H, heads per layer; head_dim h_d = d_model / n_head must be even (RoPE rotates pairs).
   int64_t n_head = 2;
+  /// W, the tokens a query sees (itself included); nullopt: every token since the state began (full attention).
   std::optional<int64_t> window = 64;
+  /// Context-parallel group size, kept for the PyTorch signature; must be 1.
   int64_t cp_size = 1;
 };
 
@@ -68,12 +75,19 @@ void validate_spine_options(const SpineOptions& options, const char* where);
 /// The carried state: per layer the raw keys and values of the cached tokens, (b, len, H, h_d), undefined while
 /// empty; pos = the absolute position of the next token.
 struct SlidingWindowState {
+  /// Per layer, the raw (un-rotated) keys of the cached tokens, (b, len, H, h_d); undefined while empty.
   std::vector<torch::Tensor> cache_k;
+  /// Per layer, the values of the cached tokens, (b, len, H, h_d); undefined while empty.
   std::vector<torch::Tensor> cache_v;
+  /// The absolute position of the next token: the tokens seen since init_state.
   int64_t pos = 0;
+  /// b, the number of streams; every chunk must have this many rows.
   int64_t batch_size = 0;
+  /// H, heads per layer, as the model that made the state.
   int64_t n_head = 0;
+  /// h_d, the size of one head, as the model that made the state.
   int64_t head_dim = 0;
+  /// The device given to init_state (recorded; the caches live where the chunks' activations are computed).
   torch::Device device = torch::kCPU;
 
   /// Bytes held by the caches (what the state costs in memory).
@@ -88,32 +102,47 @@ torch::Tensor window_visibility(const torch::Tensor& query_positions, const torc
 /// One pre-norm Transformer layer's parameters. The attention sublayer (ln1's output through qkv, attention and
 /// proj) is self_attention.hpp's; the layer adds its output to the residual and runs the MLP.
 struct SpineLayerImpl : torch::nn::Module {
+  /// Registers, in this order, ln1, qkv, proj, ln2, fc1 and fc2 for width d_model, with libtorch's default
+  /// initialisation (drawn under torch::manual_seed).
   explicit SpineLayerImpl(int64_t d_model);
+  /// The attention sublayer's LayerNorm over d_model (ε = 1e−5), applied to the residual stream.
   torch::nn::LayerNorm ln1{nullptr};
+  /// d_model → 3·d_model: the queries, keys and values, each split head-major into (H, h_d).
   torch::nn::Linear qkv{nullptr};
+  /// d_model → d_model: the attention output's projection back into the residual stream.
   torch::nn::Linear proj{nullptr};
+  /// The MLP's LayerNorm over d_model (ε = 1e−5).
   torch::nn::LayerNorm ln2{nullptr};
+  /// d_model → 4·d_model, the MLP's first linear map (followed by GELU).
   torch::nn::Linear fc1{nullptr};
+  /// 4·d_model → d_model, the MLP's second linear map.
   torch::nn::Linear fc2{nullptr};
 
   /// h + attn (the sublayer's projected output) followed by the MLP residual: the part of the layer after
   /// attention.
   torch::Tensor finish(const torch::Tensor& h, const torch::Tensor& attn);
 };
+/// SpineLayer, the module holder of SpineLayerImpl (libtorch's TORCH_MODULE: a ModuleHolder that shares one Impl).
 TORCH_MODULE(SpineLayer);
 
 /// The parameters shared by every mechanism: embedding (tied head), layers, final norm.
 /// Construction order (and hence the draws under torch::manual_seed): tok, then per layer ln1, qkv, proj, ln2,
 /// fc1, fc2, then ln_f.
 struct SpineBackboneImpl : torch::nn::Module {
+  /// Registers tok (vocab × d_model), n_layer layers ("layer0", "layer1", …) and ln_f, in that order. The sizes are
+  /// not checked here (validate_spine_options does).
   SpineBackboneImpl(int64_t vocab, int64_t d_model, int64_t n_layer);
+  /// The token embedding, (vocab, d_model), N(0, 1) at initialisation; its weight is also the output head.
   torch::nn::Embedding tok{nullptr};
+  /// The Transformer layers, in order (registered as "layer0", "layer1", …).
   std::vector<SpineLayer> layers;
+  /// The final LayerNorm over d_model (ε = 1e−5), applied before the tied head.
   torch::nn::LayerNorm ln_f{nullptr};
 
   /// ln_f(h) tokᵀ: (b, t, vocab).
   torch::Tensor logits(const torch::Tensor& h);
 };
+/// SpineBackbone, the module holder of SpineBackboneImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(SpineBackbone);
 
 /// Checks a near state against a chunk of batch size b and the spine's sizes and returns the (common) cache length.
@@ -123,13 +152,16 @@ int64_t checked_cache_length(const SlidingWindowState& state, int64_t b, int64_t
 
 /// What advance() returns: the state after the chunk and the logits of every position, (b, t, vocab).
 struct SpineOutput {
+  /// The carried state after the chunk: the caches' last rows and pos advanced by t.
   SlidingWindowState state;
+  /// Next-token logits of every position of the chunk, (b, t, vocab), in the parameters' dtype.
   torch::Tensor logits;
 };
 
 /// The sliding-window spine, a ContextMechanism. window = nullopt is the full-attention reference.
 class SlidingWindowSpineImpl : public torch::nn::Module {
  public:
+  /// The state this mechanism carries between chunks (ContextMechanism).
   using state_type = SlidingWindowState;
 
   /// @throws ValueError for invalid sizes (validate_spine_options).
@@ -147,8 +179,11 @@ class SlidingWindowSpineImpl : public torch::nn::Module {
   /// Stop-gradient on every carried tensor.
   SlidingWindowState detach(const SlidingWindowState& state) const;
 
+  /// The sizes the spine was built with.
   const SpineOptions& options() const { return options_; }
+  /// h_d = d_model / n_head.
   int64_t head_dim() const { return options_.d_model / options_.n_head; }
+  /// The parameters (embedding, layers, final norm), registered as "backbone".
   SpineBackbone& backbone() { return backbone_; }
 
  private:
@@ -157,6 +192,7 @@ class SlidingWindowSpineImpl : public torch::nn::Module {
   SpineOptions options_;
   SpineBackbone backbone_{nullptr};
 };
+/// SlidingWindowSpine, the module holder of SlidingWindowSpineImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(SlidingWindowSpine);
 
 static_assert(ContextMechanism<SlidingWindowSpineImpl>);
@@ -175,6 +211,7 @@ torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tenso
 // ---------------------------------------------------------------------------------------------------------------
 // Truncated backpropagation through time (`docs/mechanisms.md#streaming-language-model`).
 
+/// How TbpttRunner and train_tbptt update: the truncation length and a hook before each optimizer step.
 struct TbpttOptions {
   int64_t detach_horizon = 1;  ///< chunks per update (positive)
   /// Called after backward and before opt.step() with the 0-based update index (gradient clipping, a learning-rate
@@ -188,8 +225,10 @@ struct TbpttOptions {
 template <ContextMechanism M>
 class TbpttRunner {
  public:
+  /// The mechanism's carried state.
   using State = typename M::state_type;
 
+  /// Keeps references to `mechanism` and `optimizer`, which must outlive the runner.
   /// @throws ValueError unless options.detach_horizon is positive.
   TbpttRunner(M& mechanism, torch::optim::Optimizer& optimizer, TbpttOptions options)
       : mechanism_(mechanism), optimizer_(optimizer), options_(std::move(options)) {
@@ -218,6 +257,7 @@ class TbpttRunner {
     }
   }
 
+  /// Optimizer steps taken so far (by feed and flush).
   int64_t updates() const { return updates_; }
 
  private:
@@ -242,6 +282,7 @@ class TbpttRunner {
   int64_t updates_ = 0;
 };
 
+/// What train_tbptt returns: every chunk's loss and the state after the last chunk (detached by the final update).
 template <class State>
 struct TbpttResult {
   std::vector<double> losses;  ///< one per chunk

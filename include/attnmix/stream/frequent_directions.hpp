@@ -44,19 +44,22 @@ namespace attnmix {
 /// One Frequent Directions shrink of a full sketch (…, ℓ, m): the shrunk sketch (rows from `filled` on all zero),
 /// δ per sketch (…) and the rows in use after it: ℓ/2 − 1, or min(ℓ, m) when ℓ/2 > min(ℓ, m) (then δ = 0).
 struct FrequentDirectionsShrink {
-  torch::Tensor sketch;
-  torch::Tensor delta;
-  int64_t filled = 0;
+  torch::Tensor sketch;  ///< the shrunk sketch, the input's shape and dtype; rows from `filled` on exactly zero
+  torch::Tensor delta;   ///< δ = σ_{ℓ/2}² per sketch, the input's shape without its last two dimensions
+  int64_t filled = 0;    ///< rows in use after the shrink: ℓ/2 − 1, or min(ℓ, m) when ℓ/2 > min(ℓ, m)
 };
+/// Shrinks every sketch of a batch (…, ℓ, m) by one thin SVD each, without gradient. Cost O(ℓ·m·min(ℓ, m)) per
+/// sketch.
 /// @throws ValueError unless sketch is floating point with at least 2 dimensions and an even ℓ >= 4 rows.
 FrequentDirectionsShrink frequent_directions_shrink(const torch::Tensor& sketch);
 
-/// Sizes of FrequentDirectionsSpine: every size positive, d_model % n_head == 0, sketch_rows even and >= 4.
+/// Sizes of FrequentDirectionsSpine: every size positive, d_model % n_head == 0, sketch_rows even and >= 4. They are
+/// checked as the spine's (validate_spine_options), so head_dim must also be even.
 struct FrequentDirectionsOptions {
-  int64_t vocab = 256;
-  int64_t d_model = 32;
-  int64_t n_layer = 2;
-  int64_t n_head = 2;
+  int64_t vocab = 256;   ///< V, the number of token ids
+  int64_t d_model = 32;  ///< d, the residual width (a multiple of n_head)
+  int64_t n_layer = 2;   ///< Transformer layers
+  int64_t n_head = 2;    ///< H, heads per layer; h_d = d_model / n_head, and each sketch row has m = 2·h_d entries
   int64_t window = 16;       ///< w: tokens attended exactly
   int64_t sketch_rows = 16;  ///< ℓ: rows of each head's sketch
 };
@@ -75,17 +78,19 @@ struct FrequentDirectionsLayerState {
   int64_t shrinks = 0;         ///< shrinks so far
 };
 
+/// What FrequentDirectionsSpine carries between chunks: per layer the window, the sketch and its sums.
 struct FrequentDirectionsState {
-  std::vector<FrequentDirectionsLayerState> layers;
+  std::vector<FrequentDirectionsLayerState> layers;  ///< one per layer, in order
   int64_t pos = 0;  ///< tokens seen (the absolute position of the next one)
-  int64_t batch_size = 0;
+  int64_t batch_size = 0;  ///< b, the number of streams
 
   /// Bytes held by the windows, sketches, sums and shift rows.
   int64_t bytes() const;
 };
 
+/// What FrequentDirectionsSpine::advance returns.
 struct FrequentDirectionsOutput {
-  FrequentDirectionsState state;
+  FrequentDirectionsState state;  ///< the state after the chunk
   torch::Tensor logits;  ///< (b, t, vocab)
 };
 
@@ -93,8 +98,8 @@ struct FrequentDirectionsOutput {
 struct FrequentDirectionsReceipt {
   int64_t window = 0;          ///< tokens held exactly
   int64_t evicted = 0;         ///< tokens the sketch has taken (each once)
-  int64_t filled = 0;
-  int64_t shrinks = 0;
+  int64_t filled = 0;          ///< rows of the sketch in use (as FrequentDirectionsLayerState::filled)
+  int64_t shrinks = 0;         ///< shrinks so far (as FrequentDirectionsLayerState::shrinks)
   torch::Tensor mass;          ///< ‖A‖_F², (b, H)
   torch::Tensor kept;          ///< ‖B‖_F², (b, H)
   torch::Tensor shrink_total;  ///< Σ δ, (b, H): the bound on ‖AᵀA − BᵀB‖₂
@@ -106,6 +111,7 @@ struct FrequentDirectionsReceipt {
 /// each layer and linear attention's token shifts, so that its parameters are LinearAttentionSpine's.
 class FrequentDirectionsSpineImpl : public torch::nn::Module {
  public:
+  /// The state this mechanism carries between chunks (ContextMechanism).
   using state_type = FrequentDirectionsState;
 
   /// @throws ValueError for invalid sizes (naming the field).
@@ -115,6 +121,7 @@ class FrequentDirectionsSpineImpl : public torch::nn::Module {
   FrequentDirectionsState init_state(int64_t batch_size, torch::Device device = torch::kCPU) const;
   /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit.
   FrequentDirectionsOutput advance(const FrequentDirectionsState& state, const torch::Tensor& x);
+  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
   MechanismStep<FrequentDirectionsState> step(const FrequentDirectionsState& state, const torch::Tensor& x,
                                               const torch::Tensor& y);
   /// Stop-gradient on every carried tensor.
@@ -126,8 +133,11 @@ class FrequentDirectionsSpineImpl : public torch::nn::Module {
   /// Checks a state's shapes, dtypes and counts against the model. @throws ValueError naming what does not fit.
   void check_state(const FrequentDirectionsState& state, int64_t batch_size, const char* where) const;
 
+  /// The sizes the spine was built with.
   const FrequentDirectionsOptions& options() const { return options_; }
+  /// h_d = d_model / n_head.
   int64_t head_dim() const { return options_.d_model / options_.n_head; }
+  /// The spine's parameters (embedding, layers, final norm), registered as "backbone".
   SpineBackbone& backbone() { return backbone_; }
   /// The token shifts, one per layer.
   const std::vector<torch::nn::Linear>& shifts() const { return shifts_; }
@@ -139,6 +149,7 @@ class FrequentDirectionsSpineImpl : public torch::nn::Module {
   SpineBackbone backbone_{nullptr};
   std::vector<torch::nn::Linear> shifts_;
 };
+/// FrequentDirectionsSpine, the module holder of FrequentDirectionsSpineImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(FrequentDirectionsSpine);
 
 static_assert(ContextMechanism<FrequentDirectionsSpineImpl>);

@@ -24,9 +24,16 @@
 
 namespace attnmix {
 
+/// torch::optim::AdamW with a one-pass update per parameter and bit-identical results (see the file comment). It is
+/// constructed, configured, saved and loaded exactly as torch::optim::AdamW; `attnmix lm train` uses it (docs/lm.md).
 class FusedAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
+  /// Takes one AdamW step over every parameter with a gradient. The closure, if any, is called first (with
+  /// gradients enabled) and its loss returned; an undefined tensor is returned without one. When every parameter
+  /// qualifies (contiguous float32/float64 CPU tensors with dense gradients and moments of their dtype, no amsgrad)
+  /// each takes the fused pass, parallel over its elements; otherwise the whole step is torch::optim::AdamW::step.
+  /// The step counts and moments are kept in the AdamWParamState that AdamW itself would keep.
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 

@@ -12,7 +12,8 @@
 /// predicts worst: the misfit receipt of birth_and_merge (moment_closure.hpp) reports per cluster the tokens whose
 /// value is furthest from the cluster's regression on the key (per_cluster_outlier_tokens, with their residuals);
 /// the store keeps the `capacity` largest residuals it has seen for the cluster, as int8 rows, and evicts the
-/// smallest when a larger one arrives (quantize_cluster_outliers, moment_closure.hpp). Stored tokens are attended exactly — logit q·k̂/√d, value v̂, the far field's
+/// smallest when a larger one arrives (quantize_cluster_outliers, moment_closure.hpp). Stored tokens are attended
+/// exactly — logit q·k̂/√d, value v̂, the far field's
 /// unrotated convention — in the same softmax as the window and the clusters. A stored token also stays in its
 /// cluster's moments (the store is an exact copy next to the mixture, not a replacement), so the accounting counts
 /// it once in the bank and reports the copies as overlap tokens. While training, the stored keys and values pass the
@@ -51,12 +52,17 @@ struct OutlierStore {
   std::vector<int64_t> owner;     ///< B·S: the cluster a slot's token belongs to, −1 for a free slot
   std::vector<double> residual;   ///< B·S: the token's misfit residual when it was stored (0 for a free slot)
   int64_t capacity = 0;           ///< tokens per cluster and stream
-  /// While training (gradients on): the reconstructions x̂ (B, S, H, d), equal to the decoded codes and carrying the
-  /// gradient to the stored tokens' sources; undefined otherwise (then the codes are decoded).
+  /// While training (gradients on): the reconstructions x̂ (B, S, H, d) of the keys (k_hat) and values (v_hat),
+  /// equal to the decoded codes and carrying the gradient to the stored tokens' sources; undefined otherwise (then
+  /// the codes are decoded).
+  /// @{
   torch::Tensor k_hat;
   torch::Tensor v_hat;
+  /// @}
 
+  /// B, the number of streams (the first dimension of the key codes).
   int64_t batch_size() const { return k.codes.size(0); }
+  /// S = max_clusters · capacity, the slots per stream (the second dimension of the key codes).
   int64_t slots() const { return k.codes.size(1); }
   /// Occupied slots of stream b.
   int64_t held(int64_t b) const;
@@ -83,9 +89,13 @@ struct OutlierStoreReceipt {
 /// The store as attention terms for queries q (B, t, H, d): logits (B, t, S, H) = q·k̂/√d (−∞ for free slots) and
 /// values (B, S, H, d) = v̂, in q's dtype and on its device.
 struct OutlierAttention {
-  torch::Tensor logits;
-  torch::Tensor values;
+  torch::Tensor logits;  ///< (B, t, S, H): q·k̂/√d per query, slot and head; −∞ where the slot is free
+  torch::Tensor values;  ///< (B, S, H, d): v̂ of every slot (free slots decode to zero rows, masked by the logits)
 };
+/// The store's logits and values for the unrotated queries q (B, t, H, d), d = head_dim, to be joined to the window's
+/// and the clusters' terms in one softmax. Uses k_hat and v_hat while they exist (so the gradient reaches the
+/// stored tokens' sources), otherwise decodes the int8 codes. Does not validate: q must be floating, with the
+/// store's B, H and d. Cost O(B·t·S·H·d).
 OutlierAttention outlier_attention(const torch::Tensor& q, const OutlierStore& store);
 
 }  // namespace attnmix

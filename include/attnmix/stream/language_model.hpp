@@ -3,8 +3,9 @@
 /// Training, evaluating and sampling a streaming language model (docs/lm.md) from token arrays and checkpoint files.
 /// This interface has no libtorch types, so the CLI and other callers compile without libtorch headers; the
 /// implementation (src/stream/language_model.cpp, target attnmix::torch) drives the mechanisms of context_spine.hpp
-/// (window, full), moment_closure.hpp (moment-closure: the window plus a far-field cluster bank per layer) and
-/// linear_attention.hpp (linear: running sums over the whole stream, no window).
+/// (window, full), moment_closure.hpp (moment-closure: the window plus a far-field cluster bank per layer),
+/// linear_attention.hpp (linear: running sums over the whole stream, no window), frequent_directions.hpp and
+/// tensor_sketch.hpp (frequent-directions and tensor-sketch: a window plus a sketch of the evicted tokens).
 /// The option structs and the name helpers are header-only: a caller that only parses options needs no libtorch.
 ///
 /// Training data layout: the token array is cut into `batch` contiguous streams of equal length L; step s feeds
@@ -12,8 +13,8 @@
 /// chunk, y the same tokens shifted by one. At the start of every pass the carried state is reset. Updates follow
 /// truncated BPTT with AdamW, gradient-norm clipping and a constant or cosine learning rate.
 /// Checkpoints (model, optimizer, carried state — for moment-closure the near caches, every cluster-bank tensor
-/// and the outlier stores —, step, corpus fingerprint) are written atomically; resuming from a checkpoint saved after step s
-/// continues exactly as the uninterrupted run would (bitwise, same thread count), as long as s is a multiple of
+/// and the outlier stores —, step, corpus fingerprint) are written atomically; resuming from a checkpoint saved after
+/// step s continues exactly as the uninterrupted run would (bitwise, same thread count), as long as s is a multiple of
 /// detach_horizon (a run's remainder is flushed before saving) and the total number of steps is
 /// unchanged (the cosine schedule depends on it). docs/lm.md describes the format.
 #pragma once
@@ -32,6 +33,8 @@
 
 namespace attnmix::lm {
 
+/// The attention mechanism of a streaming language model (`--mechanism`; docs/lm.md and
+/// `docs/mechanisms.md#streaming-language-model`).
 enum class Mechanism {
   kWindow,         ///< sliding-window attention over the last `window` tokens
   kFull,           ///< unbounded causal attention (the quality reference)
@@ -54,6 +57,7 @@ inline Mechanism parse_mechanism(std::string_view name) {
                    "\"frequent-directions\" or \"tensor-sketch\" (got \"" +
                    std::string(name) + "\")");
 }
+/// The name parse_mechanism reads for `mechanism` ("window", "full", …), as checkpoints and messages write it.
 inline std::string mechanism_name(Mechanism mechanism) {
   switch (mechanism) {
     case Mechanism::kFull:
@@ -74,11 +78,11 @@ inline std::string mechanism_name(Mechanism mechanism) {
 
 /// The architecture (`docs/mechanisms.md#streaming-language-model`).
 struct ModelConfig {
-  Mechanism mechanism = Mechanism::kWindow;
+  Mechanism mechanism = Mechanism::kWindow;  ///< the attention of every layer
   int64_t vocab = 256;  ///< byte-level tokens by default
-  int64_t d_model = 32;
-  int64_t n_layer = 2;
-  int64_t n_head = 2;
+  int64_t d_model = 32;  ///< d, the width of the residual stream (positive; a multiple of n_head)
+  int64_t n_layer = 2;   ///< Transformer layers (positive)
+  int64_t n_head = 2;    ///< H, heads per layer; head_dim = d_model / n_head must be even (RoPE)
   int64_t window = 64;  ///< ignored by kFull and kLinear
   // The far field of kMomentClosure; the other mechanisms ignore these (validate() still checks
   // them) and their checkpoints do not store them.
@@ -106,8 +110,12 @@ inline WindowCache parse_window_cache(std::string_view name) {
   if (name == "int8") return WindowCache::kInt8;
   throw ValueError("window_cache must be \"float32\" or \"int8\" (got \"" + std::string(name) + "\")");
 }
+/// The name parse_window_cache reads for `cache`: "int8" or "float32".
 inline std::string window_cache_name(WindowCache cache) { return cache == WindowCache::kInt8 ? "int8" : "float32"; }
 
+/// The learning-rate schedule of training (`--schedule`): kConstant keeps TrainOptions::lr; kCosine decays it from
+/// lr at step 0 to lr · min_lr_ratio at the last step along half a cosine, lr_s = f + (lr − f)·½(1 + cos(π s/steps))
+/// with f = lr · min_lr_ratio.
 enum class Schedule { kConstant, kCosine };
 
 /// "constant" or "cosine". @throws ValueError for other names.
@@ -116,17 +124,20 @@ inline Schedule parse_schedule(std::string_view name) {
   if (name == "cosine") return Schedule::kCosine;
   throw ValueError("schedule must be \"constant\" or \"cosine\" (got \"" + std::string(name) + "\")");
 }
+/// The name parse_schedule reads for `schedule`: "cosine" or "constant".
 inline std::string schedule_name(Schedule schedule) { return schedule == Schedule::kCosine ? "cosine" : "constant"; }
 
+/// Everything `attnmix lm train` needs besides the data and the paths (the flags of `docs/lm.md#commands`; these are
+/// the library's one source of their defaults). validate() checks them.
 struct TrainOptions {
-  ModelConfig model;
+  ModelConfig model;  ///< the architecture to train (fixed by the checkpoint when resuming)
   int64_t batch = 8;             ///< parallel streams
   int64_t chunk = 64;            ///< tokens per stream per step
   int64_t steps = 300;           ///< total steps (chunks); a resumed run continues up to this step
   int64_t detach_horizon = 1;    ///< chunks per optimizer update (the truncation length of BPTT)
   double lr = 3e-3;              ///< peak learning rate (AdamW)
   double min_lr_ratio = 0.1;     ///< the cosine schedule ends at lr · min_lr_ratio
-  Schedule schedule = Schedule::kCosine;
+  Schedule schedule = Schedule::kCosine;  ///< constant or cosine decay of the learning rate over `steps`
   double weight_decay = 0.01;    ///< AdamW decoupled weight decay
   double clip = 1.0;             ///< maximum global gradient norm; 0 turns clipping off
   uint64_t seed = 0;             ///< torch::manual_seed for the initial parameters
@@ -137,6 +148,10 @@ struct TrainOptions {
   int64_t eval_every = 0;
 };
 
+/// Checks the options: the model's sizes (positive, d_model divisible by n_head, head_dim even); batch, chunk,
+/// steps, detach_horizon, threads, max_clusters, sketch_dim and sketch_degree positive; sketch_rows even and ≥ 4;
+/// outlier_capacity, checkpoint_every and eval_every ≥ 0; lr positive, min_lr_ratio in [0, 1], weight_decay and
+/// clip ≥ 0 and finite; finite thresholds; and that the state and one step's tensors have a size that can exist.
 /// @throws ValueError naming the offending field.
 void validate(const TrainOptions& options);
 
@@ -147,7 +162,7 @@ struct Progress {
   double loss = 0.0;  ///< this step's mean cross-entropy (nats per token)
   double tokens_per_second = 0.0;  ///< training tokens per second of training time (held-out scoring excluded)
   double elapsed_seconds = 0.0;    ///< since the run began, held-out scoring included
-  double eta_seconds = 0.0;
+  double eta_seconds = 0.0;        ///< estimated time to the last step: elapsed time per step of this run × steps left
   /// moment-closure: each layer's live clusters after this step, mean over the streams; empty otherwise.
   std::vector<double> clusters;
   /// moment-closure: each layer's bank mass after this step (the tokens its clusters summarise, Σ_c n_c, mean over
@@ -172,14 +187,15 @@ struct LayerClusterStats {
 
 /// Held-out evaluation: mean cross-entropy in nats and bits per token, streaming one chunk at a time.
 struct Evaluation {
-  int64_t tokens = 0;
-  double mean_cross_entropy = 0.0;
-  double bits_per_token = 0.0;
-  double seconds = 0.0;
+  int64_t tokens = 0;               ///< tokens scored: every token but the first (n − 1 of n)
+  double mean_cross_entropy = 0.0;  ///< mean next-token cross-entropy over the scored tokens (nats per token)
+  double bits_per_token = 0.0;      ///< mean_cross_entropy / ln 2 (bits per byte for the byte-level model)
+  double seconds = 0.0;             ///< wall-clock time of the streaming pass
   int64_t state_bytes = 0;  ///< size of the carried state at the end
   std::vector<LayerClusterStats> far_field;  ///< moment-closure: one per layer (one stream); empty otherwise
 };
 
+/// What train() did: the steps and losses of this run, the model's size, and its final held-out score.
 struct TrainSummary {
   int64_t first_step = 0;        ///< 0 for a fresh run, the checkpoint's step when resumed
   int64_t steps = 0;             ///< the step reached
@@ -225,13 +241,14 @@ TrainSummary train(const TrainOptions& options, std::span<const int64_t> tokens,
 Evaluation evaluate(const std::string& checkpoint, std::span<const int64_t> tokens, int64_t chunk, int threads,
                     WindowCache window_cache = WindowCache::kFloat32);
 
+/// How generate() samples (`attnmix lm generate`, `docs/lm.md#commands`).
 struct GenerateOptions {
   int64_t tokens = 200;       ///< how many to draw
   double temperature = 0.8;   ///< > 0
   int64_t top_k = 0;          ///< 0: the whole vocabulary
-  uint64_t seed = 0;
-  int threads = 1;
-  WindowCache window_cache = WindowCache::kFloat32;
+  uint64_t seed = 0;          ///< seed of the sampler's Rng: the same seed and checkpoint give the same tokens
+  int threads = 1;            ///< libtorch intra-op threads (positive)
+  WindowCache window_cache = WindowCache::kFloat32;  ///< how the window's keys and values are held between tokens
 };
 
 /// Feeds the prompt, then draws tokens one at a time from the model's next-token distribution.
@@ -244,11 +261,11 @@ uint64_t corpus_fingerprint(std::span<const int64_t> tokens);
 
 /// What a checkpoint holds, for messages and resume checks: its config, step and training corpus.
 struct CheckpointInfo {
-  ModelConfig model;
+  ModelConfig model;         ///< the architecture (the same as options.model)
   TrainOptions options;      ///< threads, checkpoint_every and eval_every are not stored (their defaults)
   int64_t step = 0;          ///< steps trained so far
-  int64_t corpus_tokens = 0;
-  uint64_t corpus_fingerprint = 0;
+  int64_t corpus_tokens = 0;        ///< the number of tokens train() was given to train on
+  uint64_t corpus_fingerprint = 0;  ///< corpus_fingerprint() of the training tokens
 };
 /// @throws std::runtime_error for a missing, unreadable or malformed checkpoint (the message names the file).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint);

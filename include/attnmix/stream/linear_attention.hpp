@@ -34,11 +34,13 @@
 namespace attnmix {
 
 /// Sizes of LinearAttentionSpine: every size positive, d_model % n_head == 0 (no window: the state is the sums).
+/// They are checked as the spine's (validate_spine_options), so head_dim must also be even, although no RoPE is
+/// applied.
 struct LinearAttentionOptions {
-  int64_t vocab = 256;
-  int64_t d_model = 32;
-  int64_t n_layer = 2;
-  int64_t n_head = 2;
+  int64_t vocab = 256;   ///< V, the number of token ids
+  int64_t d_model = 32;  ///< d, the residual width (a multiple of n_head)
+  int64_t n_layer = 2;   ///< Transformer layers
+  int64_t n_head = 2;    ///< H, heads per layer; h_d = d_model / n_head
 };
 
 /// One layer's carried state: the running sums of every token seen so far and the last normalised input row.
@@ -48,17 +50,19 @@ struct LinearAttentionLayerState {
   torch::Tensor last_x;  ///< the layer's normalised input at the previous token, (b, d); zero at the start
 };
 
+/// What LinearAttentionSpine carries between chunks: per layer the running sums and the shift row.
 struct LinearAttentionState {
-  std::vector<LinearAttentionLayerState> layers;
+  std::vector<LinearAttentionLayerState> layers;  ///< one per layer, in order
   int64_t pos = 0;  ///< tokens seen (the absolute position of the next one)
-  int64_t batch_size = 0;
+  int64_t batch_size = 0;  ///< b, the number of streams
 
   /// Bytes held by the sums and the shift rows.
   int64_t bytes() const;
 };
 
+/// What LinearAttentionSpine::advance returns.
 struct LinearAttentionOutput {
-  LinearAttentionState state;
+  LinearAttentionState state;  ///< the state after the chunk
   torch::Tensor logits;  ///< (b, t, vocab)
 };
 
@@ -66,10 +70,12 @@ struct LinearAttentionOutput {
 /// to k before φ, and v, each (b, t, H, h_d) in float64 (exact copies of the float32 values). last_x is the layer's
 /// input at the token before the chunk (b, d). Shared by LinearAttentionSpine and FrequentDirectionsSpine.
 struct LinearFeatures {
-  torch::Tensor phi_q;
-  torch::Tensor phi_k;
-  torch::Tensor v;
+  torch::Tensor phi_q;  ///< φ(q) = elu(q) + 1, (b, t, H, h_d) float64
+  torch::Tensor phi_k;  ///< φ(k + U x_{i−1}), (b, t, H, h_d) float64
+  torch::Tensor v;      ///< the values, (b, t, H, h_d) float64
 };
+/// Computes the features of the chunk x (b, t, d) from the layer's qkv and token `shift` maps, with last_x (b, d) the
+/// input row before the chunk. The inputs are trusted (t ≥ 1, d divisible by n_head). Cost O(b·t·d²).
 LinearFeatures linear_features(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& shift, const torch::Tensor& x,
                                const torch::Tensor& last_x, int64_t n_head);
 
@@ -80,9 +86,11 @@ std::vector<torch::nn::Linear> register_token_shifts(torch::nn::Module& module, 
 /// One layer's linear attention on a chunk (before the residual): proj(attention) (b, t, d) and the layer's state
 /// after it. The inputs are trusted (the module checks them).
 struct LinearAttentionSublayerStep {
-  torch::Tensor out;
-  LinearAttentionLayerState state;
+  torch::Tensor out;               ///< proj(attention), (b, t, d), in x's dtype
+  LinearAttentionLayerState state;  ///< the sums after the chunk's last token and its input row
 };
+/// Runs one layer's causal linear attention (the formulas of the file comment) on the normalised chunk x (b, t, d)
+/// from `state`. Cost O(b·t·d² + b·t·H·h_d²).
 LinearAttentionSublayerStep linear_attention_sublayer(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& proj,
                                                       torch::nn::LinearImpl& shift, const torch::Tensor& x,
                                                       const LinearAttentionLayerState& state, int64_t n_head);
@@ -91,6 +99,7 @@ LinearAttentionSublayerStep linear_attention_sublayer(torch::nn::LinearImpl& qkv
 /// layer, plus one token-shift Linear per layer (registered after the backbone, zero-initialised).
 class LinearAttentionSpineImpl : public torch::nn::Module {
  public:
+  /// The state this mechanism carries between chunks (ContextMechanism).
   using state_type = LinearAttentionState;
 
   /// @throws ValueError for invalid sizes (naming the field).
@@ -101,13 +110,17 @@ class LinearAttentionSpineImpl : public torch::nn::Module {
   /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit
   ///   (batch size, layers, shapes or dtypes).
   LinearAttentionOutput advance(const LinearAttentionState& state, const torch::Tensor& x);
+  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
   MechanismStep<LinearAttentionState> step(const LinearAttentionState& state, const torch::Tensor& x,
                                            const torch::Tensor& y);
   /// Stop-gradient on every carried tensor.
   LinearAttentionState detach(const LinearAttentionState& state) const;
 
+  /// The sizes the spine was built with.
   const LinearAttentionOptions& options() const { return options_; }
+  /// h_d = d_model / n_head.
   int64_t head_dim() const { return options_.d_model / options_.n_head; }
+  /// The spine's parameters (embedding, layers, final norm), registered as "backbone".
   SpineBackbone& backbone() { return backbone_; }
   /// The token shifts, one per layer.
   const std::vector<torch::nn::Linear>& shifts() const { return shifts_; }
@@ -120,6 +133,7 @@ class LinearAttentionSpineImpl : public torch::nn::Module {
   SpineBackbone backbone_{nullptr};
   std::vector<torch::nn::Linear> shifts_;
 };
+/// LinearAttentionSpine, the module holder of LinearAttentionSpineImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(LinearAttentionSpine);
 
 static_assert(ContextMechanism<LinearAttentionSpineImpl>);

@@ -24,16 +24,25 @@
 
 namespace attnmix::lm {
 
+/// What `attnmix lm memory-bench` sweeps (docs/far-field.md): the mechanisms, the tasks and their settings, and the
+/// seeds. validate() checks them.
 struct MemoryBenchOptions {
+  /// The mechanisms to train, each one of kSequenceMechanisms; the sweep and the cases follow this order, and the
+  /// share of full attention's gain needs "window" and "full" among them.
   std::vector<std::string> mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear",
                                          "frequent-directions", "tensor-sketch", "full"};
-  std::vector<std::string> tasks = {"recall", "mqar", "passkey"};
+  std::vector<std::string> tasks = {"recall", "mqar", "passkey"};  ///< the tasks to run, in this order
+  /// recall: the gaps (filler tokens between the last pair and the first query) to sweep.
   std::vector<int64_t> recall_gaps = {24, 64, 256, 1024};
+  /// recall: the numbers of pairs to sweep at every gap, each asked once (keys are raised to at least the pairs;
+  /// values and filler are training.task's).
   std::vector<int64_t> recall_pairs = {1, 4, 16};
-  std::vector<int64_t> mqar_lengths = {64, 128, 256, 512};
+  std::vector<int64_t> mqar_lengths = {64, 128, 256, 512};  ///< mqar: the sequence lengths to sweep (even)
+  /// mqar: key-value pairs per sequence at every length (the other sizes are MqarTaskOptions' defaults).
   int64_t mqar_pairs = 16;
+  /// passkey: the sequence lengths in bytes to sweep (a 5-digit key, PasskeyTaskOptions' default).
   std::vector<int64_t> passkey_lengths = {1024, 4096};
-  std::vector<uint64_t> seeds = {0};
+  std::vector<uint64_t> seeds = {0};  ///< one run per seed of every task setting and mechanism (RecallRunOptions::seed)
   /// Model and training settings of every run (its task and seed fields are set per run).
   RecallRunOptions training;
 };
@@ -47,19 +56,19 @@ struct MemoryBenchRun {
   std::string task;     ///< "recall", "mqar" or "passkey"
   std::string setting;  ///< e.g. "gap 256, pairs 4", "length 256, pairs 16", "length 4096"
   int64_t length = 0;   ///< tokens per sequence
-  uint64_t seed = 0;
-  RecallResult result;
+  uint64_t seed = 0;     ///< the run's RecallRunOptions::seed (parameters and data)
+  RecallResult result;  ///< what the run measured; result.mechanism names the mechanism
 };
 
 /// One case: a task setting and a mechanism, over the seeds.
 struct MemoryBenchCase {
-  std::string task;
-  std::string setting;
-  std::string mechanism;
-  int64_t seeds = 0;
+  std::string task;       ///< "recall", "mqar" or "passkey"
+  std::string setting;    ///< the task setting, as MemoryBenchRun::setting
+  std::string mechanism;  ///< one of kSequenceMechanisms
+  int64_t seeds = 0;      ///< runs summarised (every seed of the options)
   double accuracy = 0.0;  ///< mean over the seeds
-  double accuracy_min = 0.0;
-  double accuracy_max = 0.0;
+  double accuracy_min = 0.0;  ///< the smallest accuracy over the seeds
+  double accuracy_max = 0.0;  ///< the largest accuracy over the seeds
   double cross_entropy = 0.0;  ///< mean over the seeds (nats at the answers)
   double chance = 0.0;         ///< accuracy of a uniform guess
   int64_t state_bytes = 0;     ///< at the end of one sequence
@@ -69,6 +78,7 @@ struct MemoryBenchCase {
   std::optional<double> share_of_full_gain;
 };
 
+/// What run_memory_benchmark returns: every run, and the cases they make.
 struct MemoryBenchReport {
   std::vector<MemoryBenchRun> runs;    ///< in sweep order
   std::vector<MemoryBenchCase> cases;  ///< in sweep order: task, setting, then the mechanisms' order

@@ -23,11 +23,12 @@
 
 namespace attnmix::lm {
 
+/// The sizes of a multi-query associative recall task (see the file comment); validate_mqar_task checks them.
 struct MqarTaskOptions {
-  int64_t keys = 64;
-  int64_t values = 64;
-  int64_t filler = 4;
-  int64_t pairs = 16;
+  int64_t keys = 64;     ///< distinct key tokens, ids [0, keys)
+  int64_t values = 64;   ///< value tokens, ids [keys, keys + values), drawn uniformly per pair (chance 1/values)
+  int64_t filler = 4;    ///< filler tokens, ids [keys + values, keys + values + filler)
+  int64_t pairs = 16;    ///< key-value pairs stored at the start and each asked once (distinct keys: at most `keys`)
   int64_t length = 256;  ///< tokens per sequence (even, at least 4·pairs)
 };
 
@@ -35,9 +36,12 @@ struct MqarTaskOptions {
 void validate_mqar_task(const MqarTaskOptions& task);
 /// keys + values + filler.
 int64_t mqar_vocab(const MqarTaskOptions& task);
+/// Draws `batch` MQAR sequences of task.length tokens from rng: the pairs k₁ v₁ … k_P v_P (distinct keys), then the
+/// slots of queries and filler; a query's value is marked as an answer. The vocabulary is mqar_vocab(task).
 /// @throws ValueError for an invalid task or a non-positive batch.
 RecallSequences mqar_sequences(Rng& rng, const MqarTaskOptions& task, int64_t batch);
 
+/// The sizes of a byte-level passkey retrieval task (see the file comment); validate_passkey_task checks them.
 struct PasskeyTaskOptions {
   int64_t length = 1024;  ///< bytes per sequence
   int64_t digits = 5;     ///< digits of the key (1 … 18)
@@ -48,6 +52,8 @@ struct PasskeyTaskOptions {
 void validate_passkey_task(const PasskeyTaskOptions& task);
 /// The shortest valid length for `digits`.
 int64_t passkey_min_length(int64_t digits);
+/// Draws `batch` passkey sequences of task.length bytes from rng (vocabulary 256); the digits of the key after the
+/// final question are the answers.
 /// @throws ValueError for an invalid task or a non-positive batch.
 RecallSequences passkey_sequences(Rng& rng, const PasskeyTaskOptions& task, int64_t batch);
 

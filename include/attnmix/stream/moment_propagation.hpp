@@ -21,15 +21,19 @@ namespace attnmix {
 
 /// A Gaussian law over a d-vector: mean (d), covariance (d×d).
 struct GaussianLaw {
-  torch::Tensor mean;
-  torch::Tensor cov;
+  torch::Tensor mean;  ///< μ, shape (d)
+  torch::Tensor cov;   ///< Σ, shape (d, d), symmetric positive semi-definite
 };
 
+/// What attention_law returns: the law of the layer's output and its sensitivity to the input through the queries.
 struct AttentionLawResult {
   GaussianLaw law;         ///< the law of the layer's attention output after proj
   torch::Tensor jacobian;  ///< d out / d h through the query path: P A W_q (d×d)
 };
 
+/// The exact Gaussian law of the attention output (after proj) of one layer with weights qkv_weight (3d, d),
+/// qkv_bias (3d), proj_weight (d, d), proj_bias (d) and n_head heads, when its input h ~ `law` (steps 1–4 above),
+/// and the Jacobian P A W_q. Everything is computed in the inputs' dtype and on their device. Cost O(d³).
 /// @throws ValueError when d_model % n_head ≠ 0, a shape does not match (qkv_weight 3d×d, qkv_bias 3d,
 ///   proj_weight d×d, proj_bias d, law d and d×d) or an input is not finite.
 AttentionLawResult attention_law(const GaussianLaw& law, const torch::Tensor& qkv_weight,

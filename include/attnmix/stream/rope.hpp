@@ -19,8 +19,8 @@ namespace attnmix {
 
 /// cos and sin of the angles of positions (t) for one head size: each (t, head_dim), in dtype.
 struct RopeTables {
-  torch::Tensor cos;
-  torch::Tensor sin;
+  torch::Tensor cos;  ///< cos(angle(p)) per position and coordinate, (t, head_dim)
+  torch::Tensor sin;  ///< sin(angle(p)) per position and coordinate, (t, head_dim)
 };
 
 /// Tables for integer positions (a 1-D int64 tensor).

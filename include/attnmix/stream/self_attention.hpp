@@ -41,26 +41,37 @@ namespace attnmix {
 /// (keep = min(window, c+t), or c+t when unbounded), the RoPE tables of the query positions pos … pos+t−1 and of
 /// the key positions pos−c … pos+t−1, the additive window mask (t, c+t) and the score scale 1/√h_d.
 struct NearFieldGeometry {
+  /// The absolute position of the chunk's first token.
   int64_t pos = 0;
+  /// t, the chunk's length.
   int64_t t = 0;
+  /// c, the cached tokens before the chunk.
   int64_t cache_len = 0;
+  /// The raw rows the cache keeps after the chunk: min(window, c+t), or c+t when unbounded.
   int64_t keep = 0;
+  /// RoPE tables of the query positions pos … pos+t−1, each (t, h_d).
   RopeTables rope_q;
+  /// RoPE tables of the key positions pos−c … pos+t−1, each (c+t, h_d) (rope_q itself when c = 0).
   RopeTables rope_k;
+  /// The additive window mask (t, c+t): 0 where 0 ≤ P_i − P_j < window, −∞ elsewhere.
   torch::Tensor mask;
+  /// The score scale 1/√h_d.
   double scale = 1.0;
 };
 
+/// Builds the geometry of a chunk of t tokens at position pos after a cache of cache_len tokens, with tables and
+/// mask in dtype on device (window nullopt: unbounded). Cost O((c+t)·h_d + t·(c+t)). The sizes are not checked:
+/// head_dim must be positive and even (rope_tables throws ValueError otherwise).
 NearFieldGeometry near_field_geometry(int64_t pos, int64_t t, int64_t cache_len, int64_t head_dim,
                                       std::optional<int64_t> window, torch::ScalarType dtype, torch::Device device);
 
 /// One layer's exact near field: the raw query q (b, t, H, h_d), the raw keys and values with the cache prepended
 /// (b, c+t, H, h_d), and the masked scores RoPE(q)·RoPE(K)ᵀ/√h_d + M (b, H, t, c+t).
 struct NearField {
-  torch::Tensor q;
-  torch::Tensor k_full;
-  torch::Tensor v_full;
-  torch::Tensor scores;
+  torch::Tensor q;       ///< the chunk's raw (un-rotated) queries, (b, t, H, h_d)
+  torch::Tensor k_full;  ///< the raw keys, cache first: (b, c+t, H, h_d)
+  torch::Tensor v_full;  ///< the values, cache first: (b, c+t, H, h_d)
+  torch::Tensor scores;  ///< the masked near-field logits, (b, H, t, c+t)
 };
 
 /// The near field of one layer for a chunk.
@@ -77,7 +88,7 @@ NearField near_field(torch::nn::LinearImpl& qkv, const torch::Tensor& x, const t
 struct SublayerStep {
   torch::Tensor out;      ///< proj(attention), (b, t, d)
   torch::Tensor cache_k;  ///< the new raw cache, (b, keep, H, h_d)
-  torch::Tensor cache_v;
+  torch::Tensor cache_v;  ///< the new value cache, (b, keep, H, h_d)
   std::optional<ClusterBank> bank;      ///< moment closure: the bank after the evicted rows joined it
   std::optional<LayerReceipt> receipt;  ///< moment closure: what ingestion did, with the accounting per stream
   std::optional<OutlierStore> store;    ///< moment closure with a store: the store after the outliers joined it
@@ -105,53 +116,58 @@ SublayerStep moment_closure_sublayer(torch::nn::LinearImpl& qkv, torch::nn::Line
 /// Sizes of SlidingWindowSelfAttention: d_model % n_head == 0, an even head_dim, a positive window (nullopt:
 /// unbounded, full causal attention, whose cache grows with the stream).
 struct SlidingWindowSelfAttentionOptions {
-  int64_t d_model = 32;
-  int64_t n_head = 2;
-  std::optional<int64_t> window = 64;
+  int64_t d_model = 32;                ///< d, the width of the input and the output (a multiple of n_head)
+  int64_t n_head = 2;                  ///< H, heads; h_d = d_model / n_head must be even
+  std::optional<int64_t> window = 64;  ///< tokens a query sees, itself included; nullopt: every earlier token
 };
 
 /// Sizes and far-field settings of MomentClosureSelfAttention (those of MomentClosureAttention's layers).
 struct MomentClosureSelfAttentionOptions {
-  int64_t d_model = 32;
-  int64_t n_head = 2;
-  int64_t window = 16;
-  int64_t max_clusters = 4;
-  double birth_threshold = -2.0;
+  int64_t d_model = 32;       ///< d, the width of the input and the output (a multiple of n_head)
+  int64_t n_head = 2;         ///< H, heads; h_d = d_model / n_head must be even
+  int64_t window = 16;        ///< the exact near field: tokens a query sees, itself included (positive)
+  int64_t max_clusters = 4;   ///< C, clusters per stream and head (positive)
+  double birth_threshold = -2.0;  ///< a chunk whose best cluster logit lies below this on every head births (finite)
   std::optional<double> merge_threshold;  ///< default 2.65 + 6/√max(n_small, 1)
-  ClusterRule cluster_rule = ClusterRule::kThreshold;
+  ClusterRule cluster_rule = ClusterRule::kThreshold;  ///< births and merges by thresholds or by the budget
 };
 
 /// One layer's carried near state: the raw keys and values of the last min(window, pos) tokens (b, c, H, h_d),
 /// undefined while empty; pos = the absolute position of the next token.
 struct WindowLayerState {
-  torch::Tensor cache_k;
-  torch::Tensor cache_v;
-  int64_t pos = 0;
-  int64_t batch_size = 0;
+  torch::Tensor cache_k;   ///< raw (un-rotated) keys of the cached tokens, (b, c, H, h_d); undefined while empty
+  torch::Tensor cache_v;   ///< values of the cached tokens, (b, c, H, h_d); undefined while empty
+  int64_t pos = 0;         ///< the absolute position of the next token: the tokens seen so far
+  int64_t batch_size = 0;  ///< b, the number of streams
 
+  /// Bytes held by the two caches.
   int64_t bytes() const;
+  /// The same state with the caches cut from the autograd graph.
   WindowLayerState detach() const;
 };
 
 /// One moment-closure layer's carried state: the window and the bank of the tokens evicted from it (per stream,
 /// exactly pos − c tokens per head).
 struct MomentClosureLayerState {
-  WindowLayerState near;
-  ClusterBank bank;
+  WindowLayerState near;  ///< the exact window
+  ClusterBank bank;       ///< the far field: per stream and head the clusters of the tokens evicted from the window
 
+  /// Bytes held by the cache and the bank.
   int64_t bytes() const;
   /// Stop-gradient on the cache and the bank.
   MomentClosureLayerState detach() const;
 };
 
+/// What SlidingWindowSelfAttention::forward returns.
 struct SlidingWindowSelfAttentionOutput {
   torch::Tensor out;  ///< (b, t, d_model)
-  WindowLayerState state;
+  WindowLayerState state;  ///< the state after the chunk, for the next call
 };
 
+/// What MomentClosureSelfAttention::forward returns.
 struct MomentClosureSelfAttentionOutput {
   torch::Tensor out;  ///< (b, t, d_model)
-  MomentClosureLayerState state;
+  MomentClosureLayerState state;  ///< the state after the chunk (evicted rows ingested), for the next call
   LayerReceipt receipt;  ///< per stream: ingestion and accounting
 };
 
@@ -170,17 +186,23 @@ class SlidingWindowSelfAttentionImpl : public torch::nn::Module {
   /// @throws ValueError for a bad h or a state that does not fit it ("batch size", "cache").
   SlidingWindowSelfAttentionOutput forward(const torch::Tensor& h,
                                            const std::optional<WindowLayerState>& state = std::nullopt);
+  /// Stop-gradient on the carried cache (state.detach()).
   WindowLayerState detach(const WindowLayerState& state) const { return state.detach(); }
 
+  /// The sizes the module was built with.
   const SlidingWindowSelfAttentionOptions& options() const { return options_; }
+  /// h_d = d_model / n_head.
   int64_t head_dim() const { return options_.d_model / options_.n_head; }
 
+  /// Linear(d, 3d): the queries, keys and values, each split head-major into (H, h_d).
   torch::nn::Linear qkv{nullptr};
+  /// Linear(d, d): the projection of the attended values.
   torch::nn::Linear proj{nullptr};
 
  private:
   SlidingWindowSelfAttentionOptions options_;
 };
+/// SlidingWindowSelfAttention, the module holder of SlidingWindowSelfAttentionImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(SlidingWindowSelfAttention);
 
 /// The moment-closure attention sublayer as a module: the window of SlidingWindowSelfAttention plus a bank of at
@@ -200,18 +222,24 @@ class MomentClosureSelfAttentionImpl : public torch::nn::Module {
   ///   the bank does not hold exactly the evicted tokens.
   MomentClosureSelfAttentionOutput forward(const torch::Tensor& h,
                                            const std::optional<MomentClosureLayerState>& state = std::nullopt);
+  /// Stop-gradient on the carried cache and bank (state.detach()).
   MomentClosureLayerState detach(const MomentClosureLayerState& state) const { return state.detach(); }
 
+  /// The sizes and far-field settings the module was built with.
   const MomentClosureSelfAttentionOptions& options() const { return options_; }
+  /// h_d = d_model / n_head.
   int64_t head_dim() const { return options_.d_model / options_.n_head; }
 
+  /// Linear(d, 3d): the queries, keys and values, each split head-major into (H, h_d).
   torch::nn::Linear qkv{nullptr};
+  /// Linear(d, d): the projection of the attended values and cluster outputs.
   torch::nn::Linear proj{nullptr};
 
  private:
   MomentClosureSelfAttentionOptions options_;
   BirthMergeOptions ingest_;
 };
+/// MomentClosureSelfAttention, the module holder of MomentClosureSelfAttentionImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(MomentClosureSelfAttention);
 
 }  // namespace attnmix

@@ -42,16 +42,17 @@ torch::Tensor tensor_sketch(const torch::Tensor& x, const torch::Tensor& hashes)
 
 /// Sizes of TensorSketchSpine: every size positive, d_model % n_head == 0 and head_dim even.
 struct TensorSketchOptions {
-  int64_t vocab = 256;
-  int64_t d_model = 32;
-  int64_t n_layer = 2;
-  int64_t n_head = 2;
+  int64_t vocab = 256;   ///< V, the number of token ids
+  int64_t d_model = 32;  ///< d, the residual width (a multiple of n_head)
+  int64_t n_layer = 2;   ///< Transformer layers
+  int64_t n_head = 2;    ///< H, heads per layer; h_d = d_model / n_head
   int64_t window = 16;      ///< w: tokens attended exactly
   int64_t sketch_dim = 64;  ///< D: the sketch's width
   int64_t degree = 2;       ///< p: the polynomial kernel's degree
   uint64_t hash_seed = 0;   ///< the Count Sketch hashes (the same in every layer and head)
 };
 
+/// One layer's carried state: the exact window and the running sums over the sketches of the evicted tokens.
 struct TensorSketchLayerState {
   torch::Tensor window_k;  ///< φ(k) of the last min(pos, w) tokens, (b, H, n, h_d), oldest first
   torch::Tensor window_v;  ///< their values, (b, H, n, h_d); both in the parameters' dtype
@@ -61,17 +62,19 @@ struct TensorSketchLayerState {
   torch::Tensor last_x;    ///< the layer's normalised input at the previous token, (b, d)
 };
 
+/// What TensorSketchSpine carries between chunks: per layer the window, the sketch sums and the misfit receipt.
 struct TensorSketchState {
-  std::vector<TensorSketchLayerState> layers;
-  int64_t pos = 0;
-  int64_t batch_size = 0;
+  std::vector<TensorSketchLayerState> layers;  ///< one per layer, in order
+  int64_t pos = 0;         ///< tokens seen (the absolute position of the next one)
+  int64_t batch_size = 0;  ///< b, the number of streams
 
   /// Bytes held by the windows, sums, receipts and shift rows.
   int64_t bytes() const;
 };
 
+/// What TensorSketchSpine::advance returns.
 struct TensorSketchOutput {
-  TensorSketchState state;
+  TensorSketchState state;  ///< the state after the chunk
   torch::Tensor logits;  ///< (b, t, vocab)
 };
 
@@ -79,23 +82,32 @@ struct TensorSketchOutput {
 /// each layer and linear attention's token shifts (the parameters are LinearAttentionSpine's).
 class TensorSketchSpineImpl : public torch::nn::Module {
  public:
+  /// The state this mechanism carries between chunks (ContextMechanism).
   using state_type = TensorSketchState;
 
   /// @throws ValueError for invalid sizes (naming the field).
   explicit TensorSketchSpineImpl(const TensorSketchOptions& options);
 
+  /// Empty windows and zero sums (float64; windows and shift rows in the parameters' dtype) for batch_size streams
+  /// on `device`. @throws ValueError unless batch_size is positive.
   TensorSketchState init_state(int64_t batch_size, torch::Device device = torch::kCPU) const;
   /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit.
   TensorSketchOutput advance(const TensorSketchState& state, const torch::Tensor& x);
+  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
   MechanismStep<TensorSketchState> step(const TensorSketchState& state, const torch::Tensor& x,
                                         const torch::Tensor& y);
+  /// Stop-gradient on every carried tensor.
   TensorSketchState detach(const TensorSketchState& state) const;
   /// Checks a state's shapes and dtypes against the model. @throws ValueError naming what does not fit.
   void check_state(const TensorSketchState& state, int64_t batch_size, const char* where) const;
 
+  /// The sizes the spine was built with.
   const TensorSketchOptions& options() const { return options_; }
+  /// h_d = d_model / n_head.
   int64_t head_dim() const { return options_.d_model / options_.n_head; }
+  /// The spine's parameters (embedding, layers, final norm), registered as "backbone".
   SpineBackbone& backbone() { return backbone_; }
+  /// The token shifts, one per layer ("shift0", "shift1", …; zero at initialisation).
   const std::vector<torch::nn::Linear>& shifts() const { return shifts_; }
   /// The Count Sketch matrices, (degree, head_dim, sketch_dim) float64.
   const torch::Tensor& hashes() const { return hashes_; }
@@ -108,6 +120,7 @@ class TensorSketchSpineImpl : public torch::nn::Module {
   std::vector<torch::nn::Linear> shifts_;
   torch::Tensor hashes_;
 };
+/// TensorSketchSpine, the module holder of TensorSketchSpineImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(TensorSketchSpine);
 
 static_assert(ContextMechanism<TensorSketchSpineImpl>);
