@@ -35,6 +35,14 @@ def seq_encode(data: Sequence[Any], encoder: Any = None, estimator: Any = None, 
     Row i goes to chunk ``i mod num_chunks``; with ``chunk_size``, ``num_chunks = ceil(len(data) / chunk_size)``.
     The encoder is ``encoder``, or that of an ``estimator`` or a ``model`` (any of them may stand in the encoder slot).
     Empty chunks are left out. TypeError / ValueError as the encoder raises them.
+
+    Example:
+
+    >>> import attnmix
+    >>> from attnmix.stats import seq_encode
+    >>> chunks = seq_encode([0, 1, 1, 2, 1], estimator=attnmix.CategoricalEstimator(3), num_chunks=2)
+    >>> [count for count, _ in chunks]  # rows 0, 2, 4 and rows 1, 3
+    [3, 2]
     """
     enc = _encoder_of(encoder, estimator, model)
     rows = list(data)
@@ -54,12 +62,33 @@ def seq_encode(data: Sequence[Any], encoder: Any = None, estimator: Any = None, 
 
 def seq_log_density(enc_data: Sequence[Tuple[int, Any]], estimate: Any) -> List[np.ndarray]:
     """The log density of every row of every chunk of ``seq_encode``'s output under ``estimate``: one array per
-    chunk."""
+    chunk.
+
+    Example:
+
+    >>> import attnmix
+    >>> from attnmix.stats import seq_encode, seq_log_density
+    >>> model = attnmix.CategoricalDistribution([0.25, 0.5, 0.25])
+    >>> chunks = seq_encode([0, 1, 1], model=model, num_chunks=2)
+    >>> [(log_p / log_p[-1]).tolist() for log_p in seq_log_density(chunks, model)]  # log 0.25 = 2 log 0.5
+    [[2.0, 1.0], [1.0]]
+    """
     return [np.asarray(estimate.seq_log_density(encoded)) for _, encoded in enc_data]
 
 
 def seq_log_density_sum(enc_data: Sequence[Tuple[int, Any]], estimate: Any) -> Tuple[int, float]:
-    """``(rows, total log density)`` over every chunk of ``seq_encode``'s output under ``estimate``."""
+    """``(rows, total log density)`` over every chunk of ``seq_encode``'s output under ``estimate``.
+
+    Example:
+
+    >>> import math
+    >>> import attnmix
+    >>> from attnmix.stats import seq_encode, seq_log_density_sum
+    >>> model = attnmix.CategoricalDistribution([0.5, 0.5])
+    >>> rows, total = seq_log_density_sum(seq_encode([0, 1, 1, 0], model=model, num_chunks=3), model)
+    >>> rows, math.isclose(total, 4 * math.log(0.5))
+    (4, True)
+    """
     count = sum(int(n) for n, _ in enc_data)
     total = float(sum(float(np.sum(ll)) for ll in seq_log_density(enc_data, estimate)))
     return count, total

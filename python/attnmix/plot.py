@@ -117,7 +117,22 @@ def _rows(data, fields, where):
 def responsibilities(model, rows):
     """Responsibility attention's posterior r[n, i] over context positions for each observation (context, query,
     target): a heatmap of observations × positions, each cell labelled with its context symbol, each row with its
-    target t and the predicted target (the argmax of predict_proba)."""
+    target t and the predicted target (the argmax of predict_proba).
+
+    Example: fit a small model to 200 rows drawn from a known one, then draw its posterior on six of them:
+
+    >>> import numpy as np
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> rng = np.random.default_rng(0)  # 5 symbols, 3-dimensional queries, 4 targets, 4 positions
+    >>> truth = attnmix.ResponsibilityAttentionDistribution(
+    ...     rng.standard_normal((5, 3)), rng.dirichlet(np.ones(4), size=5), np.full(4, 0.25), sigma2=0.5)
+    >>> rows = truth.sampler(seed=1).sample(200)  # (context, query, target)
+    >>> model = attnmix.optimize(rows, truth.estimator(), max_its=3, rng=0, out=None)
+    >>> fig = plot.responsibilities(model, rows[:6])
+    >>> fig.axes[0].get_images()[0].get_array().shape  # observations × positions
+    (6, 4)
+    """
     rows = _rows(rows, 3, "plot.responsibilities")
     contexts = np.array([row[0] for row in rows], dtype=np.int64)
     queries = np.array([row[1] for row in rows], dtype=np.float64)
@@ -134,7 +149,18 @@ def responsibilities(model, rows):
 
 def attention_tables(model, top_k=32):
     """Responsibility attention's parameters: the key table K (symbols × query dimensions), the emission table B
-    (symbols × targets) and the position prior π."""
+    (symbols × targets) and the position prior π.
+
+    Example: a model built from its parameters, 3 symbols with one-hot keys and emissions and 2 positions:
+
+    >>> import numpy as np
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> model = attnmix.ResponsibilityAttentionDistribution(np.eye(3), np.eye(3), np.full(2, 0.5))
+    >>> fig = plot.attention_tables(model)
+    >>> [ax.get_title() for ax in fig.axes[:3]]  # the three panels (then their colour bars)
+    ['key table K', 'emission B = p(target | symbol)', 'position prior π']
+    """
     S = model.num_symbols
     shown = _top_symbols(model.emission, top_k)
     fig, (keys, emission, prior) = _figure(3)
@@ -154,7 +180,20 @@ def attention_tables(model, top_k=32):
 
 def hop_posteriors(model, rows):
     """Chained attention's posterior over positions at every hop for each observation (keys, values, query, target):
-    one panel per hop, observations × positions, cells labelled key→value."""
+    one panel per hop, observations × positions, cells labelled key→value.
+
+    Example: a two-hop model over 6 symbols built from random parameters, on four rows it samples:
+
+    >>> import numpy as np
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> rng = np.random.default_rng(7)  # key tables (hops × symbols × symbols), emission (symbols × targets)
+    >>> model = attnmix.ChainedAttentionDistribution(rng.standard_normal((2, 6, 6)), rng.dirichlet(np.ones(6), size=6))
+    >>> rows = model.sampler(seed=2, context_length=5).sample(4)  # (keys, values, query, target)
+    >>> fig = plot.hop_posteriors(model, rows)
+    >>> [ax.get_title() for ax in fig.axes[:2]]  # one panel per hop (then their colour bars)
+    ['hop 1: p(position | row)', 'hop 2: p(position | row)']
+    """
     rows = _rows(rows, 4, "plot.hop_posteriors")
     keys = np.array([row[0] for row in rows], dtype=np.int64)
     values = np.array([row[1] for row in rows], dtype=np.int64)
@@ -172,7 +211,18 @@ def hop_posteriors(model, rows):
 
 
 def key_tables(model, top_k=32):
-    """Chained attention's key table of every hop: row u is the point a query (or value) u is compared against."""
+    """Chained attention's key table of every hop: row u is the point a query (or value) u is compared against.
+
+    Example: a two-hop model over 4 symbols whose hops both match a symbol with itself:
+
+    >>> import numpy as np
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> model = attnmix.ChainedAttentionDistribution(np.stack([np.eye(4), np.eye(4)]), np.eye(4))
+    >>> fig = plot.key_tables(model)
+    >>> [ax.get_title() for ax in fig.axes[:2]]  # one heatmap per hop (then their colour bars)
+    ['hop 1 key table', 'hop 2 key table']
+    """
     S = model.num_symbols
     shown = _top_symbols(model.emission, top_k)
     tables = model.key_tables
@@ -186,7 +236,20 @@ def key_tables(model, top_k=32):
 def embeddings(model, labels=None):
     """The variational families' posterior-mean embeddings m (S × D) projected on their first two principal
     components, each drawn with the projection of its posterior covariance diag(exp(log_var)) as a one-standard-
-    deviation ellipse and labelled with its symbol id (or labels[s])."""
+    deviation ellipse and labelled with its symbol id (or labels[s]).
+
+    Example: 6 symbols embedded in 4 dimensions, each with posterior variance e^-2 on every axis:
+
+    >>> import numpy as np
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> rng = np.random.default_rng(3)  # mean, log_var (symbols × D), emission (symbols × targets), position prior
+    >>> model = attnmix.VariationalEmbeddingAttentionDistribution(
+    ...     rng.standard_normal((6, 4)), np.full((6, 4), -2.0), rng.dirichlet(np.ones(4), size=6), np.full(3, 1 / 3))
+    >>> fig = plot.embeddings(model, labels="abcdef")
+    >>> len(fig.axes[0].patches), [text.get_text() for text in fig.axes[0].texts]  # an ellipse and a label each
+    (6, ['a', 'b', 'c', 'd', 'e', 'f'])
+    """
     mean, variance = np.asarray(model.mean), np.exp(np.asarray(model.log_var))
     S, D = mean.shape
     labels = [str(s) for s in range(S)] if labels is None else [str(x) for x in labels]
@@ -224,7 +287,20 @@ def _history_records(history):
 def fit_history(history):
     """The log-likelihood per EM iteration (and the validation score where recorded). history: a JSON Lines file
     (``attnmix fit --history``), a sequence of dicts with "iteration", "log_likelihood" and optionally "validation",
-    or a sequence of log-likelihoods (iterations 1, 2, ...)."""
+    or a sequence of log-likelihoods (iterations 1, 2, ...).
+
+    Example: the history that attnmix.optimize records of a three-iteration fit with a validation set:
+
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> rows = attnmix.CategoricalDistribution([0.2, 0.3, 0.5]).sampler(seed=1).sample(100)
+    >>> history = []
+    >>> model = attnmix.optimize(rows, attnmix.CategoricalEstimator(3), max_its=3, delta=None, vdata=rows[:20],
+    ...                          rng=0, out=None, history=history)
+    >>> fig = plot.fit_history(history)
+    >>> [(line.get_label(), len(line.get_xdata())) for line in fig.axes[0].get_lines()]
+    [('training log-likelihood', 3), ('validation log-likelihood', 3)]
+    """
     history = _history_records(history)
     if not history:
         raise ValueError("plot.fit_history: the history is empty")
@@ -250,7 +326,18 @@ def lm_history(history):
     training speed in tokens per second and, for moment closure, per layer as the far field's bank fills up: the
     live clusters (mean over the streams), the bank mass (the evicted tokens the clusters summarise, mean over
     streams and heads) and the far field's share of the attention (the softmax weight on clusters and stored
-    tokens). Histories written before the bank mass and the share were recorded get the clusters panel only."""
+    tokens). Histories written before the bank mass and the share were recorded get the clusters panel only.
+
+    Example: the records of four training steps (loss in nats) and the final model's held-out line, as
+    ``attnmix lm train --history`` writes them:
+
+    >>> from attnmix import plot
+    >>> records = [{"step": s, "loss": 2.0 / s, "tokens_per_second": 1000.0} for s in (1, 2, 3, 4)]
+    >>> records.append({"step": 4, "heldout_bits_per_byte": 1.5})
+    >>> fig = plot.lm_history(records)
+    >>> [ax.get_title() for ax in fig.axes]  # no far-field panels: these records have no "clusters"
+    ['loss', 'training speed']
+    """
     records = _history_records(history)
     steps = [r for r in records if "loss" in r]
     if not steps:
@@ -291,7 +378,19 @@ def lm_history(history):
 
 def assignment_frequencies(freq, tree):
     """The matching frequencies of the assignment tree (queries × keys, from attnmix.assign.frequency_estimate) with
-    the maximum spanning tree's edges (attnmix.assign.kruskal_tree) drawn as red outlines."""
+    the maximum spanning tree's edges (attnmix.assign.kruskal_tree) drawn as red outlines.
+
+    Example: 6 queries and 5 keys with random costs, K = 64 sampled assignments at temperature 1.7:
+
+    >>> import numpy as np
+    >>> import attnmix
+    >>> from attnmix import plot
+    >>> from attnmix.assign import frequency_estimate, kruskal_tree
+    >>> freq = frequency_estimate(np.random.default_rng(0).standard_normal((6, 5)), 1.7, 64, attnmix.Rng(11))
+    >>> fig = plot.assignment_frequencies(freq, kruskal_tree(freq))
+    >>> fig.axes[0].get_title()  # a spanning tree of 6 + 5 nodes has 10 edges
+    'matching frequencies and spanning tree (10 edges)'
+    """
     freq, tree = np.asarray(freq), np.asarray(tree, dtype=bool)
     if freq.shape != tree.shape:
         raise ValueError(f"plot.assignment_frequencies: freq {freq.shape} and tree {tree.shape} differ in shape")
@@ -307,7 +406,19 @@ def assignment_frequencies(freq, tree):
 def assignment_scaling(results):
     """The assignment-tree experiment (a dict from run_assignment_tree_experiment or a results.json path): the
     frequency RMSE against K on log-log axes with the K^(-1/2) law through its first point, and the union of matched
-    edges against the occupancy prediction."""
+    edges against the occupancy prediction.
+
+    Example: a hand-written results document with the keys the figure reads
+    (attnmix.assign.run_assignment_tree_experiment(1234) gives the real one, in a few seconds):
+
+    >>> from attnmix import plot
+    >>> results = {"prediction_1_rmse": {"4": 0.1, "16": 0.05, "64": 0.025}, "prediction_1_rmse_slope_observed": -0.5,
+    ...            "prediction_2_union_edges": [{"K": 4, "observed": 30, "predicted": 31},
+    ...                                         {"K": 16, "observed": 50, "predicted": 49}]}
+    >>> fig = plot.assignment_scaling(results)
+    >>> [ax.get_title() for ax in fig.axes]
+    ['frequency RMSE, slope -0.500', 'union of matched edges']
+    """
     if isinstance(results, (str, os.PathLike)):
         with open(results, encoding="utf-8") as f:
             results = json.load(f)

@@ -81,7 +81,13 @@ void bind_assign(py::module_& m) {
       "cost"_a,
       "Exact minimum-cost rectangular assignment, as scipy.optimize.linear_sum_assignment: "
       "returns (rows, cols), int64 arrays of min(nq, nk) matched pairs sorted by row. +inf "
-      "entries are forbidden pairs; NaN, -inf or an infeasible problem raise ValueError.");
+      "entries are forbidden pairs; NaN, -inf or an infeasible problem raise ValueError.\n\n"
+      "Example:\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import linear_sum_assignment\n"
+      ">>> rows, cols = linear_sum_assignment(np.array([[4.0, 1.0, 3.0], [2.0, 0.0, 5.0], [3.0, 2.0, 2.0]]))\n"
+      ">>> rows.tolist(), cols.tolist()\n"
+      "([0, 1, 2], [1, 0, 2])\n");
 
   a.def(
       "assignment_sample",
@@ -99,7 +105,12 @@ void bind_assign(py::module_& m) {
       "cost"_a, "tau"_a, "rng"_a,
       "One perturb-and-MAP sample: adds tau * Gumbel(0, 1) noise (one (nq, nk) table drawn "
       "row-major from rng) to cost and solves the assignment. Returns the matched (i, j) pairs. "
-      "rng: an attnmix.Rng (advanced in place), an int seed or a numpy Generator.");
+      "rng: an attnmix.Rng (advanced in place), an int seed or a numpy Generator.\n\n"
+      "Example (tau = 0 adds no noise: the exact assignment):\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import assignment_sample\n"
+      ">>> assignment_sample(np.array([[4.0, 1.0, 3.0], [2.0, 0.0, 5.0], [3.0, 2.0, 2.0]]), 0.0, 7)\n"
+      "[(0, 1), (1, 0), (2, 2)]\n");
 
   a.def(
       "frequency_estimate",
@@ -118,7 +129,13 @@ void bind_assign(py::module_& m) {
       },
       "cost"_a, "tau"_a, "K"_a, "rng"_a,
       "The mean of K assignment indicator matrices (nq, nk); every column sums to 1 when "
-      "nq >= nk. Draws one seed from rng; the result does not depend on the thread count.");
+      "nq >= nk. Draws one seed from rng; the result does not depend on the thread count.\n\n"
+      "Example:\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import frequency_estimate\n"
+      ">>> freq = frequency_estimate(np.array([[4.0, 1.0], [2.0, 0.0], [3.0, 2.0]]), 1.0, 200, 7)\n"
+      ">>> freq.shape, freq.sum(axis=0).tolist()\n"
+      "((3, 2), [1.0, 1.0])\n");
 
   a.def(
       "kruskal_tree",
@@ -129,7 +146,12 @@ void bind_assign(py::module_& m) {
       "score"_a,
       "Maximum spanning tree of the complete bipartite graph (query i = node i, key j = node "
       "nq + j) weighted by score: a bool (nq, nk) array with nq + nk - 1 True entries. Ties "
-      "follow the order (-score, i, nq + j).");
+      "follow the order (-score, i, nq + j).\n\n"
+      "Example:\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import kruskal_tree\n"
+      ">>> kruskal_tree(np.array([[3.0, 1.0], [2.0, 0.5]])).tolist()\n"
+      "[[True, True], [True, False]]\n");
 
   a.def(
       "assignment_tree",
@@ -148,7 +170,13 @@ void bind_assign(py::module_& m) {
                               matrix_out(tree.freq));
       },
       "cost"_a, "tau"_a, "K"_a, "rng"_a,
-      "frequency_estimate then kruskal_tree: returns (freq * tree, tree, freq).");
+      "frequency_estimate then kruskal_tree: returns (freq * tree, tree, freq).\n\n"
+      "Example:\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import assignment_tree\n"
+      ">>> tree_freq, tree, freq = assignment_tree(np.arange(12.0).reshape(3, 4) % 5, 1.0, 100, 7)\n"
+      ">>> int(tree.sum()), bool(np.array_equal(tree_freq, freq * tree))  # nq + nk - 1 edges\n"
+      "(6, True)\n");
 
   a.def(
       "sparse_attention",
@@ -175,7 +203,13 @@ void bind_assign(py::module_& m) {
       "Attention restricted to the support tree_freq > 0: logits q k^T / sqrt(d) + "
       "alpha * log(eps + tree_freq), -inf off the support, softmax, p v. A query row with empty "
       "support is repaired with its first argmax of tree_freq. Returns (out, p), or with "
-      "return_report=True (out, p, {'repaired_rows': [i, ...]}).");
+      "return_report=True (out, p, {'repaired_rows': [i, ...]}).\n\n"
+      "Example (each query may attend only to its own key):\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import sparse_attention\n"
+      ">>> out, p = sparse_attention(np.eye(3), np.eye(3), np.arange(6.0).reshape(3, 2), np.eye(3))\n"
+      ">>> p.tolist(), out.tolist()\n"
+      "([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])\n");
 
   a.def(
       "dense_attention",
@@ -186,7 +220,13 @@ void bind_assign(py::module_& m) {
         return py::make_tuple(matrix_out(r.out), matrix_out(r.p));
       },
       "q"_a, "k"_a, "v"_a,
-      "Standard softmax attention with logits q k^T / sqrt(d): returns (out, p).");
+      "Standard softmax attention with logits q k^T / sqrt(d): returns (out, p).\n\n"
+      "Example:\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import dense_attention\n"
+      ">>> out, p = dense_attention(np.zeros((2, 3)), np.ones((4, 3)), np.arange(8.0).reshape(4, 2))\n"
+      ">>> p.tolist(), out.tolist()  # equal logits: uniform weights\n"
+      "([[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]], [[3.0, 4.0], [3.0, 4.0]])\n");
 
   a.def(
       "zero_frequency_tree_edges",
@@ -198,7 +238,12 @@ void bind_assign(py::module_& m) {
       },
       "tree"_a, "freq"_a,
       "The number of tree edges whose frequency is zero (they are left out of sparse_attention's "
-      "support).");
+      "support).\n\n"
+      "Example:\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.assign import zero_frequency_tree_edges\n"
+      ">>> zero_frequency_tree_edges(np.eye(2, dtype=bool), np.array([[0.5, 0.5], [0.5, 0.0]]))\n"
+      "1\n");
 
   a.def(
       "run_assignment_tree_experiment",
@@ -214,7 +259,12 @@ void bind_assign(py::module_& m) {
       },
       "seed"_a = 1234,
       "The assignment-tree experiment: returns the results document as a dict whose keys "
-      "are in the order of results.json (what `attnmix assign-tree` writes). Takes seconds.");
+      "are in the order of results.json (what `attnmix assign-tree` writes). Takes seconds.\n\n"
+      "Example:\n\n"
+      ">>> from attnmix.assign import run_assignment_tree_experiment\n"
+      ">>> results = run_assignment_tree_experiment(seed=1234)\n"
+      ">>> len(results['prediction_3_tree_edges'])  # a spanning tree of 16 queries and 15 keys\n"
+      "30\n");
 }
 
 }  // namespace attnmix::python

@@ -349,7 +349,13 @@ void bind_sequence_to_triples(py::module_& m) {
       "embeddings"_a = py::none(),
       "The (context, query, target) triples of a token sequence: for p in [N-1, "
       "len-2], context tokens[p-N+1..p], query embeddings[tokens[p]] (one-hot of length S without "
-      "embeddings), target tokens[p+1].");
+      "embeddings), target tokens[p+1].\n\n"
+      "Example:\n\n"
+      ">>> from attnmix import sequence_to_triples\n"
+      ">>> for context, query, target in sequence_to_triples([0, 1, 2, 0], 2, num_symbols=3):\n"
+      "...     print(context.tolist(), query.tolist(), target)\n"
+      "[0, 1] [0.0, 1.0, 0.0] 2\n"
+      "[1, 2] [0.0, 0.0, 1.0] 0\n");
 }
 
 }  // namespace

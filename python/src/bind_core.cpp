@@ -381,7 +381,17 @@ void bind_model_files(py::module_& m) {
       "dist"_a, "path"_a,
       "Writes the model as the CLI's JSON model file (docs/model-format.md), atomically. Every "
       "family has a model-file format: the four attention families, categorical, diagonal "
-      "Gaussian, and mixtures and composites of them.");
+      "Gaussian, and mixtures and composites of them.\n\n"
+      "Example:\n\n"
+      ">>> import os, tempfile\n"
+      ">>> import attnmix\n"
+      ">>> model = attnmix.CategoricalDistribution([0.25, 0.75], name='coin')\n"
+      ">>> with tempfile.TemporaryDirectory() as folder:\n"
+      "...     path = os.path.join(folder, 'coin.json')\n"
+      "...     attnmix.save_model(model, path)\n"
+      "...     back = attnmix.load_model(path)\n"
+      ">>> back.p.tolist(), back.name\n"
+      "([0.25, 0.75], 'coin')\n");
   m.def(
       "load_model",
       [](py::object path) {
@@ -393,7 +403,19 @@ void bind_model_files(py::module_& m) {
         }
         return wrap_distribution(std::move(model));
       },
-      "path"_a, "Reads and validates a JSON model file (written by save_model or `attnmix fit`).");
+      "path"_a,
+      "Reads and validates a JSON model file (written by save_model or `attnmix fit`): returns the model, an "
+      "instance of its family's distribution class. ValueError (naming the file and the field) for a missing, "
+      "malformed or invalid file.\n\n"
+      "Example:\n\n"
+      ">>> import os, tempfile\n"
+      ">>> import attnmix\n"
+      ">>> with tempfile.TemporaryDirectory() as folder:\n"
+      "...     path = os.path.join(folder, 'model.json')\n"
+      "...     attnmix.save_model(attnmix.CategoricalDistribution([0.5, 0.5]), path)\n"
+      "...     model = attnmix.load_model(path)\n"
+      ">>> type(model).__name__, model.p.tolist()\n"
+      "('CategoricalDistribution', [0.5, 0.5])\n");
 }
 
 }  // namespace

@@ -159,7 +159,15 @@ history
     seconds, validation with vdata): the lines of `attnmix fit --history`, for attnmix.plot.fit_history.
 
 Raises ValueError (with the row and field) for data the estimator's encoder rejects and ImpossibleEvidenceError
-for rows the model gives probability zero. The GIL is released while the fit runs.)");
+for rows the model gives probability zero. The GIL is released while the fit runs.
+
+Example (a categorical fit is the observed frequencies):
+
+>>> import attnmix
+>>> model = attnmix.optimize([0, 1, 1, 2, 1, 1], attnmix.CategoricalEstimator(3), max_its=3, out=None)
+>>> model.p.round(3).tolist()
+[0.167, 0.667, 0.167]
+)");
   m.def(
       "score",
       [](py::object dist, py::object data, py::object num_threads) {
@@ -173,7 +181,13 @@ for rows the model gives probability zero. The GIL is released while the fit run
       },
       "dist"_a, "data"_a, py::kw_only(), "num_threads"_a = py::none(),
       "sum_n log p(x_n) over every row, summed in the library's fixed pairwise order: the score "
-      "optimize() reports and the total `attnmix score` prints.");
+      "optimize() reports and the total `attnmix score` prints.\n\n"
+      "Example:\n\n"
+      ">>> import attnmix\n"
+      ">>> from attnmix.inference import score\n"
+      ">>> model = attnmix.CategoricalDistribution([0.25, 0.5, 0.25])\n"
+      ">>> round(score(model, [1, 1, 0]), 6)  # 2 log 0.5 + log 0.25\n"
+      "-2.772589\n");
 }
 
 }  // namespace attnmix::python

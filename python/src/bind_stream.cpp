@@ -780,7 +780,14 @@ void bind_stream(py::module_& m) {
       "The exact Gaussian law of an attention layer's output "
       "(docs/mechanisms.md#moment-closure-far-field): law (a GaussianLaw or "
       "(mean, cov)) over the layer input, qkv_weight (3d, d), qkv_bias (3d,), proj_weight (d, d), "
-      "proj_bias (d,) or None (no bias), n_head (default 1) -> (GaussianLaw, jacobian (d, d)).");
+      "proj_bias (d,) or None (no bias), n_head (default 1) -> (GaussianLaw, jacobian (d, d)).\n\n"
+      "Example (values copy the input, which is certain to be (1, 1): so is the output):\n\n"
+      ">>> import numpy as np\n"
+      ">>> from attnmix.experimental import attention_law\n"
+      ">>> qkv_weight = np.vstack([np.zeros((4, 2)), np.eye(2)])  # queries and keys 0, values x\n"
+      ">>> law, jacobian = attention_law((np.ones(2), np.zeros((2, 2))), qkv_weight, np.zeros(6), np.eye(2))\n"
+      ">>> law.mean.tolist(), law.cov.tolist()\n"
+      "([1.0, 1.0], [[0.0, 0.0], [0.0, 0.0]])\n");
 
   // ---- RoPE ----
   m.def(
