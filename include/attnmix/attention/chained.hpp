@@ -171,7 +171,8 @@ class ChainedAttentionAccumulator : public FlatAccumulator<ChainedAttentionAccum
   /// The value of n (field 4).
   [[nodiscard]] double n() const { return *field(4); }
 
-  /// Finite entries, counts ≥ 0, Σ key_mass[ℓ] = n for every hop, Σ emission_count = n. @throws ValueError.
+  /// Finite entries, counts ≥ 0, Σ key_mass[ℓ] = n for every hop, Σ emission_count = n.
+  /// @throws ValueError when a check fails.
   void validate(std::string_view where) const;
   /// seq_initialize: γ_ℓ ~ Dirichlet(1_N) for every hop and row (hop-major), then
   /// ξ_ℓ ~ Dirichlet(1_{N²}) for ℓ = 0..L−2, accumulated with weights w; n += Σ w; ll untouched.

@@ -133,7 +133,7 @@ class AttachedOptimizerState {
   void set(std::shared_ptr<const AttentionOptimizerState> state) { state_ = std::move(state); }
   /// Detaches the state.
   void reset() noexcept { state_.reset(); }
-  /// The FlatAccumulator attachment rule. @throws ValueError("cannot combine attention statistics from different
+  /// The FlatAccumulator attachment rule. @throws ValueError ("cannot combine attention statistics from different
   /// optimizer states") before any change.
   void merge(const AttachedOptimizerState& other, AttachmentMerge how, std::string_view where);
 

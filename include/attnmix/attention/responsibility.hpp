@@ -185,7 +185,7 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
 
   /// Σ position_count: the assigned mass M.
   [[nodiscard]] double total_mass() const;
-  /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError.
+  /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
   /// seq_initialize: r_n ~ Dirichlet(1_N) from rng for every row (in row order), times w_n, accumulated.
   void initialize(const ResponsibilityAttentionBatch& batch, std::span<const double> w, Rng& rng);

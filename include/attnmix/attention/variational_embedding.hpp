@@ -196,7 +196,7 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
   /// the attached one.
   void set_optimizer_state(std::shared_ptr<const AttentionOptimizerState> state) { state_.set(std::move(state)); }
 
-  /// Finite entries, counts ≥ 0, Σ position_count = n, Σ emission_count = n. @throws ValueError.
+  /// Finite entries, counts ≥ 0, Σ position_count = n, Σ emission_count = n. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
   /// seq_initialize: a_n ~ Dirichlet(1_N) per row in row order, scaled by w_n, added to
   /// emission_count[c_ni, t_n] and position_count[i]; n += Σ w; gradients, ll and the state untouched.

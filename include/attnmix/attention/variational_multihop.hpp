@@ -112,7 +112,7 @@ class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<Variation
   /// the attached one.
   void set_optimizer_state(std::shared_ptr<const AttentionOptimizerState> state) { state_.set(std::move(state)); }
 
-  /// Finite entries, counts ≥ 0, Σ emission_count = n. @throws ValueError.
+  /// Finite entries, counts ≥ 0, Σ emission_count = n. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
   /// seq_initialize: r ~ Dirichlet(1_N) per row in row order over the final-hop positions, scaled by w_n and added to
   /// emission_count[v_nj, t_n]; n += Σ w; gradients, ll and the state untouched.
@@ -126,7 +126,7 @@ class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<Variation
   [[nodiscard]] ChainedAttentionEncoder encoder() const;
   /// Zeroes the statistics and detaches the state.
   void set_zero();
-  /// The attachment rule of FlatAccumulator (combine requires equal states). @throws ValueError, before any change, for
+  /// The attachment rule of FlatAccumulator (combine requires equal states). @throws ValueError before any change for
   /// statistics of different optimizer states.
   void merge_attachment(const VariationalMultiHopAttentionAccumulator& v, AttachmentMerge how) {
     state_.merge(v.state_, how, kWhere);

@@ -134,7 +134,7 @@ class FlatAccumulator : public FlatStats {
     merge_attachment_of(v, AttachmentMerge::kStrict);
     add_unchecked(v.flat());
   }
-  /// Validates v, then overwrites the statistics (keys stay). @throws ValueError.
+  /// Validates v, then overwrites the statistics (keys stay). @throws ValueError when a check fails.
   void from_value(const Derived& v) {
     check_same_layout(Derived::kWhere, v.layout());
     v.validate(Derived::kWhere);
@@ -147,7 +147,7 @@ class FlatAccumulator : public FlatStats {
       throw ValueError(std::string(Derived::kWhere) + ": pack buffer has the wrong size");
     std::copy(flat().begin(), flat().end(), out.begin());
   }
-  /// Validates a packed buffer, then overwrites the statistics. @throws ValueError.
+  /// Validates a packed buffer, then overwrites the statistics. @throws ValueError when a check fails.
   void unpack(std::span<const double> in) {
     if (static_cast<Index>(in.size()) != flat_size())
       throw ValueError(std::string(Derived::kWhere) + ": packed statistics must have " +
@@ -157,7 +157,7 @@ class FlatAccumulator : public FlatStats {
     candidate.validate(Derived::kWhere);
     assign_unchecked(in);
   }
-  /// Multiplies every field by c (finite, ≥ 0). @throws ValueError.
+  /// Multiplies every field by c (finite, ≥ 0). @throws ValueError when a check fails.
   void scale(double c) {
     if (!(std::isfinite(c) && c >= 0.0))
       throw ValueError(std::string(Derived::kWhere) + ": scale must be finite and >= 0");

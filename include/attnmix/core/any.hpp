@@ -134,11 +134,11 @@ class AnyAccumulator {
   [[nodiscard]] Index flat_size() const { return self_->flat_size(); }
   /// Writes the statistics to out, which must hold flat_size() doubles. @throws ValueError for a wrong size.
   void pack(std::span<double> out) const { self_->pack(out); }
-  /// Validates, then overwrites. @throws ValueError.
+  /// Validates, then overwrites. @throws ValueError when a check fails.
   void unpack(std::span<const double> in) { self_->unpack(in); }
-  /// Validates other, then adds it. @throws ValueError / TypeError.
+  /// Validates other, then adds it. @throws ValueError (or TypeError).
   void combine(const AnyAccumulator& other) { self_->combine(*other.self_); }
-  /// Validates v, then overwrites (keys stay). @throws ValueError / TypeError.
+  /// Validates v, then overwrites (keys stay). @throws ValueError (or TypeError).
   void from_value(const AnyAccumulator& v) { self_->from_value(*v.self_); }
   /// A snapshot: a deep copy of this handle, which later changes to it never alias.
   [[nodiscard]] AnyAccumulator value() const { return *this; }
@@ -169,11 +169,11 @@ class AnyAccumulator {
   /// Keyed tying (`docs/mechanisms.md#building-blocks`): this site then its children depth-first.
   /// The first site with a key becomes the pool's entry for it; a later site with the same key is combined into that
   /// entry (validated). pool holds pointers into the tree: keep the tree unchanged until key_replace has run.
-  /// @throws ValueError / TypeError as combine.
+  /// @throws ValueError (or TypeError) as combine.
   void key_merge(KeyPool& pool);
   /// The second half of keyed tying, after key_merge over the same pool: every keyed site other than the pool's entry
   /// reads the pooled statistics (from_value, so its own keys stay), this site then its children depth-first. Tied
-  /// sites then hold identical statistics. @throws ValueError / TypeError as from_value.
+  /// sites then hold identical statistics. @throws ValueError (or TypeError) as from_value.
   void key_replace(const KeyPool& pool);
   /// Whether both handles hold the same family with equal accumulators (the family's operator==); false across
   /// families.
@@ -339,7 +339,9 @@ class AnyDistribution {
   /// Writes log p(row) of every row of batch to out, which must hold batch.n_rows() doubles; −∞ for a row the model
   /// gives probability zero. @throws TypeError for a batch of another family; ValueError for a wrong output length.
   void log_density(const AnyBatch& batch, std::span<double> out) const { self_->log_density(batch, out); }
-  /// The E-step (atomic). @throws ImpossibleEvidenceError, ValueError, TypeError.
+  /// The E-step (atomic).
+  /// @throws ImpossibleEvidenceError for rows the model gives probability zero.
+  /// @throws ValueError (or TypeError) for a batch or statistics of another family or shape.
   void accumulate(const AnyBatch& batch, std::span<const double> w, AnyAccumulator& acc,
                   std::span<double> log_p_out = {}) const {
     self_->accumulate(batch, w, acc, log_p_out);

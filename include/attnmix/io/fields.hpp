@@ -106,7 +106,7 @@ void check_id_range(int64_t id, const std::string& where, const std::string& fie
 [[nodiscard]] std::string index_text(const char* name, int64_t r, int64_t c);
 
 /// Checks the keys of one JSON Lines object: every key in `known` (else "unknown field 'x' (expected
-/// …)"), every one of `required` present (else "missing field 'x'"). @throws ValueError.
+/// …)"), every one of `required` present (else "missing field 'x'"). @throws ValueError when a check fails.
 void check_json_fields(const nlohmann::json& object, const std::string& where,
                        const std::vector<std::string>& known, const std::vector<std::string>& required);
 

@@ -77,7 +77,7 @@ struct Rows : RowOrigin {
 
 /// Reads and validates a data file, or the stripe of its rows that `stripe` names, against the declared sizes.
 /// An empty shard (stripe.shard) has the declared widths, or width 0 where they are not declared.
-/// @throws ValueError / TypeError (content), std::runtime_error (I/O).
+/// @throws ValueError (or TypeError) (content), std::runtime_error (I/O).
 [[nodiscard]] Rows read_rows(const std::string& path, const RowSchema& schema, const Dims& declared,
                              TargetPolicy policy, const RowStripe& stripe = {});
 

@@ -70,8 +70,8 @@ class CategoricalEncoder {
 
   /// @throws ValueError on out-of-range ids.
   [[nodiscard]] CategoricalBatch encode(IdVector ids) const;
-  /// Real-valued ids must be exact integers (2.0 is accepted, 1.5 and NaN are not). @throws
-  /// ValueError.
+  /// Real-valued ids must be exact integers (2.0 is accepted, 1.5 and NaN are not).
+  /// @throws ValueError when a check fails.
   [[nodiscard]] CategoricalBatch encode(std::span<const double> ids) const;
   /// Encoders are equal when they declare the same K.
   [[nodiscard]] bool operator==(const CategoricalEncoder&) const = default;
@@ -106,9 +106,9 @@ class CategoricalAccumulator : public FlatAccumulator<CategoricalAccumulator> {
   [[nodiscard]] ConstVectorMap counts() const { return {field(0), K_}; }
   /// Σ counts (accurate sum).
   [[nodiscard]] double total_mass() const;
-  /// Finite entries, counts ≥ 0. @throws ValueError.
+  /// Finite entries, counts ≥ 0. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
-  /// seq_initialize: counts[x_n] += w_n (no randomness; rng is untouched). @throws ValueError.
+  /// seq_initialize: counts[x_n] += w_n (no randomness; rng is untouched). @throws ValueError when a check fails.
   void initialize(const CategoricalBatch& batch, std::span<const double> w, Rng& rng);
   /// A distributed fit's initialisation (AnyAccumulator::initialize_shard): other rows draw nothing.
   void initialize_shard(const CategoricalBatch& batch, std::span<const double> w, Rng& rng, Index /*rows_before*/,

@@ -85,14 +85,14 @@ class CompositeAccumulator {
   /// Writes the children's flat buffers back to back, in field order. @throws ValueError unless out has
   /// flat_size() entries.
   void pack(std::span<double> out) const;
-  /// Validates every child's slice of `in`, then overwrites; nothing changes on failure. @throws
-  /// ValueError.
+  /// Validates every child's slice of `in`, then overwrites; nothing changes on failure.
+  /// @throws ValueError when a check fails.
   void unpack(std::span<const double> in);
-  /// Validates every child of v, then adds; nothing changes on failure. @throws ValueError /
-  /// TypeError.
+  /// Validates every child of v, then adds; nothing changes on failure.
+  /// @throws ValueError (or TypeError) when a check fails.
   void combine(const CompositeAccumulator& v);
-  /// Validates every child of v, then overwrites (keys stay); nothing changes on failure. @throws
-  /// ValueError.
+  /// Validates every child of v, then overwrites (keys stay); nothing changes on failure.
+  /// @throws ValueError when a check fails.
   void from_value(const CompositeAccumulator& v);
   /// A snapshot (deep copy).
   [[nodiscard]] CompositeAccumulator value() const { return *this; }

@@ -112,10 +112,10 @@ class DiagonalGaussianAccumulator : public FlatAccumulator<DiagonalGaussianAccum
   [[nodiscard]] ConstVectorMap sum_sq() const { return {field(1), D_}; }
   /// count = Σ w, the assigned mass.
   [[nodiscard]] double count() const { return *field(2); }
-  /// Finite entries, counts ≥ 0. @throws ValueError.
+  /// Finite entries, counts ≥ 0. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
-  /// seq_initialize: the E-step sums with weights w (no randomness; rng is untouched). @throws
-  /// ValueError.
+  /// seq_initialize: the E-step sums with weights w (no randomness; rng is untouched).
+  /// @throws ValueError when a check fails.
   void initialize(const DiagonalGaussianBatch& batch, std::span<const double> w, Rng& rng);
   /// A distributed fit's initialisation (AnyAccumulator::initialize_shard): other rows draw nothing.
   void initialize_shard(const DiagonalGaussianBatch& batch, std::span<const double> w, Rng& rng,

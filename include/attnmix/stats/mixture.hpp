@@ -54,14 +54,14 @@ class MixtureAccumulator {
   /// Writes comp_count, then each component's flat buffer in component order. @throws ValueError unless out has
   /// flat_size() entries.
   void pack(std::span<double> out) const;
-  /// Validates, then overwrites; nothing changes on failure. @throws ValueError.
+  /// Validates, then overwrites; nothing changes on failure. @throws ValueError when a check fails.
   void unpack(std::span<const double> in);
   /// Validates other (comp_count finite and ≥ 0, each component's statistics), then adds it; nothing changes on
   /// failure. @throws ValueError on statistics of other components or invalid values; TypeError when a component's
   /// statistics belong to another family.
   void combine(const MixtureAccumulator& other);
   /// Validates other as combine() does, then overwrites comp_count and every component's statistics (keys stay);
-  /// nothing changes on failure. @throws ValueError / TypeError.
+  /// nothing changes on failure. @throws ValueError (or TypeError) when a check fails.
   void from_value(const MixtureAccumulator& other);
   /// A snapshot (deep copy).
   [[nodiscard]] MixtureAccumulator value() const { return *this; }
