@@ -40,7 +40,7 @@ struct Knobs {
 TEST(OptionCheck, RejectsWrongTypesSignsAndNonFiniteValuesNamingTheOption) {
   const OptionSpec positive{"sigma2", "", OptionValue(1.0), OptionCheck::kPositive};
   EXPECT_NO_THROW(check_option(positive, OptionValue(0.5), "fit"));
-  for (const OptionValue bad : {OptionValue(0.0), OptionValue(-1.0), OptionValue(int64_t{2}),
+  for (const OptionValue& bad : {OptionValue(0.0), OptionValue(-1.0), OptionValue(int64_t{2}),
                                 OptionValue(std::numeric_limits<double>::infinity())}) {
     try {
       check_option(positive, bad, "fit");
