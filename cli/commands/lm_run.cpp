@@ -30,6 +30,7 @@
 #include "attnmix/io/input_file.hpp"
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/progress_record.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
 #include "cli_support.hpp"
 #include "commands/lm_plugin.hpp"
@@ -86,17 +87,7 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-std::string history_line(const lm::Progress& p) {
-  nlohmann::ordered_json line{{"step", p.step}, {"loss", p.loss}, {"tokens_per_second", p.tokens_per_second},
-                              {"elapsed_seconds", p.elapsed_seconds}};
-  if (!p.clusters.empty()) {
-    line["clusters"] = p.clusters;
-    line["bank_mass"] = p.bank_mass;
-    line["far_share"] = p.far_share;
-  }
-  if (p.heldout_bits_per_byte) line["heldout_bits_per_byte"] = *p.heldout_bits_per_byte;
-  return line.dump() + "\n";
-}
+std::string history_line(const lm::Progress& p) { return lm::progress_record(p).dump() + "\n"; }
 
 std::string heldout_history_line(int64_t step, double bits_per_byte) {
   return nlohmann::ordered_json{{"step", step}, {"heldout_bits_per_byte", bits_per_byte}}.dump() + "\n";
