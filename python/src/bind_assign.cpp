@@ -34,34 +34,6 @@ py::array_t<int64_t> index_out(const std::vector<Index>& v) {
   return copy_ids(reinterpret_cast<const int64_t*>(v.data()), {static_cast<Index>(v.size())});
 }
 
-/// The results document as Python values; objects become dicts in the document's key order.
-py::object json_to_python(const nlohmann::ordered_json& j) {
-  switch (j.type()) {
-    case nlohmann::ordered_json::value_t::object: {
-      py::dict d;
-      for (const auto& [key, value] : j.items()) d[py::str(key)] = json_to_python(value);
-      return d;
-    }
-    case nlohmann::ordered_json::value_t::array: {
-      py::list l;
-      for (const auto& value : j) l.append(json_to_python(value));
-      return l;
-    }
-    case nlohmann::ordered_json::value_t::boolean:
-      return py::bool_(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-      return py::int_(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned:
-      return py::int_(j.get<uint64_t>());
-    case nlohmann::ordered_json::value_t::number_float:
-      return py::float_(j.get<double>());
-    case nlohmann::ordered_json::value_t::string:
-      return py::str(j.get<std::string>());
-    default:
-      return py::none();
-  }
-}
-
 }  // namespace
 
 void bind_assign(py::module_& m) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// attnmix._stream (re-exported by python/attnmix/experimental.py): the pure functions of
+// attnmix._stream (re-exported by python/attnmix/experimental/): the pure functions of
 // docs/mechanisms.md#streaming-language-model and #moment-closure-far-field (RoPE, attention_law, the cluster-bank
 // operations) on numpy arrays, and the streaming language models of stream/language_model.hpp and stream/far_field.hpp
 // on token arrays.
@@ -37,6 +37,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
+#include "attnmix/stream/progress_record.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/moment_propagation.hpp"
@@ -490,16 +491,12 @@ py::dict summary_out(const lm::TrainSummary& s) {
       "heldout"_a = s.heldout ? py::object(evaluation_out(*s.heldout)) : py::object(py::none()));
 }
 
-py::dict progress_out(const lm::Progress& p) {
-  py::dict out("step"_a = p.step, "steps"_a = p.steps, "loss"_a = p.loss, "tokens_per_second"_a = p.tokens_per_second,
-               "elapsed_seconds"_a = p.elapsed_seconds, "eta_seconds"_a = p.eta_seconds);
-  if (!p.clusters.empty()) {
-    out["clusters"] = py::cast(p.clusters);
-    out["bank_mass"] = py::cast(p.bank_mass);
-    out["far_share"] = py::cast(p.far_share);
-  }
-  if (p.heldout_bits_per_byte) out["heldout_bits_per_byte"] = *p.heldout_bits_per_byte;
-  return out;
+/// The progress record of the CLI's --history line, with the run's length and the time still to go.
+py::object progress_out(const lm::Progress& p) {
+  nlohmann::ordered_json record = lm::progress_record(p);
+  record["steps"] = p.steps;
+  record["eta_seconds"] = p.eta_seconds;
+  return json_to_python(record);
 }
 
 py::dict recall_out(const lm::RecallResult& r) {
@@ -532,7 +529,7 @@ py::dict memory_bench_out(const lm::MemoryBenchReport& report) {
 // ---- docstrings ---------------------------------------------------------------------------------
 
 constexpr const char* kMemoryBenchDoc =
-    R"(The memory benchmark (stream/memory_benchmark.hpp): how much each mechanism remembers against the
+    R"doc(The memory benchmark (stream/memory_benchmark.hpp): how much each mechanism remembers against the
 distance to the evidence, the load on the memory and the state it carries.
 
 For every task setting, mechanism and seed a fresh model trains and is scored at the answers of
@@ -550,10 +547,25 @@ on_run(index, total, task, setting, mechanism, seed) is called before each run.
 Returns {"runs": [run_recall's dict plus task, setting, seed], "cases": [{task, setting, mechanism,
 seeds, accuracy (mean), accuracy_min, accuracy_max, cross_entropy, chance, state_bytes, seconds,
 share_of_full_gain (None unless window and full ran and full beat the window)}]}. ValueError for
-invalid options, before anything trains.)";
+invalid options, before anything trains.
+
+Example (two mechanisms on one tiny recall setting, one training step each):
+
+>>> from attnmix.experimental import run_memory_benchmark
+>>> runs = []
+>>> report = run_memory_benchmark(on_run=lambda *run: runs.append(run), mechanisms=["window", "full"],
+...                               tasks=["recall"], recall_gaps=[12], recall_pairs=[1], seeds=[0], d_model=8,
+...                               n_layer=1, chunk=8, batch=2, steps=1, eval_sequences=4)
+>>> runs  # (index, total, task, setting, mechanism, seed) before each run
+[(1, 2, 'recall', 'gap 12, pairs 1', 'window', 0), (2, 2, 'recall', 'gap 12, pairs 1', 'full', 0)]
+>>> [(case["mechanism"], case["seeds"], case["chance"]) for case in report["cases"]]  # chance: 1 of 16 values
+[('window', 1, 0.0625), ('full', 1, 0.0625)]
+>>> len(report["runs"]), all(0.0 <= run["accuracy"] <= 1.0 for run in report["runs"])
+(2, True)
+)doc";
 
 constexpr const char* kClusterBankDoc =
-    R"(One layer's far-field mixtures, one per stream (docs/mechanisms.md#moment-closure-far-field).
+    R"doc(One layer's far-field mixtures, one per stream (docs/mechanisms.md#moment-closure-far-field).
 
 B streams, H heads, C = max_clusters slots, d = head_dim. Slots at and beyond n_clusters[b] are
 inactive and all zero. The properties return float64 copies; a bank never changes in place (the
@@ -562,7 +574,26 @@ functions return new banks).
 The constructor, ClusterBank(count (B,H,C), mu_k (B,H,C,d), mu_v (B,H,C,d), sigma_kk (B,H,C,d),
 sigma_vk (B,H,C,d,d), n_clusters (B,), max_clusters=None), checks shapes, finiteness,
 0 <= n_clusters <= C, count >= 0, sigma_kk >= 0 and all-zero inactive slots (ValueError);
-max_clusters, when given, must equal C. Banks pickle.)";
+max_clusters, when given, must equal C. Banks pickle.
+
+Example (one stream, one head, two slots of which slot 0 is live, head_dim 1):
+
+>>> import pickle
+>>> import numpy as np
+>>> from attnmix.experimental import ClusterBank
+>>> count = np.array([[[5.0, 0.0]]])  # 1 stream, 1 head, 2 slots: slot 0 live
+>>> mu_k = np.array([[[[0.5], [0.0]]]])  # head_dim 1
+>>> sigma_kk = np.array([[[[0.25], [0.0]]]])
+>>> bank = ClusterBank(count, mu_k, -mu_k, sigma_kk, np.zeros((1, 1, 2, 1, 1)), n_clusters=[1])
+>>> bank
+ClusterBank(batch_size=1, n_head=1, max_clusters=2, head_dim=1, n_clusters=[1])
+>>> bank.total_per_head().tolist(), pickle.loads(pickle.dumps(bank)).mu_v[0, 0, 0].tolist()
+([[5.0]], [-0.5])
+>>> ClusterBank(count, mu_k, -mu_k, sigma_kk, np.zeros((1, 1, 2, 1, 1)), n_clusters=[0])
+Traceback (most recent call last):
+    ...
+ValueError: ClusterBank: the inactive slot 0 of stream 0 (head 0) must be all zeros (n_clusters[0] = 0)
+)doc";
 
 constexpr const char* kBirthMergeDoc =
     R"(Birth, merge and the misfit receipt, per stream (docs/mechanisms.md#moment-closure-far-field).
@@ -572,8 +603,8 @@ merge_threshold) or "budget" (every chunk births a cluster; when every slot is l
 two merge first; no other merges). Returns (bank, receipts): one dict per stream with the keys birthed,
 birth_incorporated_batch, merged (list of (i, j)), merge_distances (only when a merge happened),
 misfit ({cluster: float}), per_cluster_outlier_tokens ({cluster: {k, v: (n_out, H, d), indices,
-member_indices}}) and misfit_scalar. ValueError for shapes, non-finite values or a bad
-outlier_top_k; RuntimeError for a non-finite cluster distance.)";
+residuals, member_indices}}, at most outlier_top_k tokens each) and misfit_scalar. ValueError for
+shapes, non-finite values or a bad outlier_top_k; RuntimeError for a non-finite cluster distance.)";
 
 constexpr const char* kIngestDoc =
     R"(Birth/merge, then the soft update of streams whose batch no birth absorbed.
@@ -585,7 +616,7 @@ expected_ingested_tokens_per_head and count_conserved. RuntimeError
 grow by exactly t.)";
 
 constexpr const char* kTrainDoc =
-    R"(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
+    R"doc(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
 
 Keyword options (defaults: default_train_options()): mechanism ("window", "full",
 "moment-closure", "linear", "frequent-directions" or "tensor-sketch"), vocab, d_model, n_layer, n_head,
@@ -601,10 +632,31 @@ step, steps, loss, tokens_per_second, elapsed_seconds, eta_seconds and, for mome
 per-layer lists clusters, bank_mass and far_share; at the scored steps also heldout_bits_per_byte
 (the lines of ``attnmix lm train --history``). Returns {first_step, steps, losses,
 tokens, seconds, parameters, state_bytes, far_field, heldout}. ValueError for invalid options or
-tokens; RuntimeError for a bad checkpoint or a non-finite loss.)";
+tokens; RuntimeError for a bad checkpoint or a non-finite loss.
+
+Example (a tiny byte-level model, 20 steps on a repetitive text):
+
+>>> import os, tempfile
+>>> from attnmix.experimental import byte_tokens, train_language_model
+>>> tokens = byte_tokens("the cat sat on the mat. " * 20)  # 480 bytes
+>>> progress = []
+>>> with tempfile.TemporaryDirectory() as folder:
+...     path = os.path.join(folder, "tiny.ckpt")
+...     summary = train_language_model(tokens[:400], heldout=tokens[400:], out=path, on_progress=progress.append,
+...                                    d_model=16, n_layer=1, window=8, batch=2, chunk=8, steps=20, lr=1e-2)
+...     written = os.path.exists(path)
+>>> written, summary["steps"], len(summary["losses"]), summary["tokens"]  # 20 steps of 2 x 8 tokens
+(True, 20, 20, 320)
+>>> [p["step"] for p in progress[-2:]], progress[-1]["loss"] == summary["losses"][-1]
+([19, 20], True)
+>>> summary["losses"][-1] < summary["losses"][0]
+True
+>>> summary["heldout"]["bits_per_token"] < 8  # below the uniform code over 256 bytes
+True
+)doc";
 
 constexpr const char* kRecallDoc =
-    R"(Trains and evaluates one mechanism on the far-field recall task (stream/far_field.hpp).
+    R"doc(Trains and evaluates one mechanism on the far-field recall task (stream/far_field.hpp).
 
 mechanism: "window", "moment-closure", "moment-closure+outliers" (with an outlier store of
 outlier_capacity tokens per cluster), "linear", "frequent-directions" (the window plus a sketch of
@@ -615,7 +667,219 @@ d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, sketch_
 sketch_degree, birth_threshold, cluster_rule ("threshold" or "budget": moment-closure's births and
 merges), batch, steps, lr,
 eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
-{mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}.)";
+{mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}: first_loss and
+last_loss are the mean training losses of the first and the last 10 steps.
+
+Example (linear attention, three training steps of a tiny model):
+
+>>> import math
+>>> from attnmix.experimental import run_recall
+>>> losses = []
+>>> result = run_recall("linear", on_step=lambda step, loss: losses.append(loss), d_model=16, n_layer=1, chunk=8,
+...                     gap=8, batch=4, steps=3, eval_sequences=8)
+>>> result["mechanism"], len(losses), 0.0 <= result["accuracy"] <= 1.0
+('linear', 3, True)
+>>> math.isclose(result["first_loss"], sum(losses) / 3)  # the mean of the first (here: all) steps
+True
+>>> result["state_bytes"]  # 2 heads of 8: S (2 x 8 x 8) and z (2 x 8) float64, a shift row (16) float32
+1216
+)doc";
+
+constexpr const char* kGaussianLawDoc =
+    R"doc(A Gaussian law over a d-vector: mean (d,), cov (d, d). Unpacks as (mean, cov).
+
+GaussianLaw(mean, cov), or GaussianLaw(mu=..., covar=...) with the reference design's names.
+
+Example:
+
+>>> import numpy as np
+>>> from attnmix.experimental import GaussianLaw
+>>> law = GaussianLaw(np.zeros(2), np.eye(2))
+>>> law
+GaussianLaw(d=2)
+>>> mean, cov = law  # unpacks as (mean, cov)
+>>> mean.tolist(), cov.tolist()
+([0.0, 0.0], [[1.0, 0.0], [0.0, 1.0]])
+>>> GaussianLaw(mu=[1.0], covar=[[2.0]]).cov.tolist()  # the reference's keyword names
+[[2.0]]
+)doc";
+
+constexpr const char* kRopeTablesDoc =
+    R"doc(cos and sin of the RoPE angles (docs/mechanisms.md#streaming-language-model) of integer
+positions (t,): each (t, head_dim), float64. ValueError for an odd head_dim.
+
+Example:
+
+>>> import numpy as np
+>>> from attnmix.experimental import rope_tables
+>>> cos, sin = rope_tables([0, 1, 2], head_dim=4)
+>>> cos.shape, cos[0].tolist(), sin[0].tolist()  # position 0: no rotation
+((3, 4), [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+>>> bool(np.allclose(cos**2 + sin**2, 1.0))
+True
+>>> np.round(np.arctan2(sin[1], cos[1]), 4).tolist()  # position 1's angles: frequencies 10000^(-2i/head_dim)
+[1.0, 0.01, 1.0, 0.01]
+)doc";
+
+constexpr const char* kRotateHalfDoc =
+    R"doc([-x2, x1] over the last axis (of even size), x = [x1, x2].
+
+Example:
+
+>>> from attnmix.experimental import rotate_half
+>>> rotate_half([1.0, 2.0, 3.0, 4.0]).tolist()
+[-3.0, -4.0, 1.0, 2.0]
+)doc";
+
+constexpr const char* kApplyRopeDoc =
+    R"doc(RoPE(x) = x * cos + rotate_half(x) * sin, x (..., t, H, head_dim), tables (t, head_dim)
+(docs/mechanisms.md#streaming-language-model).
+
+Example (the rotation keeps lengths, and the score of a rotated query and key depends only on the
+distance between their positions):
+
+>>> import numpy as np
+>>> from attnmix.experimental import apply_rope, rope_tables
+>>> q, k = np.random.default_rng(0).standard_normal((2, 4))  # a query and a key, head_dim 4
+>>> cos, sin = rope_tables(np.arange(5), 4)
+>>> q_rot = apply_rope(np.tile(q, (5, 1, 1)), cos, sin)[:, 0]  # at positions 0..4 (x: (t, H, head_dim))
+>>> k_rot = apply_rope(np.tile(k, (5, 1, 1)), cos, sin)[:, 0]
+>>> q_rot[0].tolist() == q.tolist(), bool(np.allclose(np.linalg.norm(q_rot, axis=1), np.linalg.norm(q)))
+(True, True)
+>>> scores = q_rot @ k_rot.T  # scores[i, j]: the query at position i, the key at position j
+>>> bool(np.isclose(scores[1, 0], scores[4, 3]) and np.isclose(scores[0, 2], scores[2, 4]))  # only i - j counts
+True
+>>> bool(np.isclose(scores[1, 0], scores[0, 1]))  # i - j = 1 and i - j = -1 differ
+False
+)doc";
+
+constexpr const char* kDefaultTrainDoc =
+    R"doc(The keyword options of train_language_model and their defaults (a new dict).
+
+Example:
+
+>>> from attnmix.experimental import default_train_options
+>>> options = default_train_options()  # each key is a keyword of train_language_model
+>>> options["mechanism"], options["vocab"], options["d_model"], options["steps"]
+('window', 256, 32, 300)
+)doc";
+
+constexpr const char* kEvaluateDoc =
+    R"doc(Streams tokens through a checkpoint's model in chunks (one stream, no gradients): {tokens,
+mean_cross_entropy, bits_per_token, seconds, state_bytes, far_field}. tokens counts the scored
+tokens (every one but the first); mean_cross_entropy is in nats per token, bits_per_token the same
+in bits (bits per byte for a byte-level model); far_field holds one dict per layer for moment
+closure (clusters, births, merges, ingestions, mean_misfit) and is empty otherwise.
+window_cache="int8" holds the window's keys and values as int8 between chunks (window, full and
+moment-closure checkpoints; state_bytes then counts the int8 form).
+
+Example (the checkpoint scores the held-out bytes as training did):
+
+>>> import math, os, tempfile
+>>> from attnmix.experimental import byte_tokens, evaluate_language_model, train_language_model
+>>> tokens = byte_tokens("the cat sat on the mat. " * 20)  # 480 bytes
+>>> with tempfile.TemporaryDirectory() as folder:
+...     path = os.path.join(folder, "tiny.ckpt")
+...     summary = train_language_model(tokens[:400], heldout=tokens[400:], out=path, mechanism="moment-closure",
+...                                    d_model=16, n_layer=1, window=8, batch=2, chunk=8, steps=20, lr=1e-2)
+...     result = evaluate_language_model(path, tokens[400:], chunk=8)
+...     int8 = evaluate_language_model(path, tokens[400:], chunk=8, window_cache="int8")
+>>> result["tokens"], result["bits_per_token"] < 8  # 80 bytes, 79 predicted; below 8 bits, the uniform code
+(79, True)
+>>> math.isclose(result["mean_cross_entropy"], summary["heldout"]["mean_cross_entropy"], rel_tol=1e-9)
+True
+>>> math.isclose(result["bits_per_token"], result["mean_cross_entropy"] / math.log(2))
+True
+>>> len(result["far_field"]), int8["state_bytes"] < result["state_bytes"]  # one layer's far field; int8 is smaller
+(1, True)
+)doc";
+
+constexpr const char* kDefaultGenerateDoc =
+    R"doc(The keyword options of generate_language_model and their defaults (a new dict).
+
+Example:
+
+>>> from attnmix.experimental import default_generate_options
+>>> default_generate_options()
+{'tokens': 200, 'temperature': 0.8, 'top_k': 0, 'seed': 0, 'threads': 1, 'window_cache': 'float32'}
+)doc";
+
+constexpr const char* kGenerateDoc =
+    R"doc(Feeds the prompt, then draws tokens from the model (options: tokens, temperature, top_k (0:
+the whole vocabulary), seed, threads, window_cache); returns the drawn tokens (int64). The same
+checkpoint, prompt and seed give the same tokens.
+
+Example:
+
+>>> import os, tempfile
+>>> import numpy as np
+>>> from attnmix.experimental import byte_tokens, generate_language_model, train_language_model
+>>> tokens = byte_tokens("the cat sat on the mat. " * 20)  # 480 bytes
+>>> with tempfile.TemporaryDirectory() as folder:
+...     path = os.path.join(folder, "tiny.ckpt")
+...     _ = train_language_model(tokens, out=path, d_model=16, n_layer=1, window=8, batch=2, chunk=8, steps=20,
+...                              lr=1e-2)
+...     drawn = generate_language_model(path, byte_tokens("the "), tokens=16, seed=1)
+...     again = generate_language_model(path, byte_tokens("the "), tokens=16, seed=1)
+>>> drawn.dtype, drawn.shape, bool(np.array_equal(drawn, again))  # one seed, one draw
+(dtype('int64'), (16,), True)
+>>> 0 <= int(drawn.min()) and int(drawn.max()) < 256  # bytes (bytes(drawn.tolist()) is the text)
+True
+)doc";
+
+constexpr const char* kCheckpointInfoDoc =
+    R"doc(What a checkpoint holds: {options, step, corpus_tokens, corpus_fingerprint}. options are
+train_language_model's keyword options the model was trained with (threads, checkpoint_every and
+eval_every are not stored: their defaults); corpus_fingerprint identifies the training tokens.
+
+Example:
+
+>>> import os, tempfile
+>>> from attnmix.experimental import byte_tokens, checkpoint_info, train_language_model
+>>> tokens = byte_tokens("the cat sat on the mat. " * 20)  # 480 bytes
+>>> with tempfile.TemporaryDirectory() as folder:
+...     path = os.path.join(folder, "tiny.ckpt")
+...     _ = train_language_model(tokens, out=path, d_model=16, n_layer=1, window=8, batch=2, chunk=8, steps=5)
+...     info = checkpoint_info(path)
+>>> info["step"], info["corpus_tokens"], info["options"]["mechanism"], info["options"]["d_model"]
+(5, 480, 'window', 16)
+>>> sorted(info)
+['corpus_fingerprint', 'corpus_tokens', 'options', 'step']
+)doc";
+
+constexpr const char* kByteTokensDoc =
+    R"doc(The bytes of a text (str: UTF-8) as token ids 0..255 (int64).
+
+Example:
+
+>>> from attnmix.experimental import byte_tokens
+>>> byte_tokens("héllo").tolist()  # é is two bytes in UTF-8
+[104, 195, 169, 108, 108, 111]
+>>> byte_tokens(b"ab").dtype
+dtype('int64')
+)doc";
+
+constexpr const char* kDefaultRecallDoc =
+    R"doc(The keyword options of run_recall and their defaults (a new dict).
+
+Example:
+
+>>> from attnmix.experimental import default_recall_options
+>>> options = default_recall_options()  # each key is a keyword of run_recall
+>>> options["gap"], options["window"]  # the keys lie beyond the window when they are asked
+(24, 16)
+)doc";
+
+constexpr const char* kDefaultMemoryBenchDoc =
+    R"doc(The keyword options of run_memory_benchmark and their defaults (a new dict).
+
+Example:
+
+>>> from attnmix.experimental import default_memory_bench_options
+>>> options = default_memory_bench_options()  # each key is a keyword of run_memory_benchmark
+>>> options["tasks"], len(options["mechanisms"]), options["seeds"]
+(['recall', 'mqar', 'passkey'], 7, [0])
+)doc";
 
 }  // namespace
 
@@ -728,9 +992,7 @@ void bind_stream(py::module_& m) {
   bind_birth_merge(m, "ingest_cluster_batch", &ingest_cluster_batch, true, kIngestDoc);
 
   // ---- attention_law ----
-  py::class_<GaussianLaw>(
-      m, "GaussianLaw",
-      "A Gaussian law over a d-vector: mean (d,), cov (d, d). Unpacks as (mean, cov).")
+  py::class_<GaussianLaw>(m, "GaussianLaw", kGaussianLawDoc)
       .def(py::init([](const py::object& mean, const py::object& cov, const py::object& mu, const py::object& covar) {
              // mean/cov, or the reference design's names mu/covar: one of each pair.
              const auto either = [](const py::object& a, const py::object& b, const char* names) -> py::object {
@@ -798,9 +1060,7 @@ void bind_stream(py::module_& m) {
         const auto tables = rope_tables(torch::tensor(p, torch::kLong), h, torch::kDouble);
         return py::make_tuple(array_out(tables.cos), array_out(tables.sin));
       },
-      py::arg("positions"), py::arg("head_dim"),
-      "cos and sin of the RoPE angles (docs/mechanisms.md#streaming-language-model) of integer "
-      "positions (t,): each (t, head_dim), float64.");
+      py::arg("positions"), py::arg("head_dim"), kRopeTablesDoc);
   m.def(
       "rotate_half",
       [](const py::object& x_obj) {
@@ -810,7 +1070,7 @@ void bind_stream(py::module_& m) {
         }
         return array_out(rotate_half(x));
       },
-      py::arg("x"), "[-x2, x1] over the last axis (of even size).");
+      py::arg("x"), kRotateHalfDoc);
   m.def(
       "apply_rope",
       [](const py::object& x_obj, const py::object& cos_obj, const py::object& sin_obj) {
@@ -826,14 +1086,12 @@ void bind_stream(py::module_& m) {
         }
         return array_out(apply_rope(x, tables));
       },
-      py::arg("x"), py::arg("cos"), py::arg("sin"),
-      "RoPE(x) = x * cos + rotate_half(x) * sin, x (..., t, H, head_dim), tables (t, head_dim) "
-      "(docs/mechanisms.md#streaming-language-model).");
+      py::arg("x"), py::arg("cos"), py::arg("sin"), kApplyRopeDoc);
 
   // ---- language models ----
   m.def(
       "default_train_options", [] { return options_out(lm::TrainOptions{}, train_fields()); },
-      "The keyword options of train_language_model and their defaults.");
+      kDefaultTrainDoc);
   m.def(
       "train_language_model",
       [](const py::object& tokens_obj, const py::object& heldout_obj, const py::object& out_obj,
@@ -886,16 +1144,11 @@ void bind_stream(py::module_& m) {
       },
       py::arg("checkpoint"), py::arg("tokens"), py::kw_only(),
       py::arg("chunk") = lm::TrainOptions{}.chunk, py::arg("threads") = lm::TrainOptions{}.threads,
-      py::arg("window_cache") = "float32",
-      "Streams tokens through a checkpoint's model in chunks (one stream, no gradients): {tokens, "
-      "mean_cross_entropy, bits_per_token, seconds, state_bytes, far_field}. window_cache=\"int8\" holds "
-      "the window's keys and values as int8 between chunks (window, full and moment-closure checkpoints; "
-      "state_bytes then counts the int8 form).");
+      py::arg("window_cache") = "float32", kEvaluateDoc);
 
   m.def(
       "default_generate_options",
-      [] { return options_out(lm::GenerateOptions{}, generate_fields()); },
-      "The keyword options of generate_language_model and their defaults.");
+      [] { return options_out(lm::GenerateOptions{}, generate_fields()); }, kDefaultGenerateDoc);
   m.def(
       "generate_language_model",
       [](const py::object& checkpoint, const py::object& prompt_obj, const py::kwargs& kwargs) {
@@ -910,9 +1163,7 @@ void bind_stream(py::module_& m) {
         }
         return ids_out(drawn);
       },
-      py::arg("checkpoint"), py::arg("prompt"),
-      "Feeds the prompt, then draws tokens from the model (options: tokens, temperature, top_k, "
-      "seed, threads); returns the drawn tokens (int64).");
+      py::arg("checkpoint"), py::arg("prompt"), kGenerateDoc);
 
   m.def(
       "checkpoint_info",
@@ -924,8 +1175,7 @@ void bind_stream(py::module_& m) {
                         "step"_a = info.step, "corpus_tokens"_a = info.corpus_tokens,
                         "corpus_fingerprint"_a = info.corpus_fingerprint);
       },
-      py::arg("checkpoint"),
-      "What a checkpoint holds: {options, step, corpus_tokens, corpus_fingerprint}.");
+      py::arg("checkpoint"), kCheckpointInfoDoc);
 
   m.def(
       "byte_tokens",
@@ -935,11 +1185,11 @@ void bind_stream(py::module_& m) {
         }
         return ids_out(lm::byte_tokens(text.cast<std::string>()));  // a str as UTF-8
       },
-      py::arg("text"), "The bytes of a text (str: UTF-8) as token ids 0..255 (int64).");
+      py::arg("text"), kByteTokensDoc);
 
   m.def(
       "default_recall_options", [] { return options_out(lm::RecallRunOptions{}, recall_fields()); },
-      "The keyword options of run_recall and their defaults.");
+      kDefaultRecallDoc);
   m.def(
       "run_recall",
       [](const py::object& mechanism, const py::object& on_step, const py::kwargs& kwargs) {
@@ -969,7 +1219,7 @@ void bind_stream(py::module_& m) {
   m.def(
       "default_memory_bench_options",
       [] { return options_out(lm::MemoryBenchOptions{}, memory_bench_fields()); },
-      "The keyword options of run_memory_benchmark and their defaults.");
+      kDefaultMemoryBenchDoc);
   m.def(
       "run_memory_benchmark",
       [](const py::object& on_run, const py::kwargs& kwargs) {

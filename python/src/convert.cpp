@@ -662,4 +662,31 @@ py::array readonly_view(const int64_t* data, const std::vector<Index>& shape, py
   return view_of(data, shape, base);
 }
 
+py::object json_to_python(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::object: {
+      py::dict d;
+      for (const auto& [key, value] : j.items()) d[py::str(key)] = json_to_python(value);
+      return d;
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      py::list l;
+      for (const auto& value : j) l.append(json_to_python(value));
+      return l;
+    }
+    case nlohmann::ordered_json::value_t::boolean:
+      return py::bool_(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return py::int_(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return py::int_(j.get<uint64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return py::float_(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return py::str(j.get<std::string>());
+    default:
+      return py::none();
+  }
+}
+
 }  // namespace attnmix::python

@@ -25,6 +25,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -159,5 +161,7 @@ class RngSource {
                                       py::handle base);
 [[nodiscard]] py::array readonly_view(const int64_t* data, const std::vector<Index>& shape,
                                       py::handle base);
+/// A JSON document as Python values: objects become dicts in the document's key order, arrays lists, null None.
+[[nodiscard]] py::object json_to_python(const nlohmann::ordered_json& j);
 
 }  // namespace attnmix::python
