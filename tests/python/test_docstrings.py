@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every public name of the Python module has a docstring (the API reference, `make docs`, is generated from them):
 the names each public module exports and the public attributes of each exported class. Fields of a dataclass are
-documented in its class docstring, so their defaults need none of their own. Every public function of the core
-modules shows an example, and each example runs and prints what it says."""
+documented in its class docstring, so their defaults need none of their own. Every public function of the modules in
+EXAMPLE_MODULES, and every public class of those in EXAMPLE_CLASS_MODULES, shows an example, and each example runs
+and prints what it says."""
 import dataclasses
 import doctest
 import importlib
@@ -49,19 +50,41 @@ def test_every_public_name_has_a_docstring():
     assert undocumented() == []
 
 
-# Modules whose every public function shows a runnable example (the streaming mechanisms of attnmix.experimental and
-# attnmix.torch are taught by docs/torch.md and docs/lm.md instead).
-EXAMPLE_MODULES = ["attnmix", "attnmix.assign", "attnmix.inference", "attnmix.plot", "attnmix.stats"]
+# Modules whose every public function shows a runnable example, and (EXAMPLE_CLASS_MODULES) whose every public class
+# does too. A module this build lacks is left out, as in public_modules: attnmix.torch needs Python torch, and the
+# names of attnmix.experimental the extension attnmix._stream (both built only with libtorch).
+EXAMPLE_MODULES = ["attnmix", "attnmix.assign", "attnmix.experimental", "attnmix.inference", "attnmix.plot",
+                   "attnmix.stats", "attnmix.torch"]
+EXAMPLE_CLASS_MODULES = ["attnmix.torch"]
+
+
+def public_objects(module_names, classes):
+    """{qualified name: object} of the public functions (or, with classes, the public classes) of the modules."""
+    found = {}
+    for module_name in module_names:
+        try:
+            module = importlib.import_module(module_name)
+            names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
+            objects = {name: getattr(module, name) for name in names}
+        except ImportError:
+            continue
+        for name, obj in objects.items():
+            wanted = inspect.isclass(obj) if classes else (callable(obj) and not inspect.isclass(obj))
+            if wanted and not inspect.ismodule(obj):
+                found[f"{module_name}.{name}"] = obj
+    return found
 
 
 def public_functions():
-    found = {}
-    for module in map(importlib.import_module, EXAMPLE_MODULES):
-        for name in getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]:
-            obj = getattr(module, name)
-            if callable(obj) and not inspect.isclass(obj) and not inspect.ismodule(obj):
-                found[f"{module.__name__}.{name}"] = obj
-    return found
+    return public_objects(EXAMPLE_MODULES, classes=False)
+
+
+def public_classes():
+    return public_objects(EXAMPLE_CLASS_MODULES, classes=True)
+
+
+def with_examples():
+    return {**public_functions(), **public_classes()}
 
 
 def test_every_public_function_shows_an_example():
@@ -70,10 +93,16 @@ def test_every_public_function_shows_an_example():
     assert [name for name, f in functions.items() if ">>>" not in (f.__doc__ or "")] == []
 
 
-@pytest.mark.parametrize("name", sorted(public_functions()))
+def test_every_public_class_shows_an_example():
+    """The class's own docstring (not one it inherits) shows how to use it."""
+    classes = public_classes()
+    assert [name for name, c in classes.items() if ">>>" not in (c.__doc__ or "")] == []
+
+
+@pytest.mark.parametrize("name", sorted(with_examples()))
 def test_docstring_examples_run(name):
     """Each example runs on its own, as the docs' doctest builder runs it, and prints what its docstring says."""
-    doc = public_functions()[name].__doc__
+    doc = with_examples()[name].__doc__
     test = doctest.DocTestParser().get_doctest(doc, {}, name, None, 0)
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
     output = []

@@ -28,8 +28,9 @@ the chunk's mean key fits no cluster (its best logit is below ``birth_threshold`
 free, otherwise a soft, differentiable update weighted by each token's responsibilities; close clusters merge
 (``merge_threshold``; default ``2.65 + 6 / sqrt(max(n_small, 1))``). The layer checks that every position it has
 seen is represented exactly once, in the window or in the bank (RuntimeError otherwise), and reports what
-ingestion did in ``last_receipt``. Gradients flow through the soft updates; the birth and merge decisions and the
-statistics of a newly born cluster carry none. A token that has slid out of a late query's window but is evicted
+ingestion did in ``last_receipt`` (one layer's receipt, as ``MomentClosureAttention.last_receipts[l]``, with the
+share of the attention that went to the far field, ``far_attention_share``). Gradients flow through the soft
+updates; the birth and merge decisions and the statistics of a newly born cluster carry none. A token that has slid out of a late query's window but is evicted
 only at the end of the chunk is visible to that query in neither field.
 
 The state is bounded: the window's raw keys and values (``batch * window * 2 * d_model`` numbers) and a bank of
@@ -72,6 +73,20 @@ class SlidingWindowLayerState:
     ``cache_k``, ``cache_v``: the raw (un-rotated) keys and values of the last ``min(window, pos)`` tokens, each
     ``(batch_size, length, n_head, head_dim)``, or None while empty; ``pos``: the absolute position of the next
     token; ``batch_size``: the number of streams.
+
+    Example: a window of 3 after 7 tokens of 2 streams keeps the last 3 keys and values:
+
+    >>> import torch
+    >>> from attnmix.torch import SlidingWindowSelfAttention
+    >>> _ = torch.manual_seed(0)
+    >>> attn = SlidingWindowSelfAttention(d_model=8, n_head=2, window=3)
+    >>> attn.init_state(2)
+    SlidingWindowLayerState(cache_k=None, cache_v=None, pos=0, batch_size=2)
+    >>> out, state = attn(torch.randn(2, 7, 8))
+    >>> state.pos, tuple(state.cache_k.shape), state.nbytes  # 2 tensors of 2 * 3 * 2 * 4 float32 numbers
+    (7, (2, 3, 2, 4), 384)
+    >>> state.cache_k.requires_grad, state.detach().cache_k.requires_grad
+    (True, False)
     """
 
     cache_k: Optional[torch.Tensor]
@@ -104,6 +119,20 @@ class MomentClosureLayerState:
     The window as in ``SlidingWindowLayerState`` (``cache_k``, ``cache_v``, ``pos``, ``batch_size``) and ``bank``,
     an ``attnmix.torch.ClusterBank`` with one mixture per stream (``count (batch_size, n_head, max_clusters)``, ...)
     that holds the ``pos - min(window, pos)`` tokens evicted from the window.
+
+    Example: after 12 tokens through a window of 4, each head's bank counts the 8 evicted ones:
+
+    >>> import torch
+    >>> from attnmix.torch import MomentClosureSelfAttention
+    >>> _ = torch.manual_seed(0)
+    >>> attn = MomentClosureSelfAttention(d_model=8, n_head=2, window=4, max_clusters=2)
+    >>> out, state = attn(torch.randn(1, 12, 8))
+    >>> state.pos, tuple(state.cache_k.shape), tuple(state.bank.count.shape)  # bank: (batch_size, n_head, clusters)
+    (12, (1, 4, 2, 4), (1, 2, 2))
+    >>> [round(n, 3) for n in state.bank.total_per_head()[0].tolist()], state.pos - 4
+    ([8.0, 8.0], 8)
+    >>> state.detach().bank.mu_k.requires_grad, state.nbytes > 0
+    (False, True)
     """
 
     cache_k: Optional[torch.Tensor]
@@ -248,6 +277,27 @@ class SlidingWindowSelfAttention(_StreamingSelfAttention):
     dtype, ``state`` a ``SlidingWindowLayerState`` of the same batch size (None: a new stream); ``out`` is
     ``(batch, t, d_model)``. Streaming a sequence in chunks gives the same outputs as one pass over it.
     ``last_receipt`` is always None (there is no far field to report on).
+
+    Example: with ``window=1`` each query sees only its own token, so the output is ``proj`` of the values; with a
+    window of 3, two chunks give the outputs of one pass:
+
+    >>> import torch
+    >>> from attnmix.torch import SlidingWindowSelfAttention
+    >>> _ = torch.manual_seed(0)
+    >>> h = torch.randn(2, 7, 8)  # (batch, t, d_model)
+    >>> own = SlidingWindowSelfAttention(d_model=8, n_head=2, window=1)
+    >>> out, state = own(h)
+    >>> tuple(out.shape), torch.allclose(out, own.proj(own.qkv(h)[..., 16:]), atol=1e-6)  # [q | k | v]
+    ((2, 7, 8), True)
+    >>> attn = SlidingWindowSelfAttention(d_model=8, n_head=2, window=3)
+    >>> whole, _ = attn(h)
+    >>> first, state = attn(h[:, :4])
+    >>> rest, state = attn(h[:, 4:], state)
+    >>> torch.allclose(whole, torch.cat([first, rest], dim=1), atol=1e-6), attn.last_receipt
+    (True, None)
+    >>> whole.pow(2).sum().backward()
+    >>> [(name, tuple(p.grad.shape)) for name, p in attn.named_parameters()]  # every parameter has its gradient
+    [('qkv.weight', (24, 8)), ('qkv.bias', (24,)), ('proj.weight', (8, 8)), ('proj.bias', (8,))]
     """
 
     _native_type = _torch._SlidingWindowSelfAttention
@@ -272,6 +322,25 @@ class MomentClosureSelfAttention(_StreamingSelfAttention):
     birth_incorporated_batch, merged, misfit, per_cluster_outlier_tokens, misfit_scalar, soft_update_applied,
     ingested_tokens_per_head, expected_ingested_tokens_per_head, count_conserved, accounting], "misfit_scalar"}``.
     RuntimeError when the state's bank does not hold exactly the tokens evicted from its window.
+
+    Example: 12 tokens in chunks of 4 through a window of 4: the first evicted chunk is born as a cluster, the next
+    joins it, and every token is counted once:
+
+    >>> import torch
+    >>> from attnmix.torch import MomentClosureSelfAttention
+    >>> _ = torch.manual_seed(0)
+    >>> attn = MomentClosureSelfAttention(d_model=8, n_head=2, window=4, max_clusters=2)
+    >>> state = None  # a new stream
+    >>> for h in torch.randn(1, 12, 8).split(4, dim=1):
+    ...     out, state = attn(h, state)
+    ...     receipt = attn.last_receipt["streams"][0]
+    ...     print(state.pos, state.bank.n_clusters, receipt["birthed"], receipt["count_conserved"],
+    ...           [round(n, 3) for n in state.bank.total_per_head()[0].tolist()])
+    4 [0] False True [0.0, 0.0]
+    8 [1] True True [4.0, 4.0]
+    12 [1] False True [8.0, 8.0]
+    >>> tuple(out.shape), bool(torch.isfinite(out).all())
+    ((1, 4, 8), True)
     """
 
     _native_type = _torch._MomentClosureSelfAttention

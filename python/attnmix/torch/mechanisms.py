@@ -86,6 +86,19 @@ class SlidingWindowState:
     head_dim)`` tensors, or None while the layer has cached nothing; ``pos``: the absolute position of the next
     token; ``batch_size``: the number of streams; ``n_head`` and ``head_dim``: the model's (None: the model's own);
     ``device``: the CPU.
+
+    Example: a window of 4 over 3 streams, before and after a chunk of 6 tokens:
+
+    >>> import torch
+    >>> from attnmix.torch import SlidingWindowSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = SlidingWindowSpine(16, d_model=8, n_layer=2, n_head=2, window=4)
+    >>> state = spine.init_state(batch_size=3)
+    >>> state.cache_k, state.pos, state.batch_size
+    ([None, None], 0, 3)
+    >>> state, logits = spine.advance(state, torch.randint(0, 16, (3, 6)))
+    >>> state.pos, len(state.cache_k), tuple(state.cache_k[0].shape)  # the last 4 tokens of each layer
+    (6, 2, (3, 4, 2, 4))
     """
 
     cache_k: List[Optional[torch.Tensor]]
@@ -108,6 +121,22 @@ class OutlierStore:
     (code + 128) * scale``); ``owner`` int64 ``(batch, S)``: the cluster a slot's token belongs to, -1 for a free
     (all-zero) slot; ``residual`` float64 ``(batch, S)``: the token's misfit when it was stored; while training,
     ``k_hat``, ``v_hat``: the decoded rows carrying the gradient to the tokens they came from (None otherwise).
+
+    Example: 2 clusters of up to 2 outliers each: ``S = 4`` slots, free at first, some filled once tokens leave the
+    window (as many as the receipt says it holds):
+
+    >>> import torch
+    >>> from attnmix.torch import MomentClosureAttention
+    >>> _ = torch.manual_seed(0)
+    >>> mech = MomentClosureAttention(16, d_model=8, n_layer=1, n_head=2, window=4, max_clusters=2, outlier_capacity=2)
+    >>> store = mech.init_state(batch_size=1).stores[0]
+    >>> store.capacity, tuple(store.k_codes.shape), store.k_codes.dtype, store.owner.tolist()
+    (2, (1, 4, 2, 4), torch.int8, [[-1, -1, -1, -1]])
+    >>> x = torch.randint(0, 16, (1, 13))
+    >>> state, loss = mech.step(mech.init_state(batch_size=1), (x[:, :-1], x[:, 1:]))  # 12 tokens: 8 evicted
+    >>> held = int((state.stores[0].owner >= 0).sum())
+    >>> 0 < held <= 4, held == mech.last_receipts[0]["outliers"]["held"]
+    (True, True)
     """
 
     k_codes: torch.Tensor
@@ -133,6 +162,20 @@ class MomentClosureState:
     ``n_clusters``, is accepted too, and steps keep the layout they were given); ``batch_size``: the number of
     streams; ``detach_horizon_clusters``: whether ``detach`` also cuts the banks from the autograd graph (else only
     the window's caches); ``stores``: one ``OutlierStore`` per layer when the model keeps outliers, else empty.
+
+    Example: 2 streams through a window of 4; after 8 tokens the 4 evicted ones are in each layer's banks:
+
+    >>> import torch
+    >>> from attnmix.torch import MomentClosureAttention
+    >>> _ = torch.manual_seed(0)
+    >>> mech = MomentClosureAttention(16, d_model=8, n_layer=2, n_head=2, window=4, max_clusters=3)
+    >>> state = mech.init_state(batch_size=2)
+    >>> state.batch_size, state.near.pos, len(state.banks), tuple(state.banks[0].count.shape), state.stores
+    (2, 0, 2, (2, 2, 3), [])
+    >>> x = torch.randint(0, 16, (2, 9))
+    >>> state, loss = mech.step(state, (x[:, :-1], x[:, 1:]))
+    >>> state.near.pos, [round(n, 3) for n in state.banks[0].total_per_head().flatten().tolist()]  # (stream, head)
+    (8, [4.0, 4.0, 4.0, 4.0])
     """
 
     near: SlidingWindowState
@@ -150,6 +193,20 @@ class ContextMechanism(Protocol):
     ``step(state, (x, y)) -> (state, loss)`` runs one chunk (``x``, ``y``: ``(batch, t)`` int64 token ids, ``y`` the
     targets) and returns the new state and the mean token cross-entropy of the chunk; ``detach(state)`` cuts every
     carried tensor from the autograd graph.
+
+    Example: attnmix's mechanisms have the protocol; any class with these three methods has it too:
+
+    >>> import math
+    >>> import torch
+    >>> from attnmix.torch import ContextMechanism, LinearAttentionSpine, SlidingWindowSpine
+    >>> isinstance(SlidingWindowSpine(16, d_model=8), ContextMechanism), isinstance(object(), ContextMechanism)
+    (True, False)
+    >>> class Uniform:  # every one of 16 symbols with probability 1/16; nothing carried between chunks
+    ...     def init_state(self, batch_size, *, device="cpu"): return None
+    ...     def step(self, state, chunk): return state, torch.tensor(math.log(16))
+    ...     def detach(self, state): return state
+    >>> isinstance(Uniform(), ContextMechanism), isinstance(LinearAttentionSpine(16, d_model=8), ContextMechanism)
+    (True, True)
     """
 
     def init_state(self, batch_size: int, *, device: Any = "cpu") -> Any:
@@ -378,6 +435,24 @@ class SlidingWindowSpine(_Spine):
     full causal attention over every token since ``init_state``; ``cp_size`` (context parallelism) must be 1.
     ValueError otherwise. Per chunk of ``t`` tokens and layer the cost is ``O(b t d^2 + b t (window + t) d)``; the
     state holds ``2 n_layer b window d`` numbers.
+
+    Example: full causal attention over 2 streams of 6 tokens: two chunks give the logits of one pass, and a step's
+    loss reaches every parameter:
+
+    >>> import torch
+    >>> from attnmix.torch import SlidingWindowSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = SlidingWindowSpine(16, d_model=8, n_layer=1, n_head=2, window=None)
+    >>> x = torch.randint(0, 16, (2, 6))
+    >>> _, whole = spine.advance(spine.init_state(2), x)
+    >>> state, first = spine.advance(spine.init_state(2), x[:, :4])
+    >>> state, rest = spine.advance(state, x[:, 4:])
+    >>> tuple(whole.shape), torch.allclose(whole, torch.cat([first, rest], dim=1), atol=1e-6)
+    ((2, 6, 16), True)
+    >>> state, loss = spine.step(spine.init_state(2), (x[:, :-1], x[:, 1:]))
+    >>> loss.backward()
+    >>> bool(torch.isfinite(loss)), all(p.grad is not None for p in spine.parameters())
+    (True, True)
     """
 
     def __init__(
@@ -476,13 +551,33 @@ class MomentClosureAttention(_Spine):
     one softmax; then the tokens that leave the window join the bank (a new cluster when the chunk's mean key is far
     from every cluster on every head and a slot is free; otherwise a differentiable weighted update), clusters that
     come close merge, and receipts check that every token seen is represented exactly once. ``last_receipts``: the
-    last step's receipts, one dict per layer, ``{"batch_size", "streams": [one receipt per stream], "misfit_scalar"}``
-    (a stream's receipt: ``birthed``, ``birth_incorporated_batch``, ``merged``, ``misfit``,
-    ``per_cluster_outlier_tokens``, ``misfit_scalar``, ``soft_update_applied``, ``ingested_tokens_per_head``,
-    ``expected_ingested_tokens_per_head``, ``count_conserved`` and ``accounting``); ``last_misfit``: the mean over
+    last step's receipts, one dict per layer, ``{"batch_size", "streams": [one receipt per stream], "misfit_scalar",
+    "far_attention_share"}`` and, with an outlier store, ``"outliers"``; ``far_attention_share`` is the share of the
+    step's attention that went to the far field, and a stream's receipt holds ``birthed``,
+    ``birth_incorporated_batch``, ``merged``, ``misfit``, ``per_cluster_outlier_tokens``, ``misfit_scalar``,
+    ``soft_update_applied``, ``ingested_tokens_per_head``, ``expected_ingested_tokens_per_head``, ``count_conserved``
+    and ``accounting``. ``last_misfit``: the mean over
     layers of their ``misfit_scalar`` (0 when nothing was evicted). Where the reference design reads
     ``mech.last_receipts[l]["birthed"]`` and ``state.banks[l].n_clusters`` (one bank shared by the batch), read
     ``mech.last_receipts[l]["streams"][b]["birthed"]`` and ``state.banks[l].n_clusters[b]``.
+
+    Example: one stream through a window of 4 in two chunks of 8 tokens; the first evicted tokens are born as a
+    cluster, and each layer's bank holds every one of them once:
+
+    >>> import torch
+    >>> from attnmix.torch import MomentClosureAttention
+    >>> _ = torch.manual_seed(0)
+    >>> mech = MomentClosureAttention(16, d_model=8, n_layer=2, n_head=2, window=4, max_clusters=3)
+    >>> state, x = mech.init_state(batch_size=1), torch.randint(0, 16, (1, 17))
+    >>> for chunk in (x[:, :9], x[:, 8:]):  # (x, y) with y the next tokens
+    ...     state, loss = mech.step(state, (chunk[:, :-1], chunk[:, 1:]))
+    ...     receipt = mech.last_receipts[0]["streams"][0]  # layer 0, stream 0
+    ...     print(state.near.pos, state.banks[0].n_clusters, receipt["birthed"], receipt["count_conserved"],
+    ...           [round(n, 3) for n in state.banks[0].total_per_head()[0].tolist()])
+    8 [1] True True [4.0, 4.0]
+    16 [1] False True [12.0, 12.0]
+    >>> bool(torch.isfinite(loss)), len(mech.last_receipts), mech.last_misfit >= 0
+    (True, 2, True)
     """
 
     def __init__(
@@ -644,6 +739,20 @@ def train_tbptt(
 
     Returns ``{"losses": [float per chunk], "state": final state}``. ValueError unless ``detach_horizon`` is a
     positive integer; TypeError when ``mechanism`` is not a ``ContextMechanism`` or ``before_update`` not callable.
+
+    Example: 20 chunks of 8 tokens of the repeating stream 0, 1, ..., 7, an update every 2 chunks; the loss falls
+    as the model learns the cycle:
+
+    >>> import torch
+    >>> from attnmix.torch import SlidingWindowSpine, train_tbptt
+    >>> _ = torch.manual_seed(0)
+    >>> mech = SlidingWindowSpine(8, d_model=8, n_layer=1, n_head=2, window=8)
+    >>> stream = torch.arange(8).repeat(1, 21)  # (1, 168)
+    >>> chunks = [(stream[:, i:i + 8], stream[:, i + 1:i + 9]) for i in range(0, 160, 8)]
+    >>> opt = torch.optim.Adam(mech.parameters(), lr=0.05)
+    >>> result = train_tbptt(mech, mech.init_state(1), chunks, opt, detach_horizon=2)
+    >>> len(result["losses"]), result["state"].pos, result["losses"][-1] < result["losses"][0] / 4
+    (20, 160, True)
     """
     if isinstance(detach_horizon, bool) or not isinstance(detach_horizon, numbers.Integral) or detach_horizon <= 0:
         raise ValueError(f"train_tbptt: detach_horizon must be a positive integer (got {detach_horizon!r})")

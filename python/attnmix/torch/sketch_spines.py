@@ -51,6 +51,24 @@ __all__ = [
 
 @dataclass
 class LinearAttentionLayerState:
+    """One layer's part of a ``LinearAttentionState``: ``sum_kv`` = Σ φ(k) vᵀ ``(b, H, hd, hd)`` and ``sum_k`` = Σ φ(k)
+    ``(b, H, hd)`` over every token seen, in float64, and ``last_x`` ``(b, d_model)``, the layer's (normalised) input
+    at the previous token, for the token shift.
+
+    Example: the sums of 2 streams and 2 heads of size 4; φ = elu + 1 is positive, and so is every ``sum_k``:
+
+    >>> import torch
+    >>> from attnmix.torch import LinearAttentionSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = LinearAttentionSpine(16, d_model=8, n_layer=1, n_head=2)
+    >>> state, _ = spine.advance(spine.init_state(2), torch.randint(0, 16, (2, 6)))
+    >>> layer = state.layers[0]
+    >>> tuple(layer.sum_kv.shape), tuple(layer.sum_k.shape), layer.sum_k.dtype, tuple(layer.last_x.shape)
+    ((2, 2, 4, 4), (2, 2, 4), torch.float64, (2, 8))
+    >>> bool((layer.sum_k > 0).all())
+    True
+    """
+
     sum_kv: torch.Tensor
     sum_k: torch.Tensor
     last_x: torch.Tensor
@@ -58,6 +76,22 @@ class LinearAttentionLayerState:
 
 @dataclass
 class LinearAttentionState:
+    """What a ``LinearAttentionSpine`` carries between chunks: ``layers``, one ``LinearAttentionLayerState`` per
+    layer; ``pos``, the absolute position of the next token; ``batch_size``, the number of streams.
+
+    Example: the state has the same size after 3 tokens and after 300:
+
+    >>> import torch
+    >>> from attnmix.torch import LinearAttentionSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = LinearAttentionSpine(16, d_model=8, n_layer=2, n_head=2)
+    >>> short, _ = spine.advance(spine.init_state(1), torch.randint(0, 16, (1, 3)))
+    >>> long, _ = spine.advance(spine.init_state(1), torch.randint(0, 16, (1, 300)))
+    >>> size = lambda state: sum(t.numel() for layer in state.layers for t in vars(layer).values())
+    >>> (short.pos, short.batch_size, len(short.layers)), long.pos, size(short) == size(long)
+    ((3, 1, 2), 300, True)
+    """
+
     layers: List[LinearAttentionLayerState]
     pos: int = 0
     batch_size: int = 1
@@ -65,6 +99,30 @@ class LinearAttentionState:
 
 @dataclass
 class FrequentDirectionsLayerState:
+    """One layer's part of a ``FrequentDirectionsState``: ``window_k``, ``window_v``: φ(k) and the values of the last
+    ``min(pos, window)`` tokens ``(b, H, n, hd)``, oldest first, in the parameters' dtype; ``sketch`` B ``(b, H,
+    sketch_rows, 2 hd)`` of the evicted rows [φ(k); v], its rows from ``filled`` on zero; ``sum_k`` = Σ φ(k) over the
+    evicted tokens ``(b, H, hd)``; ``mass`` = ‖A‖²_F of the evicted rows and ``shrink_total`` = Σδ, ``(b, H)``
+    (``sketch``, ``sum_k``, ``mass`` and ``shrink_total`` in float64); ``last_x`` ``(b, d_model)``, the layer's
+    (normalised) input at the previous token; ``filled``: the sketch rows in use; ``shrinks``: the shrinks so far.
+
+    Example: after 16 tokens through a window of 4, 12 rows went into a sketch of 4 rows, which shrank 3 times and
+    keeps no more squared mass than it was given:
+
+    >>> import torch
+    >>> from attnmix.torch import FrequentDirectionsSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = FrequentDirectionsSpine(16, d_model=8, n_layer=1, n_head=2, window=4, sketch_rows=4)
+    >>> state, _ = spine.advance(spine.init_state(1), torch.randint(0, 16, (1, 16)))
+    >>> layer = state.layers[0]
+    >>> tuple(layer.window_k.shape), tuple(layer.sketch.shape), layer.filled, layer.shrinks
+    ((1, 2, 4, 4), (1, 2, 4, 8), 3, 3)
+    >>> bool((layer.sketch[:, :, layer.filled:] == 0).all()), bool((layer.window_k > 0).all())  # φ(k) > 0
+    (True, True)
+    >>> bool((layer.sketch.pow(2).sum((-2, -1)) <= layer.mass).all())  # ‖B‖²_F <= ‖A‖²_F
+    True
+    """
+
     window_k: torch.Tensor
     window_v: torch.Tensor
     sketch: torch.Tensor
@@ -78,6 +136,23 @@ class FrequentDirectionsLayerState:
 
 @dataclass
 class FrequentDirectionsState:
+    """What a ``FrequentDirectionsSpine`` carries between chunks: ``layers``, one ``FrequentDirectionsLayerState`` per
+    layer; ``pos``, the absolute position of the next token; ``batch_size``, the number of streams.
+
+    Example: an empty state of 2 streams and a window of 4, then the same after 6 tokens:
+
+    >>> import torch
+    >>> from attnmix.torch import FrequentDirectionsSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = FrequentDirectionsSpine(16, d_model=8, n_layer=2, n_head=2, window=4)
+    >>> state = spine.init_state(2)
+    >>> state.pos, state.batch_size, len(state.layers), tuple(state.layers[0].window_k.shape)
+    (0, 2, 2, (2, 2, 0, 4))
+    >>> state, _ = spine.advance(state, torch.randint(0, 16, (2, 6)))
+    >>> state.pos, tuple(state.layers[0].window_k.shape), state.layers[0].filled  # 2 tokens evicted
+    (6, (2, 2, 4, 4), 2)
+    """
+
     layers: List[FrequentDirectionsLayerState]
     pos: int = 0
     batch_size: int = 1
@@ -85,6 +160,26 @@ class FrequentDirectionsState:
 
 @dataclass
 class TensorSketchLayerState:
+    """One layer's part of a ``TensorSketchState``: ``window_k``, ``window_v``: φ(k) and the values of the last
+    ``min(pos, window)`` tokens ``(b, H, n, hd)``, oldest first, in the parameters' dtype; ``sum_kv`` = Σ TS(φ(k)) vᵀ
+    ``(b, H, sketch_dim, hd)`` and ``sum_k`` = Σ TS(φ(k)) ``(b, H, sketch_dim)`` over the evicted tokens; ``misfit``
+    ``(b, H)``, the relative kernel error of the last evicting chunk (those three in float64); ``last_x`` ``(b,
+    d_model)``, the layer's (normalised) input at the previous token.
+
+    Example: a window of 4 and a sketch of width 16, after 12 tokens (8 evicted):
+
+    >>> import torch
+    >>> from attnmix.torch import TensorSketchSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = TensorSketchSpine(16, d_model=8, n_layer=1, n_head=2, window=4, sketch_dim=16)
+    >>> state, _ = spine.advance(spine.init_state(1), torch.randint(0, 16, (1, 12)))
+    >>> layer = state.layers[0]
+    >>> tuple(layer.window_k.shape), tuple(layer.sum_kv.shape), tuple(layer.sum_k.shape), layer.sum_kv.dtype
+    ((1, 2, 4, 4), (1, 2, 16, 4), (1, 2, 16), torch.float64)
+    >>> tuple(layer.misfit.shape), bool(torch.isfinite(layer.misfit).all() and (layer.misfit >= 0).all())
+    ((1, 2), True)
+    """
+
     window_k: torch.Tensor
     window_v: torch.Tensor
     sum_kv: torch.Tensor
@@ -95,6 +190,23 @@ class TensorSketchLayerState:
 
 @dataclass
 class TensorSketchState:
+    """What a ``TensorSketchSpine`` carries between chunks: ``layers``, one ``TensorSketchLayerState`` per layer;
+    ``pos``, the absolute position of the next token; ``batch_size``, the number of streams.
+
+    Example: an empty state of 3 streams, and the window after 2 tokens:
+
+    >>> import torch
+    >>> from attnmix.torch import TensorSketchSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = TensorSketchSpine(16, d_model=8, n_layer=2, n_head=2, window=4, sketch_dim=16)
+    >>> state = spine.init_state(3)
+    >>> state.pos, state.batch_size, len(state.layers)
+    (0, 3, 2)
+    >>> state, _ = spine.advance(state, torch.randint(0, 16, (3, 2)))
+    >>> state.pos, tuple(state.layers[1].window_v.shape), float(state.layers[1].sum_k.abs().sum())  # none evicted
+    (2, (3, 2, 2, 4), 0.0)
+    """
+
     layers: List[TensorSketchLayerState]
     pos: int = 0
     batch_size: int = 1
@@ -170,7 +282,28 @@ class _LayeredSpine(_Spine):
 
 class LinearAttentionSpine(_LayeredSpine):
     """Causal linear attention over the whole stream (see the module docs). Per chunk of ``t`` tokens and layer the
-    cost is ``O(b t d^2)``; the state holds ``n_layer b (H hd (hd + 1) + d)`` numbers, whatever the stream's length."""
+    cost is ``O(b t d^2)``; the state holds ``n_layer b (H hd (hd + 1) + d)`` numbers, whatever the stream's length.
+
+    Example: two chunks give the logits of one pass, and a step's loss trains the model:
+
+    >>> import torch
+    >>> from attnmix.torch import LinearAttentionSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = LinearAttentionSpine(16, d_model=8, n_layer=2, n_head=2)
+    >>> x = torch.randint(0, 16, (2, 12))
+    >>> _, whole = spine.advance(spine.init_state(2), x)
+    >>> state, first = spine.advance(spine.init_state(2), x[:, :5])
+    >>> state, rest = spine.advance(state, x[:, 5:])
+    >>> tuple(whole.shape), torch.allclose(whole, torch.cat([first, rest], dim=1), atol=1e-5)
+    ((2, 12, 16), True)
+    >>> opt = torch.optim.SGD(spine.parameters(), lr=0.1)
+    >>> losses = []
+    >>> for update in range(3):  # three updates on the same chunk
+    ...     _, loss = spine.step(spine.init_state(2), (x[:, :-1], x[:, 1:]))
+    ...     opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
+    >>> losses[2] < losses[1] < losses[0]
+    True
+    """
 
     _state_type = LinearAttentionState
     _layer_type = LinearAttentionLayerState
@@ -186,7 +319,26 @@ class LinearAttentionSpine(_LayeredSpine):
 
 
 class FrequentDirectionsSpine(_LayeredSpine):
-    """An exact window plus a Frequent Directions sketch of everything evicted (see the module docs)."""
+    """An exact window plus a Frequent Directions sketch of everything evicted (see the module docs).
+
+    Example: 16 tokens through a window of 4 put 12 rows into a sketch of 4 rows; the receipt confirms the sketch's
+    guarantee, and two chunks give the logits of one pass:
+
+    >>> import torch
+    >>> from attnmix.torch import FrequentDirectionsSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = FrequentDirectionsSpine(16, d_model=8, n_layer=1, n_head=2, window=4, sketch_rows=4)
+    >>> x = torch.randint(0, 16, (1, 17))
+    >>> state, loss = spine.step(spine.init_state(1), (x[:, :-1], x[:, 1:]))
+    >>> receipt = spine.receipts(state)[0]  # layer 0
+    >>> receipt["evicted"], receipt["filled"], receipt["shrinks"], receipt["bound_holds"], bool(torch.isfinite(loss))
+    (12, 3, 3, True, True)
+    >>> _, whole = spine.advance(spine.init_state(1), x)
+    >>> state, first = spine.advance(spine.init_state(1), x[:, :5])
+    >>> state, rest = spine.advance(state, x[:, 5:])
+    >>> torch.allclose(whole, torch.cat([first, rest], dim=1), atol=1e-5)
+    True
+    """
 
     _state_type = FrequentDirectionsState
     _layer_type = FrequentDirectionsLayerState
@@ -219,7 +371,24 @@ class FrequentDirectionsSpine(_LayeredSpine):
 
 
 class TensorSketchSpine(_LayeredSpine):
-    """A polynomial-kernel window plus running sums over a tensor sketch of everything evicted (module docs)."""
+    """A polynomial-kernel window plus running sums over a tensor sketch of everything evicted (module docs).
+
+    Example: two chunks of 12 tokens through a window of 4 give the logits of one pass, and a finite loss:
+
+    >>> import torch
+    >>> from attnmix.torch import TensorSketchSpine
+    >>> _ = torch.manual_seed(0)
+    >>> spine = TensorSketchSpine(16, d_model=8, n_layer=1, n_head=2, window=4, sketch_dim=16)
+    >>> x = torch.randint(0, 16, (2, 12))
+    >>> _, whole = spine.advance(spine.init_state(2), x)
+    >>> state, first = spine.advance(spine.init_state(2), x[:, :5])
+    >>> state, rest = spine.advance(state, x[:, 5:])
+    >>> tuple(whole.shape), torch.allclose(whole, torch.cat([first, rest], dim=1), atol=1e-5)
+    ((2, 12, 16), True)
+    >>> state, loss = spine.step(spine.init_state(2), (x[:, :-1], x[:, 1:]))
+    >>> state.pos, bool(torch.isfinite(loss)), loss.requires_grad
+    (11, True, True)
+    """
 
     _state_type = TensorSketchState
     _layer_type = TensorSketchLayerState

@@ -161,9 +161,23 @@ void bind_functional(py::module_& m) {
         return py::make_tuple(tensor_object(tables.cos), tensor_object(tables.sin));
       },
       py::arg("positions"), py::arg("head_dim"), py::arg("dtype") = py::none(),
-      "Rotary-embedding tables of integer positions (a 1-D int64 tensor): (cos, sin), each (t, head_dim), in dtype "
-      "(torch.float32 or torch.float64; default float32). The angle at position p is p * 10000^(-2k/head_dim), "
-      "k < head_dim/2, repeated for both halves.");
+      R"doc(Rotary-embedding tables of integer positions (a 1-D int64 tensor): ``(cos, sin)``, each ``(t, head_dim)``, in
+``dtype`` (torch.float32 or torch.float64; default float32). The angle at position ``p`` is ``p *
+10000^(-2k/head_dim)``, ``k < head_dim/2``, repeated for both halves.
+
+Example: positions 0, 1 and 2 for a head of 4 dimensions (angles ``p`` and ``p / 100``):
+
+>>> import math
+>>> import torch
+>>> from attnmix.torch import rope_tables
+>>> cos, sin = rope_tables(torch.tensor([0, 1, 2]), 4)
+>>> tuple(cos.shape), cos.dtype
+((3, 4), torch.float32)
+>>> cos[0].tolist(), sin[0].tolist()  # position 0: no rotation
+([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+>>> [round(x, 4) for x in cos[1].tolist()], round(math.cos(1.0), 4)  # both halves repeat the angles
+([0.5403, 0.9999, 0.5403, 0.9999], 0.5403)
+)doc");
   m.def(
       "apply_rope",
       [](const py::object& x, const py::object& cos, const py::object& sin) {
@@ -177,8 +191,23 @@ void bind_functional(py::module_& m) {
         return py::cast(apply_rope(t, tables));  // a torch.Tensor (the signature says object, not at::Tensor)
       },
       py::arg("x"), py::arg("cos"), py::arg("sin"),
-      "RoPE(x) = x * cos + rotate_half(x) * sin for x (..., t, heads, head_dim), differentiable; the rotated pairs "
-      "are (x_k, x_{k + head_dim/2}).");
+      R"doc(``RoPE(x) = x * cos + rotate_half(x) * sin`` for ``x (..., t, heads, head_dim)``, differentiable; the rotated
+pairs are ``(x_k, x_{k + head_dim/2})``.
+
+Example: rotating 3 positions of 2 heads keeps each vector's length, and equals the formula in plain torch:
+
+>>> import torch
+>>> from attnmix.torch import apply_rope, rope_tables
+>>> _ = torch.manual_seed(0)
+>>> x = torch.randn(1, 3, 2, 4)  # (batch, t, heads, head_dim)
+>>> cos, sin = rope_tables(torch.arange(3), 4)
+>>> y = apply_rope(x, cos, sin)
+>>> tuple(y.shape), torch.allclose(y.norm(dim=-1), x.norm(dim=-1))
+((1, 3, 2, 4), True)
+>>> half = torch.cat([-x[..., 2:], x[..., :2]], dim=-1)
+>>> torch.allclose(y, x * cos[:, None] + half * sin[:, None])
+True
+)doc");
   m.def(
       "rotate_half",
       [](const py::object& x) {
@@ -188,7 +217,15 @@ void bind_functional(py::module_& m) {
         }
         return py::cast(rotate_half(t));
       },
-      py::arg("x"), "[-x2, x1] over the last dimension, where x1 and x2 are its two halves.");
+      py::arg("x"), R"doc(``[-x2, x1]`` over the last dimension, where ``x1`` and ``x2`` are its two halves.
+
+Example:
+
+>>> import torch
+>>> from attnmix.torch import rotate_half
+>>> rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
+[-3.0, -4.0, 1.0, 2.0]
+)doc");
 }
 
 }  // namespace attnmix::python
