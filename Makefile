@@ -26,7 +26,7 @@ test: build
 test-unit: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
 
-# The site: the manual and the Python API reference (Sphinx) with the C++ API reference (Doxygen), every warning an
+# The site: the manual and the Python and C++ API references (Sphinx; the C++ one through Doxygen + Breathe), every warning an
 # error, then the doctests; $(BUILD)/docs/html/index.html.
 docs: build
 	@bash scripts/build-docs.sh $(BUILD)

@@ -121,7 +121,8 @@ class FrequentDirectionsSpineImpl : public torch::nn::Module {
   FrequentDirectionsState init_state(int64_t batch_size, torch::Device device = torch::kCPU) const;
   /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit.
   FrequentDirectionsOutput advance(const FrequentDirectionsState& state, const torch::Tensor& x);
-  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
+  /// advance() plus the mean cross-entropy against y (same shape as x).
+  /// @throws ValueError for what advance() rejects and for a bad y.
   MechanismStep<FrequentDirectionsState> step(const FrequentDirectionsState& state, const torch::Tensor& x,
                                               const torch::Tensor& y);
   /// Stop-gradient on every carried tensor.

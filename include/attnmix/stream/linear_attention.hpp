@@ -110,7 +110,8 @@ class LinearAttentionSpineImpl : public torch::nn::Module {
   /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit
   ///   (batch size, layers, shapes or dtypes).
   LinearAttentionOutput advance(const LinearAttentionState& state, const torch::Tensor& x);
-  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
+  /// advance() plus the mean cross-entropy against y (same shape as x).
+  /// @throws ValueError for what advance() rejects and for a bad y.
   MechanismStep<LinearAttentionState> step(const LinearAttentionState& state, const torch::Tensor& x,
                                            const torch::Tensor& y);
   /// Stop-gradient on every carried tensor.

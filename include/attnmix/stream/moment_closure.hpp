@@ -163,7 +163,9 @@ IngestResult birth_and_merge(const ClusterBank& bank, const torch::Tensor& k, co
 
 /// Birth/merge on detached k, v, then (for streams with clusters whose batch no birth absorbed) the
 /// soft update with r = cluster_responsibilities(k); checks that every head's total grew by exactly t.
-/// @throws as birth_and_merge; StateError "cluster ingestion did not count every observation exactly once …".
+/// @throws ValueError for what birth_and_merge rejects.
+/// @throws StateError for a non-finite cluster distance, or "cluster ingestion did not count every observation
+///   exactly once …".
 IngestResult ingest_cluster_batch(const ClusterBank& bank, const torch::Tensor& k, const torch::Tensor& v,
                                   const BirthMergeOptions& options = {});
 
@@ -220,8 +222,9 @@ struct FarFieldUpdate {
 /// (B, e, H, d), join the bank by ingest_cluster_batch (with e = 0 the bank is unchanged and each stream gets the
 /// null receipt); then each stream's receipt gets its accounting (positions_seen, near_tokens, evicted_tokens = e,
 /// far tokens per head = positions_seen − near_tokens) and the layer's misfit is the mean over streams.
-/// @throws what ingest_cluster_batch throws; StateError ("one-token/one-representation", naming `label`) when the
-///   far tokens do not add up.
+/// @throws ValueError for what ingest_cluster_batch rejects.
+/// @throws StateError as ingest_cluster_batch, and ("one-token/one-representation", naming `label`) when the far
+///   tokens do not add up.
 FarFieldUpdate evict_to_far_field(const ClusterBank& bank, const torch::Tensor& k_evicted,
                                   const torch::Tensor& v_evicted, int64_t positions_seen, int64_t near_tokens,
                                   const BirthMergeOptions& options, const std::string& label);
@@ -278,7 +281,9 @@ class MomentClosureAttentionImpl : public torch::nn::Module {
   /// @throws ValueError for a bad chunk or a state that does not fit ("batch size");
   ///   StateError ("one-token/one-representation") when the conservation receipts fail.
   MomentClosureOutput advance(const MomentClosureState& state, const torch::Tensor& x);
-  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
+  /// advance() plus the mean cross-entropy against y (same shape as x).
+  /// @throws ValueError for what advance() rejects and for a bad y.
+  /// @throws StateError when advance()'s conservation receipts fail.
   MechanismStep<MomentClosureState> step(const MomentClosureState& state, const torch::Tensor& x,
                                          const torch::Tensor& y);
   /// Stop-gradient on the caches and the stores, and on the banks when state.detach_horizon_clusters is set.

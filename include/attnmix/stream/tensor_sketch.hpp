@@ -93,7 +93,8 @@ class TensorSketchSpineImpl : public torch::nn::Module {
   TensorSketchState init_state(int64_t batch_size, torch::Device device = torch::kCPU) const;
   /// Runs one chunk. @throws ValueError for ids outside [0, vocab), a malformed chunk or a state that does not fit.
   TensorSketchOutput advance(const TensorSketchState& state, const torch::Tensor& x);
-  /// advance() plus the mean cross-entropy against y (same shape as x). @throws as advance, and ValueError for a bad y.
+  /// advance() plus the mean cross-entropy against y (same shape as x).
+  /// @throws ValueError for what advance() rejects and for a bad y.
   MechanismStep<TensorSketchState> step(const TensorSketchState& state, const torch::Tensor& x,
                                         const torch::Tensor& y);
   /// Stop-gradient on every carried tensor.
