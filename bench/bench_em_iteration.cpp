@@ -10,7 +10,7 @@
 //   BM_EmIterationMixed/threads:{1,2}  the same with the mixed-precision E-step (docs/mixed_precision.md)
 //   BM_Pass1/mixed:{0,1}           log_density on all rows, one thread: pass 1 alone, float64 and mixed
 //   BM_EmStepFresh                 threads:1 through em_step, which allocates its weights and accumulator per call
-//   BM_EmIterationChunkRows/<c>/<t> the same with chunk_rows = c (the default is 1024) on t threads
+//   BM_EmIterationChunkRows/<c>/<t> the same with chunk_rows = c (0, the default: 4096 here) on t threads
 //   BM_EStep/<rows>                parallel_accumulate on the first <rows> rows, one thread (size sweep)
 //   BM_EStepKernel/<rows>          ResponsibilityAttention::accumulate alone (no chunking, no merge)
 //   BM_MergePartial                one flat add of a partial accumulator (the per-chunk merge cost)
@@ -74,7 +74,7 @@ const ResponsibilityAttentionBatch& sweep_batch() {
 void run_em_iteration(benchmark::State& state, const ResponsibilityAttention& model,
                       const ResponsibilityAttentionEstimator& estimator) {
   const Problem& p = problem();
-  const ParallelOptions parallel{static_cast<int>(state.range(0)), 1024};
+  const ParallelOptions parallel{static_cast<int>(state.range(0)), 0};
   std::vector<double> log_p(static_cast<size_t>(kRows));
   EmStepper stepper(estimator, kRows);  // as optimize() runs its iterations
   for (auto _ : state) {
@@ -112,7 +112,7 @@ BENCHMARK(BM_Pass1)->ArgName("mixed")->Arg(0)->Arg(1)->Unit(benchmark::kMillisec
 /// (2.2 MB) on every call: the difference is the cost of faulting that memory in again (docs/PERFORMANCE.md).
 void BM_EmStepFresh(benchmark::State& state) {
   const Problem& p = problem();
-  const ParallelOptions parallel{1, 1024};
+  const ParallelOptions parallel{1, 0};
   std::vector<double> log_p(static_cast<size_t>(kRows));
   for (auto _ : state) {
     ResponsibilityAttention next = em_step(p.model, p.batch, p.estimator, log_p, parallel);
@@ -122,8 +122,8 @@ void BM_EmStepFresh(benchmark::State& state) {
 }
 BENCHMARK(BM_EmStepFresh)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
-/// The same iteration on one thread with other chunk sizes (the default is 1024, docs/mechanisms.md#training): shows
-/// what the per-chunk merge of the S·D + S·T + N + 1 statistics costs.
+/// The same iteration with other chunk sizes (0: the default, chunk_rows_for, which picks 4096 for these
+/// S·D + S + S·T + N + 1 = 74 001 statistics): shows what the per-chunk merge of the statistics costs.
 void BM_EmIterationChunkRows(benchmark::State& state) {
   const Problem& p = problem();
   const ParallelOptions parallel{static_cast<int>(state.range(1)), state.range(0)};
@@ -136,7 +136,7 @@ void BM_EmIterationChunkRows(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kRows);
 }
 BENCHMARK(BM_EmIterationChunkRows)->ArgNames({"chunk_rows", "threads"})
-    ->ArgsProduct({{256, 1024, 4096, 16384, 65536}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->ArgsProduct({{0, 256, 1024, 4096, 16384, 65536}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_EStep(benchmark::State& state) {
   const Index rows = state.range(0);
@@ -185,7 +185,7 @@ void BM_MStep(benchmark::State& state) {
   const Problem& p = problem();
   auto acc = p.model.make_accumulator();
   const std::vector<double> w(static_cast<size_t>(kRows), 1.0);
-  parallel_accumulate(p.model, p.batch, w, acc, {}, ParallelOptions{1, 1024});
+  parallel_accumulate(p.model, p.batch, w, acc, {}, ParallelOptions{1, 0});
   for (auto _ : state) {
     ResponsibilityAttention next = p.estimator.estimate(std::nullopt, acc);
     benchmark::DoNotOptimize(next.params().key_means.data());

@@ -59,8 +59,9 @@ struct OptimizeOptions {
   bool reuse_estep_ll = true;          // fused loop; false: classic loop
   /// The E-step and scoring threads (≥ 0); the results do not depend on it.
   int n_threads = 0;                   // 0: all hardware threads
-  /// Rows per parallel chunk (> 0); the results change with it only at rounding level (reduce.hpp).
-  Index chunk_rows = 1024;
+  /// Rows per parallel chunk (> 0), or 0 to choose them from the statistics' size (chunk_rows_for); the results
+  /// change with it only at rounding level (reduce.hpp).
+  Index chunk_rows = 0;
   /// The processes of a distributed fit (not owned; nullptr: this process alone). Every rank passes equal options.
   const Communicator* communicator = nullptr;
   /// Receives the report of every print_iter-th iteration and of the converged one, on the calling thread (on every

@@ -2,7 +2,8 @@
 /// @file reduce.hpp
 /// The deterministic multi-threaded E-step and scoring pass (`docs/mechanisms.md#training`).
 ///
-/// Rows are split into fixed chunks of chunk_rows rows (independent of the thread count). Chunk c fills a zeroed
+/// Rows are split into fixed chunks of chunk_rows rows (by default chosen from the statistics' size, never from the
+/// thread count: chunk_rows_for). Chunk c fills a zeroed
 /// partial P_c; partials are added into the total in chunk order, total = ((0 + P_0) + P_1) + …, so the result is
 /// bitwise identical for any thread count. One thread reuses one partial, and its merge also clears it for the next
 /// chunk (one pass over both buffers). Several threads own 3 partials each, which they zero themselves before use,
@@ -38,11 +39,25 @@ namespace attnmix {
 struct ParallelOptions {
   /// The threads to use (≥ 0; resolve_threads); the results do not depend on it.
   int n_threads = 0;        // 0: all hardware threads
-  /// The rows per chunk (> 0): the unit of work and of the ordered reduction.
-  Index chunk_rows = 1024;  // fixed chunking; results change with it only at rounding level
-  /// @throws ValueError when n_threads < 0 or chunk_rows ≤ 0.
+  /// The rows per chunk, the unit of work and of the ordered reduction: > 0, or 0 to let chunk_rows_for choose it
+  /// from the statistics' size. Results change with it only at rounding level.
+  Index chunk_rows = 0;
+  /// @throws ValueError when n_threads < 0 or chunk_rows < 0.
   void validate() const;
 };
+
+/// The smallest chunk chunk_rows_for chooses (and its choice for statistics that are not one flat buffer).
+inline constexpr Index kMinAutoChunkRows = 1024;
+/// The largest chunk chunk_rows_for chooses.
+inline constexpr Index kMaxAutoChunkRows = 65536;
+
+/// The rows per chunk of a pass whose statistics have stat_entries entries: options.chunk_rows when positive;
+/// otherwise the largest power of two ≤ stat_entries / 16, kept within [kMinAutoChunkRows, kMaxAutoChunkRows]
+/// (stat_entries = 0, as for scoring: kMinAutoChunkRows). Each chunk ends in one pass over the statistics (the
+/// ordered merge), so large statistics get long chunks that keep that pass a few per cent of the chunk's row work
+/// (docs/PERFORMANCE.md, "Chunk size"). The choice depends on the model's size only, never on the thread count, so
+/// results stay bitwise thread-count invariant. Cost: O(1).
+[[nodiscard]] Index chunk_rows_for(const ParallelOptions& options, size_t stat_entries);
 
 /// Threads to use for n_threads (0 = hardware); 1 without OpenMP.
 [[nodiscard]] int resolve_threads(int n_threads);
@@ -56,6 +71,16 @@ consteval bool plain_flat_stats() {
   } else {
     return std::is_same_v<decltype(&A::merge_trusted), void (FlatAccumulator<A>::*)(const A&)> &&
            std::is_same_v<decltype(&A::set_zero), void (FlatStats::*)()>;
+  }
+}
+
+/// The entries of acc's statistics when they are one flat buffer (the pass each chunk's merge makes); 0 otherwise.
+template <class A>
+size_t stat_entries(const A& acc) {
+  if constexpr (std::is_base_of_v<FlatStats, A>) {
+    return acc.flat().size();
+  } else {
+    return 0;
   }
 }
 
@@ -118,7 +143,7 @@ void parallel_accumulate(const D& model, const typename D::batch_type& batch, st
                      std::to_string(w.size()) + ")");
   if (!log_p_out.empty() && static_cast<Index>(log_p_out.size()) != n)
     throw ValueError("E-step: log-density output must have one entry per row");
-  const Index chunk = options.chunk_rows;
+  const Index chunk = chunk_rows_for(options, detail::stat_entries(acc));
   // An empty batch still runs one (empty) chunk: a family may attach something to its statistics in every E-step
   // (the variational families attach the model's optimizer state), and a rank with an empty shard must too.
   const Index n_chunks = std::max<Index>(1, (n + chunk - 1) / chunk);
@@ -252,7 +277,7 @@ void parallel_log_density(const D& model, const typename D::batch_type& batch, s
   options.validate();
   const Index n = batch.n_rows();
   if (static_cast<Index>(out.size()) != n) throw ValueError("log_density: output must have one entry per row");
-  const Index chunk = options.chunk_rows;
+  const Index chunk = chunk_rows_for(options, 0);
   const Index n_chunks = (n + chunk - 1) / chunk;
   const int n_threads = std::max(1, std::min<int>(resolve_threads(options.n_threads), static_cast<int>(n_chunks)));
   std::mutex error_mutex;

@@ -227,7 +227,7 @@ TEST(OptimizeTest, InvalidOptionsRaise) {
   options.print_iter = 0;
   EXPECT_THROW((void)optimize(ScriptBatch{}, ScriptEstimator{&scores, nullptr}, options), ValueError);
   options = {};
-  options.chunk_rows = 0;
+  options.chunk_rows = -1;  // 0 is the default: chosen from the statistics' size
   EXPECT_THROW((void)optimize(ScriptBatch{}, ScriptEstimator{&scores, nullptr}, options), ValueError);
 }
 

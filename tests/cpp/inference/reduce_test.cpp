@@ -136,6 +136,52 @@ TEST(ParallelAccumulateTest, ChunkingOnlyReassociatesAndThreadsAreBitwiseEqual) 
   }
 }
 
+/// chunk_rows = 0 (the default) chooses the chunk from the statistics' size alone: the largest power of two ≤ entries
+/// / 16, within [1024, 65536]. The E-step then equals, bit for bit and on every thread count, the one run with that
+/// chunk written out, and differs from chunks of 1024 (so the choice is really made).
+TEST(ParallelAccumulateTest, DefaultChunkComesFromTheStatisticsSize) {
+  EXPECT_EQ(chunk_rows_for({}, 0), 1024);
+  EXPECT_EQ(chunk_rows_for({}, 16 * 2048 - 1), 1024);
+  EXPECT_EQ(chunk_rows_for({}, 16 * 2048), 2048);
+  EXPECT_EQ(chunk_rows_for({}, 16 * 8192 - 1), 4096);
+  EXPECT_EQ(chunk_rows_for({}, size_t{1} << 40), 65536);
+  EXPECT_EQ(chunk_rows_for({4, 7}, size_t{1} << 40), 7);  // an explicit chunk is kept
+  EXPECT_THROW((ParallelOptions{1, -1}.validate()), ValueError);
+
+  // S = T = 256, N = 4, D = 2: S·D + S + S·T + N + 1 = 66 309 entries, so chunks of 4096 rows (3 for 10 000 rows).
+  constexpr Index kS = 256, kN = 4, kD = 2, kRows = 10000;
+  Rng rng(11);
+  ResponsibilityAttentionParams p;
+  p.key_means = Matrix(kS, kD);
+  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
+  p.emission = Matrix(kS, kS);
+  for (Index k = 0; k < p.emission.size(); ++k) p.emission.data()[k] = 0.05 + rng.uniform();
+  for (Index s = 0; s < kS; ++s) p.emission.row(s) /= p.emission.row(s).sum();
+  p.position_prior = Vector::Constant(kN, 1.0 / kN);
+  const ResponsibilityAttention model(p);
+  IdMatrix ctx(kRows, kN);
+  Matrix y(kRows, kD);
+  IdVector t(kRows);
+  for (Index k = 0; k < kRows; ++k) {
+    for (Index i = 0; i < kN; ++i) ctx(k, i) = static_cast<int64_t>(rng.uniform_int(kS));
+    for (Index d = 0; d < kD; ++d) y(k, d) = rng.normal();
+    t[k] = static_cast<int64_t>(rng.uniform_int(kS));
+  }
+  const auto batch = ResponsibilityAttentionEncoder{kS, kN, kD, kS}.encode(ctx, y, t);
+  const std::vector<double> w(kRows, 1.0);
+  auto explicit_4096 = model.make_accumulator();
+  ASSERT_EQ(explicit_4096.flat_size(), 66309);
+  parallel_accumulate(model, batch, w, explicit_4096, {}, {1, 4096});
+  auto chunks_of_1024 = model.make_accumulator();
+  parallel_accumulate(model, batch, w, chunks_of_1024, {}, {1, 1024});
+  EXPECT_FALSE(chunks_of_1024 == explicit_4096);  // another association of the sums: some entry differs in its bits
+  for (int threads : {1, 2, 3}) {
+    auto acc = model.make_accumulator();
+    parallel_accumulate(model, batch, w, acc, {}, {threads, 0});
+    EXPECT_TRUE(acc == explicit_4096) << threads << " threads";
+  }
+}
+
 /// The ordered merge of the multi-threaded reducer under stress: many chunks of one or a few rows, more threads than
 /// cores, and impossible rows; every thread count gives the one-thread statistics bit for bit, and a failing call
 /// reports the rows of all chunks and changes nothing.
