@@ -162,12 +162,48 @@ void bind_distribution(py::module_& m) {
   py::class_<SamplerPy> sampler_class(
       m, "ResponsibilityAttentionSampler",
       "Draws (context, query, target) observations: a context (without replacement when N <= S), z "
-      "~ pi, y = K[c_z] + sqrt(sigma2) N(0, I), t ~ B[c_z].");
+      "~ pi, y = K[c_z] + sqrt(sigma2) N(0, I), t ~ B[c_z]."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ResponsibilityAttentionDistribution(
+...     key_means=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]],
+...     position_prior=[0.5, 0.5], sigma2=0.5)
+>>> rows = attnmix.ResponsibilityAttentionSampler(model, seed=0).sample(100)
+>>> context, query, target = rows[0]
+>>> context.shape, query.shape, type(target).__name__
+((2,), (2,), 'int')
+>>> model.sampler(seed=0).sample(1)[0][0].tolist() == context.tolist()
+True
+>>> bool(np.isfinite(model.seq_log_density(rows)).all())
+True
+)doc");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "One attention head as a mixture over context positions with a generative gate "
       "(docs/mechanisms.md#responsibility-attention): "
-      "z ~ pi, y ~ N(K[c_z], sigma2 I), t ~ B[c_z].")
+      "z ~ pi, y ~ N(K[c_z], sigma2 I), t ~ B[c_z]."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ResponsibilityAttentionDistribution(
+...     key_means=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]],
+...     position_prior=[0.5, 0.5], sigma2=0.5)
+>>> model.num_symbols, model.context_length, model.query_dim, model.num_targets
+(3, 2, 2, 2)
+>>> p = model.predict_proba([0, 1], [1.0, 0.0])
+>>> round(float(p.sum()), 9), bool(p[0] > p[1])
+(1.0, True)
+>>> r = model.responsibilities([([0, 1], [1.0, 0.0], 0)])
+>>> r.shape, round(float(r.sum()), 9)
+((1, 2), 1.0)
+)doc")
       .def(py::init(&make_distribution), "key_means"_a, "emission"_a,
            "position_prior"_a = py::none(), "sigma2"_a = ResponsibilityAttentionParams{}.sigma2,
            "name"_a = py::none(), py::kw_only(), "precision"_a = "float64")
@@ -300,7 +336,24 @@ void bind_encoder(py::module_& m) {
   py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
       m, "ResponsibilityAttentionDataEncoder",
       "Encodes (context, query, target) triples, or a (contexts (n,N), queries (n,D), targets "
-      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked.")
+      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> encoder = attnmix.ResponsibilityAttentionDataEncoder(num_symbols=3, context_length=2)
+>>> arrays = (np.array([[0, 2], [1, 1]]), np.zeros((2, 4)), np.array([1, 0]))
+>>> contexts, queries, targets = encoder.seq_encode(arrays)
+>>> contexts.shape, queries.shape, targets.tolist()
+((2, 2), (2, 4), [1, 0])
+>>> try:
+...     encoder.seq_encode([([0, 3], [0.0], 0)])
+... except ValueError as error:
+...     print(error)
+ResponsibilityAttentionDataEncoder: out-of-range ID in context (entry 1 is 3; must be in [0, 3))
+)doc")
       .def(py::init([](py::object S, py::object N, py::object D, py::object T) {
              constexpr const char* where = "ResponsibilityAttentionDataEncoder";
              return std::make_shared<Encoder>(
@@ -367,11 +420,57 @@ void bind_attention(py::module_& m) {
   bind_estimator_class<ResponsibilityAttentionEstimator>(
       m, responsibility_attention_family(), "ResponsibilityAttentionEstimator",
       "The closed-form M-step of responsibility attention "
-      "(docs/mechanisms.md#responsibility-attention).");
+      "(docs/mechanisms.md#responsibility-attention)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ResponsibilityAttentionDistribution(
+...     key_means=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]],
+...     position_prior=[0.5, 0.5], sigma2=0.5)
+>>> rows = model.sampler(seed=1).sample(4000)
+>>> estimator = attnmix.ResponsibilityAttentionEstimator(3, 2, 2, 2, sigma2=0.5)
+>>> acc = estimator.accumulator_factory().make()
+>>> acc.seq_update(rows, np.ones(len(rows)), model)
+>>> refit = estimator.estimate(None, acc.value())
+>>> bool(np.allclose(refit.emission, model.emission, atol=0.05))
+True
+>>> bool(np.allclose(refit.key_means, model.key_means, atol=0.1))
+True
+)doc");
   bind_accumulator_classes<ResponsibilityAttentionAccumulator>(
       m, responsibility_attention_family(), "ResponsibilityAttentionAccumulator",
       "ResponsibilityAttentionAccumulatorFactory",
-      "Statistics, value() = (key_sum (S,D), key_mass (S,), emission_count (S,T), position_count (N,), query_sq).");
+      "Statistics, value() = (key_sum (S,D), key_mass (S,), emission_count (S,T), position_count (N,), query_sq)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ResponsibilityAttentionDistribution(
+...     key_means=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]],
+...     position_prior=[0.5, 0.5], sigma2=0.5)
+>>> acc = attnmix.ResponsibilityAttentionAccumulator(3, 2, 2, 2)
+>>> rows = model.sampler(seed=2).sample(10)
+>>> acc.seq_update(rows, np.ones(10), model)
+>>> round(float(acc.position_count.sum()), 9), round(float(acc.emission_count.sum()), 9)
+(10.0, 10.0)
+>>> [a.shape for a in acc.value()[:4]]
+[(3, 2), (3,), (3, 2), (2,)]
+)doc",
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.ResponsibilityAttentionAccumulatorFactory(3, 2, 2, 2)
+>>> acc = factory.make()
+>>> factory.num_symbols, acc.key_sum.shape, float(acc.query_sq)
+(3, (3, 2), 0.0)
+)doc");
   bind_encoder(m);
   bind_sequence_to_triples(m);
 }

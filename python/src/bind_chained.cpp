@@ -169,12 +169,44 @@ void bind_distribution(py::module_& m) {
   py::class_<SamplerPy> sampler_class(
       m, "ChainedAttentionSampler",
       "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
-      "(context_length each), q uniform, the L hop positions from their gates, t ~ B[v_pos].");
+      "(context_length each), q uniform, the L hop positions from their gates, t ~ B[v_pos]."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ChainedAttentionDistribution(keys=np.stack([np.eye(3), np.eye(3)]),
+...                                              emission=[[0.8, 0.2], [0.2, 0.8], [0.5, 0.5]], sigma2=0.1)
+>>> rows = attnmix.ChainedAttentionSampler(model, seed=0, context_length=4).sample(50)
+>>> keys, values, query, target = rows[0]
+>>> keys.shape, values.shape, 0 <= query < 3, target in (0, 1)
+((4,), (4,), True, True)
+>>> bool(np.isfinite(model.seq_log_density(rows)).all())
+True
+)doc");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "L content-addressed attention hops whose attended positions form a chain "
       "(docs/mechanisms.md#chained-attention): "
-      "z_0 ~ g(q, K0), z_l | z_(l-1) = i ~ g(v_i, K_l), t ~ B[v_(z_(L-1))].")
+      "z_0 ~ g(q, K0), z_l | z_(l-1) = i ~ g(v_i, K_l), t ~ B[v_(z_(L-1))]."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ChainedAttentionDistribution(keys=np.stack([np.eye(3), np.eye(3)]),
+...                                              emission=[[0.8, 0.2], [0.2, 0.8], [0.5, 0.5]], sigma2=0.1)
+>>> model.n_hops, model.num_symbols, model.num_targets
+(2, 3, 2)
+>>> p = model.predict_proba([0, 1, 2], [1, 2, 0], 0)
+>>> round(float(p.sum()), 9)
+1.0
+>>> gamma = model.posterior([([0, 1, 2], [1, 2, 0], 0, 1)])
+>>> gamma.shape, gamma.sum(axis=2).round(9).tolist()
+((1, 2, 3), [[1.0, 1.0]])
+)doc")
       .def(py::init(&make_distribution), "keys"_a, "emission"_a,
            "sigma2"_a = ChainedAttentionParams{}.sigma2, "name"_a = py::none())
       .def_property_readonly(
@@ -261,7 +293,22 @@ void bind_encoder(py::module_& m) {
       m, "ChainedAttentionDataEncoder",
       "Encodes (keys, values, query, target) observations, or a (keys (n,N), values (n,N), "
       "queries (n,), targets (n,)) tuple of numpy arrays, into an EncodedBatch; declared bounds "
-      "are checked.")
+      "are checked."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> encoder = attnmix.ChainedAttentionDataEncoder(num_symbols=3, num_targets=2)
+>>> keys, values, queries, targets = encoder.seq_encode([([0, 1, 2], [1, 2, 0], 2, 1)])
+>>> keys.tolist(), values.tolist(), queries.tolist(), targets.tolist()
+([[0, 1, 2]], [[1, 2, 0]], [2], [1])
+>>> try:
+...     encoder.seq_encode([([0, 1, 2], [1, 2, 0], 2, 5)])
+... except ValueError as error:
+...     print(error)
+ChainedAttentionDataEncoder: out-of-range ID in target (entry 0 is 5; must be in [0, 2))
+)doc")
       .def(py::init([](py::object S, py::object T) {
              constexpr const char* where = "ChainedAttentionDataEncoder";
              return std::make_shared<Encoder>(
@@ -287,10 +334,52 @@ void bind_chained(py::module_& m) {
       m, chained_attention_family(), "ChainedAttentionEstimator",
       "The M-step of chained attention (docs/mechanisms.md#chained-attention): "
       "K_l[s] = key_num[l][s] / max(key_mass[l][s], 1e-9), B = "
-      "(emission_count + emission_smoothing) row-normalised, sigma2 fixed.");
+      "(emission_count + emission_smoothing) row-normalised, sigma2 fixed."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ChainedAttentionDistribution(keys=np.stack([np.eye(3), np.eye(3)]),
+...                                              emission=[[0.8, 0.2], [0.2, 0.8], [0.5, 0.5]], sigma2=0.1)
+>>> rows = model.sampler(seed=1, context_length=4).sample(3000)
+>>> estimator = attnmix.ChainedAttentionEstimator(2, 3, 2, sigma2=0.1)
+>>> acc = estimator.accumulator_factory().make()
+>>> acc.seq_update(rows, np.ones(len(rows)), model)
+>>> refit = estimator.estimate(None, acc.value())
+>>> bool(np.allclose(refit.emission, model.emission, atol=0.05)), refit.n_hops
+(True, 2)
+)doc");
   bind_accumulator_classes<ChainedAttentionAccumulator>(
       m, chained_attention_family(), "ChainedAttentionAccumulator", "ChainedAttentionAccumulatorFactory",
-      "Statistics, value() = (key_num (L,S,S), key_mass (L,S), emission_count (S,T), ll, n).");
+      "Statistics, value() = (key_num (L,S,S), key_mass (L,S), emission_count (S,T), ll, n)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.ChainedAttentionDistribution(keys=np.stack([np.eye(3), np.eye(3)]),
+...                                              emission=[[0.8, 0.2], [0.2, 0.8], [0.5, 0.5]], sigma2=0.1)
+>>> acc = attnmix.ChainedAttentionAccumulator(2, 3, 2)
+>>> rows = model.sampler(seed=2, context_length=4).sample(10)
+>>> acc.seq_update(rows, np.ones(10), model)
+>>> acc.n, round(float(acc.emission_count.sum()), 9), acc.key_num.shape
+(10.0, 10.0, (2, 3, 3))
+>>> bool(np.isclose(acc.ll, model.seq_log_density(rows).sum()))
+True
+)doc",
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.ChainedAttentionAccumulatorFactory(2, 3, 2)
+>>> acc = factory.make()
+>>> factory.n_hops, acc.key_mass.shape, acc.n
+(2, (2, 3), 0.0)
+)doc");
   bind_encoder(m);
 }
 

@@ -76,7 +76,21 @@ void bind_rng(py::module_& m) {
       m, "Rng",
       "attnmix's own random stream (docs/mechanisms.md#training): std::mt19937_64 and in-house "
       "distributions, so a seed gives the same draws on every platform. Accepted wherever an rng or "
-      "seed is taken.")
+      "seed is taken."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> a, b = attnmix.Rng(7), attnmix.Rng(7)
+>>> [a.uniform() for _ in range(3)] == [b.uniform() for _ in range(3)]
+True
+>>> draws = attnmix.Rng(1).sample_without_replacement(5, 3)
+>>> len(set(draws.tolist())), bool(((0 <= draws) & (draws < 5)).all())
+(3, True)
+>>> round(float(attnmix.Rng(2).dirichlet_ones(4).sum()), 12)
+1.0
+)doc")
       .def(py::init([](py::object seed) {
              return Rng(static_cast<uint64_t>(nonnegative_int(seed, "Rng", "seed")));
            }),
@@ -130,7 +144,22 @@ void bind_encoded_batch(py::module_& m) {
       m, "EncodedBatch",
       "An immutable, validated batch (what seq_encode returns). It unpacks and indexes like the "
       "reference's tuple of arrays, e.g. (contexts, queries, targets), as read-only numpy arrays; "
-      "seq_* methods accept it without validating it again.")
+      "seq_* methods accept it without validating it again."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> encoder = attnmix.ResponsibilityAttentionDataEncoder(num_symbols=3, context_length=2, query_dim=2,
+...                                                      num_targets=2)
+>>> batch = encoder.seq_encode([([0, 2], [0.5, 1.0], 1), ([1, 0], [0.0, -1.0], 0)])
+>>> batch.n_rows, len(batch)
+(2, 3)
+>>> contexts, queries, targets = batch
+>>> contexts.tolist(), queries.shape, targets.tolist(), contexts.flags.writeable
+([[0, 2], [1, 0]], (2, 2), [1, 0], False)
+)doc")
       .def("__len__", [parts](py::object self) { return py::len(parts(self)); })
       .def("__getitem__",
            [parts](py::object self, py::object i) { return parts(self).attr("__getitem__")(i); })
@@ -145,7 +174,19 @@ void bind_encoded_batch(py::module_& m) {
 
 void bind_encoder_base(py::module_& m) {
   py::class_<DataEncoder, std::shared_ptr<DataEncoder>>(
-      m, "DataEncoder", "Base class of the data encoders.")
+      m, "DataEncoder", "Base class of the data encoders."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> encoder = attnmix.CategoricalDistribution([0.5, 0.5]).dist_to_encoder()
+>>> isinstance(encoder, attnmix.DataEncoder), encoder == attnmix.CategoricalDataEncoder(2)
+(True, True)
+>>> batch = encoder.seq_encode([1, 0, 1])
+>>> batch.n_rows, encoder.row_count([1, 0, 1])
+(3, 3)
+)doc")
       .def(
           "seq_encode",
           [](const DataEncoder& e, py::object data) -> py::object {
@@ -171,7 +212,21 @@ void bind_encoder_base(py::module_& m) {
 
 void bind_distribution_base(py::module_& m) {
   py::class_<DistributionHandle>(m, "Distribution",
-                                 "Base class of the distributions.")
+                                 "Base class of the distributions."
+                                 R"doc(
+
+Example:
+
+>>> import math
+>>> import attnmix
+>>> model = attnmix.CategoricalDistribution([0.2, 0.8])
+>>> isinstance(model, attnmix.Distribution)
+True
+>>> round(model.log_density(1), 6) == round(math.log(0.8), 6), round(model.density(1), 6)
+(True, 0.8)
+>>> model.seq_log_density([0, 1]).round(4).tolist()
+[-1.6094, -0.2231]
+)doc")
       .def(
           "log_density",
           [](const DistributionHandle& d, py::object x) {
@@ -219,7 +274,19 @@ void bind_distribution_base(py::module_& m) {
 
 void bind_estimator_base(py::module_& m) {
   py::class_<EstimatorHandle>(m, "Estimator",
-                              "Base class of the estimators (the M-step).")
+                              "Base class of the estimators (the M-step)."
+                              R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> estimator = attnmix.CategoricalEstimator(2)
+>>> isinstance(estimator, attnmix.Estimator)
+True
+>>> estimator.estimate(None, (np.array([1.0, 3.0]),)).p.tolist()
+[0.25, 0.75]
+)doc")
       .def(
           "accumulator_factory",
           [](py::object self) {
@@ -250,7 +317,22 @@ void bind_estimator_base(py::module_& m) {
 void bind_accumulator_base(py::module_& m) {
   py::class_<AccumulatorHandle>(
       m, "Accumulator",
-      "Base class of the accumulators: additive sufficient statistics.")
+      "Base class of the accumulators: additive sufficient statistics."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> acc = attnmix.CategoricalAccumulator(2)
+>>> isinstance(acc, attnmix.Accumulator)
+True
+>>> model = attnmix.CategoricalDistribution([0.5, 0.5])
+>>> acc.seq_update([0, 1, 1], [1.0, 1.0, 2.0], model)
+>>> acc.value()[0].tolist()
+[1.0, 3.0]
+>>> acc.combine(acc.value()).scale(0.5).value()[0].tolist()
+[1.0, 3.0]
+)doc")
       .def(
           "seq_update",
           [](py::object self, py::object x, py::object weights, py::object estimate) {
@@ -361,7 +443,19 @@ void bind_accumulator_base(py::module_& m) {
                              "The name this accumulator was made with (by its constructor or factory), a str or "
                              "None.");
 
-  py::class_<FactoryHandle>(m, "AccumulatorFactory", "Makes empty accumulators of one family.")
+  py::class_<FactoryHandle>(m, "AccumulatorFactory", "Makes empty accumulators of one family."
+  R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.DiagonalGaussianEstimator(2).accumulator_factory()
+>>> isinstance(factory, attnmix.AccumulatorFactory)
+True
+>>> a, b = factory.make(), factory.make()
+>>> a is b, a.count, a.sum.tolist()
+(False, 0.0, [0.0, 0.0])
+)doc")
       .def(
           "make",
           [](const FactoryHandle& f) {

@@ -119,7 +119,21 @@ void bind_mixture(py::module_& m) {
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "A finite mixture of components of any family on the same data "
-      "(docs/mechanisms.md#building-blocks): log p(x) = LSE_k(log w_k + log p_k(x)).")
+      "(docs/mechanisms.md#building-blocks): log p(x) = LSE_k(log w_k + log p_k(x))."
+      R"doc(
+
+Example:
+
+>>> import math
+>>> import attnmix
+>>> a = attnmix.CategoricalDistribution([0.9, 0.1])
+>>> b = attnmix.CategoricalDistribution([0.2, 0.8])
+>>> model = attnmix.MixtureDistribution([a, b], [0.25, 0.75])
+>>> math.isclose(model.density(1), 0.25 * 0.1 + 0.75 * 0.8)
+True
+>>> model.seq_posterior([0, 1]).round(3).tolist()
+[[0.6, 0.4], [0.04, 0.96]]
+)doc")
       .def(py::init(make), "components"_a, "w"_a, "name"_a = py::none())
       .def_property_readonly("w",
                              [](py::object self) {
@@ -167,7 +181,21 @@ void bind_mixture(py::module_& m) {
   using Est = EstimatorOf<MixtureEstimator>;
   py::class_<Est, EstimatorHandle>(
       m, "MixtureEstimator",
-      "The mixture M-step: w = comp_count / sum, each component from its own statistics.")
+      "The mixture M-step: w = comp_count / sum, each component from its own statistics."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> x = np.concatenate([rng.normal(-3, 1, 150), rng.normal(3, 1, 50)]).reshape(-1, 1)
+>>> estimator = attnmix.MixtureEstimator([attnmix.DiagonalGaussianEstimator(1)] * 2)
+>>> model = attnmix.optimize(x, estimator, max_its=30, rng=1, out=None)
+>>> order = np.argsort([c.mu[0] for c in model.components])
+>>> np.round([model.components[k].mu[0] for k in order]).tolist(), model.w[order].round(1).tolist()
+([-3.0, 3.0], [0.8, 0.2])
+)doc")
       .def(py::init([](py::object estimators, py::object pseudo_count, py::object keys,
                        py::object name) {
              constexpr const char* where = "MixtureEstimator";
@@ -182,7 +210,20 @@ void bind_mixture(py::module_& m) {
   using Acc = AccumulatorOf<MixtureAccumulator>;
   py::class_<Acc, AccumulatorHandle>(
       m, "MixtureAccumulator",
-      "Statistics, value() = (comp_count (K,), (component statistics ...)).")
+      "Statistics, value() = (comp_count (K,), (component statistics ...))."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> model = attnmix.MixtureDistribution([attnmix.CategoricalDistribution([1.0, 0.0]),
+...                                      attnmix.CategoricalDistribution([0.5, 0.5])], [0.5, 0.5])
+>>> acc = attnmix.MixtureAccumulator([attnmix.CategoricalAccumulator(2), attnmix.CategoricalAccumulator(2)])
+>>> acc.seq_update([0, 1, 1], [1.0, 1.0, 1.0], model)
+>>> comp_count, (first, second) = acc.value()
+>>> comp_count.round(3).tolist(), first[0].round(3).tolist(), second[0].round(3).tolist()
+([0.667, 2.333], [0.667, 0.0], [0.333, 2.0])
+)doc")
       .def(py::init([](py::object accumulators, py::object keys, py::object name) {
              constexpr const char* where = "MixtureAccumulator";
              py::object nm = name_to_python(name_arg(name, where));
@@ -197,7 +238,19 @@ void bind_mixture(py::module_& m) {
 
   py::class_<MixtureDataEncoderPy, DataEncoder, std::shared_ptr<MixtureDataEncoderPy>>(
       m, "MixtureDataEncoder",
-      "Encodes the data of a mixture: what its component encoder accepts (every component reads the same data).")
+      "Encodes the data of a mixture: what its component encoder accepts (every component reads the same data)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> encoder = attnmix.MixtureDataEncoder(attnmix.CategoricalDataEncoder(2))
+>>> model = attnmix.MixtureDistribution([attnmix.CategoricalDistribution([0.5, 0.5])] * 2, [0.5, 0.5])
+>>> model.dist_to_encoder() == encoder, encoder.encoder
+(True, CategoricalDataEncoder)
+>>> encoder.seq_encode([0, 1, 1]).n_rows
+3
+)doc")
       .def(py::init([](std::shared_ptr<DataEncoder> encoder) {
              if (!encoder)
                throw TypeError("MixtureDataEncoder: encoder must be an attnmix data encoder");
@@ -220,7 +273,19 @@ void bind_composite(py::module_& m) {
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "The product of independent components over the fields of a tuple observation "
-      "(docs/mechanisms.md#building-blocks): log p(x) = sum_f log p_f(x_f).")
+      "(docs/mechanisms.md#building-blocks): log p(x) = sum_f log p_f(x_f)."
+      R"doc(
+
+Example:
+
+>>> import math
+>>> import attnmix
+>>> model = attnmix.CompositeDistribution([attnmix.CategoricalDistribution([0.25, 0.75]),
+...                                        attnmix.DiagonalGaussianDistribution([0.0], [1.0])])
+>>> x = (1, [0.0])
+>>> math.isclose(model.log_density(x), math.log(0.75) - 0.5 * math.log(2 * math.pi))
+True
+)doc")
       .def(py::init(make), "dists"_a, "name"_a = py::none())
       .def_property_readonly("dists",
                              [](const Dist& d) { return wrap_all(d.model().components()); },
@@ -241,7 +306,23 @@ void bind_composite(py::module_& m) {
 
   using Est = EstimatorOf<CompositeEstimator>;
   py::class_<Est, EstimatorHandle>(m, "CompositeEstimator",
-                                   "Each field's component estimated from its statistics.")
+                                   "Each field's component estimated from its statistics."
+                                   R"doc(
+
+Example:
+
+>>> import attnmix
+>>> fields = [attnmix.CategoricalEstimator(2), attnmix.DiagonalGaussianEstimator(1)]
+>>> estimator = attnmix.CompositeEstimator(fields)
+>>> data = [(0, [1.0]), (1, [3.0]), (1, [2.0])]
+>>> acc = estimator.accumulator_factory().make()
+>>> start = attnmix.CompositeDistribution([attnmix.CategoricalDistribution([0.5, 0.5]),
+...                                        attnmix.DiagonalGaussianDistribution([0.0], [1.0])])
+>>> acc.seq_update(data, [1.0] * 3, start)
+>>> ids, values = estimator.estimate(None, acc.value()).dists
+>>> ids.p.round(3).tolist(), values.mu.tolist()
+([0.333, 0.667], [2.0])
+)doc")
       .def(py::init([](py::object estimators, py::object pseudo_count, py::object keys,
                        py::object name) {
              constexpr const char* where = "CompositeEstimator";
@@ -255,7 +336,21 @@ void bind_composite(py::module_& m) {
 
   using Acc = AccumulatorOf<CompositeAccumulator>;
   py::class_<Acc, AccumulatorHandle>(m, "CompositeAccumulator",
-                                     "Statistics, value() = (field statistics ...).")
+                                     "Statistics, value() = (field statistics ...)."
+                                     R"doc(
+
+Example:
+
+>>> import attnmix
+>>> model = attnmix.CompositeDistribution([attnmix.CategoricalDistribution([0.5, 0.5]),
+...                                        attnmix.DiagonalGaussianDistribution([0.0], [1.0])])
+>>> fields = [attnmix.CategoricalAccumulator(2), attnmix.DiagonalGaussianAccumulator(1)]
+>>> acc = attnmix.CompositeAccumulator(fields)
+>>> acc.seq_update([(0, [1.0]), (1, [3.0])], [1.0, 1.0], model)
+>>> (counts,), (total, squares, n) = acc.value()
+>>> counts.tolist(), total.tolist(), squares.tolist(), n
+([1.0, 1.0], [4.0], [10.0], 2.0)
+)doc")
       .def(py::init([](py::object accumulators, py::object keys, py::object name) {
              constexpr const char* where = "CompositeAccumulator";
              py::object nm = name_to_python(name_arg(name, where));
@@ -270,7 +365,18 @@ void bind_composite(py::module_& m) {
 
   py::class_<CompositeDataEncoderPy, DataEncoder, std::shared_ptr<CompositeDataEncoderPy>>(
       m, "CompositeDataEncoder",
-      "Encodes tuple observations field by field, each field with its own encoder, into one EncodedBatch.")
+      "Encodes tuple observations field by field, each field with its own encoder, into one EncodedBatch."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> fields = [attnmix.CategoricalDataEncoder(2), attnmix.DiagonalGaussianDataEncoder(1)]
+>>> encoder = attnmix.CompositeDataEncoder(fields)
+>>> batch = encoder.seq_encode([(0, [1.5]), (1, [-2.0])])
+>>> batch.n_rows, [str(e) for e in encoder.encoders]
+(2, ['CategoricalDataEncoder', 'DiagonalGaussianDataEncoder'])
+)doc")
       .def(py::init([](py::object encoders) {
              return std::make_shared<CompositeDataEncoderPy>(
                  encoders_arg(encoders, "CompositeDataEncoder"));
@@ -302,10 +408,35 @@ void bind_categorical(py::module_& m) {
   };
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<CategoricalSamplerPy> sampler_class(m, "CategoricalSampler",
-                                   "Draws ids k ~ p from a CategoricalDistribution.");
+                                   "Draws ids k ~ p from a CategoricalDistribution."
+                                   R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.CategoricalDistribution([0.2, 0.3, 0.5])
+>>> draws = attnmix.CategoricalSampler(model, seed=1).sample(2000)
+>>> draws[:5] == attnmix.CategoricalSampler(model, seed=1).sample(5)
+True
+>>> bool(np.allclose(np.bincount(draws, minlength=3) / 2000, model.p, atol=0.03))
+True
+)doc");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
-      "A categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks).")
+      "A categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks)."
+      R"doc(
+
+Example:
+
+>>> import math
+>>> import attnmix
+>>> model = attnmix.CategoricalDistribution([0.2, 0.3, 0.5], name='die')
+>>> model.num_categories, float(model.p.sum())
+(3, 1.0)
+>>> math.isclose(model.log_density(2), math.log(0.5))
+True
+)doc")
       .def(py::init(make), "p"_a, "name"_a = py::none())
       .def_property_readonly("p",
                              [](py::object self) {
@@ -353,13 +484,61 @@ void bind_categorical(py::module_& m) {
           "size"_a = py::none(), py::kw_only(), "batched"_a = true);
 
   bind_estimator_class<CategoricalEstimator>(m, categorical_family(), "CategoricalEstimator",
-                                             "p = (counts + smoothing) / sum.");
+                                             "p = (counts + smoothing) / sum."
+                                             R"doc(
+
+Example:
+
+>>> import attnmix
+>>> estimator = attnmix.CategoricalEstimator(3, smoothing=1.0)
+>>> acc = estimator.accumulator_factory().make()
+>>> acc.seq_update([0, 1, 1, 1], [1.0] * 4, attnmix.CategoricalDistribution([1/3, 1/3, 1/3]))
+>>> estimator.estimate(None, acc.value()).p.round(3).tolist()
+[0.286, 0.571, 0.143]
+)doc");
   bind_accumulator_classes<CategoricalAccumulator>(m, categorical_family(), "CategoricalAccumulator",
                                                    "CategoricalAccumulatorFactory",
-                                                   "Statistics, value() = (counts (K,),).");
+                                                   "Statistics, value() = (counts (K,),)."
+                                                   R"doc(
+
+Example:
+
+>>> import attnmix
+>>> model = attnmix.CategoricalDistribution([0.5, 0.5])
+>>> acc = attnmix.CategoricalAccumulator(2)
+>>> acc.update(1, 2.0, model)
+>>> acc.seq_update([0, 1], [1.0, 1.0], model)
+>>> acc.counts.tolist(), acc.value()[0].tolist()
+([1.0, 3.0], [1.0, 3.0])
+)doc",
+                                                   R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.CategoricalAccumulatorFactory(4, name='ids')
+>>> acc = factory.make()
+>>> factory.num_categories, acc.name, acc.counts.tolist()
+(4, 'ids', [0.0, 0.0, 0.0, 0.0])
+)doc");
 
   py::class_<CategoricalDataEncoderPy, DataEncoder, std::shared_ptr<CategoricalDataEncoderPy>>(
-      m, "CategoricalDataEncoder", "Encodes a list (or 1-D array) of ids.")
+      m, "CategoricalDataEncoder", "Encodes a list (or 1-D array) of ids."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> encoder = attnmix.CategoricalDataEncoder(3)
+>>> (ids,) = encoder.seq_encode([2, 0, 1])
+>>> ids.tolist()
+[2, 0, 1]
+>>> try:
+...     encoder.seq_encode([3])
+... except ValueError as error:
+...     print(error)
+CategoricalDataEncoder: out-of-range ID in ids (entry 0 is 3; must be in [0, 3))
+)doc")
       .def(py::init([](py::object K) {
              return std::make_shared<CategoricalDataEncoderPy>(CategoricalEncoder{
                  optional_positive_int(K, "CategoricalDataEncoder", "num_categories")});
@@ -394,10 +573,37 @@ void bind_gaussian(py::module_& m) {
   py::class_<GaussianSamplerPy> sampler_class(
       m, "DiagonalGaussianSampler",
       "Draws vectors x = mu + sqrt(sigma2) * N(0, I) from a DiagonalGaussianDistribution (a reproducible stream per "
-      "seed).");
+      "seed)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.DiagonalGaussianDistribution([0.0, 1.0], [1.0, 4.0])
+>>> x = np.array(attnmix.DiagonalGaussianSampler(model, seed=3).sample(2000))
+>>> x.shape
+(2000, 2)
+>>> bool(np.allclose(x.mean(axis=0), model.mu, atol=0.15))
+True
+>>> bool(np.allclose(x.var(axis=0), model.sigma2, rtol=0.1))
+True
+)doc");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
-      "A Gaussian with diagonal covariance over real vectors (docs/mechanisms.md#building-blocks).")
+      "A Gaussian with diagonal covariance over real vectors (docs/mechanisms.md#building-blocks)."
+      R"doc(
+
+Example:
+
+>>> import math
+>>> import attnmix
+>>> model = attnmix.DiagonalGaussianDistribution([0.0, 1.0], [1.0, 4.0])
+>>> model.dim, round(model.log_density([0.0, 1.0]), 4)
+(2, -2.531)
+>>> round(-math.log(2 * math.pi) - 0.5 * math.log(4.0), 4)
+-2.531
+)doc")
       .def(py::init(make), "mu"_a, "sigma2"_a, "name"_a = py::none())
       .def_property_readonly("mu",
                              [](py::object self) {
@@ -454,14 +660,59 @@ void bind_gaussian(py::module_& m) {
 
   bind_estimator_class<DiagonalGaussianEstimator>(
       m, diagonal_gaussian_family(), "DiagonalGaussianEstimator",
-      "mu = sum / count, sigma2 = max(sum_sq / count - mu^2, min_sigma2).");
+      "mu = sum / count, sigma2 = max(sum_sq / count - mu^2, min_sigma2)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> estimator = attnmix.DiagonalGaussianEstimator(2)
+>>> acc = estimator.accumulator_factory().make()
+>>> start = attnmix.DiagonalGaussianDistribution([0.0, 0.0], [1.0, 1.0])
+>>> acc.seq_update([[1.0, 2.0], [3.0, 2.0]], [1.0, 1.0], start)
+>>> model = estimator.estimate(None, acc.value())
+>>> model.mu.tolist(), model.sigma2.tolist()
+([2.0, 2.0], [1.0, 1e-06])
+)doc");
   bind_accumulator_classes<DiagonalGaussianAccumulator>(m, diagonal_gaussian_family(), "DiagonalGaussianAccumulator",
                                                         "DiagonalGaussianAccumulatorFactory",
-                                                        "Statistics, value() = (sum (D,), sum_sq (D,), count).");
+                                                        "Statistics, value() = (sum (D,), sum_sq (D,), count)."
+                                                        R"doc(
+
+Example:
+
+>>> import attnmix
+>>> model = attnmix.DiagonalGaussianDistribution([0.0], [1.0])
+>>> acc = attnmix.DiagonalGaussianAccumulator(1)
+>>> acc.seq_update([[1.0], [3.0]], [1.0, 0.5], model)
+>>> acc.sum.tolist(), acc.sum_sq.tolist(), acc.count
+([2.5], [5.5], 1.5)
+)doc",
+                                                        R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.DiagonalGaussianAccumulatorFactory(3)
+>>> acc = factory.make()
+>>> factory.dim, acc.sum.shape, acc.count
+(3, (3,), 0.0)
+)doc");
 
   py::class_<DiagonalGaussianDataEncoderPy, DataEncoder,
              std::shared_ptr<DiagonalGaussianDataEncoderPy>>(
-      m, "DiagonalGaussianDataEncoder", "Encodes a list of vectors (or an (n, D) array).")
+      m, "DiagonalGaussianDataEncoder", "Encodes a list of vectors (or an (n, D) array)."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> encoder = attnmix.DiagonalGaussianDataEncoder(2)
+>>> (x,) = encoder.seq_encode(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+>>> x.shape, encoder.dim
+((3, 2), 2)
+)doc")
       .def(py::init([](py::object D) {
              return std::make_shared<DiagonalGaussianDataEncoderPy>(DiagonalGaussianEncoder{
                  optional_positive_int(D, "DiagonalGaussianDataEncoder", "dim")});

@@ -257,7 +257,21 @@ void bind_optimizer_state(py::module_& m) {
                                "embedding posterior (mean, log_var), "
                                "the four Adam moments, the number of Adam steps applied "
                                "(iteration) and the Monte-Carlo seed. "
-                               "Immutable; the arrays are read-only.")
+                               "Immutable; the arrays are read-only."
+                               R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> state = attnmix.AttentionOptimizerState.fresh('variational_embedding_attention', np.ones((3, 2)),
+...                                               np.zeros((3, 2)), seed=5)
+>>> state.iteration, state.seed, state.mean.shape, float(abs(state.mean_first_moment).sum())
+(0, 5, (3, 2), 0.0)
+>>> back = attnmix.AttentionOptimizerState.from_dict(state.to_dict())
+>>> back.family, bool((back.mean == state.mean).all())
+('variational_embedding_attention', True)
+)doc")
       .def(py::init(&make_state), "family"_a, "mean"_a, "log_var"_a, "mean_first_moment"_a,
            "mean_second_moment"_a, "log_var_first_moment"_a, "log_var_second_moment"_a,
            "iteration"_a = 0, "seed"_a = 0, "schema_version"_a = State::kSchemaVersion,
@@ -429,13 +443,46 @@ void bind_vea_distribution(py::module_& m) {
   py::class_<VeaSampler> sampler_class(
       m, "VariationalEmbeddingAttentionSampler",
       "Draws (context, query, target) observations: a context of N symbols (without replacement "
-      "when N <= S), q uniform, z ~ a (the gate with pi), t ~ B[c_z].");
+      "when N <= S), q uniform, z ~ a (the gate with pi), t ~ B[c_z]."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalEmbeddingAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], position_prior=[0.5, 0.5], sigma2=0.5)
+>>> rows = attnmix.VariationalEmbeddingAttentionSampler(model, seed=0).sample(50)
+>>> context, query, target = rows[0]
+>>> context.shape, 0 <= query < 3, target in (0, 1)
+((2,), True, True)
+>>> [r[0].tolist() for r in model.sampler(seed=0).sample(3)] == [r[0].tolist() for r in rows[:3]]
+True
+)doc");
   py::class_<VeaDist, DistributionHandle> cls(
       m, kVeaDist,
       "Responsibility attention over tied latent embeddings with a mean-field Gaussian posterior "
       "q(e_s) = N(m_s, diag(exp(log_var_s))) (docs/mechanisms.md#variational-embedding-attention): "
       "a_i = softmax_i(log pi_i - ||E[q] - E[c_i]||^2 / (2 sigma2)), t ~ sum_i a_i B[c_i]; scoring "
-      "and prediction use E = m.");
+      "and prediction use E = m."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalEmbeddingAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], position_prior=[0.5, 0.5], sigma2=0.5)
+>>> model.num_symbols, model.context_length, model.embed_dim, model.num_targets
+(3, 2, 2, 2)
+>>> p = model.predict_proba([0, 1], 0)
+>>> round(float(p.sum()), 9), bool(p[0] > p[1])
+(1.0, True)
+>>> model.embeddings().tolist() == model.mean.tolist(), model.optimizer_state.iteration
+(True, 0)
+)doc");
   cls.def(py::init(&make_vea), "mean"_a, "log_var"_a, "emission"_a, "position_prior"_a,
           "sigma2"_a = VariationalEmbeddingAttentionParams{}.sigma2, "name"_a = py::none(),
           "optimizer_state"_a = py::none(), py::kw_only(), "precision"_a = "float64");
@@ -509,7 +556,22 @@ void bind_vea_encoder(py::module_& m) {
       m, "VariationalEmbeddingAttentionDataEncoder",
       "Encodes (context, query, target) triples of ids, or a (contexts (n,N), queries (n,), "
       "targets "
-      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked.")
+      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> encoder = attnmix.VariationalEmbeddingAttentionDataEncoder(num_symbols=3, context_length=2, num_targets=2)
+>>> contexts, queries, targets = encoder.seq_encode([([0, 2], 1, 1), ([1, 1], 0, 0)])
+>>> contexts.tolist(), queries.tolist(), targets.tolist()
+([[0, 2], [1, 1]], [1, 0], [1, 0])
+>>> try:
+...     encoder.seq_encode([([0, 2, 1], 1, 1)])
+... except ValueError as error:
+...     print(error)
+VariationalEmbeddingAttentionDataEncoder: context length N must be 2 (got 3)
+)doc")
       .def(py::init([](py::object S, py::object N, py::object T) {
              constexpr const char* where = "VariationalEmbeddingAttentionDataEncoder";
              return std::make_shared<VeaEncoder>(VariationalEmbeddingAttentionEncoder{
@@ -600,12 +662,45 @@ void bind_vmha_distribution(py::module_& m) {
   py::class_<VmhaSampler> sampler_class(
       m, "VariationalMultiHopAttentionSampler",
       "Draws (keys, values, query, target) observations: keys and values iid uniform over [S] "
-      "(context_length each), q uniform, z1 ~ a1, z2 ~ a2[z1], t ~ B[v_z2].");
+      "(context_length each), q uniform, z1 ~ a1, z2 ~ a2[z1], t ~ B[v_z2]."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalMultiHopAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], sigma2=0.3)
+>>> rows = attnmix.VariationalMultiHopAttentionSampler(model, seed=0, context_length=4).sample(20)
+>>> keys, values, query, target = rows[0]
+>>> keys.shape, values.shape, 0 <= query < 3, target in (0, 1)
+((4,), (4,), True, True)
+>>> bool(np.isfinite(model.seq_log_density(rows)).all())
+True
+)doc");
   py::class_<VmhaDist, DistributionHandle> cls(
       m, kVmhaDist,
       "A 2-hop attention chain over tied latent embeddings (docs/mechanisms.md#variational-multi-hop-attention): "
       "z1 ~ softmax(-||E[q] - E[k_i]||^2 / (2 sigma2)), z2 | z1 = i ~ softmax(-||E[v_i] - E[k_j]||^2 "
-      "/ (2 sigma2)), t ~ B[v_z2]; scoring and prediction use E = m.");
+      "/ (2 sigma2)), t ~ B[v_z2]; scoring and prediction use E = m."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalMultiHopAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], sigma2=0.3)
+>>> model.num_symbols, model.embed_dim, model.num_targets
+(3, 2, 2)
+>>> p = model.predict_proba([0, 1, 2], [1, 2, 0], 0)
+>>> round(float(p.sum()), 9), p.shape
+(1.0, (2,))
+>>> bool(np.isfinite(model.log_density(([0, 1, 2], [1, 2, 0], 0, 1))))
+True
+)doc");
   cls.def(py::init(&make_vmha), "mean"_a, "log_var"_a, "emission"_a,
           "sigma2"_a = VariationalMultiHopAttentionParams{}.sigma2, "name"_a = py::none(),
           "optimizer_state"_a = py::none());
@@ -666,7 +761,22 @@ void bind_vmha_encoder(py::module_& m) {
       "Encodes (keys, values, query, target) observations (as chained attention), or a (keys "
       "(n,N), "
       "values (n,N), queries (n,), targets (n,)) tuple of numpy arrays, into an EncodedBatch; "
-      "declared bounds are checked.")
+      "declared bounds are checked."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> encoder = attnmix.VariationalMultiHopAttentionDataEncoder(num_symbols=3, num_targets=2)
+>>> keys, values, queries, targets = encoder.seq_encode([([0, 1, 2], [1, 2, 0], 2, 1)])
+>>> keys.tolist(), values.tolist(), queries.tolist(), targets.tolist()
+([[0, 1, 2]], [[1, 2, 0]], [2], [1])
+>>> try:
+...     encoder.seq_encode([([0, 1, 3], [1, 2, 0], 2, 1)])
+... except ValueError:
+...     print('rejected: key 3 is not below num_symbols')
+rejected: key 3 is not below num_symbols
+)doc")
       .def(py::init([](py::object S, py::object T) {
              constexpr const char* where = "VariationalMultiHopAttentionDataEncoder";
              return std::make_shared<VmhaEncoder>(
@@ -734,24 +844,108 @@ void bind_variational(py::module_& m) {
       m, variational_embedding_attention_family(), "VariationalEmbeddingAttentionEstimator",
       "The stateless variational M-step (docs/mechanisms.md#variational-embedding-attention): one Adam "
       "ascent step on the embedding posterior carried by the statistics' optimizer state (or the initial "
-      "embeddings when there is none), then B and pi in closed form.");
+      "embeddings when there is none), then B and pi in closed form."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalEmbeddingAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], position_prior=[0.5, 0.5], sigma2=0.5)
+>>> rows = model.sampler(seed=1).sample(3000)
+>>> estimator = attnmix.VariationalEmbeddingAttentionEstimator(3, 2, 2, 2, sigma2=0.5, seed=4)
+>>> acc = estimator.accumulator_factory().make()
+>>> acc.seq_update(rows, np.ones(len(rows)), model)
+>>> refit = estimator.estimate(None, acc.value())
+>>> bool(np.allclose(refit.emission, model.emission, atol=0.05)), refit.optimizer_state.iteration
+(True, 1)
+)doc");
   bind_accumulator_classes<VariationalEmbeddingAttentionAccumulator>(
       m, variational_embedding_attention_family(), "VariationalEmbeddingAttentionAccumulator",
       "VariationalEmbeddingAttentionAccumulatorFactory",
       "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), position_count (N,), ll, n, "
-      "optimizer_state or None); the E-step averages mc Monte-Carlo samples.");
+      "optimizer_state or None); the E-step averages mc Monte-Carlo samples."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalEmbeddingAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], position_prior=[0.5, 0.5], sigma2=0.5)
+>>> acc = attnmix.VariationalEmbeddingAttentionAccumulator(3, 2, 2, 2, 4)
+>>> rows = model.sampler(seed=2).sample(10)
+>>> acc.seq_update(rows, np.ones(10), model)
+>>> acc.mc, acc.n, acc.grad_m.shape, round(float(acc.position_count.sum()), 9)
+(4, 10.0, (3, 2), 10.0)
+)doc",
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.VariationalEmbeddingAttentionAccumulatorFactory(3, 2, 2, 2, mc=2)
+>>> acc = factory.make()
+>>> factory.mc, acc.emission_count.shape, acc.n, acc.value()[-1] is None
+(2, (3, 2), 0.0, True)
+)doc");
   bind_vea_encoder(m);
   bind_vmha_distribution(m);
   bind_estimator_class<VariationalMultiHopAttentionEstimator>(
       m, variational_multihop_attention_family(), "VariationalMultiHopAttentionEstimator",
       "The stateless variational M-step of multi-hop attention "
       "(docs/mechanisms.md#variational-multi-hop-attention): one Adam ascent step with the annealed KL "
-      "weight prior_strength * min(1, tau / anneal_iters), then B in closed form.");
+      "weight prior_strength * min(1, tau / anneal_iters), then B in closed form."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalMultiHopAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], sigma2=0.3)
+>>> rows = model.sampler(seed=1, context_length=4).sample(3000)
+>>> estimator = attnmix.VariationalMultiHopAttentionEstimator(3, 2, 2, sigma2=0.3, seed=4)
+>>> acc = estimator.accumulator_factory().make()
+>>> acc.seq_update(rows, np.ones(len(rows)), model)
+>>> refit = estimator.estimate(None, acc.value())
+>>> bool(np.allclose(refit.emission, model.emission, atol=0.05)), refit.optimizer_state.iteration
+(True, 1)
+)doc");
   bind_accumulator_classes<VariationalMultiHopAttentionAccumulator>(
       m, variational_multihop_attention_family(), "VariationalMultiHopAttentionAccumulator",
       "VariationalMultiHopAttentionAccumulatorFactory",
       "Statistics, value() = (grad_m (S,D), grad_logv (S,D), emission_count (S,T), ll, n, optimizer_state or None); "
-      "the E-step averages mc Monte-Carlo samples.");
+      "the E-step averages mc Monte-Carlo samples."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.VariationalMultiHopAttentionDistribution(
+...     mean=[[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], log_var=np.full((3, 2), -2.0),
+...     emission=[[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], sigma2=0.3)
+>>> acc = attnmix.VariationalMultiHopAttentionAccumulator(3, 2, 2, 2)
+>>> rows = model.sampler(seed=2, context_length=4).sample(10)
+>>> acc.seq_update(rows, np.ones(10), model)
+>>> acc.mc, acc.n, acc.grad_logv.shape, round(float(acc.emission_count.sum()), 9)
+(2, 10.0, (3, 2), 10.0)
+)doc",
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> factory = attnmix.VariationalMultiHopAttentionAccumulatorFactory(3, 2, 2, mc=3)
+>>> acc = factory.make()
+>>> factory.mc, factory.embed_dim, acc.grad_m.shape, acc.ll
+(3, 2, (3, 2), 0.0)
+)doc");
   bind_vmha_encoder(m);
 }
 

@@ -122,10 +122,11 @@ void def_statistics_attributes(Class& cls, const FamilySpec& family) {
                               ("The statistic " + fields[i].name + " (a copy, as in value()).").c_str());
 }
 
-/// Binds the Python classes of the accumulators of `family` (C++ type A) and of their factories.
+/// Binds the Python classes of the accumulators of `family` (C++ type A) and of their factories. factory_example is
+/// appended to the factory's generated docstring (factory_doc): the family's "\n\nExample:\n\n>>> ..." paragraph.
 template <class A>
 void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const char* accumulator_name,
-                              const char* factory_name, const char* doc) {
+                              const char* factory_name, const char* doc, const char* factory_example) {
   py::class_<AccumulatorOf<A>, AccumulatorHandle> acc(m, accumulator_name, doc);
   const std::string where_acc = accumulator_name, where_factory = factory_name;
   acc.def(py::init([&family, where_acc](const py::args& args, const py::kwargs& kwargs) {
@@ -133,7 +134,8 @@ void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const ch
     AnyAccumulator statistics = accumulator_of(family, where_acc, args, kwargs, name);
     return AccumulatorOf<A>(AccumulatorHandle(std::move(statistics), std::move(name)));
   }));
-  py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name, factory_doc(accumulator_name).c_str());
+  py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name,
+                                                  (factory_doc(accumulator_name) + factory_example).c_str());
   factory.def(py::init([&family, where_factory](const py::args& args, const py::kwargs& kwargs) {
     py::object name;
     AnyAccumulator prototype = accumulator_of(family, where_factory, args, kwargs, name);

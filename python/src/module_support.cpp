@@ -195,6 +195,19 @@ class ImpossibleEvidenceError(ValueError):
 
     Attributes:
         rows: the offending row indices, ascending, relative to the batch passed in.
+
+    Example:
+
+    >>> import attnmix
+    >>> model = attnmix.CategoricalDistribution([0.5, 0.5, 0.0])
+    >>> acc = attnmix.CategoricalAccumulator(3)
+    >>> try:
+    ...     acc.seq_update([0, 2, 1], [1.0, 1.0, 1.0], model)
+    ... except attnmix.ImpossibleEvidenceError as error:
+    ...     print(error.rows, isinstance(error, ValueError))
+    [1] True
+    >>> acc.counts.tolist()
+    [0.0, 0.0, 0.0]
     """
 
     def __init__(self, message="", rows=()):

@@ -55,7 +55,7 @@ def test_every_public_name_has_a_docstring():
 # names of attnmix.experimental the extension attnmix._stream (both built only with libtorch).
 EXAMPLE_MODULES = ["attnmix", "attnmix.assign", "attnmix.experimental", "attnmix.inference", "attnmix.plot",
                    "attnmix.stats", "attnmix.torch"]
-EXAMPLE_CLASS_MODULES = ["attnmix.torch"]
+EXAMPLE_CLASS_MODULES = ["attnmix", "attnmix.torch"]
 
 
 def public_objects(module_names, classes):
