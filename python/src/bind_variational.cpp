@@ -773,9 +773,9 @@ Example:
 ([[0, 1, 2]], [[1, 2, 0]], [2], [1])
 >>> try:
 ...     encoder.seq_encode([([0, 1, 3], [1, 2, 0], 2, 1)])
-... except ValueError:
-...     print('rejected: key 3 is not below num_symbols')
-rejected: key 3 is not below num_symbols
+... except ValueError as error:
+...     print(error)
+VariationalMultiHopAttentionDataEncoder: out-of-range ID in keys (entry 2 is 3; must be in [0, 3))
 )doc")
       .def(py::init([](py::object S, py::object T) {
              constexpr const char* where = "VariationalMultiHopAttentionDataEncoder";

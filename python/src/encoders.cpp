@@ -147,7 +147,7 @@ AnyBatch ChainedAttentionDataEncoderPy::encode(py::handle data) const {
     IdVector queries = ids_1d(arrays[2], where, "query");
     IdVector targets = ids_1d(arrays[3], where, "target");
     return AnyBatch(
-        spec_.encode(std::move(keys), std::move(values), std::move(queries), std::move(targets)));
+        spec_.encode(std::move(keys), std::move(values), std::move(queries), std::move(targets), where));
   }
   const std::vector<py::object> rows = observations_of(data, where);
   const Index n = static_cast<Index>(rows.size());
@@ -189,7 +189,7 @@ AnyBatch ChainedAttentionDataEncoderPy::encode(py::handle data) const {
   std::copy(keys.begin(), keys.end(), k.data());
   IdMatrix v(n, N);
   std::copy(values.begin(), values.end(), v.data());
-  return AnyBatch(spec_.encode(std::move(k), std::move(v), std::move(queries), std::move(targets)));
+  return AnyBatch(spec_.encode(std::move(k), std::move(v), std::move(queries), std::move(targets), where));
 }
 
 py::tuple ChainedAttentionDataEncoderPy::parts(const AnyBatch& any, py::handle owner) const {

@@ -10,8 +10,6 @@
 namespace attnmix {
 
 namespace {
-constexpr const char* kEncoderWhere = "ChainedAttentionDataEncoder";
-
 std::span<const int64_t> all_of(const IdMatrix& m) { return {m.data(), static_cast<size_t>(m.size())}; }
 std::span<const int64_t> all_of(const IdVector& v) { return {v.data(), static_cast<size_t>(v.size())}; }
 int64_t max_or_minus_one(std::span<const int64_t> ids) {
@@ -37,22 +35,22 @@ IdVector ChainedAttentionBatch::queries() const { return storage_->queries.segme
 IdVector ChainedAttentionBatch::targets() const { return storage_->targets.segment(begin_, count_); }
 
 ChainedAttentionBatch ChainedAttentionEncoder::encode(IdMatrix keys, IdMatrix values, IdVector queries,
-                                                      IdVector targets) const {
+                                                      IdVector targets, std::string_view where) const {
   const Index n = keys.rows();
   if (values.rows() != n || values.cols() != keys.cols())
-    throw ValueError(std::string(kEncoderWhere) + ": keys and values must have the same shape (got " +
+    throw ValueError(std::string(where) + ": keys and values must have the same shape (got " +
                      std::to_string(n) + "x" + std::to_string(keys.cols()) + " and " +
                      std::to_string(values.rows()) + "x" + std::to_string(values.cols()) + ")");
   if (queries.size() != n || targets.size() != n)
-    throw ValueError(std::string(kEncoderWhere) + ": keys, values, queries and targets must have the same number of "
+    throw ValueError(std::string(where) + ": keys, values, queries and targets must have the same number of "
                      "rows (" + std::to_string(n) + ", " + std::to_string(values.rows()) + ", " +
                      std::to_string(queries.size()) + ", " + std::to_string(targets.size()) + ")");
   if (n > 0 && keys.cols() <= 0)
-    throw ValueError(std::string(kEncoderWhere) + ": keys and values must have a positive width N");
-  check::ids(kEncoderWhere, "keys", all_of(keys), n_symbols);
-  check::ids(kEncoderWhere, "values", all_of(values), n_symbols);
-  check::ids(kEncoderWhere, "query", all_of(queries), n_symbols);
-  check::ids(kEncoderWhere, "target", all_of(targets), n_targets);
+    throw ValueError(std::string(where) + ": keys and values must have a positive width N");
+  check::ids(where, "keys", all_of(keys), n_symbols);
+  check::ids(where, "values", all_of(values), n_symbols);
+  check::ids(where, "query", all_of(queries), n_symbols);
+  check::ids(where, "target", all_of(targets), n_targets);
   auto storage = std::make_shared<ChainedAttentionBatch::Storage>();
   storage->max_symbol = std::max({max_or_minus_one(all_of(keys)), max_or_minus_one(all_of(values)),
                                   max_or_minus_one(all_of(queries))});

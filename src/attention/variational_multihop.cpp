@@ -286,7 +286,8 @@ Matrix VariationalMultiHopAttention::predict_proba(const ChainedAttentionBatch& 
 Matrix VariationalMultiHopAttention::predict_proba(const IdMatrix& keys, const IdMatrix& values,
                                                    const IdVector& queries) const {
   const IdVector targets = IdVector::Zero(queries.size());
-  return predict_proba(ChainedAttentionEncoder{n_symbols(), std::nullopt}.encode(keys, values, queries, targets));
+  return predict_proba(
+      ChainedAttentionEncoder{n_symbols(), std::nullopt}.encode(keys, values, queries, targets, kWhere));
 }
 
 }  // namespace attnmix

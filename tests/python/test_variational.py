@@ -1234,6 +1234,13 @@ def test_vmha_attributes_estimator_and_encoder(rng):
     assert enc != VariationalMultiHopAttentionDataEncoder(7, None)
     assert enc != ChainedAttentionDataEncoder(7, 4)  # the same observations, another family
     assert (enc.num_symbols, enc.num_targets) == (7, 4)
+    # It reads chained attention's observations, but its errors name it, from the row lists and from the arrays.
+    for bad in ([([0, 1, 7], [1, 2, 0], 2, 1)], (np.array([[0, 1, 7]]), np.array([[1, 2, 0]]), np.array([2]),
+                                                np.array([1]))):
+        with pytest.raises(ValueError, match=r"^VariationalMultiHopAttentionDataEncoder: out-of-range ID in keys"):
+            enc.seq_encode(bad)
+    with pytest.raises(ValueError, match=r"^ChainedAttentionDataEncoder: out-of-range ID in keys"):
+        ChainedAttentionDataEncoder(7, 4).seq_encode([([0, 1, 7], [1, 2, 0], 2, 1)])
     factory = model.estimator().accumulator_factory()
     assert isinstance(factory, VariationalMultiHopAttentionAccumulatorFactory) and factory.mc == 5
     acc = factory.make()

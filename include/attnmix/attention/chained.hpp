@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnmix/core/accumulator.hpp"
@@ -104,9 +105,10 @@ class ChainedAttentionEncoder {
   /// The declared number of targets T: targets must lie in [0, T). When unset, targets are only checked to be ≥ 0.
   std::optional<int64_t> n_targets;
 
-  /// @throws ValueError on shape mismatch or invalid ids.
-  [[nodiscard]] ChainedAttentionBatch encode(IdMatrix keys, IdMatrix values, IdVector queries,
-                                             IdVector targets) const;
+  /// @throws ValueError on shape mismatch or invalid ids; the message begins with `where`, the encoder's name as the
+  /// caller knows it (variational multi-hop attention reads the same data).
+  [[nodiscard]] ChainedAttentionBatch encode(IdMatrix keys, IdMatrix values, IdVector queries, IdVector targets,
+                                             std::string_view where = "ChainedAttentionDataEncoder") const;
   /// Whether both encoders declare the same bounds (member-wise comparison).
   [[nodiscard]] bool operator==(const ChainedAttentionEncoder&) const = default;
 };
