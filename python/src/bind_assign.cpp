@@ -221,7 +221,7 @@ void bind_assign(py::module_& m) {
       "run_assignment_tree_experiment",
       [](py::object seed) {
         const auto s =
-            static_cast<uint64_t>(nonnegative_int(seed, "run_assignment_tree_experiment", "seed"));
+            seed_int(seed, "run_assignment_tree_experiment", "seed");
         nlohmann::ordered_json doc;
         {
           const py::gil_scoped_release release;

@@ -92,7 +92,7 @@ True
 1.0
 )doc")
       .def(py::init([](py::object seed) {
-             return Rng(static_cast<uint64_t>(nonnegative_int(seed, "Rng", "seed")));
+             return Rng(seed_int(seed, "Rng", "seed"));
            }),
            "seed"_a = 0)
       .def("next_u64", &Rng::next_u64, "64 random bits.")

@@ -5,9 +5,12 @@
 // methods come from bind_core.cpp.
 #include <pybind11/stl.h>
 
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "attnmix/core/rng.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "attnmix/stats/categorical.hpp"
 #include "attnmix/stats/composite.hpp"
@@ -105,6 +108,83 @@ py::object sample_leaf(Sampler& sampler, py::object size, py::object batched, co
   return out;
 }
 
+// ---- samplers of the combinators: they draw through their components' own Python samplers ----------
+
+// A mixture's draws (docs/mechanisms.md#building-blocks): every observation's component z ~ w from one stream, then
+// component k's observations, in order, from its own sampler seeded derive_seed(seed, sampler, k + 1); z comes from
+// derive_seed(seed, sampler, 0). These are the rows `attnmix sample` writes for the same model and seed, and a call of
+// sample(m) continues where the previous call stopped, so sample(a) + sample(b) == sample(a + b).
+struct MixtureSamplerPy {
+  Rng pick;                          // the components z ~ w
+  std::vector<py::object> samplers;  // one per component
+  py::object dist;
+};
+
+MixtureSamplerPy make_mixture_sampler(py::object dist, py::object seed, const py::kwargs& options,
+                                      const char* where) {
+  if (!py::isinstance<DistributionOf<Mixture>>(dist))
+    throw TypeError(std::string(where) + ": dist must be a MixtureDistribution (got " + type_name(dist) + ")");
+  const uint64_t root = sampler_seed(seed, where);
+  MixtureSamplerPy s{Rng(derive_seed(root, SeedPurpose::kSampler, 0)), {}, dist};
+  const auto& components = dist.cast<const DistributionOf<Mixture>&>().model().components();
+  for (size_t k = 0; k < components.size(); ++k)
+    s.samplers.push_back(wrap_distribution(components[k])
+                             .attr("sampler")(derive_seed(root, SeedPurpose::kSampler, k + 1), **options));
+  return s;
+}
+
+py::object sample_mixture(MixtureSamplerPy& s, py::object size, py::object batched) {
+  constexpr const char* where = "MixtureSampler.sample";
+  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
+  const Vector& w = s.dist.cast<const DistributionOf<Mixture>&>().model().weights();
+  const std::span<const double> p(w.data(), static_cast<size_t>(w.size()));
+  if (size.is_none()) return s.samplers[static_cast<size_t>(s.pick.categorical(p))].attr("sample")();
+  const int64_t m = nonnegative_int(size, where, "size");
+  std::vector<size_t> z(static_cast<size_t>(m)), count(s.samplers.size(), 0);
+  for (size_t& zi : z) ++count[zi = static_cast<size_t>(s.pick.categorical(p))];
+  std::vector<py::list> drawn;
+  for (size_t k = 0; k < s.samplers.size(); ++k) drawn.emplace_back(s.samplers[k].attr("sample")(count[k]));
+  std::vector<size_t> next(s.samplers.size(), 0);
+  py::list out;
+  for (const size_t zi : z) out.append(drawn[zi][next[zi]++]);
+  return out;
+}
+
+// A composite's draws: every call takes one seed per field from Rng(seed), all first, and each field's
+// observations come from a fresh sampler of its component with that seed; observation i is the tuple of the
+// fields' i-th draws (as the library's CompositeSampler draws them).
+struct CompositeSamplerPy {
+  Rng seeds;  // one seed per field and call
+  py::object dist;
+};
+
+CompositeSamplerPy make_composite_sampler(py::object dist, py::object seed, const char* where) {
+  if (!py::isinstance<DistributionOf<Composite>>(dist))
+    throw TypeError(std::string(where) + ": dist must be a CompositeDistribution (got " + type_name(dist) + ")");
+  return {Rng(sampler_seed(seed, where)), std::move(dist)};
+}
+
+py::object sample_composite(CompositeSamplerPy& s, py::object size, py::object batched) {
+  constexpr const char* where = "CompositeSampler.sample";
+  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
+  const int64_t m = size.is_none() ? 0 : nonnegative_int(size, where, "size");
+  const auto& components = s.dist.cast<const DistributionOf<Composite>&>().model().components();
+  std::vector<uint64_t> field_seeds(components.size());
+  for (uint64_t& seed : field_seeds) seed = s.seeds.next_u64();  // all first: field f's draws do not depend on f - 1
+  std::vector<py::object> fields;
+  for (size_t f = 0; f < components.size(); ++f)
+    fields.push_back(wrap_distribution(components[f]).attr("sampler")(field_seeds[f]).attr("sample")(size));
+  const auto row = [&fields](const std::function<py::object(const py::object&)>& draw) {
+    py::tuple out(fields.size());
+    for (size_t f = 0; f < fields.size(); ++f) out[f] = draw(fields[f]);
+    return out;
+  };
+  if (size.is_none()) return row([](const py::object& one) { return one; });
+  py::list out;
+  for (int64_t i = 0; i < m; ++i) out.append(row([i](const py::object& draws) { return draws[py::int_(i)]; }));
+  return out;
+}
+
 // ---- mixture ------------------------------------------------------------------------------------
 
 void bind_mixture(py::module_& m) {
@@ -116,6 +196,31 @@ void bind_mixture(py::module_& m) {
     return Dist(
         AnyDistribution(Mixture(std::move(parts), std::move(weights), name_arg(name, kDist))));
   };
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<MixtureSamplerPy> sampler_class(
+      m, "MixtureSampler",
+      "Draws observations from a MixtureDistribution: each observation's component z ~ w, then an observation of "
+      "component z from that component's own sampler (docs/mechanisms.md#building-blocks). Keyword options are "
+      "passed to every component's sampler() (context_length for chained attention). One call of sample(m) gives "
+      "the rows `attnmix sample` writes for the same model and seed, and calls continue one another: sample(a) "
+      "followed by sample(b) draws what sample(a + b) would."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.MixtureDistribution([attnmix.CategoricalDistribution([0.9, 0.1]),
+...                                      attnmix.CategoricalDistribution([0.2, 0.8])], [0.25, 0.75])
+>>> draws = attnmix.MixtureSampler(model, seed=3).sample(4000)
+>>> round(model.density(1), 12)  # 0.25 * 0.1 + 0.75 * 0.8
+0.625
+>>> bool(abs(np.mean(draws) - 0.625) < 0.025)
+True
+>>> sampler = attnmix.MixtureSampler(model, seed=3)
+>>> sampler.sample(1500) + sampler.sample(2500) == draws
+True
+)doc");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "A finite mixture of components of any family on the same data "
@@ -162,6 +267,12 @@ True
             return copy_reals(rho.data(), {rho.rows(), rho.cols()});
           },
           "x"_a, "Component responsibilities rho (n, K) of an encoded batch.")
+      .def(
+          "sampler",
+          [](py::object self, py::object seed, const py::kwargs& options) {
+            return make_mixture_sampler(std::move(self), seed, options, kDist);
+          },
+          "seed"_a = py::none(), "A MixtureSampler of this model; keyword options go to every component's sampler().")
       .def("__repr__",
            [](const Dist& d) {
              return "MixtureDistribution(" + std::to_string(d.model().components().size()) +
@@ -259,6 +370,15 @@ Example:
            "encoder"_a)
       .def_property_readonly("encoder", &MixtureDataEncoderPy::component,
                              "The encoder of the components' data, which this one delegates to.");
+
+  sampler_class
+      .def(py::init([](py::object dist, py::object seed, const py::kwargs& options) {
+             return make_mixture_sampler(std::move(dist), seed, options, "MixtureSampler");
+           }),
+           "dist"_a, "seed"_a = py::none())
+      .def("sample", &sample_mixture, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
+           "One observation (size=None) or a list of size observations, each in its component's form.")
+      .def_property_readonly("dist", [](const MixtureSamplerPy& s) { return s.dist; }, doc::kSamplerDist);
 }
 
 // ---- composite ----------------------------------------------------------------------------------
@@ -270,6 +390,30 @@ void bind_composite(py::module_& m) {
     return Dist(AnyDistribution(
         Composite(distributions_arg(dists, kDist, "dists"), name_arg(name, kDist))));
   };
+  // Registered first, so that the distribution's sampler() signature names it.
+  py::class_<CompositeSamplerPy> sampler_class(
+      m, "CompositeSampler",
+      "Draws tuple observations from a CompositeDistribution: field f from the sampler of component f "
+      "(docs/mechanisms.md#building-blocks). Every call of sample() seeds the fields' samplers afresh from this "
+      "sampler's own stream, so sample(m) is deterministic given the seed and the calls before it, but is not the "
+      "same draws as m calls of sample()."
+      R"doc(
+
+Example:
+
+>>> import attnmix
+>>> import numpy as np
+>>> model = attnmix.CompositeDistribution([attnmix.CategoricalDistribution([0.25, 0.75]),
+...                                        attnmix.DiagonalGaussianDistribution([5.0], [1.0])])
+>>> draws = attnmix.CompositeSampler(model, seed=0).sample(3000)
+>>> label, x = draws[0]
+>>> label in (0, 1), len(x)
+(True, 1)
+>>> ids = np.array([d[0] for d in draws])
+>>> xs = np.array([d[1][0] for d in draws])
+>>> bool(abs(ids.mean() - 0.75) < 0.03), bool(abs(xs.mean() - 5.0) < 0.1)
+(True, True)
+)doc");
   py::class_<Dist, DistributionHandle>(
       m, kDist,
       "The product of independent components over the fields of a tuple observation "
@@ -291,6 +435,9 @@ True
                              [](const Dist& d) { return wrap_all(d.model().components()); },
                              "The component distributions, a new list with one per field of an observation.")
       .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); }, doc::kName)
+      .def(
+          "sampler", [](py::object self, py::object seed) { return make_composite_sampler(std::move(self), seed, kDist); },
+          "seed"_a = py::none(), "A CompositeSampler of this model.")
       .def("__repr__",
            [](const Dist& d) {
              return "CompositeDistribution(" + std::to_string(d.model().components().size()) +
@@ -385,6 +532,15 @@ Example:
       .def_property_readonly("encoders",
                              [](const CompositeDataEncoderPy& e) { return e.fields(); },
                              "The field encoders, a list with one per field of an observation.");
+
+  sampler_class
+      .def(py::init([](py::object dist, py::object seed) {
+             return make_composite_sampler(std::move(dist), seed, "CompositeSampler");
+           }),
+           "dist"_a, "seed"_a = py::none())
+      .def("sample", &sample_composite, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
+           "One tuple observation (size=None) or a list of size tuples, field f in component f's form.")
+      .def_property_readonly("dist", [](const CompositeSamplerPy& s) { return s.dist; }, doc::kSamplerDist);
 }
 
 // ---- categorical --------------------------------------------------------------------------------

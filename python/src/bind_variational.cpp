@@ -212,7 +212,7 @@ OptimizerStatePy make_state(py::handle family, py::handle mean, py::handle log_v
   s.log_var_first_moment = reals_2d(log_var_m1, kState, "log_var_first_moment");
   s.log_var_second_moment = reals_2d(log_var_m2, kState, "log_var_second_moment");
   s.iteration = nonnegative_int(iteration, kState, "iteration");
-  s.seed = static_cast<uint64_t>(nonnegative_int(seed, kState, "seed"));
+  s.seed = seed_int(seed, kState, "seed");
   s.validate(kState);
   return {std::make_shared<const State>(std::move(s))};
 }
@@ -283,7 +283,7 @@ Example:
             if (!fam) throw TypeError(std::string(kState) + ": family must be a str (got None)");
             State s = State::fresh(*fam, reals_2d(mean, kState, "mean"),
                                    reals_2d(log_var, kState, "log_var"),
-                                   static_cast<uint64_t>(nonnegative_int(seed, kState, "seed")));
+                                   seed_int(seed, kState, "seed"));
             s.validate(kState);
             return OptimizerStatePy{std::make_shared<const State>(std::move(s))};
           },

@@ -364,14 +364,19 @@ void require_shape(const NdArray<double>& a, const std::vector<Index>& shape,
                      shape_text(a.shape) + ")");
 }
 
+/// A Python int or numpy integer (not bool, not float) as a Python int; other kinds → TypeError.
+py::object python_index(py::handle obj, std::string_view where, std::string_view name) {
+  if (is_bool(obj)) throw TypeError(prefix(where, name) + " must be an integer, not bool");
+  if (!PyLong_Check(obj.ptr()) && !isinstance_of(obj, numpy_types().integer))
+    throw TypeError(prefix(where, name) + " must be an integer (got " + type_name(obj) + ")");
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) throw py::error_already_set();
+  return index;
+}
+
 /// Python int or numpy integer (not bool, not float) as int64; other kinds → TypeError.
 int64_t integer_scalar(py::handle obj, std::string_view where, std::string_view name) {
-  if (is_bool(obj)) throw TypeError(prefix(where, name) + " must be an integer, not bool");
-  PyObject* p = obj.ptr();
-  if (!PyLong_Check(p) && !isinstance_of(obj, numpy_types().integer))
-    throw TypeError(prefix(where, name) + " must be an integer (got " + type_name(obj) + ")");
-  const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(p));
-  if (!index) throw py::error_already_set();
+  const py::object index = python_index(obj, where, name);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
@@ -567,6 +572,19 @@ std::optional<int64_t> optional_positive_int(py::handle obj, std::string_view wh
   return positive_int(obj, where, name);
 }
 
+uint64_t seed_int(py::handle obj, std::string_view where, std::string_view name) {
+  const py::object index = python_index(obj, where, name);
+  if (PyObject_RichCompareBool(index.ptr(), py::int_(0).ptr(), Py_LT) == 1)
+    throw ValueError(prefix(where, name) + " must be an integer >= 0 (got " + py::str(index).cast<std::string>() +
+                     ")");
+  const unsigned long long v = PyLong_AsUnsignedLongLong(index.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw ValueError(prefix(where, name) + " is out of range (beyond 64 bits)");
+  }
+  return static_cast<uint64_t>(v);
+}
+
 bool flag(py::handle obj, std::string_view where, std::string_view name) {
   if (!is_bool(obj))
     throw TypeError(prefix(where, name) + " must be a bool (got " + type_name(obj) + ")");
@@ -614,7 +632,7 @@ RngSource rng_source(py::handle rng, uint64_t none_seed, std::string_view where)
   if (const auto seed = numpy_seed(rng)) return RngSource(*seed);
   if (is_bool(rng) || !(PyLong_Check(rng.ptr()) || isinstance_of(rng, numpy_types().integer)))
     bad_rng(rng, where);
-  return RngSource(static_cast<uint64_t>(nonnegative_int(rng, where, "rng")));
+  return RngSource(seed_int(rng, where, "rng"));
 }
 
 uint64_t sampler_seed(py::handle seed, std::string_view where) {
@@ -629,7 +647,7 @@ uint64_t sampler_seed(py::handle seed, std::string_view where) {
         std::string(where) +
         ": seed must be None, an int, an attnmix.Rng or a numpy RandomState / Generator (got " +
         type_name(seed) + ")");
-  return static_cast<uint64_t>(nonnegative_int(seed, where, "seed"));
+  return seed_int(seed, where, "seed");
 }
 
 // ---- numpy out ----------------------------------------------------------------------------------

@@ -108,9 +108,11 @@ using BoolMatrix = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
                                       std::string_view name);
 /// S, N, D, T, print_iter, …: an integer > 0 (bool and float → TypeError).
 [[nodiscard]] int64_t positive_int(py::handle obj, std::string_view where, std::string_view name);
-/// max_its, size, seeds: an integer ≥ 0 (bool and float → TypeError).
+/// max_its, size: an integer ≥ 0 (bool and float → TypeError).
 [[nodiscard]] int64_t nonnegative_int(py::handle obj, std::string_view where,
                                       std::string_view name);
+/// A seed: an integer in [0, 2**64), as the library's seeds (bool and float → TypeError).
+[[nodiscard]] uint64_t seed_int(py::handle obj, std::string_view where, std::string_view name);
 /// None, or positive_int.
 [[nodiscard]] std::optional<int64_t> optional_positive_int(py::handle obj, std::string_view where,
                                                            std::string_view name);

@@ -74,7 +74,7 @@ EstimatorSettings estimator_settings(const FamilySpec& family, const std::string
     if (given.count(std::string(spec.name)))
       settings.options[std::string(spec.name)] = option_from_python(spec, take(std::string(spec.name)), where);
   if (family.fit.stochastic && given.count("seed"))
-    settings.seed = static_cast<uint64_t>(nonnegative_int(take("seed"), where, "seed"));
+    settings.seed = seed_int(take("seed"), where, "seed");
   settings.name = name_arg(take("name"), where);
   settings.keys = optional_str(take("keys"), where, "keys");
   pseudo_count = pseudo_count_arg(take("pseudo_count"), where);

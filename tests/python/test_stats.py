@@ -2,6 +2,7 @@
 """The combinators and classical leaves through Python (docs/mechanisms.md#building-blocks): mixtures, composites,
 categorical and diagonal Gaussian leaves, their statistics layouts, keyed tying (F-5) and pickling."""
 import io
+import json
 import math
 import pickle
 
@@ -14,10 +15,12 @@ from attnmix import (
     CategoricalDistribution,
     CategoricalEstimator,
     CategoricalSampler,
+    ChainedAttentionDistribution,
     CompositeAccumulator,
     CompositeDataEncoder,
     CompositeDistribution,
     CompositeEstimator,
+    CompositeSampler,
     DiagonalGaussianAccumulator,
     DiagonalGaussianDataEncoder,
     DiagonalGaussianDistribution,
@@ -28,13 +31,16 @@ from attnmix import (
     MixtureDataEncoder,
     MixtureDistribution,
     MixtureEstimator,
+    MixtureSampler,
     ResponsibilityAttentionAccumulator,
     ResponsibilityAttentionDataEncoder,
     ResponsibilityAttentionDistribution,
     ResponsibilityAttentionEstimator,
+    Rng,
     optimize,
+    save_model,
 )
-from helpers import D, N, S, T, model_data, random_model, recall_task
+from helpers import D, N, S, T, model_data, random_model, recall_task, run_cli
 
 
 def test_categorical_leaf(rng):
@@ -210,3 +216,95 @@ def test_leaf_constructors_and_pickles():
     assert "accumulators" in dir(MixtureAccumulator)
     out = io.StringIO()
     assert out.getvalue() == ""
+
+
+# ---- samplers of the combinators -----------------------------------------------------------------------------------
+
+
+def test_mixture_sampler_draws_the_mixture_law():
+    model = MixtureDistribution([CategoricalDistribution([0.7, 0.2, 0.1]), CategoricalDistribution([0.1, 0.1, 0.8])],
+                                [0.4, 0.6])
+    n = 20000
+    draws = MixtureSampler(model, seed=11).sample(n)
+    assert all(isinstance(x, int) for x in draws)
+    expected = np.array([model.density(k) for k in range(3)])  # oracle: the mixture's own density
+    frequency = np.bincount(draws, minlength=3) / n
+    assert np.all(np.abs(frequency - expected) < 4 * np.sqrt(expected * (1 - expected) / n))
+    # Deterministic in the seed, and calls continue one another.
+    assert model.sampler(11).sample(n) == draws
+    sampler = MixtureSampler(model, seed=11)
+    assert sampler.sample(3) + sampler.sample(n - 3) == draws
+    assert MixtureSampler(model, seed=11).sample() == draws[0]
+    assert MixtureSampler(model, seed=12).sample(n) != draws
+    assert MixtureSampler(model, seed=2**64 - 1).sample(2) == MixtureSampler(model, seed=2**64 - 1).sample(2)
+
+
+def test_mixture_sampler_writes_the_rows_of_attnmix_sample(tmp_path, rng):
+    model = MixtureDistribution([random_model(rng), random_model(rng), random_model(rng)], [0.2, 0.5, 0.3])
+    save_model(model, tmp_path / "mixture.json")
+    lines = run_cli("sample", "--model", tmp_path / "mixture.json", "-n", 40, "--seed", 7).stdout.splitlines()
+    rows = [json.loads(line) for line in lines]
+    draws = MixtureSampler(model, seed=7).sample(40)
+    assert len(rows) == len(draws) == 40
+    for row, (context, query, target) in zip(rows, draws):
+        assert row["context"] == context.tolist() and row["target"] == target
+        np.testing.assert_array_equal(row["query"], query)
+    # Keyword options reach every component's sampler: chained attention's context length.
+    chained = [ChainedAttentionDistribution(rng.standard_normal((2, 5, 5)), rng.dirichlet(np.ones(4), size=5))
+               for _ in range(2)]
+    model = MixtureDistribution(chained, [0.5, 0.5])
+    save_model(model, tmp_path / "chained.json")
+    lines = run_cli("sample", "--model", tmp_path / "chained.json", "-n", 20, "--seed", 3,
+                    "--context-length", 9).stdout.splitlines()
+    draws = model.sampler(3, context_length=9).sample(20)
+    for line, (keys, values, query, target) in zip(lines, draws):
+        row = json.loads(line)
+        assert len(keys) == 9
+        assert (row["keys"], row["values"], row["query"], row["target"]) == (keys.tolist(), values.tolist(), query,
+                                                                           target)
+
+
+def test_composite_sampler_draws_independent_fields():
+    label = CategoricalDistribution([0.25, 0.75])
+    value = DiagonalGaussianDistribution([5.0, -1.0], [1.0, 4.0])
+    model = CompositeDistribution([label, value])
+    n = 20000
+    draws = CompositeSampler(model, seed=4).sample(n)
+    assert all(isinstance(d, tuple) and len(d) == 2 for d in draws)
+    ids = np.array([d[0] for d in draws])
+    xs = np.stack([d[1] for d in draws])
+    assert abs(ids.mean() - 0.75) < 4 * np.sqrt(0.75 * 0.25 / n)
+    assert np.all(np.abs(xs.mean(axis=0) - [5.0, -1.0]) < 4 * np.sqrt(np.array([1.0, 4.0]) / n))
+    np.testing.assert_allclose(xs.var(axis=0), [1.0, 4.0], rtol=0.05)
+    # Independence: the label says nothing about the value.
+    assert abs(xs[ids == 1, 0].mean() - xs[ids == 0, 0].mean()) < 4 * np.sqrt(1 / (n * 0.25) + 1 / (n * 0.75))
+    # Every call seeds field f's sampler with the f-th 64-bit draw of Rng(seed), as the library's CompositeSampler.
+    seeds = Rng(4)
+    first, second = seeds.next_u64(), seeds.next_u64()
+    assert ids.tolist() == CategoricalSampler(label, seed=first).sample(n)
+    np.testing.assert_array_equal(xs, np.stack(DiagonalGaussianSampler(value, seed=second).sample(n)))
+    sampler = model.sampler(4)
+    assert sampler.sample(n)[0][0] == draws[0][0] and sampler.sample()[0] == CategoricalSampler(
+        label, seed=seeds.next_u64()).sample()
+    assert CompositeSampler(model, seed=4).sample(0) == []
+    # The draws are observations the model scores.
+    assert np.all(np.isfinite(model.seq_log_density(model.dist_to_encoder().seq_encode(draws[:50]))))
+
+
+def test_combinator_samplers_refuse_bad_arguments():
+    mixture = MixtureDistribution([CategoricalDistribution([0.5, 0.5])] * 2, [0.5, 0.5])
+    composite = CompositeDistribution([CategoricalDistribution([0.5, 0.5])])
+    with pytest.raises(TypeError, match="MixtureSampler: dist must be a MixtureDistribution"):
+        MixtureSampler(composite)
+    with pytest.raises(TypeError, match="CompositeSampler: dist must be a CompositeDistribution"):
+        CompositeSampler(mixture)
+    with pytest.raises(ValueError, match="size must be an integer >= 0"):
+        mixture.sampler(0).sample(-1)
+    with pytest.raises(TypeError, match="size must be an integer"):
+        composite.sampler(0).sample(True)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        mixture.sampler(-1)
+    with pytest.raises(ValueError, match="beyond 64 bits"):
+        composite.sampler(2**64)
+    with pytest.raises(TypeError):  # a categorical sampler takes no context length
+        mixture.sampler(0, context_length=4)

@@ -172,7 +172,7 @@ void bind_layers(py::module_& m) {
       [](const py::object& seed, const py::object& stream, const py::object& batch_sizes, const py::kwargs& kwargs) {
         constexpr std::string_view w = "_recall_sequences";
         const auto task = task_from(kwargs, w);
-        const auto seed_value = static_cast<uint64_t>(nonnegative_int(seed, w, "seed"));
+        const uint64_t seed_value = seed_int(seed, w, "seed");
         const auto stream_value = nonnegative_int(stream, w, "stream");
         std::vector<int64_t> sizes;
         for (const py::handle size : py::iter(batch_sizes)) sizes.push_back(positive_int(size, w, "batch_sizes"));
