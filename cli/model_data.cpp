@@ -12,7 +12,7 @@ namespace attnmix::cli {
 
 ModelData read_model_data(const AnyDistribution& model, const std::string& data_path, TargetPolicy policy) {
   const DataOf data = data_of(model);
-  const RowSchema& schema = *data.family->schema;
+  const RowSchema& schema = *data.schema;
   Rows rows = read_rows(data_path, schema, data.dims, policy);
   const Dims dims = infer_dims(schema, data.dims, {&rows});  // the sizes the model leaves open
   ModelData out;
@@ -20,7 +20,7 @@ ModelData read_model_data(const AnyDistribution& model, const std::string& data_
   for (size_t k = 0; k < schema.fields.size(); ++k)
     if (schema.fields[k].target) out.targets = id_vector(rows.columns[k]);
   out.origin = std::move(static_cast<RowOrigin&>(rows));
-  out.batch = data.family->encode(std::move(rows), dims);
+  out.batch = data.encode(std::move(rows), dims);
   return out;
 }
 
@@ -38,8 +38,8 @@ AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed, std:
 }
 
 void write_jsonl(std::ostream& out, const AnyDistribution& model, const AnyBatch& batch) {
-  const FamilySpec& family = *data_of(model).family;
-  write_json_lines(*family.schema, family.rows_of(batch), [&](const std::string& line) { out << line << '\n'; });
+  const DataOf data = data_of(model);
+  write_json_lines(*data.schema, data.rows_of(batch), [&](const std::string& line) { out << line << '\n'; });
 }
 
 }  // namespace attnmix::cli

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<double> log_p(2);
     model.log_density(batch, log_p);
     std::ostringstream out;
-    write_json_lines(*data.family->schema, data.family->rows_of(batch),
+    write_json_lines(*data.schema, data.rows_of(batch),
                      [&](const std::string& line) { out << line << '\n'; });
   });
 }

@@ -2,6 +2,7 @@
 // The library's one list of families (family/spec.hpp). Adding a family adds one line here.
 #include <array>
 #include <string>
+#include <utility>
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
@@ -42,6 +43,16 @@ const FamilySpec& spec_of(const AnyDistribution& model) {
   if (const FamilySpec* spec = family_of_file(family)) return *spec;
   throw ValueError("attnmix: family '" + family + "' is not registered (known: " + file_families_text() + ")");
 }
+
+DataOf::DataOf(const FamilySpec* family, Dims dims)
+    : schema(family->schema, [](const RowSchema*) {}),  // a family's schema is static: not owned
+      dims(std::move(dims)),
+      encode(family->encode),
+      rows_of(family->rows_of) {}
+
+DataOf::DataOf(std::shared_ptr<const RowSchema> schema, Dims dims, std::function<AnyBatch(Rows, const Dims&)> encode,
+               std::function<Rows(const AnyBatch&)> rows_of)
+    : schema(std::move(schema)), dims(std::move(dims)), encode(std::move(encode)), rows_of(std::move(rows_of)) {}
 
 DataOf data_of(const AnyDistribution& model) {
   const FamilySpec& spec = spec_of(model);

@@ -53,7 +53,7 @@ DataOf data_files_of(const AnyDistribution& model) {
   std::optional<DataOf> data;
   for (const AnyDistribution& component : model.get_if<Mixture>()->components()) {
     DataOf d = attnmix::data_of(component);
-    if (data && (d.family->schema != data->family->schema || !same_values(d.dims, data->dims)))
+    if (data && (*d.schema != *data->schema || !same_values(d.dims, data->dims)))
       throw ValueError(
           "the mixture's components have different families or dimensions, so no data file fits all of them");
     if (!data) data = std::move(d);
@@ -81,7 +81,7 @@ AnyBatch sample_mixture(const AnyDistribution& model, Index m, uint64_t seed, st
     const uint64_t stream = derive_seed(seed, SeedPurpose::kSampler, static_cast<uint64_t>(k) + 1);
     // A component that is itself a mixture draws rows of its components' family.
     const AnyBatch batch = family.sample(component, count[static_cast<size_t>(k)], stream, width);
-    drawn.push_back(attnmix::data_of(component).family->rows_of(batch));
+    drawn.push_back(attnmix::data_of(component).rows_of(batch));
   }
   Rows rows = drawn.front();
   for (size_t f = 0; f < rows.columns.size(); ++f) {
@@ -104,7 +104,7 @@ AnyBatch sample_mixture(const AnyDistribution& model, Index m, uint64_t seed, st
     }
     ++next[k];
   }
-  return data.family->encode(std::move(rows), data.dims);
+  return data.encode(std::move(rows), data.dims);
 }
 
 }  // namespace

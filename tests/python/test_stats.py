@@ -291,6 +291,27 @@ def test_composite_sampler_draws_independent_fields():
     assert np.all(np.isfinite(model.seq_log_density(model.dist_to_encoder().seq_encode(draws[:50]))))
 
 
+def test_composite_rows_of_attnmix_sample_and_score(tmp_path, rng):
+    # A composite's data files hold component f's field "x" as "f<f>_x"; the program's rows are CompositeSampler's.
+    model = CompositeDistribution([CategoricalDistribution([0.1, 0.6, 0.3]), random_model(rng),
+                                   DiagonalGaussianDistribution([0.0, 2.0, -1.0], [1.0, 0.5, 3.0])])
+    save_model(model, tmp_path / "composite.json")
+    lines = run_cli("sample", "--model", tmp_path / "composite.json", "-n", 30, "--seed", 5).stdout.splitlines()
+    rows = [json.loads(line) for line in lines]
+    draws = CompositeSampler(model, seed=5).sample(30)
+    assert len(rows) == 30
+    for row, (label, (context, query, target), x) in zip(rows, draws):
+        assert sorted(row) == ["f0_value", "f1_context", "f1_query", "f1_target", "f2_value"]
+        assert row["f0_value"] == label and row["f1_context"] == context.tolist() and row["f1_target"] == target
+        np.testing.assert_array_equal(row["f1_query"], query)
+        np.testing.assert_array_equal(row["f2_value"], x)
+    # The program scores those rows as the model does.
+    (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    scored = run_cli("score", "--model", tmp_path / "composite.json", "--data", tmp_path / "rows.jsonl", "--per-row")
+    expected = model.seq_log_density(model.dist_to_encoder().seq_encode(draws))
+    np.testing.assert_allclose([float(v) for v in scored.stdout.split()], expected, rtol=1e-12)
+
+
 def test_combinator_samplers_refuse_bad_arguments():
     mixture = MixtureDistribution([CategoricalDistribution([0.5, 0.5])] * 2, [0.5, 0.5])
     composite = CompositeDistribution([CategoricalDistribution([0.5, 0.5])])

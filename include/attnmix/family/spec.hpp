@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -53,11 +55,21 @@ std::string params_name(const AnyDistribution& model) {
 
 struct FamilySpec;
 
-/// The data files a model reads: the family whose schema and encoder read them and the sizes the model fixes (each
-/// "from the model"); the sizes it leaves open (a chained model's context length N) come from the data.
+/// The data files a model reads: their schema, the sizes the model fixes (each "from the model") — the sizes it
+/// leaves open (a chained model's context length N) come from the data — and how rows of the schema become the
+/// model's batches and back. A leaf family's files are its own schema's; a mixture reads its components' files, a
+/// composite its components' fields side by side.
 struct DataOf {
-  const FamilySpec* family = nullptr;  ///< the family whose schema reads the files (a mixture's: its components')
-  Dims dims = {};                      ///< the sizes the model fixes, each "from the model"
+  /// The files of a family that reads its own schema: family->schema, family->encode and family->rows_of.
+  DataOf(const FamilySpec* family, Dims dims);
+  /// Files of a schema made for one model (a composite's).
+  DataOf(std::shared_ptr<const RowSchema> schema, Dims dims, std::function<AnyBatch(Rows, const Dims&)> encode,
+         std::function<Rows(const AnyBatch&)> rows_of);
+
+  std::shared_ptr<const RowSchema> schema;             ///< the files' fields
+  Dims dims;                                           ///< the sizes the model fixes, each "from the model"
+  std::function<AnyBatch(Rows, const Dims&)> encode;   ///< the batch of validated rows whose sizes are all in dims
+  std::function<Rows(const AnyBatch&)> rows_of;        ///< the rows of one of the model's batches
 };
 
 /// A size of a family's data or model as a fit takes and reports it: "S=4 symbols", `--symbols 4`.

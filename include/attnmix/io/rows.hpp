@@ -39,6 +39,9 @@ struct DataField {
   std::string_view noun = {};        ///< ids: how "the largest … id" names it ("key" for keys)
   std::string_view pairs_with = {};  ///< a field that must have the same width, position by position ("keys")
   bool target = false;               ///< the field that rows may all go without (predict); at most one, the last
+
+  /// Equal names, kinds, sizes and pairing.
+  [[nodiscard]] bool operator==(const DataField&) const = default;
 };
 
 /// A family's data files: its fields, in file order.
@@ -51,6 +54,8 @@ struct RowSchema {
   [[nodiscard]] const DataField& field(std::string_view name) const;
   /// "context=..., query=..., target=...": the arguments of numpy.savez that make an archive of this schema.
   [[nodiscard]] std::string savez_arguments() const;
+  /// The same fields in the same order.
+  [[nodiscard]] bool operator==(const RowSchema&) const = default;
 };
 
 /// Sizes by symbol ("S", "N", …), each with where it came from; a size that is absent is taken from the data.
