@@ -16,6 +16,7 @@
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
+#include "samplers.hpp"
 
 namespace attnmix::python {
 
@@ -137,24 +138,14 @@ py::tuple predict_proba_vjp(const ResponsibilityAttention& m, py::handle context
   return vjp_out(v);
 }
 
-struct SamplerPy {
-  ResponsibilityAttentionSampler sampler;
-  py::object dist;
-};
+using SamplerPy = SamplerOf<ResponsibilityAttentionSampler>;
 
 py::object sample(SamplerPy& s, py::object size, py::object batched) {
-  constexpr const char* where = "ResponsibilityAttentionSampler.sample";
-  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
-  const auto one = [&] {
+  return sample_observations(size, batched, "ResponsibilityAttentionSampler.sample", [&s] {
     const ResponsibilityAttentionObservation obs = s.sampler.sample();
-    return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()),
-                          obs.query.data(), static_cast<Index>(obs.query.size()), obs.target);
-  };
-  if (size.is_none()) return one();
-  const int64_t m = nonnegative_int(size, where, "size");
-  py::list out;
-  for (int64_t k = 0; k < m; ++k) out.append(one());
-  return out;
+    return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query.data(),
+                          static_cast<Index>(obs.query.size()), obs.target);
+  });
 }
 
 void bind_distribution(py::module_& m) {

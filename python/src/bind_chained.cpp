@@ -15,6 +15,7 @@
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
+#include "samplers.hpp"
 
 namespace attnmix::python {
 
@@ -136,10 +137,7 @@ py::array predict_proba(const ChainedAttention& m, py::object context_keys,
   return copy_reals(proba.data(), {proba.rows(), proba.cols()});
 }
 
-struct SamplerPy {
-  ChainedAttentionSampler sampler;
-  py::object dist;
-};
+using SamplerPy = SamplerOf<ChainedAttentionSampler>;
 
 SamplerPy make_sampler(py::object dist, py::object seed, py::object context_length,
                        const char* where) {
@@ -150,18 +148,11 @@ SamplerPy make_sampler(py::object dist, py::object seed, py::object context_leng
 }
 
 py::object sample(SamplerPy& s, py::object size, py::object batched) {
-  constexpr const char* where = "ChainedAttentionSampler.sample";
-  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
-  const auto one = [&] {
+  return sample_observations(size, batched, "ChainedAttentionSampler.sample", [&s] {
     const ChainedAttentionObservation obs = s.sampler.sample();
-    return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()),
-                          obs.query, obs.target);
-  };
-  if (size.is_none()) return one();
-  const int64_t m = nonnegative_int(size, where, "size");
-  py::list out;
-  for (int64_t k = 0; k < m; ++k) out.append(one());
-  return out;
+    return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()), obs.query,
+                          obs.target);
+  });
 }
 
 void bind_distribution(py::module_& m) {

@@ -22,6 +22,7 @@
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
+#include "samplers.hpp"
 
 namespace attnmix::python {
 
@@ -97,17 +98,6 @@ py::object optional_int(const std::optional<int64_t>& v) {
   return v ? py::object(py::int_(*v)) : py::none();
 }
 
-template <class Sampler, class Convert>
-py::object sample_leaf(Sampler& sampler, py::object size, py::object batched, const char* where,
-                       Convert&& convert) {
-  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
-  if (size.is_none()) return convert(sampler.sample());
-  const int64_t m = nonnegative_int(size, where, "size");
-  py::list out;
-  for (int64_t k = 0; k < m; ++k) out.append(convert(sampler.sample()));
-  return out;
-}
-
 // ---- samplers of the combinators: they draw through their components' own Python samplers ----------
 
 // A mixture's draws (docs/mechanisms.md#building-blocks): every observation's component z ~ w from one stream, then
@@ -134,13 +124,11 @@ MixtureSamplerPy make_mixture_sampler(py::object dist, py::object seed, const py
 }
 
 py::object sample_mixture(MixtureSamplerPy& s, py::object size, py::object batched) {
-  constexpr const char* where = "MixtureSampler.sample";
-  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
+  const std::optional<int64_t> m = sample_size(size, batched, "MixtureSampler.sample");
   const Vector& w = s.dist.cast<const DistributionOf<Mixture>&>().model().weights();
   const std::span<const double> p(w.data(), static_cast<size_t>(w.size()));
-  if (size.is_none()) return s.samplers[static_cast<size_t>(s.pick.categorical(p))].attr("sample")();
-  const int64_t m = nonnegative_int(size, where, "size");
-  std::vector<size_t> z(static_cast<size_t>(m)), count(s.samplers.size(), 0);
+  if (!m) return s.samplers[static_cast<size_t>(s.pick.categorical(p))].attr("sample")();
+  std::vector<size_t> z(static_cast<size_t>(*m)), count(s.samplers.size(), 0);
   for (size_t& zi : z) ++count[zi = static_cast<size_t>(s.pick.categorical(p))];
   std::vector<py::list> drawn;
   for (size_t k = 0; k < s.samplers.size(); ++k) drawn.emplace_back(s.samplers[k].attr("sample")(count[k]));
@@ -165,9 +153,7 @@ CompositeSamplerPy make_composite_sampler(py::object dist, py::object seed, cons
 }
 
 py::object sample_composite(CompositeSamplerPy& s, py::object size, py::object batched) {
-  constexpr const char* where = "CompositeSampler.sample";
-  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
-  const int64_t m = size.is_none() ? 0 : nonnegative_int(size, where, "size");
+  const std::optional<int64_t> m = sample_size(size, batched, "CompositeSampler.sample");
   const auto& components = s.dist.cast<const DistributionOf<Composite>&>().model().components();
   std::vector<uint64_t> field_seeds(components.size());
   for (uint64_t& seed : field_seeds) seed = s.seeds.next_u64();  // all first: field f's draws do not depend on f - 1
@@ -179,9 +165,9 @@ py::object sample_composite(CompositeSamplerPy& s, py::object size, py::object b
     for (size_t f = 0; f < fields.size(); ++f) out[f] = draw(fields[f]);
     return out;
   };
-  if (size.is_none()) return row([](const py::object& one) { return one; });
+  if (!m) return row([](const py::object& one) { return one; });
   py::list out;
-  for (int64_t i = 0; i < m; ++i) out.append(row([i](const py::object& draws) { return draws[py::int_(i)]; }));
+  for (int64_t i = 0; i < *m; ++i) out.append(row([i](const py::object& draws) { return draws[py::int_(i)]; }));
   return out;
 }
 
@@ -545,10 +531,7 @@ Example:
 
 // ---- categorical --------------------------------------------------------------------------------
 
-struct CategoricalSamplerPy {
-  CategoricalSampler sampler;
-  py::object dist;
-};
+using CategoricalSamplerPy = SamplerOf<CategoricalSampler>;
 
 void bind_categorical(py::module_& m) {
   using Dist = DistributionOf<Categorical>;
@@ -634,8 +617,8 @@ True
       .def(
           "sample",
           [](CategoricalSamplerPy& s, py::object size, py::object batched) {
-            return sample_leaf(s.sampler, size, batched, "CategoricalSampler.sample",
-                               [](int64_t id) { return py::int_(id); });
+            return sample_observations(size, batched, "CategoricalSampler.sample",
+                                       [&s] { return py::int_(s.sampler.sample()); });
           },
           "size"_a = py::none(), py::kw_only(), "batched"_a = true);
 
@@ -707,10 +690,7 @@ CategoricalDataEncoder: out-of-range ID in ids (entry 0 is 3; must be in [0, 3))
 
 // ---- diagonal Gaussian --------------------------------------------------------------------------
 
-struct GaussianSamplerPy {
-  DiagonalGaussianSampler sampler;
-  py::object dist;
-};
+using GaussianSamplerPy = SamplerOf<DiagonalGaussianSampler>;
 
 void bind_gaussian(py::module_& m) {
   using Dist = DistributionOf<DiagonalGaussian>;
@@ -807,10 +787,10 @@ Example:
       .def(
           "sample",
           [](GaussianSamplerPy& s, py::object size, py::object batched) {
-            return sample_leaf(s.sampler, size, batched, "DiagonalGaussianSampler.sample",
-                               [](const std::vector<double>& x) {
-                                 return copy_reals(x.data(), {static_cast<Index>(x.size())});
-                               });
+            return sample_observations(size, batched, "DiagonalGaussianSampler.sample", [&s] {
+              const std::vector<double> x = s.sampler.sample();
+              return copy_reals(x.data(), {static_cast<Index>(x.size())});
+            });
           },
           "size"_a = py::none(), py::kw_only(), "batched"_a = true);
 

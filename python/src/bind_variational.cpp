@@ -24,6 +24,7 @@
 #include "encoders.hpp"
 #include "estimator_class.hpp"
 #include "roles.hpp"
+#include "samplers.hpp"
 
 namespace attnmix::python {
 
@@ -121,25 +122,6 @@ std::optional<State> state_arg(py::handle obj, const char* where) {
       optimizer_state_from_python(obj, where, "optimizer_state");
   if (!state) return std::nullopt;
   return *state;
-}
-
-/// Samplers keep their distribution (the `dist` attribute).
-template <class Sampler>
-struct SamplerPy {
-  Sampler sampler;
-  py::object dist;
-};
-
-/// sample(size=None, *, batched=True): one observation, or a list of `size` consecutive draws.
-template <class Sampler, class ToPython>
-py::object sample_draws(SamplerPy<Sampler>& s, py::object size, py::object batched,
-                        const char* where, ToPython&& to_python) {
-  (void)flag(batched, where, "batched");  // accepted, no effect (docs/mechanisms.md#building-blocks)
-  if (size.is_none()) return to_python(s.sampler.sample());
-  const int64_t m = nonnegative_int(size, where, "size");
-  py::list out;
-  for (int64_t k = 0; k < m; ++k) out.append(to_python(s.sampler.sample()));
-  return out;
 }
 
 /// The distribution attributes both variational families share: the embedding posterior, its
@@ -427,15 +409,13 @@ py::array vea_predict_proba(const VariationalEmbeddingAttention& m, py::handle c
   return proba_result(proba, ids.single);
 }
 
-using VeaSampler = SamplerPy<VariationalEmbeddingAttentionSampler>;
+using VeaSampler = SamplerOf<VariationalEmbeddingAttentionSampler>;
 
 py::object vea_sample(VeaSampler& s, py::object size, py::object batched) {
-  return sample_draws(
-      s, std::move(size), std::move(batched), "VariationalEmbeddingAttentionSampler.sample",
-      [](const VariationalEmbeddingAttentionObservation& obs) {
-        return vea_observation(obs.context.data(), static_cast<Index>(obs.context.size()),
-                               obs.query, obs.target);
-      });
+  return sample_observations(size, batched, "VariationalEmbeddingAttentionSampler.sample", [&s] {
+    const VariationalEmbeddingAttentionObservation obs = s.sampler.sample();
+    return vea_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query, obs.target);
+  });
 }
 
 void bind_vea_distribution(py::module_& m) {
@@ -637,7 +617,7 @@ py::array vmha_predict_proba(const VariationalMultiHopAttention& m, py::handle k
   return proba_result(proba, ids.single);
 }
 
-using VmhaSampler = SamplerPy<VariationalMultiHopAttentionSampler>;
+using VmhaSampler = SamplerOf<VariationalMultiHopAttentionSampler>;
 
 VmhaSampler make_vmha_sampler(py::object dist, py::object seed, py::object context_length,
                               bool posterior, const char* where) {
@@ -649,12 +629,11 @@ VmhaSampler make_vmha_sampler(py::object dist, py::object seed, py::object conte
 }
 
 py::object vmha_sample(VmhaSampler& s, py::object size, py::object batched) {
-  return sample_draws(
-      s, std::move(size), std::move(batched), "VariationalMultiHopAttentionSampler.sample",
-      [](const ChainedAttentionObservation& obs) {
-        return ca_observation(obs.keys.data(), obs.values.data(),
-                              static_cast<Index>(obs.keys.size()), obs.query, obs.target);
-      });
+  return sample_observations(size, batched, "VariationalMultiHopAttentionSampler.sample", [&s] {
+    const ChainedAttentionObservation obs = s.sampler.sample();
+    return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()), obs.query,
+                          obs.target);
+  });
 }
 
 void bind_vmha_distribution(py::module_& m) {
