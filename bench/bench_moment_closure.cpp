@@ -73,7 +73,7 @@
 #include "attnmix/stream/moment_closure.hpp"
 #include "stream_workload.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr int64_t kVocab = bench::kStreamVocab;
@@ -481,11 +481,11 @@ int run_count_ops(const ModeOptions& o) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream
 
 int main(int argc, char** argv) {
   try {
-    attnmix::ModeOptions o;
+    attnmix::stream::ModeOptions o;
     int64_t threads = 1;
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
@@ -501,7 +501,7 @@ int main(int argc, char** argv) {
         if (positive_flag(arg, "--mca_batch", o.batch)) continue;
         if (positive_flag(arg, "--mca_chunk", o.chunk)) continue;
         if (positive_flag(arg, "--mca_threads", threads)) continue;
-        if (positive_flag(arg, "--mca_d_model", attnmix::g_d_model)) continue;
+        if (positive_flag(arg, "--mca_d_model", attnmix::stream::g_d_model)) continue;
         if (auto v = flag_value(arg, "--mca_birth_threshold")) { o.birth_threshold = std::atof(v->c_str()); continue; }
         if (auto v = flag_value(arg, "--mca_merge_threshold")) { o.merge_threshold = std::atof(v->c_str()); continue; }
         if (auto v = flag_value(arg, "--mca_dtype")) {
@@ -515,10 +515,10 @@ int main(int argc, char** argv) {
       }
       args.push_back(argv[i]);
     }
-    attnmix::g_threads = static_cast<int>(threads);
-    if (o.check_steps > 0) return attnmix::run_check(o);
-    if (o.count_ops_steps > 0) return attnmix::run_count_ops(o);
-    if (o.stream_tokens > 0) return attnmix::run_stream(o);
+    attnmix::stream::g_threads = static_cast<int>(threads);
+    if (o.check_steps > 0) return attnmix::stream::run_check(o);
+    if (o.count_ops_steps > 0) return attnmix::stream::run_count_ops(o);
+    if (o.stream_tokens > 0) return attnmix::stream::run_stream(o);
     return attnmix::bench::run_benchmarks(args, threads);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attnmix_bench_moment_closure: %s\n", e.what());

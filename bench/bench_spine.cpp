@@ -57,7 +57,7 @@
 #include "stream/dense_products_impl.hpp"  // white-box: the two product kernels (src/ is on this target's path)
 #include "stream_workload.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr int64_t kVocab = bench::kStreamVocab;
@@ -269,7 +269,7 @@ int run_check(int64_t steps, int64_t d_model) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream
 
 int main(int argc, char** argv) {
   try {
@@ -286,10 +286,10 @@ int main(int argc, char** argv) {
       }
       args.push_back(argv[i]);
     }
-    attnmix::g_threads = static_cast<int>(threads);
-    if (rss_tokens > 0) return attnmix::run_rss(rss_tokens, d_model);
-    if (check_steps > 0) return attnmix::run_check(check_steps, d_model);
-    if (serve_d_model > 0) return attnmix::run_serve(serve_d_model);
+    attnmix::stream::g_threads = static_cast<int>(threads);
+    if (rss_tokens > 0) return attnmix::stream::run_rss(rss_tokens, d_model);
+    if (check_steps > 0) return attnmix::stream::run_check(check_steps, d_model);
+    if (serve_d_model > 0) return attnmix::stream::run_serve(serve_d_model);
     return attnmix::bench::run_benchmarks(args, threads);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attnmix_bench_spine: %s\n", e.what());

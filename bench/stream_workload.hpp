@@ -46,9 +46,9 @@ inline std::pair<torch::Tensor, torch::Tensor> stream_chunk(int64_t batch, int64
 
 /// AdamW over the module's parameters with the benchmarks' settings (the fused pass `lm train` uses).
 template <class Module>
-attnmix::FusedAdamW make_optimizer(Module& model) {
-  return attnmix::FusedAdamW(model->parameters(),
-                             torch::optim::AdamWOptions(kStreamLr).weight_decay(kStreamWeightDecay));
+attnmix::stream::FusedAdamW make_optimizer(Module& model) {
+  return attnmix::stream::FusedAdamW(model->parameters(),
+                                     torch::optim::AdamWOptions(kStreamLr).weight_decay(kStreamWeightDecay));
 }
 
 /// "--name=value" → value; nullopt when arg is another argument.

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 int main() {
-  using namespace attnmix;
+  using namespace attnmix::stream;
   torch::manual_seed(0);
   SpineOptions options;
   options.vocab = 16;

@@ -16,17 +16,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const fuzz::ScratchFile file("model.ckpt");
   const std::string& path = file.write(data, size);
   return fuzz::run_one([&] {
-    const lm::CheckpointInfo info = lm::read_checkpoint_info(path);
+    const stream::CheckpointInfo info = stream::read_checkpoint_info(path);
     const int64_t vocab = info.model.vocab;
     if (vocab <= 0) __builtin_trap();  // read_checkpoint_info validates the options
     std::vector<int64_t> tokens(8);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i) % vocab;
-    (void)lm::evaluate(path, tokens, /*chunk=*/4, /*threads=*/1);
-    lm::GenerateOptions options;
+    (void)stream::evaluate(path, tokens, /*chunk=*/4, /*threads=*/1);
+    stream::GenerateOptions options;
     options.tokens = 3;
     options.temperature = 1.0;
     options.seed = 1;
     options.threads = 1;
-    (void)lm::generate(path, std::vector<int64_t>{0}, options);
+    (void)stream::generate(path, std::vector<int64_t>{0}, options);
   });
 }

@@ -20,8 +20,8 @@ int main(int argc, char** argv) {
     std::vector<int64_t> tokens(48);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 5 + i / 3) % 8);
     for (const char* mechanism : {"window", "full", "moment-closure"}) {
-      lm::TrainOptions o;
-      o.model.mechanism = lm::parse_mechanism(mechanism);
+      stream::TrainOptions o;
+      o.model.mechanism = stream::parse_mechanism(mechanism);
       o.model.vocab = 8;
       o.model.d_model = 4;
       o.model.n_layer = 1;
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
       o.chunk = 4;
       o.steps = 2;
       o.threads = 1;
-      (void)lm::train(o, tokens, "", dir + "/" + mechanism + ".ckpt");
+      (void)stream::train(o, tokens, "", dir + "/" + mechanism + ".ckpt");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_checkpoint_seed: %s\n", e.what());

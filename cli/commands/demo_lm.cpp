@@ -6,7 +6,7 @@
 // per byte against a context-free byte-frequency model and a uniform guess. About 5 s on one core.
 // Then what moment-closure's far field is for: a small associative-recall task whose key-value
 // pairs have left an 8-token window before they are asked for, trained 150 steps each with window,
-// moment-closure and full attention (lm::run_recall; about 25 s of CPU on one core). The full
+// moment-closure and full attention (stream::run_recall; about 25 s of CPU on one core). The full
 // comparison is `attnmix lm recall` (docs/far-field.md).
 // Part of the language-model plugin (lm_plugin.hpp); `attnmix demo` reaches it through
 // demo_streaming_language_model (lm.cpp), which says so when the plugin or the text is missing.
@@ -34,8 +34,8 @@ constexpr int64_t kReportEvery = 10;
 
 /// The recall comparison: a small version of `attnmix lm recall` (2 pairs of 8 keys and 8 values,
 /// 12 filler tokens, a window and chunks of 8) that shows the far field within the demo's time.
-lm::RecallRunOptions demo_recall_options() {
-  lm::RecallRunOptions o;
+stream::RecallRunOptions demo_recall_options() {
+  stream::RecallRunOptions o;
   o.task.keys = 8;
   o.task.values = 8;
   o.task.pairs = 2;
@@ -75,8 +75,8 @@ std::string pad(std::string text, size_t width) {
 }
 
 void demo_far_field(std::ostream& out) {
-  const lm::RecallRunOptions o = demo_recall_options();
-  const lm::RecallTaskOptions& t = o.task;
+  const stream::RecallRunOptions o = demo_recall_options();
+  const stream::RecallTaskOptions& t = o.task;
   out << "\nWhat a far field is for. The window forgets everything older than its last bytes. "
          "Moment-closure\nattention (lm train --mechanism moment-closure, "
          "docs/mechanisms.md#moment-closure-far-field)\nkeeps the window and adds, per layer, a few "
@@ -91,15 +91,15 @@ void demo_far_field(std::ostream& out) {
       << fixed(1.0 / static_cast<double>(t.values), 3) << ").\n\n"
       << "  mechanism        accuracy  answer cross-entropy  state bytes (one stream)\n"
       << std::flush;
-  std::vector<lm::RecallResult> results;  // window, moment-closure, full
+  std::vector<stream::RecallResult> results;  // window, moment-closure, full
   for (const char* name : {"window", "moment-closure", "full"}) {
-    results.push_back(lm::run_recall(name, o));
-    const lm::RecallResult& r = results.back();
+    results.push_back(stream::run_recall(name, o));
+    const stream::RecallResult& r = results.back();
     out << "  " << pad(name, 16) << " " << fixed(r.accuracy, 3) << "     "
         << fixed(r.cross_entropy, 3) << " nats            " << r.state_bytes << "\n"
         << std::flush;
   }
-  const lm::RecallResult &window = results[0], &mca = results[1], &full = results[2];
+  const stream::RecallResult &window = results[0], &mca = results[1], &full = results[2];
   // Four standard errors of the accuracy at chance: what counts as "above chance" here.
   const double chance = 1.0 / static_cast<double>(t.values);
   const double noise =
@@ -112,7 +112,7 @@ void demo_far_field(std::ostream& out) {
               : "is here no better than the window")
       << ".\nIts state is bounded however long the stream, while full attention's grows with "
          "every token\n(here the sequences are only "
-      << lm::recall_sequence_length(t) << " tokens long"
+      << stream::recall_sequence_length(t) << " tokens long"
       << (full.state_bytes < mca.state_bytes ? ", so full attention's is still the smaller" : "")
       << ").\nThe full comparison, with held-out bits per byte on text: attnmix lm recall "
          "(docs/far-field.md).\n";
@@ -128,13 +128,13 @@ void demo_lm_section(std::ostream& out, std::string* history) {
     return;
   }
   const LmCorpus corpus = read_lm_corpus(kDefaultCorpus, kDefaultHoldout);
-  lm::TrainOptions options;  // the library's defaults, but for a shorter run
-  options.model.mechanism = lm::Mechanism::kWindow;
+  stream::TrainOptions options;  // the library's defaults, but for a shorter run
+  options.model.mechanism = stream::Mechanism::kWindow;
   options.model.window = kWindow;
   options.steps = kSteps;
   options.lr = kLr;
   if (history != nullptr) options.eval_every = kReportEvery;  // the figure's held-out curve
-  const lm::ModelConfig& m = options.model;
+  const stream::ModelConfig& m = options.model;
   out << "A small causal Transformer reads text one byte at a time, in chunks, and predicts each "
          "byte from\nthose before it. Each layer attends to the last "
       << m.window
@@ -147,9 +147,9 @@ void demo_lm_section(std::ostream& out, std::string* history) {
       << " with cosine decay.\nThe loss is the mean cross-entropy of the next byte in nats (a "
          "uniform guess over 256 values: ln 256 = 5.55).\n\n";
   double block = 0.0;  // the sum of the losses since the last report
-  const auto summary = lm::train(
+  const auto summary = stream::train(
       options, corpus.train, /*resume_from=*/"", /*out=*/"",
-      [&out, &block, history](const lm::Progress& p) {
+      [&out, &block, history](const stream::Progress& p) {
         if (history != nullptr) *history += history_line(p);
         block += p.loss;
         if (p.step % kReportEvery != 0 && p.step != p.steps) return;
@@ -162,7 +162,7 @@ void demo_lm_section(std::ostream& out, std::string* history) {
         block = 0.0;
       },
       corpus.heldout);
-  const lm::Evaluation& e = *summary.heldout;
+  const stream::Evaluation& e = *summary.heldout;
   if (history != nullptr) *history += heldout_history_line(summary.steps, e.bits_per_token);
   out << "\nThe training loss fell from " << fixed(summary.losses.front(), 2)
       << " nats per byte (first step) to " << fixed(summary.losses.back(), 2) << " (last step) in "

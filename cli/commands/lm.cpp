@@ -28,6 +28,8 @@
 
 namespace attnmix::cli {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace {
 
 #ifdef ATTNMIX_LM_PLUGIN
@@ -89,8 +91,8 @@ std::vector<std::string> given_options(const CLI::App* cmd) {
 
 struct TrainArgs {
   LmTrainRequest request;
-  std::string mechanism = lm::mechanism_name(lm::TrainOptions{}.model.mechanism);
-  std::string schedule = lm::schedule_name(lm::TrainOptions{}.schedule);
+  std::string mechanism = stream::mechanism_name(stream::TrainOptions{}.model.mechanism);
+  std::string schedule = stream::schedule_name(stream::TrainOptions{}.schedule);
   double merge_threshold = 0.0;  ///< --merge-threshold, when given
 };
 
@@ -98,7 +100,7 @@ bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-/// Every --mechanism value of lm train (lm::parse_mechanism's names).
+/// Every --mechanism value of lm train (stream::parse_mechanism's names).
 const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear",
                                                   "frequent-directions", "tensor-sketch", "full"};
 
@@ -108,8 +110,8 @@ constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
 
 int run_train(TrainArgs& args, const CLI::App* cmd) {
   LmTrainRequest& r = args.request;
-  r.options.model.mechanism = lm::parse_mechanism(args.mechanism);
-  r.options.schedule = lm::parse_schedule(args.schedule);
+  r.options.model.mechanism = stream::parse_mechanism(args.mechanism);
+  r.options.schedule = stream::parse_schedule(args.schedule);
   r.given = given_options(cmd);
   if (has(r.given, "--merge-threshold")) r.options.model.merge_threshold = args.merge_threshold;
   for (const char* flag : {"--birth-threshold", "--merge-threshold"}) {
@@ -121,16 +123,16 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
   }
   // With --resume and no --mechanism the checkpoint decides; the plugin checks the flags then.
   const bool mechanism_known = has(r.given, "--mechanism") || r.resume.empty();
-  if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kMomentClosure)
+  if (mechanism_known && r.options.model.mechanism != stream::Mechanism::kMomentClosure)
     for (const char* flag : kFarFieldFlags)
       if (has(r.given, flag))
         throw UsageError(std::string(flag) +
                          " applies only to --mechanism moment-closure (the far field)");
-  if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kFrequentDirections &&
+  if (mechanism_known && r.options.model.mechanism != stream::Mechanism::kFrequentDirections &&
       has(r.given, "--sketch-rows"))
     throw UsageError("--sketch-rows applies only to --mechanism frequent-directions");
   for (const char* flag : {"--sketch-dim", "--sketch-degree"})
-    if (mechanism_known && r.options.model.mechanism != lm::Mechanism::kTensorSketch && has(r.given, flag))
+    if (mechanism_known && r.options.model.mechanism != stream::Mechanism::kTensorSketch && has(r.given, flag))
       throw UsageError(std::string(flag) + " applies only to --mechanism tensor-sketch");
   if (r.options.checkpoint_every > 0 && r.out.empty())
     throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
@@ -159,7 +161,7 @@ void add_cluster_rule_flag(CLI::App* cmd, ClusterRule& rule) {
 void add_train(CLI::App* lm_cmd, int& exit_code) {
   auto args = std::make_shared<TrainArgs>();
   LmTrainRequest& r = args->request;
-  lm::TrainOptions& o = r.options;
+  stream::TrainOptions& o = r.options;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "train", "Train a byte-level streaming language model on a text file and save a checkpoint");
   cmd->footer(
@@ -304,9 +306,9 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
 }
 
 /// --window-cache of lm eval and lm generate.
-void add_window_cache_flag(CLI::App* cmd, lm::WindowCache& cache) {
-  static const std::map<std::string, lm::WindowCache> kNames{{"float32", lm::WindowCache::kFloat32},
-                                                             {"int8", lm::WindowCache::kInt8}};
+void add_window_cache_flag(CLI::App* cmd, stream::WindowCache& cache) {
+  static const std::map<std::string, stream::WindowCache> kNames{{"float32", stream::WindowCache::kFloat32},
+                                                                 {"int8", stream::WindowCache::kInt8}};
   cmd->add_option("--window-cache", cache,
                   "How the window's keys and values are held between steps: float32 (default) or int8 "
                   "(one scale per token and head: about a quarter of the bytes; window, full and "
@@ -317,7 +319,7 @@ void add_window_cache_flag(CLI::App* cmd, lm::WindowCache& cache) {
 
 void add_eval(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmEvalRequest>();
-  r->threads = lm::TrainOptions{}.threads;
+  r->threads = stream::TrainOptions{}.threads;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "eval", "Score a text under a checkpoint: mean cross-entropy and bits per byte");
   cmd->footer(
@@ -349,8 +351,8 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
   });
 }
 
-/// The model and training flags of `lm recall` and `lm memory-bench` (lm::RecallRunOptions).
-void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
+/// The model and training flags of `lm recall` and `lm memory-bench` (stream::RecallRunOptions).
+void add_recall_model_flags(CLI::App* cmd, stream::RecallRunOptions& o) {
   cmd->add_option("--window", o.window,
                   "Tokens a query sees exactly (window, moment-closure and the sketches; linear and full "
                   "have none)")
@@ -409,9 +411,9 @@ void add_recall_model_flags(CLI::App* cmd, lm::RecallRunOptions& o) {
 
 void add_recall(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmRecallRequest>();
-  lm::RecallRunOptions& o = r->options;
+  stream::RecallRunOptions& o = r->options;
   o.steps = kDefaultRecallSteps;
-  r->mechanisms = lm::kSequenceMechanisms;
+  r->mechanisms = stream::kSequenceMechanisms;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "recall",
       "What the far field is for: associative recall beyond the window, and held-out bits per "
@@ -434,7 +436,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       "docs/far-field.md.");
   cmd->add_option("--mechanisms", r->mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
-      ->check(CLI::IsMember(lm::kSequenceMechanisms))
+      ->check(CLI::IsMember(stream::kSequenceMechanisms))
       ->capture_default_str();
   cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
       ->check(kPositive)
@@ -487,7 +489,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
 
 void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmMemoryBenchRequest>();
-  lm::MemoryBenchOptions& b = r->options;
+  stream::MemoryBenchOptions& b = r->options;
   b.training.steps = kDefaultRecallSteps;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "memory-bench",
@@ -509,7 +511,7 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
       "Exit codes: 0 ok, 1 usage, 2 data/validation error. See docs/far-field.md.");
   cmd->add_option("--mechanisms", b.mechanisms, "Mechanisms to compare, in order")
       ->delimiter(',')
-      ->check(CLI::IsMember(lm::kSequenceMechanisms))
+      ->check(CLI::IsMember(stream::kSequenceMechanisms))
       ->capture_default_str();
   cmd->add_option("--tasks", b.tasks, "Tasks to run, in order")
       ->delimiter(',')
@@ -558,7 +560,7 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
 
 void add_generate(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmGenerateRequest>();
-  lm::GenerateOptions& g = r->options;
+  stream::GenerateOptions& g = r->options;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "generate", "Continue a prompt by sampling bytes from a checkpoint's model");
   cmd->footer(

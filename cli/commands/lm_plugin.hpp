@@ -31,7 +31,7 @@ inline constexpr double kDefaultHoldout = 0.1;
 
 /// `lm train`, after the command line has been checked.
 struct LmTrainRequest {
-  lm::TrainOptions options;          ///< the library's defaults with the flags applied
+  stream::TrainOptions options;          ///< the library's defaults with the flags applied
   std::string text;                  ///< --text (empty: the default corpus)
   double holdout = kDefaultHoldout;  ///< --holdout, in [0, 1)
   std::string resume;                ///< --resume (empty: a fresh run)
@@ -47,20 +47,20 @@ struct LmEvalRequest {
   double holdout = 0.0;  ///< score only this final fraction (0: all)
   int64_t chunk = 0;     ///< 0: the checkpoint's training chunk
   int threads = 1;
-  lm::WindowCache window_cache = lm::WindowCache::kFloat32;
+  stream::WindowCache window_cache = stream::WindowCache::kFloat32;
 };
 
 /// `lm generate`.
 struct LmGenerateRequest {
   std::string checkpoint;
   std::string prompt;  ///< not empty
-  lm::GenerateOptions options;
+  stream::GenerateOptions options;
 };
 
-/// `lm recall`: associative recall beyond the window (lm::run_recall) for each mechanism, then a
+/// `lm recall`: associative recall beyond the window (stream::run_recall) for each mechanism, then a
 /// held-out bits-per-byte comparison of the same mechanisms on a text (docs/far-field.md).
 struct LmRecallRequest {
-  lm::RecallRunOptions options;         ///< the library's defaults with the flags applied
+  stream::RecallRunOptions options;         ///< the library's defaults with the flags applied
   std::vector<std::string> mechanisms;  ///< in the order to run (window, moment-closure, full)
   int64_t text_steps = 300;             ///< steps of each text run (0: no text comparison)
   int64_t text_chunk = 0;               ///< bytes per stream per step of the text runs (0: --chunk)
@@ -69,9 +69,9 @@ struct LmRecallRequest {
   double holdout = kDefaultHoldout;     ///< in (0, 1)
 };
 
-/// `lm memory-bench`: the memory benchmark (lm::run_memory_benchmark) as a table and, with --json, a file.
+/// `lm memory-bench`: the memory benchmark (stream::run_memory_benchmark) as a table and, with --json, a file.
 struct LmMemoryBenchRequest {
-  lm::MemoryBenchOptions options;  ///< the library's defaults with the flags applied
+  stream::MemoryBenchOptions options;  ///< the library's defaults with the flags applied
   std::string json;                ///< --json (empty: no file), rewritten after every run
   bool resume = false;             ///< --resume: reuse the finished runs of --json
 };

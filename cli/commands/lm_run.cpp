@@ -38,6 +38,8 @@
 
 namespace attnmix::cli {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 LmCorpus read_lm_corpus(const std::string& path, double holdout) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0)
@@ -52,13 +54,13 @@ LmCorpus read_lm_corpus(const std::string& path, double holdout) {
   if (text.empty()) throw ValueError(path + ": the text is empty (0 bytes)");
   LmCorpus corpus;
   corpus.bytes = static_cast<int64_t>(text.size());
-  std::vector<int64_t> tokens = lm::byte_tokens(text);
+  std::vector<int64_t> tokens = stream::byte_tokens(text);
   if (holdout <= 0.0) {
     corpus.train = std::move(tokens);
     return corpus;
   }
   try {
-    auto [train, heldout] = lm::split_heldout(tokens, holdout);
+    auto [train, heldout] = stream::split_heldout(tokens, holdout);
     corpus.train = std::move(train);
     corpus.heldout = std::move(heldout);
   } catch (const std::invalid_argument& e) {
@@ -87,13 +89,13 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-std::string history_line(const lm::Progress& p) { return lm::progress_record(p).dump() + "\n"; }
+std::string history_line(const stream::Progress& p) { return stream::progress_record(p).dump() + "\n"; }
 
 std::string heldout_history_line(int64_t step, double bits_per_byte) {
   return nlohmann::ordered_json{{"step", step}, {"heldout_bits_per_byte", bits_per_byte}}.dump() + "\n";
 }
 
-std::string format_lm_progress(const lm::Progress& p) {
+std::string format_lm_progress(const stream::Progress& p) {
   const int64_t percent = p.steps > 0 ? p.step * 100 / p.steps : 100;
   char loss[32];
   std::snprintf(loss, sizeof loss, "%.4f", p.loss);
@@ -116,21 +118,21 @@ bool given(const LmTrainRequest& request, const std::string& flag) {
 struct FixedFlag {
   const char* flag;
   const char* field;
-  std::string (*value)(const lm::TrainOptions&);
+  std::string (*value)(const stream::TrainOptions&);
   /// The one mechanism whose checkpoints store the setting (none: every checkpoint does).
-  std::optional<lm::Mechanism> only_for = std::nullopt;
+  std::optional<stream::Mechanism> only_for = std::nullopt;
 };
 
-constexpr auto kFarField = lm::Mechanism::kMomentClosure;
+constexpr auto kFarField = stream::Mechanism::kMomentClosure;
 
 std::string text_of(double x) { return format_double(x); }
 std::string text_of(int64_t x) { return std::to_string(x); }
 std::string text_of(uint64_t x) { return std::to_string(x); }
 
 const std::vector<FixedFlag>& fixed_flags() {
-  using O = const lm::TrainOptions&;
+  using O = const stream::TrainOptions&;
   static const std::vector<FixedFlag> flags{
-      {"--mechanism", "mechanism", [](O o) { return lm::mechanism_name(o.model.mechanism); }},
+      {"--mechanism", "mechanism", [](O o) { return stream::mechanism_name(o.model.mechanism); }},
       {"--window", "window", [](O o) { return text_of(o.model.window); }},
       {"--d-model", "d_model", [](O o) { return text_of(o.model.d_model); }},
       {"--n-layer", "n_layer", [](O o) { return text_of(o.model.n_layer); }},
@@ -140,7 +142,7 @@ const std::vector<FixedFlag>& fixed_flags() {
       {"--detach-horizon", "detach_horizon", [](O o) { return text_of(o.detach_horizon); }},
       {"--lr", "lr", [](O o) { return text_of(o.lr); }},
       {"--min-lr-ratio", "min_lr_ratio", [](O o) { return text_of(o.min_lr_ratio); }},
-      {"--schedule", "schedule", [](O o) { return lm::schedule_name(o.schedule); }},
+      {"--schedule", "schedule", [](O o) { return stream::schedule_name(o.schedule); }},
       {"--weight-decay", "weight_decay", [](O o) { return text_of(o.weight_decay); }},
       {"--clip", "clip", [](O o) { return text_of(o.clip); }},
       {"--seed", "seed", [](O o) { return text_of(o.seed); }},
@@ -157,23 +159,24 @@ const std::vector<FixedFlag>& fixed_flags() {
       {"--cluster-rule", "cluster_rule", [](O o) { return std::string(cluster_rule_name(o.model.cluster_rule)); },
        kFarField},
       {"--sketch-rows", "sketch_rows", [](O o) { return text_of(o.model.sketch_rows); },
-       lm::Mechanism::kFrequentDirections},
-      {"--sketch-dim", "sketch_dim", [](O o) { return text_of(o.model.sketch_dim); }, lm::Mechanism::kTensorSketch},
+       stream::Mechanism::kFrequentDirections},
+      {"--sketch-dim", "sketch_dim", [](O o) { return text_of(o.model.sketch_dim); }, stream::Mechanism::kTensorSketch},
       {"--sketch-degree", "sketch_degree", [](O o) { return text_of(o.model.sketch_degree); },
-       lm::Mechanism::kTensorSketch},
+       stream::Mechanism::kTensorSketch},
   };
   return flags;
 }
 
 /// A --resume checkpoint fixes every option but --steps, --threads and --checkpoint-every: a
 /// repeated flag must agree with it (so the same command line plus --resume works).
-void check_resume_flags(const LmTrainRequest& args, const lm::CheckpointInfo& info) {
-  const lm::Mechanism stored_mechanism = info.options.model.mechanism;
+void check_resume_flags(const LmTrainRequest& args, const stream::CheckpointInfo& info) {
+  const stream::Mechanism stored_mechanism = info.options.model.mechanism;
   for (const FixedFlag& f : fixed_flags()) {
     if (!given(args, f.flag)) continue;
     if (f.only_for && *f.only_for != stored_mechanism)
-      throw ValueError(std::string(f.flag) + " applies only to --mechanism " + lm::mechanism_name(*f.only_for) +
-                       "; the --resume checkpoint " + args.resume + " uses " + lm::mechanism_name(stored_mechanism));
+      throw ValueError(std::string(f.flag) + " applies only to --mechanism " + stream::mechanism_name(*f.only_for) +
+                       "; the --resume checkpoint " + args.resume + " uses " +
+                       stream::mechanism_name(stored_mechanism));
     const std::string wanted = f.value(args.options), stored = f.value(info.options);
     if (wanted == stored) continue;
     throw ValueError(std::string(f.flag) + " " + wanted +
@@ -184,11 +187,11 @@ void check_resume_flags(const LmTrainRequest& args, const lm::CheckpointInfo& in
 }
 
 /// "last 64 bytes" / "every byte since the start of the pass": what the mechanism attends to.
-std::string mechanism_text(const lm::ModelConfig& m) {
+std::string mechanism_text(const stream::ModelConfig& m) {
   switch (m.mechanism) {
-    case lm::Mechanism::kFull:
+    case stream::Mechanism::kFull:
       return "full causal attention";
-    case lm::Mechanism::kMomentClosure:
+    case stream::Mechanism::kMomentClosure:
       return "moment-closure attention: the last " + std::to_string(m.window) +
              " tokens exactly and a far field of up to " + std::to_string(m.max_clusters) +
              (m.max_clusters == 1 ? " cluster" : " clusters") +
@@ -201,27 +204,27 @@ std::string mechanism_text(const lm::ModelConfig& m) {
              (m.outlier_capacity > 0 ? ", plus the " + std::to_string(m.outlier_capacity) +
                                            " worst-fitting evicted tokens per cluster kept exactly (int8)"
                                      : std::string());
-    case lm::Mechanism::kLinear:
+    case stream::Mechanism::kLinear:
       return "causal linear attention over every token since the start of the pass (running sums, no window)";
-    case lm::Mechanism::kFrequentDirections:
+    case stream::Mechanism::kFrequentDirections:
       return "linear attention over the last " + std::to_string(m.window) +
              " tokens exactly and a Frequent Directions sketch of " + std::to_string(m.sketch_rows) +
              " rows per layer and head of every token before them";
-    case lm::Mechanism::kTensorSketch:
+    case stream::Mechanism::kTensorSketch:
       return "a degree-" + std::to_string(m.sketch_degree) + " polynomial kernel over the last " +
              std::to_string(m.window) + " tokens exactly and a tensor sketch of width " +
              std::to_string(m.sketch_dim) + " per layer and head of every token before them";
-    case lm::Mechanism::kWindow:
+    case stream::Mechanism::kWindow:
       break;
   }
   return "sliding-window attention over the last " + std::to_string(m.window) + " tokens";
 }
 
 /// The far field's per-layer statistics, one line per layer, indented by `indent`.
-void print_far_field(std::ostream& out, const std::vector<lm::LayerClusterStats>& layers,
+void print_far_field(std::ostream& out, const std::vector<stream::LayerClusterStats>& layers,
                      const std::string& indent, int64_t streams) {
   for (size_t l = 0; l < layers.size(); ++l) {
-    const lm::LayerClusterStats& s = layers[l];
+    const stream::LayerClusterStats& s = layers[l];
     std::string label = "layer " + std::to_string(l);
     label.resize(std::max<size_t>(label.size() + 1, 10), ' ');
     out << indent << label << format_short(s.clusters, 3)
@@ -233,15 +236,15 @@ void print_far_field(std::ostream& out, const std::vector<lm::LayerClusterStats>
   }
 }
 
-std::string model_text(const lm::ModelConfig& m) {
+std::string model_text(const stream::ModelConfig& m) {
   return mechanism_text(m) + "; d_model " + std::to_string(m.d_model) + ", " +
          std::to_string(m.n_layer) + (m.n_layer == 1 ? " layer, " : " layers, ") +
          std::to_string(m.n_head) + (m.n_head == 1 ? " head" : " heads");
 }
 
-std::string optimizer_text(const lm::TrainOptions& o) {
+std::string optimizer_text(const stream::TrainOptions& o) {
   std::string text = "AdamW lr " + num(o.lr);
-  text += o.schedule == lm::Schedule::kCosine
+  text += o.schedule == stream::Schedule::kCosine
               ? " (cosine decay to " + num(o.lr * o.min_lr_ratio) + ")"
               : " (constant)";
   text += ", weight decay " + num(o.weight_decay) + ", ";
@@ -259,7 +262,7 @@ class ProgressBar {
  public:
   explicit ProgressBar(std::ostream& err) : err_(err), tty_(::isatty(STDERR_FILENO) == 1) {}
 
-  void update(lm::Progress p) {
+  void update(stream::Progress p) {
     const bool scored = p.heldout_bits_per_byte.has_value();
     if (scored) heldout_ = p.heldout_bits_per_byte;
     if (tty_) {
@@ -288,7 +291,7 @@ class ProgressBar {
   }
 
  private:
-  static std::string bar(const lm::Progress& p) {
+  static std::string bar(const stream::Progress& p) {
     constexpr int64_t kWidth = 24;
     const int64_t filled =
         p.steps > 0 ? std::clamp<int64_t>(p.step * kWidth / p.steps, 0, kWidth) : kWidth;
@@ -318,7 +321,7 @@ double mean_of(const std::vector<double>& v, size_t from, size_t to) {
 
 int run_train(const LmTrainRequest& args) {
   std::ostream& out = std::cout;
-  lm::TrainOptions o = args.options;
+  stream::TrainOptions o = args.options;
   // Fail before training, not after it: the output path, the checkpoint, the options, the text.
   // --out may be the --resume checkpoint: it is read whole before training and replaced, atomically,
   // only by its own continuation (docs/lm.md: resuming in place after an interruption).
@@ -331,10 +334,10 @@ int run_train(const LmTrainRequest& args) {
     if (!args.out.empty()) inputs.push_back({"--out", args.out});
     check_output_path(args.history, "the history", inputs, "--history");
   }
-  std::optional<lm::CheckpointInfo> info;
+  std::optional<stream::CheckpointInfo> info;
   if (!args.resume.empty()) {
     check_input_file(args.resume, "the checkpoint");
-    info = lm::read_checkpoint_info(args.resume);
+    info = stream::read_checkpoint_info(args.resume);
     check_resume_flags(args, *info);
     const int64_t steps = given(args, "--steps") ? o.steps : info->options.steps;
     const int threads = o.threads;
@@ -349,7 +352,7 @@ int run_train(const LmTrainRequest& args) {
                        " steps; give --steps N with N > " + std::to_string(info->step) +
                        " to train further");
   }
-  lm::validate(o);
+  stream::validate(o);
 
   const LmCorpus corpus = read_lm_corpus(path, args.holdout);
   const auto n_train = static_cast<int64_t>(corpus.train.size());
@@ -361,7 +364,7 @@ int run_train(const LmTrainRequest& args) {
                      std::to_string(needed) +
                      " are needed; use a longer text or a smaller --batch or --chunk");
   if (info && (info->corpus_tokens != n_train ||
-               info->corpus_fingerprint != lm::corpus_fingerprint(corpus.train)))
+               info->corpus_fingerprint != stream::corpus_fingerprint(corpus.train)))
     throw ValueError("--resume " + args.resume + ": the checkpoint was trained on other text (" +
                      std::to_string(info->corpus_tokens) + " training bytes) than " + path +
                      " gives with --holdout " + num(args.holdout) + " (" + std::to_string(n_train) +
@@ -384,12 +387,12 @@ int run_train(const LmTrainRequest& args) {
       << std::flush;
 
   ProgressBar bar(std::cerr);
-  lm::TrainSummary summary;
+  stream::TrainSummary summary;
   std::string history;
   try {
-    summary = lm::train(
+    summary = stream::train(
         o, corpus.train, args.resume, args.out,
-        [&bar, &history](const lm::Progress& p) {
+        [&bar, &history](const stream::Progress& p) {
           bar.update(p);
           history += history_line(p);
         },
@@ -422,7 +425,7 @@ int run_train(const LmTrainRequest& args) {
         << " nats per byte (mean of the first " << k << " and the last " << k
         << " steps of this run)\n";
   if (summary.heldout) {
-    const lm::Evaluation& e = *summary.heldout;
+    const stream::Evaluation& e = *summary.heldout;
     out << "  held out      " << format_short(e.mean_cross_entropy, 4)
         << " nats = " << format_short(e.bits_per_token, 4) << " bits per byte on " << e.tokens
         << " predicted bytes (a uniform guess over 256 byte values: 8 bits)\n";
@@ -432,25 +435,25 @@ int run_train(const LmTrainRequest& args) {
   out << "  state         " << summary.state_bytes << " bytes carried for " << o.batch
       << " streams (";
   switch (o.model.mechanism) {
-    case lm::Mechanism::kFull:
+    case stream::Mechanism::kFull:
       out << "full attention keeps every key and value since the start of the pass)";
       break;
-    case lm::Mechanism::kMomentClosure:
+    case stream::Mechanism::kMomentClosure:
       out << "bounded: the keys and values of the last " << o.model.window << " tokens and "
           << o.model.max_clusters << " cluster slots per layer)";
       break;
-    case lm::Mechanism::kLinear:
+    case stream::Mechanism::kLinear:
       out << "bounded: the running sums of every layer and head, whatever the stream's length)";
       break;
-    case lm::Mechanism::kFrequentDirections:
+    case stream::Mechanism::kFrequentDirections:
       out << "bounded: the last " << o.model.window << " tokens' features and a sketch of "
           << o.model.sketch_rows << " rows per layer and head)";
       break;
-    case lm::Mechanism::kTensorSketch:
+    case stream::Mechanism::kTensorSketch:
       out << "bounded: the last " << o.model.window << " tokens' features and sums over a sketch of width "
           << o.model.sketch_dim << " per layer and head)";
       break;
-    case lm::Mechanism::kWindow:
+    case stream::Mechanism::kWindow:
       out << "bounded: the keys and values of the last " << o.model.window << " tokens per layer)";
       break;
   }
@@ -480,7 +483,7 @@ int run_train(const LmTrainRequest& args) {
 int run_eval(const LmEvalRequest& args) {
   std::ostream& out = std::cout;
   check_input_file(args.checkpoint, "the checkpoint");
-  const lm::CheckpointInfo info = lm::read_checkpoint_info(args.checkpoint);
+  const stream::CheckpointInfo info = stream::read_checkpoint_info(args.checkpoint);
   const std::string path = args.text.empty() ? std::string(kDefaultCorpus) : args.text;
   const LmCorpus corpus = read_lm_corpus(path, args.holdout);
   const std::vector<int64_t>& tokens = args.holdout > 0 ? corpus.heldout : corpus.train;
@@ -488,7 +491,7 @@ int run_eval(const LmEvalRequest& args) {
     throw ValueError(path + ": the text has " + std::to_string(tokens.size()) +
                      " byte; evaluation needs at least 2 (one to read, one to predict)");
   const int64_t chunk = args.chunk > 0 ? args.chunk : info.options.chunk;
-  const lm::Evaluation e = lm::evaluate(args.checkpoint, tokens, chunk, args.threads, args.window_cache);
+  const stream::Evaluation e = stream::evaluate(args.checkpoint, tokens, chunk, args.threads, args.window_cache);
   out << "Evaluating " << args.checkpoint << " (" << model_text(info.model) << "; trained "
       << info.step << " steps)\n  on " << path;
   if (args.holdout > 0)
@@ -497,7 +500,7 @@ int run_eval(const LmEvalRequest& args) {
   else
     out << " (" << tokens.size() << " bytes)";
   out << ", streamed in chunks of " << chunk
-      << (args.window_cache == lm::WindowCache::kInt8 ? ", the window's keys and values held as int8" : "")
+      << (args.window_cache == stream::WindowCache::kInt8 ? ", the window's keys and values held as int8" : "")
       << "\n\nSummary\n";
   out << "  predicted      " << e.tokens << " bytes (every byte after the first)\n";
   out << "  cross-entropy  " << format_short(e.mean_cross_entropy, 6) << " nats per byte\n";
@@ -517,8 +520,8 @@ int run_eval(const LmEvalRequest& args) {
 
 int run_generate(const LmGenerateRequest& args) {
   check_input_file(args.checkpoint, "the checkpoint");
-  const std::vector<int64_t> prompt = lm::byte_tokens(args.prompt);
-  const std::vector<int64_t> tokens = lm::generate(args.checkpoint, prompt, args.options);
+  const std::vector<int64_t> prompt = stream::byte_tokens(args.prompt);
+  const std::vector<int64_t> tokens = stream::generate(args.checkpoint, prompt, args.options);
   std::string text = args.prompt;
   for (const int64_t t : tokens) text.push_back(static_cast<char>(static_cast<unsigned char>(t)));
   std::cout << text << '\n' << std::flush;
@@ -529,9 +532,9 @@ int run_generate(const LmGenerateRequest& args) {
 
 /// `lm train`'s options for one mechanism of the text comparison: the recall model's sizes, window,
 /// far field, seed and threads, the --text-* settings; lm train's defaults otherwise.
-lm::TrainOptions text_options(const LmRecallRequest& r, const std::string& mechanism) {
-  lm::TrainOptions o;
-  o.model = lm::sequence_model_config(mechanism, r.options);
+stream::TrainOptions text_options(const LmRecallRequest& r, const std::string& mechanism) {
+  stream::TrainOptions o;
+  o.model = stream::sequence_model_config(mechanism, r.options);
   o.chunk = r.text_chunk > 0 ? r.text_chunk : r.options.chunk;
   o.steps = r.text_steps;
   o.lr = r.text_lr;
@@ -562,16 +565,16 @@ std::string fixed(double x, int decimals) {
 
 int run_recall(const LmRecallRequest& r) {
   std::ostream& out = std::cout;
-  const lm::RecallRunOptions& o = r.options;
-  const lm::RecallTaskOptions& task = o.task;
+  const stream::RecallRunOptions& o = r.options;
+  const stream::RecallTaskOptions& task = o.task;
   // Fail before training anything: the text and the text runs' options.
   std::optional<LmCorpus> corpus;
   const std::string path = r.text.empty() ? std::string(kDefaultCorpus) : r.text;
   if (r.text_steps > 0) {
     for (const std::string& name : r.mechanisms)
-      lm::validate(text_options(r, name));
+      stream::validate(text_options(r, name));
     corpus = read_lm_corpus(path, r.holdout);
-    const lm::TrainOptions t = text_options(r, "window");
+    const stream::TrainOptions t = text_options(r, "window");
     const int64_t needed = t.batch * (t.chunk + 1);
     if (static_cast<int64_t>(corpus->train.size()) < needed)
       throw ValueError(path + ": " + std::to_string(corpus->train.size()) +
@@ -580,7 +583,7 @@ int run_recall(const LmRecallRequest& r) {
                        std::to_string(needed) + "); use a longer text or a smaller --text-chunk");
   }
 
-  const int64_t length = lm::recall_sequence_length(task);
+  const int64_t length = stream::recall_sequence_length(task);
   const int64_t distance = task.gap + 1;  // from the last value to the first query
   out << "Associative recall beyond the window (docs/far-field.md)\n"
       << "  task      " << task.pairs << " key-value pairs (keys from " << task.keys
@@ -616,14 +619,14 @@ int run_recall(const LmRecallRequest& r) {
       << o.eval_sequences * task.queries << " answers)\n\n"
       << std::flush;
 
-  std::vector<lm::RecallResult> results;
+  std::vector<stream::RecallResult> results;
   for (const std::string& mechanism : r.mechanisms) {
     ProgressBar bar(std::cerr);
     const auto start = std::chrono::steady_clock::now();
     const double tokens_per_step = static_cast<double>(o.batch * (length - 1));
     try {
-      results.push_back(lm::run_recall(mechanism, o, [&](int64_t step, double loss) {
-        lm::Progress p;
+      results.push_back(stream::run_recall(mechanism, o, [&](int64_t step, double loss) {
+        stream::Progress p;
         p.step = step;
         p.steps = o.steps;
         p.loss = loss;
@@ -648,7 +651,7 @@ int run_recall(const LmRecallRequest& r) {
       << " nats)\n"
       << "  " << pad("mechanism", kMechanismColumn) << right("accuracy", 9) << right("answer CE", 11)
       << right("chance", 8) << right("state bytes", 13) << right("train s", 9) << "\n";
-  for (const lm::RecallResult& x : results)
+  for (const stream::RecallResult& x : results)
     out << "  " << pad(x.mechanism, kMechanismColumn) << right(fixed(x.accuracy, 3), 9)
         << right(fixed(x.cross_entropy, 3), 11) << right(fixed(chance, 4), 8)
         << right(std::to_string(x.state_bytes), 13) << right(fixed(x.seconds, 1), 9) << "\n";
@@ -658,14 +661,14 @@ int run_recall(const LmRecallRequest& r) {
       << fixed(noise, 3) << ". State bytes: what one stream carries at the end of a " << length
       << "-token sequence; every mechanism but full attention stays at that size however long the "
          "stream, full attention grows with every token)\n";
-  const auto find = [&](const std::string& name) -> const lm::RecallResult* {
+  const auto find = [&](const std::string& name) -> const stream::RecallResult* {
     for (const auto& x : results)
       if (x.mechanism == name) return &x;
     return nullptr;
   };
-  const lm::RecallResult* window = find("window");
-  const lm::RecallResult* mca = find("moment-closure");
-  const lm::RecallResult* full = find("full");
+  const stream::RecallResult* window = find("window");
+  const stream::RecallResult* mca = find("moment-closure");
+  const stream::RecallResult* full = find("full");
   if (window && mca) {
     out << "  The far field adds " << fixed(mca->accuracy - window->accuracy, 3)
         << " accuracy to the window at the same window size";
@@ -680,7 +683,7 @@ int run_recall(const LmRecallRequest& r) {
   out << std::flush;
 
   if (r.text_steps == 0) return kExitOk;
-  const lm::TrainOptions shown = text_options(r, "window");
+  const stream::TrainOptions shown = text_options(r, "window");
   out << "\nHeld-out text: " << path << " (" << corpus->train.size()
       << " bytes for training, the last " << corpus->heldout.size()
       << " held out); each mechanism trains " << shown.steps << " steps of " << shown.batch
@@ -690,7 +693,7 @@ int run_recall(const LmRecallRequest& r) {
       << std::flush;
   struct TextResult {
     std::string mechanism;
-    lm::TrainSummary summary;
+    stream::TrainSummary summary;
   };
   std::vector<TextResult> text;
   for (const std::string& name : r.mechanisms) {
@@ -698,9 +701,9 @@ int run_recall(const LmRecallRequest& r) {
     TextResult t;
     t.mechanism = name;
     try {
-      t.summary = lm::train(
+      t.summary = stream::train(
           text_options(r, name), corpus->train, "", "",
-          [&bar](const lm::Progress& p) { bar.update(p); }, corpus->heldout);
+          [&bar](const stream::Progress& p) { bar.update(p); }, corpus->heldout);
     } catch (...) {
       bar.finish();
       throw;
@@ -729,8 +732,8 @@ int run_recall(const LmRecallRequest& r) {
 // ---- lm memory-bench -----------------------------------------------------------------------------
 
 /// The settings a sweep's runs depend on (model and training), as --json records them.
-nlohmann::json memory_bench_settings(const lm::MemoryBenchOptions& o) {
-  const lm::RecallRunOptions& t = o.training;
+nlohmann::json memory_bench_settings(const stream::MemoryBenchOptions& o) {
+  const stream::RecallRunOptions& t = o.training;
   return {{"model", {{"d_model", t.d_model}, {"n_layer", t.n_layer}, {"n_head", t.n_head},
                      {"window", t.window}, {"chunk", t.chunk}, {"max_clusters", t.max_clusters},
                      {"birth_threshold", t.birth_threshold},
@@ -741,19 +744,19 @@ nlohmann::json memory_bench_settings(const lm::MemoryBenchOptions& o) {
                         {"mqar_pairs", o.mqar_pairs}, {"threads", t.threads}}}};
 }
 
-nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const std::vector<lm::MemoryBenchRun>& runs) {
+nlohmann::json memory_bench_json(const stream::MemoryBenchOptions& o, const std::vector<stream::MemoryBenchRun>& runs) {
   using nlohmann::json;
   json out = memory_bench_settings(o);
   out["runs"] = json::array();
   out["cases"] = json::array();
   for (const auto& run : runs) {
-    const lm::RecallResult& r = run.result;
+    const stream::RecallResult& r = run.result;
     out["runs"].push_back({{"task", run.task}, {"setting", run.setting}, {"mechanism", r.mechanism},
                            {"seed", run.seed}, {"accuracy", r.accuracy}, {"cross_entropy", r.cross_entropy},
                            {"first_loss", r.first_loss}, {"last_loss", r.last_loss},
                            {"state_bytes", r.state_bytes}, {"seconds", r.seconds}});
   }
-  for (const auto& c : lm::memory_bench_cases(o, runs)) {
+  for (const auto& c : stream::memory_bench_cases(o, runs)) {
     out["cases"].push_back({{"task", c.task}, {"setting", c.setting}, {"mechanism", c.mechanism},
                             {"seeds", c.seeds}, {"accuracy", c.accuracy}, {"accuracy_min", c.accuracy_min},
                             {"accuracy_max", c.accuracy_max}, {"cross_entropy", c.cross_entropy},
@@ -766,7 +769,7 @@ nlohmann::json memory_bench_json(const lm::MemoryBenchOptions& o, const std::vec
 
 /// The runs a sweep written to `path` finished. @throws ValueError naming the file when it cannot be read as one,
 /// or when it was written with other settings (its runs would not be this sweep's).
-std::vector<lm::MemoryBenchRun> finished_runs(const std::string& path, const lm::MemoryBenchOptions& o) {
+std::vector<stream::MemoryBenchRun> finished_runs(const std::string& path, const stream::MemoryBenchOptions& o) {
   using nlohmann::json;
   check_input_file(path, "the benchmark results");
   std::ifstream in(path);
@@ -783,10 +786,10 @@ std::vector<lm::MemoryBenchRun> finished_runs(const std::string& path, const lm:
       throw ValueError(path + ": --resume: written with other " + part + " settings (" +
                        (doc.is_object() && doc.contains(part) ? doc[part].dump() : std::string("none")) + ", now " +
                        settings[part].dump() + "); rerun without --resume or with the same flags");
-  std::vector<lm::MemoryBenchRun> runs;
+  std::vector<stream::MemoryBenchRun> runs;
   try {
     for (const json& r : doc.at("runs")) {
-      lm::MemoryBenchRun run;
+      stream::MemoryBenchRun run;
       run.task = r.at("task").get<std::string>();
       run.setting = r.at("setting").get<std::string>();
       run.seed = r.at("seed").get<uint64_t>();
@@ -807,12 +810,12 @@ std::vector<lm::MemoryBenchRun> finished_runs(const std::string& path, const lm:
 
 int run_memory_bench(const LmMemoryBenchRequest& r) {
   std::ostream& out = std::cout;
-  const lm::MemoryBenchOptions& o = r.options;
-  lm::validate(o);  // before anything trains or is written
-  lm::MemoryBenchHooks hooks;
+  const stream::MemoryBenchOptions& o = r.options;
+  stream::validate(o);  // before anything trains or is written
+  stream::MemoryBenchHooks hooks;
   if (r.resume) hooks.done = finished_runs(r.json, o);
   if (!r.json.empty()) check_output_path(r.json, "the benchmark results", {}, "--json");
-  const lm::RecallRunOptions& t = o.training;
+  const stream::RecallRunOptions& t = o.training;
   out << "Memory benchmark (docs/far-field.md)\n"
       << "  model     d_model " << t.d_model << ", " << t.n_layer << (t.n_layer == 1 ? " layer, " : " layers, ")
       << t.n_head << (t.n_head == 1 ? " head" : " heads") << ", chunks of " << t.chunk << " tokens, window "
@@ -829,7 +832,7 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   ProgressBar bar(std::cerr);
   auto start = std::chrono::steady_clock::now();
   double tokens_per_step = 0.0;
-  hooks.on_run = [&](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
+  hooks.on_run = [&](int64_t index, int64_t total, const stream::MemoryBenchRun& run) {
     bar.finish();
     std::cerr << "run " << index << "/" << total << ": " << run.task << " (" << run.setting << "), "
               << run.result.mechanism << ", seed " << run.seed << "\n";
@@ -837,7 +840,7 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
     tokens_per_step = static_cast<double>(t.batch * (run.length - 1));
   };
   hooks.on_step = [&](int64_t step, double loss) {
-    lm::Progress p;
+    stream::Progress p;
     p.step = step;
     p.steps = t.steps;
     p.loss = loss;
@@ -849,10 +852,10 @@ int run_memory_bench(const LmMemoryBenchRequest& r) {
   };
   // Every finished run goes to --json at once (atomically): a sweep that stops keeps it, and --resume reuses it.
   if (!r.json.empty())
-    hooks.on_result = [&](const lm::MemoryBenchReport& so_far) {
+    hooks.on_result = [&](const stream::MemoryBenchReport& so_far) {
       write_file_atomically(r.json, memory_bench_json(o, so_far.runs).dump(2) + "\n", "the benchmark results");
     };
-  const auto report = lm::run_memory_benchmark(o, hooks);
+  const auto report = stream::run_memory_benchmark(o, hooks);
   bar.finish();
   out << "Results (accuracy at the answers, mean over " << o.seeds.size()
       << (o.seeds.size() == 1 ? " seed" : " seeds") << "; share: of full attention's gain over the window)\n"

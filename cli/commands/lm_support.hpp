@@ -15,7 +15,7 @@
 
 namespace attnmix::cli {
 
-/// A text file as byte tokens: all of it in `train` (holdout 0) or split by lm::split_heldout.
+/// A text file as byte tokens: all of it in `train` (holdout 0) or split by stream::split_heldout.
 struct LmCorpus {
   int64_t bytes = 0;             ///< size of the file
   std::vector<int64_t> train;    ///< the first bytes
@@ -29,11 +29,11 @@ struct LmCorpus {
 [[nodiscard]] LmCorpus read_lm_corpus(const std::string& path, double holdout);
 
 /// "step 120/300  40%  6.1k tokens/s  loss 2.4312  ETA 0:12".
-[[nodiscard]] std::string format_lm_progress(const lm::Progress& progress);
+[[nodiscard]] std::string format_lm_progress(const stream::Progress& progress);
 
 /// One line of `lm train --history` (JSON, newline-terminated): step, loss, tokens_per_second, elapsed_seconds and,
 /// for moment closure, per layer clusters, bank_mass and far_share.
-[[nodiscard]] std::string history_line(const lm::Progress& progress);
+[[nodiscard]] std::string history_line(const stream::Progress& progress);
 
 /// The history's last line when a held-out part was scored: step and heldout_bits_per_byte.
 [[nodiscard]] std::string heldout_history_line(int64_t step, double bits_per_byte);

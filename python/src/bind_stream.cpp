@@ -47,6 +47,8 @@
 
 namespace attnmix::python {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace {
 
 using namespace pybind11::literals;
@@ -278,21 +280,21 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
       }
     }
     return out;
-  } else if constexpr (std::is_same_v<T, lm::Mechanism> || std::is_same_v<T, lm::Schedule> ||
-                       std::is_same_v<T, lm::WindowCache> || std::is_same_v<T, ClusterRule>) {
+  } else if constexpr (std::is_same_v<T, stream::Mechanism> || std::is_same_v<T, stream::Schedule> ||
+                       std::is_same_v<T, stream::WindowCache> || std::is_same_v<T, ClusterRule>) {
     if (!PyUnicode_Check(value.ptr())) {
       throw TypeError(std::string(where) + ": " + std::string(name) + " must be a str (got " +
                       type_name(value) + ")");
     }
     const auto text = value.cast<std::string>();
-    if constexpr (std::is_same_v<T, lm::Mechanism>) {
-      return lm::parse_mechanism(text);
-    } else if constexpr (std::is_same_v<T, lm::WindowCache>) {
-      return lm::parse_window_cache(text);
+    if constexpr (std::is_same_v<T, stream::Mechanism>) {
+      return stream::parse_mechanism(text);
+    } else if constexpr (std::is_same_v<T, stream::WindowCache>) {
+      return stream::parse_window_cache(text);
     } else if constexpr (std::is_same_v<T, ClusterRule>) {
       return parse_cluster_rule(text, std::string(where));
     } else {
-      return lm::parse_schedule(text);
+      return stream::parse_schedule(text);
     }
   } else {
     static_assert(kUnsupportedOption<T>,
@@ -302,12 +304,12 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
 
 template <class T>
 py::object option_out(const T& value) {
-  if constexpr (std::is_same_v<T, lm::Mechanism>) {
-    return py::str(lm::mechanism_name(value));
-  } else if constexpr (std::is_same_v<T, lm::Schedule>) {
-    return py::str(lm::schedule_name(value));
-  } else if constexpr (std::is_same_v<T, lm::WindowCache>) {
-    return py::str(lm::window_cache_name(value));
+  if constexpr (std::is_same_v<T, stream::Mechanism>) {
+    return py::str(stream::mechanism_name(value));
+  } else if constexpr (std::is_same_v<T, stream::Schedule>) {
+    return py::str(stream::schedule_name(value));
+  } else if constexpr (std::is_same_v<T, stream::WindowCache>) {
+    return py::str(stream::window_cache_name(value));
   } else if constexpr (std::is_same_v<T, ClusterRule>) {
     return py::str(cluster_rule_name(value));
   } else {
@@ -329,8 +331,8 @@ OptionField<Options> option(const char* name, Access access) {
   option<Options>(                          \
       name, [](auto& o) -> auto& { return o.path; })
 
-const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
-  using O = lm::TrainOptions;
+const std::vector<OptionField<stream::TrainOptions>>& train_fields() {
+  using O = stream::TrainOptions;
   static const std::vector<OptionField<O>> fields = {
       ATTNMIX_OPTION(O, "mechanism", model.mechanism),
       ATTNMIX_OPTION(O, "vocab", model.vocab),
@@ -363,8 +365,8 @@ const std::vector<OptionField<lm::TrainOptions>>& train_fields() {
   return fields;
 }
 
-const std::vector<OptionField<lm::GenerateOptions>>& generate_fields() {
-  using O = lm::GenerateOptions;
+const std::vector<OptionField<stream::GenerateOptions>>& generate_fields() {
+  using O = stream::GenerateOptions;
   static const std::vector<OptionField<O>> fields = {
       ATTNMIX_OPTION(O, "tokens", tokens),   ATTNMIX_OPTION(O, "temperature", temperature),
       ATTNMIX_OPTION(O, "top_k", top_k),     ATTNMIX_OPTION(O, "seed", seed),
@@ -374,8 +376,8 @@ const std::vector<OptionField<lm::GenerateOptions>>& generate_fields() {
   return fields;
 }
 
-const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
-  using O = lm::RecallRunOptions;
+const std::vector<OptionField<stream::RecallRunOptions>>& recall_fields() {
+  using O = stream::RecallRunOptions;
   static const std::vector<OptionField<O>> fields = {
       ATTNMIX_OPTION(O, "keys", task.keys),
       ATTNMIX_OPTION(O, "values", task.values),
@@ -405,8 +407,8 @@ const std::vector<OptionField<lm::RecallRunOptions>>& recall_fields() {
   return fields;
 }
 
-const std::vector<OptionField<lm::MemoryBenchOptions>>& memory_bench_fields() {
-  using O = lm::MemoryBenchOptions;
+const std::vector<OptionField<stream::MemoryBenchOptions>>& memory_bench_fields() {
+  using O = stream::MemoryBenchOptions;
   static const std::vector<OptionField<O>> fields = {
       ATTNMIX_OPTION(O, "mechanisms", mechanisms),
       ATTNMIX_OPTION(O, "tasks", tasks),
@@ -468,7 +470,7 @@ py::dict options_out(const Options& o, const std::vector<OptionField<Options>>& 
 
 // ---- language-model results ---------------------------------------------------------------------
 
-py::list far_field_out(const std::vector<lm::LayerClusterStats>& layers) {
+py::list far_field_out(const std::vector<stream::LayerClusterStats>& layers) {
   py::list out;
   for (const auto& s : layers) {
     out.append(py::dict("clusters"_a = s.clusters, "births"_a = s.births, "merges"_a = s.merges,
@@ -477,13 +479,13 @@ py::list far_field_out(const std::vector<lm::LayerClusterStats>& layers) {
   return out;
 }
 
-py::dict evaluation_out(const lm::Evaluation& e) {
+py::dict evaluation_out(const stream::Evaluation& e) {
   return py::dict("tokens"_a = e.tokens, "mean_cross_entropy"_a = e.mean_cross_entropy,
                   "bits_per_token"_a = e.bits_per_token, "seconds"_a = e.seconds,
                   "state_bytes"_a = e.state_bytes, "far_field"_a = far_field_out(e.far_field));
 }
 
-py::dict summary_out(const lm::TrainSummary& s) {
+py::dict summary_out(const stream::TrainSummary& s) {
   return py::dict(
       "first_step"_a = s.first_step, "steps"_a = s.steps, "losses"_a = py::cast(s.losses),
       "tokens"_a = s.tokens, "seconds"_a = s.seconds, "parameters"_a = s.parameters,
@@ -492,21 +494,21 @@ py::dict summary_out(const lm::TrainSummary& s) {
 }
 
 /// The progress record of the CLI's --history line, with the run's length and the time still to go.
-py::object progress_out(const lm::Progress& p) {
-  nlohmann::ordered_json record = lm::progress_record(p);
+py::object progress_out(const stream::Progress& p) {
+  nlohmann::ordered_json record = stream::progress_record(p);
   record["steps"] = p.steps;
   record["eta_seconds"] = p.eta_seconds;
   return json_to_python(record);
 }
 
-py::dict recall_out(const lm::RecallResult& r) {
+py::dict recall_out(const stream::RecallResult& r) {
   return py::dict("mechanism"_a = r.mechanism, "accuracy"_a = r.accuracy,
                   "cross_entropy"_a = r.cross_entropy, "first_loss"_a = r.first_loss,
                   "last_loss"_a = r.last_loss, "state_bytes"_a = r.state_bytes,
                   "seconds"_a = r.seconds);
 }
 
-py::dict memory_bench_out(const lm::MemoryBenchReport& report) {
+py::dict memory_bench_out(const stream::MemoryBenchReport& report) {
   py::list runs;
   for (const auto& run : report.runs) {
     py::dict r = recall_out(run.result);
@@ -1090,7 +1092,7 @@ void bind_stream(py::module_& m) {
 
   // ---- language models ----
   m.def(
-      "default_train_options", [] { return options_out(lm::TrainOptions{}, train_fields()); },
+      "default_train_options", [] { return options_out(stream::TrainOptions{}, train_fields()); },
       kDefaultTrainDoc);
   m.def(
       "train_language_model",
@@ -1105,19 +1107,19 @@ void bind_stream(py::module_& m) {
         const std::string resume =
             resume_obj.is_none() ? "" : path_arg(resume_obj, w, "resume_from");
         require_callable(on_progress, w, "on_progress");
-        std::function<void(const lm::Progress&)> report;
+        std::function<void(const stream::Progress&)> report;
         if (!on_progress.is_none()) {
           // A borrowed handle: the argument outlives the call, and copies of this function touch no
           // refcount.
-          report = [callback = py::handle(on_progress)](const lm::Progress& p) {
+          report = [callback = py::handle(on_progress)](const stream::Progress& p) {
             py::gil_scoped_acquire acquire;
             callback(progress_out(p));
           };
         }
-        lm::TrainSummary summary;
+        stream::TrainSummary summary;
         {
           py::gil_scoped_release release;
-          summary = lm::train(options, tokens, resume, out, report, heldout);
+          summary = stream::train(options, tokens, resume, out, report, heldout);
         }
         return summary_out(summary);
       },
@@ -1134,21 +1136,21 @@ void bind_stream(py::module_& m) {
         const auto tokens = id_vector(tokens_obj, w, "tokens");
         const auto c = option_in<int64_t>(chunk, w, "chunk");
         const auto n = option_in<int>(threads, w, "threads");
-        const auto cache = option_in<lm::WindowCache>(window_cache, w, "window_cache");
-        lm::Evaluation e;
+        const auto cache = option_in<stream::WindowCache>(window_cache, w, "window_cache");
+        stream::Evaluation e;
         {
           py::gil_scoped_release release;
-          e = lm::evaluate(path, tokens, c, n, cache);
+          e = stream::evaluate(path, tokens, c, n, cache);
         }
         return evaluation_out(e);
       },
       py::arg("checkpoint"), py::arg("tokens"), py::kw_only(),
-      py::arg("chunk") = lm::TrainOptions{}.chunk, py::arg("threads") = lm::TrainOptions{}.threads,
+      py::arg("chunk") = stream::TrainOptions{}.chunk, py::arg("threads") = stream::TrainOptions{}.threads,
       py::arg("window_cache") = "float32", kEvaluateDoc);
 
   m.def(
       "default_generate_options",
-      [] { return options_out(lm::GenerateOptions{}, generate_fields()); }, kDefaultGenerateDoc);
+      [] { return options_out(stream::GenerateOptions{}, generate_fields()); }, kDefaultGenerateDoc);
   m.def(
       "generate_language_model",
       [](const py::object& checkpoint, const py::object& prompt_obj, const py::kwargs& kwargs) {
@@ -1159,7 +1161,7 @@ void bind_stream(py::module_& m) {
         std::vector<int64_t> drawn;
         {
           py::gil_scoped_release release;
-          drawn = lm::generate(path, prompt, options);
+          drawn = stream::generate(path, prompt, options);
         }
         return ids_out(drawn);
       },
@@ -1168,8 +1170,8 @@ void bind_stream(py::module_& m) {
   m.def(
       "checkpoint_info",
       [](const py::object& checkpoint) {
-        lm::CheckpointInfo info =
-            lm::read_checkpoint_info(path_arg(checkpoint, "checkpoint_info", "checkpoint"));
+        stream::CheckpointInfo info =
+            stream::read_checkpoint_info(path_arg(checkpoint, "checkpoint_info", "checkpoint"));
         info.options.model = info.model;
         return py::dict("options"_a = options_out(info.options, train_fields()),
                         "step"_a = info.step, "corpus_tokens"_a = info.corpus_tokens,
@@ -1183,12 +1185,12 @@ void bind_stream(py::module_& m) {
         if (PyUnicode_Check(text.ptr()) == 0 && PyBytes_Check(text.ptr()) == 0) {
           throw TypeError("byte_tokens: text must be a str or bytes (got " + type_name(text) + ")");
         }
-        return ids_out(lm::byte_tokens(text.cast<std::string>()));  // a str as UTF-8
+        return ids_out(stream::byte_tokens(text.cast<std::string>()));  // a str as UTF-8
       },
       py::arg("text"), kByteTokensDoc);
 
   m.def(
-      "default_recall_options", [] { return options_out(lm::RecallRunOptions{}, recall_fields()); },
+      "default_recall_options", [] { return options_out(stream::RecallRunOptions{}, recall_fields()); },
       kDefaultRecallDoc);
   m.def(
       "run_recall",
@@ -1207,10 +1209,10 @@ void bind_stream(py::module_& m) {
             callback(step, loss);
           };
         }
-        lm::RecallResult result;
+        stream::RecallResult result;
         {
           py::gil_scoped_release release;
-          result = lm::run_recall(name, options, report);
+          result = stream::run_recall(name, options, report);
         }
         return recall_out(result);
       },
@@ -1218,7 +1220,7 @@ void bind_stream(py::module_& m) {
 
   m.def(
       "default_memory_bench_options",
-      [] { return options_out(lm::MemoryBenchOptions{}, memory_bench_fields()); },
+      [] { return options_out(stream::MemoryBenchOptions{}, memory_bench_fields()); },
       kDefaultMemoryBenchDoc);
   m.def(
       "run_memory_benchmark",
@@ -1226,17 +1228,18 @@ void bind_stream(py::module_& m) {
         constexpr std::string_view w = "run_memory_benchmark";
         const auto options = options_from(kwargs, memory_bench_fields(), w);
         require_callable(on_run, w, "on_run");
-        lm::MemoryBenchHooks hooks;
+        stream::MemoryBenchHooks hooks;
         if (!on_run.is_none()) {
-          hooks.on_run = [callback = py::handle(on_run)](int64_t index, int64_t total, const lm::MemoryBenchRun& run) {
+          hooks.on_run = [callback = py::handle(on_run)](int64_t index, int64_t total,
+                                                         const stream::MemoryBenchRun& run) {
             py::gil_scoped_acquire acquire;
             callback(index, total, run.task, run.setting, run.result.mechanism, run.seed);
           };
         }
-        lm::MemoryBenchReport result;
+        stream::MemoryBenchReport result;
         {
           py::gil_scoped_release release;
-          result = lm::run_memory_benchmark(options, hooks);
+          result = stream::run_memory_benchmark(options, hooks);
         }
         return memory_bench_out(result);
       },

@@ -605,10 +605,10 @@ Precision precision_arg(py::handle obj, std::string_view where) {
   return parse_precision(obj.cast<std::string>(), where);
 }
 
-ClusterRule cluster_rule_arg(py::handle obj, std::string_view where) {
+stream::ClusterRule cluster_rule_arg(py::handle obj, std::string_view where) {
   if (!PyUnicode_Check(obj.ptr()))
     throw TypeError(prefix(where, "cluster_rule") + " must be 'threshold' or 'budget' (got " + type_name(obj) + ")");
-  return parse_cluster_rule(obj.cast<std::string>(), std::string(where));
+  return stream::parse_cluster_rule(obj.cast<std::string>(), std::string(where));
 }
 
 std::string name_arg(py::handle obj, std::string_view where) {

@@ -124,7 +124,7 @@ using BoolMatrix = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 /// precision: the str "float64" or "mixed" (anything else → TypeError or ValueError).
 [[nodiscard]] Precision precision_arg(py::handle obj, std::string_view where);
 /// cluster_rule: the str "threshold" or "budget" (anything else → TypeError or ValueError).
-[[nodiscard]] ClusterRule cluster_rule_arg(py::handle obj, std::string_view where);
+[[nodiscard]] stream::ClusterRule cluster_rule_arg(py::handle obj, std::string_view where);
 /// The library stores "no name" as the empty string.
 [[nodiscard]] std::string name_arg(py::handle obj, std::string_view where);
 [[nodiscard]] py::object name_to_python(const std::string& name);

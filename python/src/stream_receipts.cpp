@@ -5,6 +5,8 @@
 
 namespace attnmix::python {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace py = pybind11;
 using namespace pybind11::literals;
 

@@ -22,10 +22,10 @@ namespace attnmix::python {
 using TensorOut = pybind11::object (*)(const torch::Tensor&);
 
 /// One stream's receipt; `ingest` adds the ingestion keys.
-[[nodiscard]] pybind11::dict receipt_out(const StreamReceipt& receipt, bool ingest, TensorOut tensor_out);
+[[nodiscard]] pybind11::dict receipt_out(const stream::StreamReceipt& receipt, bool ingest, TensorOut tensor_out);
 
 /// One layer's receipt of a mechanism step: {batch_size, streams: [receipt with accounting], misfit_scalar} and,
 /// with an outlier store, outliers {offered, stored, evicted, held, bytes, max_reconstruction_error}.
-[[nodiscard]] pybind11::dict layer_receipt_out(const LayerReceipt& receipt, TensorOut tensor_out);
+[[nodiscard]] pybind11::dict layer_receipt_out(const stream::LayerReceipt& receipt, TensorOut tensor_out);
 
 }  // namespace attnmix::python

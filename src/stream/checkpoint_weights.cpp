@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 [[noreturn]] void bad_weights(const std::string& path, const std::string& why) {
@@ -53,7 +53,7 @@ std::vector<std::string> split_path(const std::string& key) {
 }  // namespace
 
 void load_checkpoint_weights(const std::string& path, torch::nn::Module& mechanism) {
-  static_cast<void>(lm::read_checkpoint_info(path));  // the file's integrity, format and options
+  static_cast<void>(stream::read_checkpoint_info(path));  // the file's integrity, format and options
   torch::serialize::InputArchive root;
   torch::serialize::InputArchive model;
   try {
@@ -84,4 +84,4 @@ void load_checkpoint_weights(const std::string& path, torch::nn::Module& mechani
   for (auto& [parameter, stored] : copies) parameter.copy_(stored);
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

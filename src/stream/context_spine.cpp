@@ -10,7 +10,7 @@
 #include <cmath>
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -218,4 +218,4 @@ SlidingWindowState SlidingWindowSpineImpl::detach(const SlidingWindowState& stat
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix::detail {
+namespace attnmix::stream::detail {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -282,4 +282,4 @@ torch::Tensor fast_bmm(const torch::Tensor& a, const torch::Tensor& b, bool tran
   return BmmFunction::apply(a.expand(a_shape), b.expand(b_shape), transpose_b);
 }
 
-}  // namespace attnmix::detail
+}  // namespace attnmix::stream::detail

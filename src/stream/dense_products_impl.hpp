@@ -23,7 +23,7 @@
 
 #include <torch/torch.h>
 
-namespace attnmix::detail {
+namespace attnmix::stream::detail {
 
 /// kAuto: per dtype, OpenBLAS where its results do not depend on its thread count, Eigen elsewhere (above).
 enum class GemmKernel { kAuto, kEigen, kBlas };
@@ -37,4 +37,4 @@ GemmKernel set_gemm_kernel(GemmKernel kernel);
 torch::Tensor fast_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 torch::Tensor fast_bmm(const torch::Tensor& a, const torch::Tensor& b, bool transpose_b);
 
-}  // namespace attnmix::detail
+}  // namespace attnmix::stream::detail

@@ -19,7 +19,7 @@
 #include <numeric>
 #include <utility>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -254,4 +254,4 @@ RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& o,
   return run_sequence_task(mechanism, recall_task(o.task), o, on_step);
 }
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr double kDenominatorFloor = 1e-6;  // ε of the header
@@ -270,4 +270,4 @@ std::vector<FrequentDirectionsReceipt> FrequentDirectionsSpineImpl::receipts(
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 FrequentDirectionsShrink frequent_directions_shrink(const torch::Tensor& sketch) {
   if (!sketch.defined() || !sketch.is_floating_point() || sketch.dim() < 2) {
@@ -32,4 +32,4 @@ FrequentDirectionsShrink frequent_directions_shrink(const torch::Tensor& sketch)
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

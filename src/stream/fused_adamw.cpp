@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 // The constants of one parameter's update, in its dtype T.
@@ -112,4 +112,4 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -345,4 +345,4 @@ OutlierAttention outlier_attention(const torch::Tensor& q, const OutlierStore& s
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

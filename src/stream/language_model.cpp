@@ -40,7 +40,7 @@
 #include <set>
 #include <sstream>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -1335,4 +1335,4 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
   return info;
 }
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-namespace attnmix::detail {
+namespace attnmix::stream::detail {
 
 /// The state's batch size matches the chunk's, pos >= 0 and it has one entry per layer.
 /// @throws ValueError naming `where` and what does not fit.
@@ -52,4 +52,4 @@ std::pair<State, torch::Tensor> advance_layers(SpineBackboneImpl& backbone, cons
   return {std::move(next), backbone.logits(h)};
 }
 
-}  // namespace attnmix::detail
+}  // namespace attnmix::stream::detail

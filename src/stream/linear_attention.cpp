@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr double kDenominatorFloor = 1e-6;  // ε of the header
@@ -159,4 +159,4 @@ LinearAttentionState LinearAttentionSpineImpl::detach(const LinearAttentionState
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 const std::vector<std::string> kTasks = {"recall", "mqar", "passkey"};
@@ -190,4 +190,4 @@ std::vector<MemoryBenchCase> memory_bench_cases(const MemoryBenchOptions& o, con
   return out;
 }
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

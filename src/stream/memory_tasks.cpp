@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -152,4 +152,4 @@ RecallSequences passkey_sequences(Rng& rng, const PasskeyTaskOptions& t, int64_t
   return out;
 }
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

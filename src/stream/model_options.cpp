@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The module options of an lm::ModelConfig; see src/stream/model_options.hpp.
+// The module options of an stream::ModelConfig; see src/stream/model_options.hpp.
 #include "model_options.hpp"
 
 #include <optional>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 SpineOptions spine_options(const ModelConfig& m) {
   SpineOptions o;
@@ -64,4 +64,4 @@ MomentClosureOptions moment_options(const ModelConfig& m) {
   return o;
 }
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr double kCountFloor = 1e-8;
@@ -1251,4 +1251,4 @@ MomentClosureState MomentClosureAttentionImpl::detach(const MomentClosureState& 
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr const char* kWhere = "attention_law";
@@ -68,4 +68,4 @@ AttentionLawResult attention_law(const GaussianLaw& law, const torch::Tensor& qk
   return result;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

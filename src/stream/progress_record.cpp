@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "attnmix/stream/progress_record.hpp"
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 nlohmann::ordered_json progress_record(const Progress& progress) {
   nlohmann::ordered_json record{{"step", progress.step},
@@ -17,4 +17,4 @@ nlohmann::ordered_json progress_record(const Progress& progress) {
   return record;
 }
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

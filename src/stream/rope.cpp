@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 RopeTables rope_tables(const torch::Tensor& positions, int64_t head_dim, torch::ScalarType dtype) {
   if (head_dim <= 0 || head_dim % 2 != 0) {
@@ -35,4 +35,4 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   return x * cos + rotate_half(x) * sin;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

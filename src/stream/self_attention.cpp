@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -364,4 +364,4 @@ MomentClosureSelfAttentionOutput MomentClosureSelfAttentionImpl::forward(
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 constexpr double kDenominatorFloor = 1e-6;  // ε of the header
@@ -195,4 +195,4 @@ TensorSketchState TensorSketchSpineImpl::detach(const TensorSketchState& state) 
   return out;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-namespace attnmix::detail {
+namespace attnmix::stream::detail {
 
 WindowSplit split_window(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& shift, const torch::Tensor& x,
                          const torch::Tensor& window_k, const torch::Tensor& window_v, const torch::Tensor& last_x,
@@ -41,4 +41,4 @@ torch::Tensor merge_heads(const torch::Tensor& attended, const torch::Tensor& x)
   return attended.permute({0, 2, 1, 3}).reshape(x.sizes()).to(x.scalar_type());
 }
 
-}  // namespace attnmix::detail
+}  // namespace attnmix::stream::detail

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace attnmix::detail {
+namespace attnmix::stream::detail {
 
 struct WindowSplit {
   torch::Tensor phi_q;      ///< (b, H, t, h_d) float64
@@ -38,4 +38,4 @@ WindowSplit split_window(torch::nn::LinearImpl& qkv, torch::nn::LinearImpl& shif
 /// Per-head attention output (b, H, t, h_d) back to the layer's (b, t, d) in x's dtype.
 torch::Tensor merge_heads(const torch::Tensor& attended, const torch::Tensor& x);
 
-}  // namespace attnmix::detail
+}  // namespace attnmix::stream::detail

@@ -168,7 +168,7 @@ def train_checkpoint(tmp_path, mechanism):
 
 
 def python_evaluate(mech, tokens, chunk):
-    """What lm::evaluate computes, driven from Python: one stream, chunk by chunk, summed cross-entropy."""
+    """What stream::evaluate computes, driven from Python: one stream, chunk by chunk, summed cross-entropy."""
     data = torch.as_tensor(tokens).reshape(1, -1)
     n = data.shape[1]
     state = mech.init_state(1)

@@ -10,15 +10,15 @@
 
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// Copies the checkpoint's parameters into `mechanism` (a SlidingWindowSpine, MomentClosureAttention,
 /// LinearAttentionSpine, … module), converting them to its dtype. The file is first checked as
-/// lm::read_checkpoint_info checks it (format, version, CRC-32 of every member, options); then every parameter of
+/// stream::read_checkpoint_info checks it (format, version, CRC-32 of every member, options); then every parameter of
 /// the module must be stored under its path, with its shape, as float32 and finite. Nothing is copied unless all
 /// of them are.
 /// @throws IoError (a std::runtime_error) for a file that cannot be read; std::runtime_error naming the file (and
 ///   the parameter) for a malformed checkpoint or a missing, mis-shaped, non-float32 or non-finite parameter.
 void load_checkpoint_weights(const std::string& path, torch::nn::Module& mechanism);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

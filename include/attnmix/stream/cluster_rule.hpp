@@ -8,7 +8,7 @@
 
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// How the far field decides births and merges (docs/decisions/0010-cluster-budget.md).
 ///   kThreshold  a chunk births a cluster when its mean key fits none (best logit below birth_threshold in every
@@ -32,4 +32,4 @@ inline const char* cluster_rule_name(ClusterRule rule) {
   return rule == ClusterRule::kBudget ? "budget" : "threshold";
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// What a mechanism's step returns: the carried state after the chunk and the chunk's mean cross-entropy.
 template <class State>
@@ -305,4 +305,4 @@ TbpttResult<typename M::state_type> train_tbptt(M& mechanism, typename M::state_
   return result;
 }
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 /// The sizes of the associative recall task (see the file comment; docs/far-field.md); validate_recall_task checks
 /// them.
@@ -141,4 +141,4 @@ RecallResult run_sequence_task(const std::string& mechanism, const SequenceTask&
 RecallResult run_recall(const std::string& mechanism, const RecallRunOptions& options,
                         const std::function<void(int64_t step, double loss)>& on_step = {});
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

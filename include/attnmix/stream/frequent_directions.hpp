@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// One Frequent Directions shrink of a full sketch (…, ℓ, m): the shrunk sketch (rows from `filled` on all zero),
 /// δ per sketch (…) and the rows in use after it: ℓ/2 − 1, or min(ℓ, m) when ℓ/2 > min(ℓ, m) (then δ = 0).
@@ -155,4 +155,4 @@ TORCH_MODULE(FrequentDirectionsSpine);
 
 static_assert(ContextMechanism<FrequentDirectionsSpineImpl>);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -22,7 +22,7 @@
 
 #include <torch/optim/adamw.h>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// torch::optim::AdamW with a one-pass update per parameter and bit-identical results (see the file comment). It is
 /// constructed, configured, saved and loaded exactly as torch::optim::AdamW; `attnmix lm train` uses it (docs/lm.md).
@@ -37,4 +37,4 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

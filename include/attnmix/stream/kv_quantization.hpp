@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// Int8 codes with one affine scale per row.
 struct QuantizedKv {
@@ -98,4 +98,4 @@ struct OutlierAttention {
 /// store's B, H and d. Cost O(B·t·S·H·d).
 OutlierAttention outlier_attention(const torch::Tensor& q, const OutlierStore& store);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

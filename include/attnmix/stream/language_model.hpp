@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 /// The attention mechanism of a streaming language model (`--mechanism`; docs/lm.md and
 /// `docs/mechanisms.md#streaming-language-model`).
@@ -270,4 +270,4 @@ struct CheckpointInfo {
 /// @throws std::runtime_error for a missing, unreadable or malformed checkpoint (the message names the file).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// Sizes of LinearAttentionSpine: every size positive, d_model % n_head == 0 (no window: the state is the sums).
 /// They are checked as the spine's (validate_spine_options), so head_dim must also be even, although no RoPE is
@@ -139,4 +139,4 @@ TORCH_MODULE(LinearAttentionSpine);
 
 static_assert(ContextMechanism<LinearAttentionSpineImpl>);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 /// What `attnmix lm memory-bench` sweeps (docs/far-field.md): the mechanisms, the tasks and their settings, and the
 /// seeds. validate() checks them.
@@ -106,4 +106,4 @@ MemoryBenchReport run_memory_benchmark(const MemoryBenchOptions& options, const 
 [[nodiscard]] std::vector<MemoryBenchCase> memory_bench_cases(const MemoryBenchOptions& options,
                                                               const std::vector<MemoryBenchRun>& runs);
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 /// The sizes of a multi-query associative recall task (see the file comment); validate_mqar_task checks them.
 struct MqarTaskOptions {
@@ -57,4 +57,4 @@ int64_t passkey_min_length(int64_t digits);
 /// @throws ValueError for an invalid task or a non-positive batch.
 RecallSequences passkey_sequences(Rng& rng, const PasskeyTaskOptions& task, int64_t batch);
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// One layer's far-field mixtures, one per stream. B streams, H heads, C = max_clusters, d = head_dim.
 /// Slots at and beyond n_clusters[b] are inactive and all zero.
@@ -313,4 +313,4 @@ TORCH_MODULE(MomentClosureAttention);
 
 static_assert(ContextMechanism<MomentClosureAttentionImpl>);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// A Gaussian law over a d-vector: mean (d), covariance (d×d).
 struct GaussianLaw {
@@ -40,4 +40,4 @@ AttentionLawResult attention_law(const GaussianLaw& law, const torch::Tensor& qk
                                  const torch::Tensor& qkv_bias, const torch::Tensor& proj_weight,
                                  const torch::Tensor& proj_bias, int64_t n_head);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -9,10 +9,10 @@
 
 #include "attnmix/stream/language_model.hpp"
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 
 /// {step, loss, tokens_per_second, elapsed_seconds} in that order, then the moment-closure lists clusters,
 /// bank_mass and far_share when the model has them, then heldout_bits_per_byte at the steps that scored it.
 [[nodiscard]] nlohmann::ordered_json progress_record(const Progress& progress);
 
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

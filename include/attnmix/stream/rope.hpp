@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// cos and sin of the angles of positions (t) for one head size: each (t, head_dim), in dtype.
 struct RopeTables {
@@ -33,4 +33,4 @@ torch::Tensor rotate_half(const torch::Tensor& x);
 /// Rotates x (…, t, H, head_dim) by the tables (t, head_dim), broadcasting over the batch and head axes.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

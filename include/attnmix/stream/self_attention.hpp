@@ -33,7 +33,7 @@
 #include <optional>
 #include <string>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 // ---- the shared pieces (every layer of a mechanism, and the modules below) ------------------------------------
 
@@ -242,4 +242,4 @@ class MomentClosureSelfAttentionImpl : public torch::nn::Module {
 /// MomentClosureSelfAttention, the module holder of MomentClosureSelfAttentionImpl (libtorch's TORCH_MODULE).
 TORCH_MODULE(MomentClosureSelfAttention);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace attnmix {
+namespace attnmix::stream {
 
 /// The p Count Sketch matrices M_i (h_d × D, float64) drawn from seed: row j holds s_i(j) = ±1 at column h_i(j).
 /// @throws ValueError unless head_dim, sketch_dim and degree are positive.
@@ -126,4 +126,4 @@ TORCH_MODULE(TensorSketchSpine);
 
 static_assert(ContextMechanism<TensorSketchSpineImpl>);
 
-}  // namespace attnmix
+}  // namespace attnmix::stream

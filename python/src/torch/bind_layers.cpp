@@ -28,6 +28,8 @@
 
 namespace attnmix::python {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace py = pybind11;
 
 namespace {
@@ -66,8 +68,8 @@ py::tuple closure_state_out(const MomentClosureLayerState& s) {
 }
 
 // The recall task's options from keywords over the C++ defaults (an unknown keyword → TypeError).
-lm::RecallTaskOptions task_from(const py::kwargs& kwargs, std::string_view where) {
-  lm::RecallTaskOptions task;
+stream::RecallTaskOptions task_from(const py::kwargs& kwargs, std::string_view where) {
+  stream::RecallTaskOptions task;
   for (const auto& [key, value] : kwargs) {
     const auto name = py::str(key).cast<std::string>();
     if (name == "keys") {
@@ -176,11 +178,11 @@ void bind_layers(py::module_& m) {
         const auto stream_value = nonnegative_int(stream, w, "stream");
         std::vector<int64_t> sizes;
         for (const py::handle size : py::iter(batch_sizes)) sizes.push_back(positive_int(size, w, "batch_sizes"));
-        std::vector<lm::RecallSequences> drawn;
+        std::vector<stream::RecallSequences> drawn;
         {
           py::gil_scoped_release release;
-          Rng rng = lm::recall_data_rng(seed_value, stream_value);
-          for (const int64_t size : sizes) drawn.push_back(lm::recall_sequences(rng, task, size));
+          Rng rng = stream::recall_data_rng(seed_value, stream_value);
+          for (const int64_t size : sizes) drawn.push_back(stream::recall_sequences(rng, task, size));
         }
         py::list out;
         for (const auto& s : drawn) {

@@ -36,6 +36,8 @@
 
 namespace attnmix::python {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace py = pybind11;
 using namespace pybind11::literals;
 
@@ -292,13 +294,13 @@ void bind_mechanisms(py::module_& m) {
   m.def(
       "_checkpoint_model",
       [](const std::string& path) {
-        lm::CheckpointInfo info;
+        stream::CheckpointInfo info;
         {
           py::gil_scoped_release release;
-          info = lm::read_checkpoint_info(path);
+          info = stream::read_checkpoint_info(path);
         }
         const auto& c = info.model;
-        return py::dict("mechanism"_a = lm::mechanism_name(c.mechanism), "vocab"_a = c.vocab,
+        return py::dict("mechanism"_a = stream::mechanism_name(c.mechanism), "vocab"_a = c.vocab,
                         "d_model"_a = c.d_model, "n_layer"_a = c.n_layer, "n_head"_a = c.n_head,
                         "window"_a = c.window, "max_clusters"_a = c.max_clusters,
                         "birth_threshold"_a = c.birth_threshold,

@@ -8,6 +8,8 @@
 
 namespace attnmix::python {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace py = pybind11;
 
 ParameterLayout::ParameterLayout(torch::nn::Module& module) {

@@ -66,7 +66,7 @@ class MechanismConfig {
   double real(const char* key) const;
   std::optional<int64_t> optional_positive(const char* key) const;
   std::optional<double> optional_real(const char* key) const;
-  ClusterRule cluster_rule(const char* key) const;
+  stream::ClusterRule cluster_rule(const char* key) const;
 
   /// Options with the sizes every mechanism has (vocab, d_model, n_layer, n_head) read; the rest at their defaults.
   template <class Options>

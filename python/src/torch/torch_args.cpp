@@ -13,6 +13,8 @@
 
 namespace attnmix::python {
 
+using namespace attnmix::stream;  // the streaming models this file exposes
+
 namespace py = pybind11;
 
 namespace {

@@ -51,9 +51,9 @@ namespace attnmix::python {
 
 /// A bank from its tuple (count, mu_k, mu_v, sigma_kk, sigma_vk, n_clusters (a sequence of ints), max_clusters),
 /// checked by validate_cluster_bank. @throws TypeError/ValueError naming `where`, `name` and the field.
-[[nodiscard]] ClusterBank bank_from_tuple(pybind11::handle obj, std::string_view where, std::string_view name);
+[[nodiscard]] stream::ClusterBank bank_from_tuple(pybind11::handle obj, std::string_view where, std::string_view name);
 
 /// The tuple of a bank, in the field order above (n_clusters a list).
-[[nodiscard]] pybind11::tuple bank_to_tuple(const ClusterBank& bank);
+[[nodiscard]] pybind11::tuple bank_to_tuple(const stream::ClusterBank& bank);
 
 }  // namespace attnmix::python

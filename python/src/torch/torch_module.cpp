@@ -13,6 +13,8 @@
 namespace py = pybind11;
 
 namespace attnmix::python {
+
+using namespace attnmix::stream;  // the streaming models this file exposes
 void bind_functional(py::module_& m);  // bind_functional.cpp
 void bind_mechanisms(py::module_& m);  // bind_mechanisms.cpp
 void bind_sketch_spines(py::module_& m);  // bind_sketch_spines.cpp

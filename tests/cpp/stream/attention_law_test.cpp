@@ -29,7 +29,7 @@
 #include "testing/all_close.hpp"
 #include "testing/torch_values.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using testing::ExpectAllClose;
@@ -265,4 +265,4 @@ TEST(AttentionLawTest, InvalidInputsThrow) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

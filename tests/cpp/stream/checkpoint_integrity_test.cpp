@@ -31,7 +31,7 @@
 #include "testing/cli_fixture.hpp"
 #endif
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 namespace fs = std::filesystem;
@@ -376,4 +376,4 @@ TEST_F(CheckpointIntegrityCliTest, DamagedCheckpointsExitTwoWithTheReason) {
 #endif
 
 }  // namespace
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

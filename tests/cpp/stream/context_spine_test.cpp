@@ -33,7 +33,7 @@
 #include "testing/all_close.hpp"
 #include "testing/torch_values.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using testing::ExpectAllClose;
@@ -593,4 +593,4 @@ TEST(SlidingWindowSpineTest, GradientMatchesCentralDifferences) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

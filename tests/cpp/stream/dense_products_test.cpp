@@ -20,7 +20,7 @@
 #include "testing/all_close.hpp"
 #include "testing/torch_values.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using testing::ExpectAllClose;
@@ -205,4 +205,4 @@ TEST(DenseProductsKernelTest, ResultsDoNotDependOnOpenBlasThreads) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -16,7 +16,7 @@
 #include "testing/mechanism_checks.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 FrequentDirectionsOptions small_options(int64_t sketch_rows, int64_t window = 3) {
@@ -230,4 +230,4 @@ TEST(FrequentDirectionsSpine, RejectsBadOptionsAndStates) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -12,7 +12,7 @@
 
 #include "attnmix/stream/fused_adamw.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using torch::optim::AdamW;
@@ -161,4 +161,4 @@ TEST(FusedAdamWTest, FallsBackWhereItCannotFuseAndContinuesAdamWState) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

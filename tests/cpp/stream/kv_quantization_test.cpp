@@ -18,7 +18,7 @@
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/self_attention.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 // ---- quantize_kv_cache / dequantize_kv_cache -----------------------------------------------------------------
@@ -384,4 +384,4 @@ TEST(MomentClosureOutliers, SublayerGradientMatchesFiniteDifferences) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -31,7 +31,7 @@
 #include "attnmix/stream/tensor_sketch.hpp"
 #include "testing/all_close.hpp"
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 namespace fs = std::filesystem;
@@ -1127,4 +1127,4 @@ TEST_F(LanguageModelTest, ValidateNamesTheField) {
 }
 
 }  // namespace
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

@@ -13,7 +13,7 @@
 #include "attnmix/core/errors.hpp"
 #include "testing/mechanism_checks.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 LinearAttentionOptions small_options() {
@@ -210,4 +210,4 @@ TEST(LinearAttentionSpine, RejectsStatesThatDoNotFit) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

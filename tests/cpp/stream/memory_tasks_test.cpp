@@ -14,7 +14,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
 
-namespace attnmix::lm {
+namespace attnmix::stream {
 namespace {
 
 TEST(MemoryTasks, MqarAsksEveryStoredKeyOnceAndAnswersWithItsValue) {
@@ -148,4 +148,4 @@ TEST(MemoryBenchCases, ShareOfFullGainNeedsAGainBeyondNoise) {
 }
 
 }  // namespace
-}  // namespace attnmix::lm
+}  // namespace attnmix::stream

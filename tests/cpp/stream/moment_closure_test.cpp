@@ -50,7 +50,7 @@
 #include "attnmix/stream/moment_propagation.hpp"
 #include "testing/all_close.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using Vec = std::vector<double>;
@@ -2030,4 +2030,4 @@ TEST(MomentClosureAttentionTest, DetachKeepsBankGraphWhenAsked) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

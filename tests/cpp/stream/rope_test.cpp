@@ -26,7 +26,7 @@
 #include "testing/all_close.hpp"
 #include "testing/torch_values.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using testing::ExpectAllClose;
@@ -178,4 +178,4 @@ TEST(RopeTest, InvalidArgumentsThrow) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

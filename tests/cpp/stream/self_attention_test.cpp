@@ -22,7 +22,7 @@
 #include "attnmix/stream/moment_closure.hpp"
 #include "testing/torch_values.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 /// Options of a moment-closure layer (the thresholds at their defaults).
@@ -271,4 +271,4 @@ TEST(SelfAttentionTest, ModulesCheckTheirInputs) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -16,7 +16,7 @@
 #include "attnmix/stream/context_spine.hpp"
 #include "testing/all_close.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using Chunks = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
@@ -149,4 +149,4 @@ TEST(SlidingWindowSpineAcceptanceTest, StateStaysBoundedOverLongStreams) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -23,7 +23,7 @@
 #include "attnmix/stream/context_spine.hpp"
 #include "testing/all_close.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 using Chunks = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
@@ -401,4 +401,4 @@ TEST(TbpttTest, SeededRunsAreBitwiseIdentical) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream

@@ -17,7 +17,7 @@
 #include "testing/mechanism_checks.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 
-namespace attnmix {
+namespace attnmix::stream {
 namespace {
 
 TensorSketchOptions small_options(int64_t sketch_dim, int64_t degree, int64_t window = 3) {
@@ -212,4 +212,4 @@ TEST(TensorSketchSpine, RejectsBadOptionsAndStates) {
 }
 
 }  // namespace
-}  // namespace attnmix
+}  // namespace attnmix::stream
