@@ -83,7 +83,7 @@ struct ModelConfig {
   int64_t d_model = 32;  ///< d, the width of the residual stream (positive; a multiple of n_head)
   int64_t n_layer = 2;   ///< Transformer layers (positive)
   int64_t n_head = 2;    ///< H, heads per layer; head_dim = d_model / n_head must be even (RoPE)
-  int64_t window = 64;  ///< ignored by kFull and kLinear
+  int64_t window = 64;  ///< tokens a query sees exactly; kFull and kLinear do not use it (validate() still checks it)
   // The far field of kMomentClosure; the other mechanisms ignore these (validate() still checks
   // them) and their checkpoints do not store them.
   int64_t max_clusters = 4;               ///< clusters per layer, stream and head (positive)
