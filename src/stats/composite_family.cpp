@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
+#include "attnmix/core/rng.hpp"
 #include "attnmix/family/spec.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/stats/composite.hpp"
@@ -110,12 +111,23 @@ DataOf data_files_of(const AnyDistribution& model) {
           std::move(rows_of)};
 }
 
-// m observations of the library's CompositeSampler; each field is drawn with its component's own defaults.
+// m observations with the seeds of the library's CompositeSampler (field f's is the f-th draw of Rng(seed)), each field
+// drawn by its component's family, so that a mixture can be a field; each with its component's own defaults.
 AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> width) {
   if (width)
     throw ValueError(std::string(Composite::kWhere) +
                      ": a composite draws each field with its component's default context length; it takes none");
-  return AnyBatch(model.get_if<Composite>()->sampler(seed).sample(m));
+  const auto& components = model.get_if<Composite>()->components();
+  Rng rng(seed);
+  std::vector<uint64_t> seeds(components.size());
+  for (uint64_t& s : seeds) s = rng.next_u64();  // all first, as CompositeSampler
+  std::vector<AnyBatch> fields;
+  for (size_t f = 0; f < components.size(); ++f) {
+    const FamilySpec& family = spec_of(components[f]);
+    fields.push_back(family.sample ? family.sample(components[f], m, seeds[f], std::nullopt)
+                                   : components[f].sample(m, seeds[f]));  // the library's error
+  }
+  return AnyBatch(CompositeBatch(std::move(fields)));
 }
 
 }  // namespace

@@ -310,6 +310,14 @@ def test_composite_rows_of_attnmix_sample_and_score(tmp_path, rng):
     scored = run_cli("score", "--model", tmp_path / "composite.json", "--data", tmp_path / "rows.jsonl", "--per-row")
     expected = model.seq_log_density(model.dist_to_encoder().seq_encode(draws))
     np.testing.assert_allclose([float(v) for v in scored.stdout.split()], expected, rtol=1e-12)
+    # A field may be a mixture: the program draws it as MixtureSampler does.
+    label = MixtureDistribution([CategoricalDistribution([0.9, 0.1]), CategoricalDistribution([0.2, 0.8])], [0.3, 0.7])
+    model = CompositeDistribution([label, DiagonalGaussianDistribution([1.0], [2.0])])
+    save_model(model, tmp_path / "nested.json")
+    lines = run_cli("sample", "--model", tmp_path / "nested.json", "-n", 25, "--seed", 8).stdout.splitlines()
+    draws = CompositeSampler(model, seed=8).sample(25)
+    assert [json.loads(line)["f0_value"] for line in lines] == [d[0] for d in draws]
+    np.testing.assert_array_equal([json.loads(line)["f1_value"] for line in lines], [d[1] for d in draws])
 
 
 def test_combinator_samplers_refuse_bad_arguments():
