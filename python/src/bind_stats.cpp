@@ -103,7 +103,8 @@ py::object optional_int(const std::optional<int64_t>& v) {
 // A mixture's draws (docs/mechanisms.md#building-blocks): every observation's component z ~ w from one stream, then
 // component k's observations, in order, from its own sampler seeded derive_seed(seed, sampler, k + 1); z comes from
 // derive_seed(seed, sampler, 0). These are the rows `attnmix sample` writes for the same model and seed, and a call of
-// sample(m) continues where the previous call stopped, so sample(a) + sample(b) == sample(a + b).
+// sample(m) continues where the previous call stopped, so sample(a) + sample(b) == sample(a + b) when the components'
+// samplers draw one observation after another (every family's but a composite's).
 struct MixtureSamplerPy {
   Rng pick;                          // the components z ~ w
   std::vector<py::object> samplers;  // one per component
@@ -189,7 +190,8 @@ void bind_mixture(py::module_& m) {
       "component z from that component's own sampler (docs/mechanisms.md#building-blocks). Keyword options are "
       "passed to every component's sampler() (context_length for chained attention). One call of sample(m) gives "
       "the rows `attnmix sample` writes for the same model and seed, and calls continue one another: sample(a) "
-      "followed by sample(b) draws what sample(a + b) would."
+      "followed by sample(b) draws what sample(a + b) would (when the components' samplers draw one observation "
+      "after another, as every family's does but a composite's)."
       R"doc(
 
 Example:
