@@ -44,15 +44,15 @@ const FamilySpec& spec_of(const AnyDistribution& model) {
   throw ValueError("attnmix: family '" + family + "' is not registered (known: " + file_families_text() + ")");
 }
 
-DataOf::DataOf(const FamilySpec* family, Dims dims)
+DataOf::DataOf(const FamilySpec* family, Dims fixed)
     : schema(family->schema, [](const RowSchema*) {}),  // a family's schema is static: not owned
-      dims(std::move(dims)),
+      dims(std::move(fixed)),
       encode(family->encode),
       rows_of(family->rows_of) {}
 
-DataOf::DataOf(std::shared_ptr<const RowSchema> schema, Dims dims, std::function<AnyBatch(Rows, const Dims&)> encode,
-               std::function<Rows(const AnyBatch&)> rows_of)
-    : schema(std::move(schema)), dims(std::move(dims)), encode(std::move(encode)), rows_of(std::move(rows_of)) {}
+DataOf::DataOf(std::shared_ptr<const RowSchema> fields, Dims fixed, std::function<AnyBatch(Rows, const Dims&)> encoder,
+               std::function<Rows(const AnyBatch&)> writer)
+    : schema(std::move(fields)), dims(std::move(fixed)), encode(std::move(encoder)), rows_of(std::move(writer)) {}
 
 DataOf data_of(const AnyDistribution& model) {
   const FamilySpec& spec = spec_of(model);

@@ -45,7 +45,12 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
 // Data files: the components' fields side by side, component f's field "x" as "f<f>_x" and its sizes likewise
 // ("f0_K"), so that two components of one family do not collide; a component's target is an ordinary field here.
 
-std::string prefix_of(size_t f) { return "f" + std::to_string(f) + "_"; }
+std::string prefix_of(size_t f) {
+  std::string prefix = "f";  // appended, not "f" + ...: GCC 12 warns falsely (-Wrestrict) on that form
+  prefix += std::to_string(f);
+  prefix += '_';
+  return prefix;
+}
 
 std::string prefixed(size_t f, std::string_view name) {
   return name.empty() ? std::string() : prefix_of(f) + std::string(name);

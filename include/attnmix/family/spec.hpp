@@ -61,10 +61,11 @@ struct FamilySpec;
 /// composite its components' fields side by side.
 struct DataOf {
   /// The files of a family that reads its own schema: family->schema, family->encode and family->rows_of.
-  DataOf(const FamilySpec* family, Dims dims);
-  /// Files of a schema made for one model (a composite's).
-  DataOf(std::shared_ptr<const RowSchema> schema, Dims dims, std::function<AnyBatch(Rows, const Dims&)> encode,
-         std::function<Rows(const AnyBatch&)> rows_of);
+  DataOf(const FamilySpec* family, Dims fixed);
+  /// Files of a schema made for one model (a composite's): its fields, the sizes it fixes, rows → batch (encoder) and
+  /// batch → rows (writer).
+  DataOf(std::shared_ptr<const RowSchema> fields, Dims fixed, std::function<AnyBatch(Rows, const Dims&)> encoder,
+         std::function<Rows(const AnyBatch&)> writer);
 
   std::shared_ptr<const RowSchema> schema;             ///< the files' fields
   Dims dims;                                           ///< the sizes the model fixes, each "from the model"
