@@ -2,7 +2,7 @@
 /// @file spec.hpp
 /// A family's descriptor: what every adapter — model files, the `attnmix` program, the Python module — needs to
 /// know about a family, so that none of them asks "which family is this" with a chain of casts. Each family
-/// defines its descriptor beside its code (for example `attention/responsibility_family.cpp`) and is registered once,
+/// defines its descriptor beside its code (for example `attention/responsibility/family.cpp`) and is registered once,
 /// by one line in the library's one list of families (`src/family/registry.cpp`).
 ///
 ///   name, aliases   how users name the family (`attnmix fit --family responsibility`, or `ra`)

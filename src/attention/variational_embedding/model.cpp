@@ -8,7 +8,7 @@
 // per-thread table G that is folded into grad_mean and grad_log_var once per (chunk, k); the logs of the rows' p are
 // taken after the rows, on whole packets (RowLogs). Cost per sample: n·N·D differences and as many multiply-adds,
 // O(n·N) for the rest. A row's arithmetic never depends on its neighbours, its block or the thread. In mixed precision
-// the gate comes from variational_embedding_mixed.cpp (float copies of the tables); the posterior, the gradient
+// the gate comes from mixed.cpp (float copies of the tables); the posterior, the gradient
 // scatter and the counts below are the same double code in either precision.
 #include <algorithm>
 #include <cmath>
@@ -20,10 +20,10 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
-#include "float_lanes_impl.hpp"
-#include "lanes_impl.hpp"
-#include "variational_common_impl.hpp"
-#include "variational_mixed_impl.hpp"
+#include "../float_lanes_impl.hpp"
+#include "../lanes_impl.hpp"
+#include "../variational/common_impl.hpp"
+#include "../variational/mixed_impl.hpp"
 
 namespace attnmix {
 

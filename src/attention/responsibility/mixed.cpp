@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Responsibility attention's pass 1 in mixed precision (docs/mixed_precision.md). The float64 kernel's layout
-// (responsibility.cpp) with 16-lane float vectors: a row's query is rounded to float once, the 16 squared distances
+// (model.cpp) with 16-lane float vectors: a row's query is rounded to float once, the 16 squared distances
 // of 16 positions are reduced together by one transpose-add tree, and ℓ, its maximum and exp(ℓ − max) stay float;
 // the sum of the exponentials, the responsibilities and log p are double. Every row's arithmetic is fixed (no
 // dependence on neighbours, addresses or threads), so results are bitwise thread-count invariant.
@@ -10,10 +10,10 @@
 #include <string>
 
 #include "attnmix/core/errors.hpp"
-#include "float_lanes_impl.hpp"
-#include "lanes_impl.hpp"
-#include "prefetch_impl.hpp"
-#include "responsibility_mixed_impl.hpp"
+#include "../float_lanes_impl.hpp"
+#include "../lanes_impl.hpp"
+#include "../prefetch_impl.hpp"
+#include "mixed_impl.hpp"
 
 namespace attnmix {
 

@@ -9,7 +9,7 @@
 // 8-lane vectors (exp_lanes) and log on whole Eigen packets (never Eigen's array loops, which switch between scalar
 // and packet code by alignment), and the kernels specialised for D = 8, 16, 24, 32, 48, 64 perform the operations
 // of the run-time-D kernel (checked bitwise). The mixed-precision pass 1 (docs/mixed_precision.md) is in
-// responsibility_mixed.cpp; pass 2 is float64 in either precision.
+// mixed.cpp; pass 2 is float64 in either precision.
 #include <Eigen/Core>
 #include <algorithm>
 #include <bit>
@@ -25,9 +25,9 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
-#include "lanes_impl.hpp"
-#include "prefetch_impl.hpp"
-#include "responsibility_mixed_impl.hpp"
+#include "../lanes_impl.hpp"
+#include "../prefetch_impl.hpp"
+#include "mixed_impl.hpp"
 
 namespace attnmix {
 

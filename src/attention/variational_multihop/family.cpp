@@ -7,8 +7,8 @@
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/family/spec.hpp"
-#include "family_impl.hpp"
-#include "variational_family_impl.hpp"
+#include "../family_impl.hpp"
+#include "../variational/family_impl.hpp"
 
 namespace attnmix {
 

@@ -6,7 +6,7 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/family/spec.hpp"
-#include "family_impl.hpp"
+#include "../family_impl.hpp"
 
 namespace attnmix {
 

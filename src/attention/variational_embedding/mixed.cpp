@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Variational embedding attention's gate in mixed precision (docs/mixed_precision.md): the float64 gate's layout
-// (variational_embedding.cpp) with 16-lane float vectors over float copies of the embedding tables. The posterior,
+// (model.cpp) with 16-lane float vectors over float copies of the embedding tables. The posterior,
 // every statistic and the M-step stay double. A row's arithmetic depends only on the row and the tables, so results
 // are bitwise thread-count invariant.
 #include <cmath>
 #include <limits>
 
-#include "float_lanes_impl.hpp"
-#include "lanes_impl.hpp"
-#include "variational_mixed_impl.hpp"
+#include "../float_lanes_impl.hpp"
+#include "../lanes_impl.hpp"
+#include "../variational/mixed_impl.hpp"
 
 namespace attnmix {
 

@@ -7,7 +7,7 @@
 #include "attnmix/family/spec.hpp"
 #include "attnmix/stats/gaussian.hpp"
 
-#include "../family/settings_impl.hpp"
+#include "../../family/settings_impl.hpp"
 
 namespace attnmix {
 

@@ -7,7 +7,7 @@
 #include "attnmix/family/spec.hpp"
 #include "attnmix/stats/categorical.hpp"
 
-#include "../family/settings_impl.hpp"
+#include "../../family/settings_impl.hpp"
 
 namespace attnmix {
 

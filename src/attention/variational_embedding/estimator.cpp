@@ -11,7 +11,7 @@
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
 #include "attnmix/stats/simplex.hpp"
-#include "variational_common_impl.hpp"
+#include "../variational/common_impl.hpp"
 
 namespace attnmix {
 

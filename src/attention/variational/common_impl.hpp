@@ -14,7 +14,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/stats/log_math.hpp"
-#include "lanes_impl.hpp"
+#include "../lanes_impl.hpp"
 
 namespace attnmix::variational {
 

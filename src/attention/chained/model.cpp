@@ -39,7 +39,7 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
-#include "lanes_impl.hpp"
+#include "../lanes_impl.hpp"
 
 namespace attnmix {
 

@@ -12,7 +12,7 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
-#include "variational_common_impl.hpp"
+#include "../variational/common_impl.hpp"
 
 namespace attnmix {
 

@@ -6,8 +6,8 @@
 
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/family/spec.hpp"
-#include "family_impl.hpp"
-#include "variational_family_impl.hpp"
+#include "../family_impl.hpp"
+#include "../variational/family_impl.hpp"
 
 namespace attnmix {
 

@@ -6,7 +6,7 @@
 
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/family/spec.hpp"
-#include "family_impl.hpp"
+#include "../family_impl.hpp"
 
 namespace attnmix {
 
