@@ -595,6 +595,7 @@ class CategoricalDistribution(Distribution):
 
 class CategoricalSampler:
     def __init__(self, dist: CategoricalDistribution, seed: RngLike = None) -> None: ...
+    dist: CategoricalDistribution
     def sample(self, size: int | None = None, *, batched: bool = True) -> int | list[int]: ...
 
 # >>> generated: CategoricalEstimator (scripts/generate_stubs.py)
@@ -643,6 +644,7 @@ class DiagonalGaussianDistribution(Distribution):
 
 class DiagonalGaussianSampler:
     def __init__(self, dist: DiagonalGaussianDistribution, seed: RngLike = None) -> None: ...
+    dist: DiagonalGaussianDistribution
     def sample(self, size: int | None = None, *, batched: bool = True
                ) -> npt.NDArray[np.float64] | list[npt.NDArray[np.float64]]: ...
 

@@ -28,10 +28,6 @@ using Encoder = ResponsibilityAttentionDataEncoderPy;
 
 constexpr const char* kDist = "ResponsibilityAttentionDistribution";
 
-py::object optional_int(const std::optional<int64_t>& v) {
-  return v ? py::object(py::int_(*v)) : py::none();
-}
-
 Dist make_distribution(py::object key_means, py::object emission, py::object position_prior,
                        py::object sigma2, py::object name, py::object precision) {
   ResponsibilityAttentionParams p;
@@ -140,14 +136,6 @@ py::tuple predict_proba_vjp(const ResponsibilityAttention& m, py::handle context
 
 using SamplerPy = SamplerOf<ResponsibilityAttentionSampler>;
 
-py::object sample(SamplerPy& s, py::object size, py::object batched) {
-  return sample_observations(size, batched, "ResponsibilityAttentionSampler.sample", [&s] {
-    const ResponsibilityAttentionObservation obs = s.sampler.sample();
-    return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query.data(),
-                          static_cast<Index>(obs.query.size()), obs.target);
-  });
-}
-
 void bind_distribution(py::module_& m) {
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<SamplerPy> sampler_class(
@@ -172,7 +160,7 @@ True
 >>> bool(np.isfinite(model.seq_log_density(rows)).all())
 True
 )doc");
-  py::class_<Dist, DistributionHandle>(
+  py::class_<Dist, DistributionHandle> cls(
       m, kDist,
       "One attention head as a mixture over context positions with a generative gate "
       "(docs/mechanisms.md#responsibility-attention): "
@@ -194,39 +182,22 @@ Example:
 >>> r = model.responsibilities([([0, 1], [1.0, 0.0], 0)])
 >>> r.shape, round(float(r.sum()), 9)
 ((1, 2), 1.0)
-)doc")
-      .def(py::init(&make_distribution), "key_means"_a, "emission"_a,
+)doc");
+  using Model = ResponsibilityAttention;
+  def_model_view(
+      cls, "key_means", [](const Model& d) -> const Matrix& { return d.params().key_means; },
+      "Key means K, a read-only float64 array of shape (S, D): row s is the mean query that attends to symbol s.");
+  def_model_view(
+      cls, "emission", [](const Model& d) -> const Matrix& { return d.params().emission; }, doc::kEmission);
+  def_model_view(
+      cls, "position_prior", [](const Model& d) -> const Vector& { return d.params().position_prior; },
+      doc::kPositionPrior);
+  def_model_view(cls, "log_position_prior", &Model::log_position_prior,
+                 "log pi, a read-only float64 array of shape (N,): the logarithm of position_prior, as the gate adds "
+                 "it.");
+  cls.def(py::init(&make_distribution), "key_means"_a, "emission"_a,
            "position_prior"_a = py::none(), "sigma2"_a = ResponsibilityAttentionParams{}.sigma2,
            "name"_a = py::none(), py::kw_only(), "precision"_a = "float64")
-      .def_property_readonly("key_means",
-                             [](py::object self) {
-                               const Matrix& k =
-                                   self.cast<const Dist&>().model().params().key_means;
-                               return readonly_view(k.data(), {k.rows(), k.cols()}, self);
-                             },
-                             "Key means K, a read-only float64 array of shape (S, D): row s is the mean query "
-                             "that attends to symbol s.")
-      .def_property_readonly("emission",
-                             [](py::object self) {
-                               const Matrix& b = self.cast<const Dist&>().model().params().emission;
-                               return readonly_view(b.data(), {b.rows(), b.cols()}, self);
-                             },
-                             doc::kEmission)
-      .def_property_readonly("position_prior",
-                             [](py::object self) {
-                               const Vector& p =
-                                   self.cast<const Dist&>().model().params().position_prior;
-                               return readonly_view(p.data(), {p.size()}, self);
-                             },
-                             doc::kPositionPrior)
-      .def_property_readonly("log_position_prior",
-                             [](py::object self) {
-                               const Vector& p =
-                                   self.cast<const Dist&>().model().log_position_prior();
-                               return readonly_view(p.data(), {p.size()}, self);
-                             },
-                             "log pi, a read-only float64 array of shape (N,): the logarithm of position_prior, "
-                             "as the gate adds it.")
       .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); },
                              "Gate variance sigma2 > 0, a float: the isotropic variance of a query around the key "
                              "mean of the attended symbol.")
@@ -315,16 +286,16 @@ Example:
                                   sampler_seed(seed, "ResponsibilityAttentionSampler")),
                               dist};
            }),
-           "dist"_a, "seed"_a = py::none())
-      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; }, doc::kSamplerDist)
-      .def("sample", &sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
-           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
-           "sample() calls.");
+           "dist"_a, "seed"_a = py::none());
+  def_sampling(sampler_class, [](const ResponsibilityAttentionObservation& obs) {
+    return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query.data(),
+                          static_cast<Index>(obs.query.size()), obs.target);
+  });
 }
 
 
 void bind_encoder(py::module_& m) {
-  py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
+  py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>> cls(
       m, "ResponsibilityAttentionDataEncoder",
       "Encodes (context, query, target) triples, or a (contexts (n,N), queries (n,D), targets "
       "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked."
@@ -344,8 +315,8 @@ Example:
 ... except ValueError as error:
 ...     print(error)
 ResponsibilityAttentionDataEncoder: out-of-range ID in context (entry 1 is 3; must be in [0, 3))
-)doc")
-      .def(py::init([](py::object S, py::object N, py::object D, py::object T) {
+)doc");
+  cls.def(py::init([](py::object S, py::object N, py::object D, py::object T) {
              constexpr const char* where = "ResponsibilityAttentionDataEncoder";
              return std::make_shared<Encoder>(
                  ResponsibilityAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
@@ -354,19 +325,12 @@ ResponsibilityAttentionDataEncoder: out-of-range ID in context (entry 1 is 3; mu
                                                 optional_positive_int(T, where, "num_targets")});
            }),
            "num_symbols"_a = py::none(), "context_length"_a = py::none(),
-           "query_dim"_a = py::none(), "num_targets"_a = py::none())
-      .def_property_readonly("num_symbols",
-                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); },
-                             doc::kEncoderNumSymbols)
-      .def_property_readonly("context_length",
-                             [](const Encoder& e) { return optional_int(e.spec().context_length); },
-                             doc::kEncoderContextLength)
-      .def_property_readonly("query_dim",
-                             [](const Encoder& e) { return optional_int(e.spec().query_dim); },
-                             doc::kEncoderQueryDim)
-      .def_property_readonly("num_targets",
-                             [](const Encoder& e) { return optional_int(e.spec().n_targets); },
-                             doc::kEncoderNumTargets);
+           "query_dim"_a = py::none(), "num_targets"_a = py::none());
+  def_declared_size(cls, "num_symbols", &ResponsibilityAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
+  def_declared_size(cls, "context_length", &ResponsibilityAttentionEncoder::context_length,
+                    doc::kEncoderContextLength);
+  def_declared_size(cls, "query_dim", &ResponsibilityAttentionEncoder::query_dim, doc::kEncoderQueryDim);
+  def_declared_size(cls, "num_targets", &ResponsibilityAttentionEncoder::n_targets, doc::kEncoderNumTargets);
 }
 
 void bind_sequence_to_triples(py::module_& m) {

@@ -30,10 +30,6 @@ constexpr const char* kDist = "ChainedAttentionDistribution";
 /// ChainedAttentionSampler (docs/mechanisms.md#chained-attention).
 constexpr int64_t kDefaultContextLength = 6;
 
-py::object optional_int(const std::optional<int64_t>& v) {
-  return v ? py::object(py::int_(*v)) : py::none();
-}
-
 /// keys (L, S, S): a real 3-D array, split into the L hop tables. The library checks the rest
 /// (L, S ≥ 1, square tables with S rows, finiteness).
 std::vector<Matrix> key_tables_arg(py::handle keys) {
@@ -147,14 +143,6 @@ SamplerPy make_sampler(py::object dist, py::object seed, py::object context_leng
       std::move(dist)};
 }
 
-py::object sample(SamplerPy& s, py::object size, py::object batched) {
-  return sample_observations(size, batched, "ChainedAttentionSampler.sample", [&s] {
-    const ChainedAttentionObservation obs = s.sampler.sample();
-    return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()), obs.query,
-                          obs.target);
-  });
-}
-
 void bind_distribution(py::module_& m) {
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<SamplerPy> sampler_class(
@@ -203,13 +191,10 @@ Example:
       .def_property_readonly(
           "key_tables", [](const Dist& d) { return key_tables_of(d.model()); },
           "The hop key tables, a new (L, S, S) array.")
-      .def_property_readonly("emission",
-                             [](py::object self) {
-                               const Matrix& b = self.cast<const Dist&>().model().emission();
-                               return readonly_view(b.data(), {b.rows(), b.cols()}, self);
-                             },
-                             "Emission table B, a read-only float64 array of shape (S, T): row s is p(target | "
-                             "the last hop attends a position whose value is s) and sums to 1.")
+      .def_property_readonly(
+          "emission", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().emission(), self); },
+          "Emission table B, a read-only float64 array of shape (S, T): row s is p(target | "
+          "the last hop attends a position whose value is s) and sums to 1.")
       .def_property_readonly("sigma2", [](const Dist& d) { return d.model().sigma2(); },
                              "Gate variance sigma2 > 0, a float (fixed, not fitted): the temperature of every "
                              "hop's gate.")
@@ -271,16 +256,13 @@ Example:
                                  "ChainedAttentionSampler");
            }),
            "dist"_a, "seed"_a = py::none(), py::kw_only(),
-           "context_length"_a = kDefaultContextLength)
-      .def_property_readonly("dist", [](const SamplerPy& s) { return s.dist; }, doc::kSamplerDist)
-      .def("sample", &sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
-           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
-           "sample() calls.");
+           "context_length"_a = kDefaultContextLength);
+  def_sampling(sampler_class, ca_observation);
 }
 
 
 void bind_encoder(py::module_& m) {
-  py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>>(
+  py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>> cls(
       m, "ChainedAttentionDataEncoder",
       "Encodes (keys, values, query, target) observations, or a (keys (n,N), values (n,N), "
       "queries (n,), targets (n,)) tuple of numpy arrays, into an EncodedBatch; declared bounds "
@@ -299,20 +281,16 @@ Example:
 ... except ValueError as error:
 ...     print(error)
 ChainedAttentionDataEncoder: out-of-range ID in target (entry 0 is 5; must be in [0, 2))
-)doc")
-      .def(py::init([](py::object S, py::object T) {
+)doc");
+  cls.def(py::init([](py::object S, py::object T) {
              constexpr const char* where = "ChainedAttentionDataEncoder";
              return std::make_shared<Encoder>(
                  ChainedAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
                                          optional_positive_int(T, where, "num_targets")});
            }),
-           "num_symbols"_a = py::none(), "num_targets"_a = py::none())
-      .def_property_readonly("num_symbols",
-                             [](const Encoder& e) { return optional_int(e.spec().n_symbols); },
-                             doc::kEncoderNumSymbols)
-      .def_property_readonly("num_targets",
-                             [](const Encoder& e) { return optional_int(e.spec().n_targets); },
-                             doc::kEncoderNumTargets);
+           "num_symbols"_a = py::none(), "num_targets"_a = py::none());
+  def_declared_size(cls, "num_symbols", &ChainedAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
+  def_declared_size(cls, "num_targets", &ChainedAttentionEncoder::n_targets, doc::kEncoderNumTargets);
 }
 
 }  // namespace

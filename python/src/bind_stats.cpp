@@ -94,8 +94,34 @@ py::list children_of(const AccumulatorHandle& h) {
   return out;
 }
 
-py::object optional_int(const std::optional<int64_t>& v) {
-  return v ? py::object(py::int_(*v)) : py::none();
+/// The constructor of a combinator's estimator class (Mixture, Composite): (estimators, pseudo_count=None, keys=None,
+/// name=None).
+template <class CombinatorEstimator>
+void def_combinator_estimator_init(py::class_<EstimatorOf<CombinatorEstimator>, EstimatorHandle>& cls,
+                                   const char* where) {
+  cls.def(py::init([where](py::object estimators, py::object pseudo_count, py::object keys, py::object name) {
+            return EstimatorOf<CombinatorEstimator>(
+                AnyEstimator(CombinatorEstimator(estimators_arg(estimators, where),
+                                                 optional_str(keys, where, "keys"), name_arg(name, where))),
+                pseudo_count_arg(pseudo_count, where));
+          }),
+          "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(), "name"_a = py::none());
+}
+
+/// The constructor of a combinator's accumulator class (Mixture, Composite): (accumulators, keys=None, name=None),
+/// and `accumulators`, its components' accumulators as views (described by `children`).
+template <class CombinatorAccumulator>
+void def_combinator_accumulator(py::class_<AccumulatorOf<CombinatorAccumulator>, AccumulatorHandle>& cls,
+                                const char* where, const char* children) {
+  cls.def(py::init([where](py::object accumulators, py::object keys, py::object name) {
+            py::object nm = name_to_python(name_arg(name, where));
+            return AccumulatorOf<CombinatorAccumulator>(AccumulatorHandle(
+                AnyAccumulator(CombinatorAccumulator(accumulators_arg(accumulators, where),
+                                                     optional_str(keys, where, "keys"))),
+                std::move(nm)));
+          }),
+          "accumulators"_a, "keys"_a = py::none(), "name"_a = py::none())
+      .def_property_readonly("accumulators", &children_of, children);
 }
 
 // ---- samplers of the combinators: they draw through their components' own Python samplers ----------
@@ -228,13 +254,10 @@ True
 [[0.6, 0.4], [0.04, 0.96]]
 )doc")
       .def(py::init(make), "components"_a, "w"_a, "name"_a = py::none())
-      .def_property_readonly("w",
-                             [](py::object self) {
-                               const Vector& w = self.cast<const Dist&>().model().weights();
-                               return readonly_view(w.data(), {w.size()}, self);
-                             },
-                             "Mixture weights w, a read-only float64 array of shape (K,) that sums to 1: w[k] is "
-                             "the prior probability of component k.")
+      .def_property_readonly(
+          "w", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().weights(), self); },
+          "Mixture weights w, a read-only float64 array of shape (K,) that sums to 1: w[k] is "
+          "the prior probability of component k.")
       .def_property_readonly("components",
                              [](const Dist& d) { return wrap_all(d.model().components()); },
                              "The K component distributions, a new list in the order of w.")
@@ -278,7 +301,7 @@ True
           [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
 
   using Est = EstimatorOf<MixtureEstimator>;
-  py::class_<Est, EstimatorHandle>(
+  py::class_<Est, EstimatorHandle> estimator_class(
       m, "MixtureEstimator",
       "The mixture M-step: w = comp_count / sum, each component from its own statistics."
       R"doc(
@@ -294,20 +317,11 @@ Example:
 >>> order = np.argsort([c.mu[0] for c in model.components])
 >>> np.round([model.components[k].mu[0] for k in order]).tolist(), model.w[order].round(1).tolist()
 ([-3.0, 3.0], [0.8, 0.2])
-)doc")
-      .def(py::init([](py::object estimators, py::object pseudo_count, py::object keys,
-                       py::object name) {
-             constexpr const char* where = "MixtureEstimator";
-             return Est(AnyEstimator(MixtureEstimator(estimators_arg(estimators, where),
-                                                      optional_str(keys, where, "keys"),
-                                                      name_arg(name, where))),
-                        pseudo_count_arg(pseudo_count, where));
-           }),
-           "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(),
-           "name"_a = py::none());
+)doc");
+  def_combinator_estimator_init(estimator_class, "MixtureEstimator");
 
   using Acc = AccumulatorOf<MixtureAccumulator>;
-  py::class_<Acc, AccumulatorHandle>(
+  py::class_<Acc, AccumulatorHandle> accumulator_class(
       m, "MixtureAccumulator",
       "Statistics, value() = (comp_count (K,), (component statistics ...))."
       R"doc(
@@ -322,17 +336,8 @@ Example:
 >>> comp_count, (first, second) = acc.value()
 >>> comp_count.round(3).tolist(), first[0].round(3).tolist(), second[0].round(3).tolist()
 ([0.667, 2.333], [0.667, 0.0], [0.333, 2.0])
-)doc")
-      .def(py::init([](py::object accumulators, py::object keys, py::object name) {
-             constexpr const char* where = "MixtureAccumulator";
-             py::object nm = name_to_python(name_arg(name, where));
-             return Acc(AccumulatorHandle(
-                 AnyAccumulator(MixtureAccumulator(accumulators_arg(accumulators, where),
-                                                   optional_str(keys, where, "keys"))),
-                 std::move(nm)));
-           }),
-           "accumulators"_a, "keys"_a = py::none(), "name"_a = py::none())
-      .def_property_readonly("accumulators", &children_of,
+)doc");
+  def_combinator_accumulator(accumulator_class, "MixtureAccumulator",
                              "The component accumulators (views into this one).");
 
   py::class_<MixtureDataEncoderPy, DataEncoder, std::shared_ptr<MixtureDataEncoderPy>>(
@@ -440,7 +445,7 @@ True
           [make](const py::tuple& t) { return make(t[0], t[1]); }));
 
   using Est = EstimatorOf<CompositeEstimator>;
-  py::class_<Est, EstimatorHandle>(m, "CompositeEstimator",
+  py::class_<Est, EstimatorHandle> estimator_class(m, "CompositeEstimator",
                                    "Each field's component estimated from its statistics."
                                    R"doc(
 
@@ -457,20 +462,11 @@ Example:
 >>> ids, values = estimator.estimate(None, acc.value()).dists
 >>> ids.p.round(3).tolist(), values.mu.tolist()
 ([0.333, 0.667], [2.0])
-)doc")
-      .def(py::init([](py::object estimators, py::object pseudo_count, py::object keys,
-                       py::object name) {
-             constexpr const char* where = "CompositeEstimator";
-             return Est(AnyEstimator(CompositeEstimator(estimators_arg(estimators, where),
-                                                        optional_str(keys, where, "keys"),
-                                                        name_arg(name, where))),
-                        pseudo_count_arg(pseudo_count, where));
-           }),
-           "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(),
-           "name"_a = py::none());
+)doc");
+  def_combinator_estimator_init(estimator_class, "CompositeEstimator");
 
   using Acc = AccumulatorOf<CompositeAccumulator>;
-  py::class_<Acc, AccumulatorHandle>(m, "CompositeAccumulator",
+  py::class_<Acc, AccumulatorHandle> accumulator_class(m, "CompositeAccumulator",
                                      "Statistics, value() = (field statistics ...)."
                                      R"doc(
 
@@ -485,17 +481,8 @@ Example:
 >>> (counts,), (total, squares, n) = acc.value()
 >>> counts.tolist(), total.tolist(), squares.tolist(), n
 ([1.0, 1.0], [4.0], [10.0], 2.0)
-)doc")
-      .def(py::init([](py::object accumulators, py::object keys, py::object name) {
-             constexpr const char* where = "CompositeAccumulator";
-             py::object nm = name_to_python(name_arg(name, where));
-             return Acc(AccumulatorHandle(
-                 AnyAccumulator(CompositeAccumulator(accumulators_arg(accumulators, where),
-                                                     optional_str(keys, where, "keys"))),
-                 std::move(nm)));
-           }),
-           "accumulators"_a, "keys"_a = py::none(), "name"_a = py::none())
-      .def_property_readonly("accumulators", &children_of,
+)doc");
+  def_combinator_accumulator(accumulator_class, "CompositeAccumulator",
                              "The field accumulators (views into this one).");
 
   py::class_<CompositeDataEncoderPy, DataEncoder, std::shared_ptr<CompositeDataEncoderPy>>(
@@ -579,13 +566,10 @@ Example:
 True
 )doc")
       .def(py::init(make), "p"_a, "name"_a = py::none())
-      .def_property_readonly("p",
-                             [](py::object self) {
-                               const Vector& p = self.cast<const Dist&>().model().params().p;
-                               return readonly_view(p.data(), {p.size()}, self);
-                             },
-                             "Category probabilities p, a read-only float64 array of shape (K,) that sums to 1: "
-                             "p[k] is the probability of id k.")
+      .def_property_readonly(
+          "p", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().params().p, self); },
+          "Category probabilities p, a read-only float64 array of shape (K,) that sums to 1: "
+          "p[k] is the probability of id k.")
       .def_property_readonly("num_categories",
                              [](const Dist& d) { return d.model().n_categories(); },
                              "Number of categories K, an int: observations are the ids 0 .. K-1.")
@@ -615,14 +599,8 @@ True
       .def(py::init([make_sampler](py::object dist, py::object seed) {
              return make_sampler(std::move(dist), seed, "CategoricalSampler");
            }),
-           "dist"_a, "seed"_a = py::none())
-      .def(
-          "sample",
-          [](CategoricalSamplerPy& s, py::object size, py::object batched) {
-            return sample_observations(size, batched, "CategoricalSampler.sample",
-                                       [&s] { return py::int_(s.sampler.sample()); });
-          },
-          "size"_a = py::none(), py::kw_only(), "batched"_a = true);
+           "dist"_a, "seed"_a = py::none());
+  def_sampling(sampler_class, [](int64_t id) { return py::int_(id); });
 
   bind_estimator_class<CategoricalEstimator>(m, categorical_family(), "CategoricalEstimator",
                                              "p = (counts + smoothing) / sum."
@@ -663,7 +641,7 @@ Example:
 (4, 'ids', [0.0, 0.0, 0.0, 0.0])
 )doc");
 
-  py::class_<CategoricalDataEncoderPy, DataEncoder, std::shared_ptr<CategoricalDataEncoderPy>>(
+  py::class_<CategoricalDataEncoderPy, DataEncoder, std::shared_ptr<CategoricalDataEncoderPy>> encoder_class(
       m, "CategoricalDataEncoder", "Encodes a list (or 1-D array) of ids."
       R"doc(
 
@@ -679,15 +657,15 @@ Example:
 ... except ValueError as error:
 ...     print(error)
 CategoricalDataEncoder: out-of-range ID in ids (entry 0 is 3; must be in [0, 3))
-)doc")
-      .def(py::init([](py::object K) {
+)doc");
+  encoder_class.def(py::init([](py::object K) {
              return std::make_shared<CategoricalDataEncoderPy>(CategoricalEncoder{
                  optional_positive_int(K, "CategoricalDataEncoder", "num_categories")});
            }),
-           "num_categories"_a = py::none())
-      .def_property_readonly(
-          "num_categories", [](const CategoricalDataEncoderPy& e) { return optional_int(e.spec().n_categories); },
-          "The declared number of categories K, an int, or None: ids must lie in 0 .. K-1 (unchecked when None).");
+           "num_categories"_a = py::none());
+  def_declared_size(encoder_class, "num_categories", &CategoricalEncoder::n_categories,
+                    "The declared number of categories K, an int, or None: ids must lie in 0 .. K-1 (unchecked "
+                    "when None).");
 }
 
 // ---- diagonal Gaussian --------------------------------------------------------------------------
@@ -743,19 +721,16 @@ Example:
 -2.531
 )doc")
       .def(py::init(make), "mu"_a, "sigma2"_a, "name"_a = py::none())
-      .def_property_readonly("mu",
-                             [](py::object self) {
-                               const Vector& mu = self.cast<const Dist&>().model().params().mu;
-                               return readonly_view(mu.data(), {mu.size()}, self);
-                             },
-                             "Means mu, a read-only float64 array of shape (D,).")
-      .def_property_readonly("sigma2",
-                             [](py::object self) {
-                               const Vector& s = self.cast<const Dist&>().model().params().sigma2;
-                               return readonly_view(s.data(), {s.size()}, self);
-                             },
-                             "Variances sigma2 > 0, a read-only float64 array of shape (D,): the diagonal of the "
-                             "covariance.")
+      .def_property_readonly(
+          "mu", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().params().mu, self); },
+          "Means mu, a read-only float64 array of shape (D,).")
+      .def_property_readonly(
+          "sigma2",
+          [](py::object self) {
+            return readonly_view(self.cast<const Dist&>().model().params().sigma2, self);
+          },
+          "Variances sigma2 > 0, a read-only float64 array of shape (D,): the diagonal of the "
+          "covariance.")
       .def_property_readonly("dim", [](const Dist& d) { return d.model().dim(); },
                              "Dimension D of the values, an int.")
       .def_property_readonly("name",
@@ -785,16 +760,9 @@ Example:
       .def(py::init([make_sampler](py::object dist, py::object seed) {
              return make_sampler(std::move(dist), seed, "DiagonalGaussianSampler");
            }),
-           "dist"_a, "seed"_a = py::none())
-      .def(
-          "sample",
-          [](GaussianSamplerPy& s, py::object size, py::object batched) {
-            return sample_observations(size, batched, "DiagonalGaussianSampler.sample", [&s] {
-              const std::vector<double> x = s.sampler.sample();
-              return copy_reals(x.data(), {static_cast<Index>(x.size())});
-            });
-          },
-          "size"_a = py::none(), py::kw_only(), "batched"_a = true);
+           "dist"_a, "seed"_a = py::none());
+  def_sampling(sampler_class,
+               [](const std::vector<double>& x) { return copy_reals(x.data(), {static_cast<Index>(x.size())}); });
 
   bind_estimator_class<DiagonalGaussianEstimator>(
       m, diagonal_gaussian_family(), "DiagonalGaussianEstimator",
@@ -837,9 +805,8 @@ Example:
 (3, (3,), 0.0)
 )doc");
 
-  py::class_<DiagonalGaussianDataEncoderPy, DataEncoder,
-             std::shared_ptr<DiagonalGaussianDataEncoderPy>>(
-      m, "DiagonalGaussianDataEncoder", "Encodes a list of vectors (or an (n, D) array)."
+  py::class_<DiagonalGaussianDataEncoderPy, DataEncoder, std::shared_ptr<DiagonalGaussianDataEncoderPy>>
+      encoder_class(m, "DiagonalGaussianDataEncoder", "Encodes a list of vectors (or an (n, D) array)."
       R"doc(
 
 Example:
@@ -850,15 +817,15 @@ Example:
 >>> (x,) = encoder.seq_encode(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
 >>> x.shape, encoder.dim
 ((3, 2), 2)
-)doc")
-      .def(py::init([](py::object D) {
+)doc");
+  encoder_class.def(py::init([](py::object D) {
              return std::make_shared<DiagonalGaussianDataEncoderPy>(DiagonalGaussianEncoder{
                  optional_positive_int(D, "DiagonalGaussianDataEncoder", "dim")});
            }),
-           "dim"_a = py::none())
-      .def_property_readonly(
-          "dim", [](const DiagonalGaussianDataEncoderPy& e) { return optional_int(e.spec().dim); },
-          "The declared dimension D, an int, or None: every vector must have D entries (unchecked when None).");
+           "dim"_a = py::none());
+  def_declared_size(encoder_class, "dim", &DiagonalGaussianEncoder::dim,
+                    "The declared dimension D, an int, or None: every vector must have D entries (unchecked when "
+                    "None).");
 }
 
 }  // namespace

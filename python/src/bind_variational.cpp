@@ -48,14 +48,6 @@ constexpr int64_t kDefaultContextLength = 6;
 
 // ---- shared conversions -------------------------------------------------------------------------
 
-py::object optional_int(const std::optional<int64_t>& v) {
-  return v ? py::object(py::int_(*v)) : py::none();
-}
-
-py::array matrix_view(const Matrix& m, py::handle owner) {
-  return readonly_view(m.data(), {m.rows(), m.cols()}, owner);
-}
-
 py::array_t<double> matrix_copy(const Matrix& m) {
   return copy_reals(m.data(), {m.rows(), m.cols()});
 }
@@ -129,22 +121,11 @@ std::optional<State> state_arg(py::handle obj, const char* where) {
 template <class Class>
 void def_shared_distribution_attributes(Class& cls) {
   using D = typename Class::type;
-  cls.def_property_readonly(
-         "mean",
-         [](py::object self) { return matrix_view(self.cast<const D&>().model().mean(), self); },
-         "Posterior means m (S, D), read-only.")
-      .def_property_readonly(
-          "log_var",
-          [](py::object self) {
-            return matrix_view(self.cast<const D&>().model().log_var(), self);
-          },
-          "Posterior log variances log v (S, D), read-only.")
-      .def_property_readonly("emission",
-                             [](py::object self) {
-                               return matrix_view(self.cast<const D&>().model().emission(), self);
-                             },
-                             doc::kEmission)
-      .def_property_readonly("sigma2", [](const D& d) { return d.model().sigma2(); }, doc::kEmbeddingSigma2)
+  using Model = std::decay_t<decltype(std::declval<const D&>().model())>;
+  def_model_view(cls, "mean", &Model::mean, "Posterior means m (S, D), read-only.");
+  def_model_view(cls, "log_var", &Model::log_var, "Posterior log variances log v (S, D), read-only.");
+  def_model_view(cls, "emission", &Model::emission, doc::kEmission);
+  cls.def_property_readonly("sigma2", [](const D& d) { return d.model().sigma2(); }, doc::kEmbeddingSigma2)
       .def_property_readonly("name",
                              [](const D& d) { return name_to_python(d.model().params().name); }, doc::kName)
       .def_property_readonly(
@@ -159,9 +140,7 @@ void def_shared_distribution_attributes(Class& cls) {
       .def_property_readonly("num_targets", [](const D& d) { return d.model().n_targets(); }, doc::kNumTargets)
       .def(
           "embeddings",
-          [](py::object self) {
-            return matrix_view(self.cast<const D&>().model().embeddings(), self);
-          },
+          [](py::object self) { return readonly_view(self.cast<const D&>().model().embeddings(), self); },
           "The learned (posterior-mean) tied embedding table m (S, D), read-only.");
 }
 
@@ -276,33 +255,33 @@ Example:
                              "'variational_embedding_attention' or 'variational_multihop_attention'.")
       .def_property_readonly("mean",
                              [](py::object self) {
-                               return matrix_view(self.cast<const OptimizerStatePy&>().state->mean,
+                               return readonly_view(self.cast<const OptimizerStatePy&>().state->mean,
                                                   self);
                              },
                              "Posterior means m, a read-only float64 array of shape (S, D): row s is the mean "
                              "of symbol s's embedding.")
       .def_property_readonly("log_var",
                              [](py::object self) {
-                               return matrix_view(
+                               return readonly_view(
                                    self.cast<const OptimizerStatePy&>().state->log_var, self);
                              },
                              "Posterior log variances log v, a read-only float64 array of shape (S, D).")
       .def_property_readonly(
           "mean_first_moment",
           [](py::object self) {
-            return matrix_view(self.cast<const OptimizerStatePy&>().state->mean_first_moment, self);
+            return readonly_view(self.cast<const OptimizerStatePy&>().state->mean_first_moment, self);
           },
           "Adam's first moment of the mean, a read-only float64 array of shape (S, D).")
       .def_property_readonly("mean_second_moment",
                              [](py::object self) {
-                               return matrix_view(
+                               return readonly_view(
                                    self.cast<const OptimizerStatePy&>().state->mean_second_moment,
                                    self);
                              },
                              "Adam's second moment of the mean, a read-only float64 array of shape (S, D).")
       .def_property_readonly("log_var_first_moment",
                              [](py::object self) {
-                               return matrix_view(
+                               return readonly_view(
                                    self.cast<const OptimizerStatePy&>().state->log_var_first_moment,
                                    self);
                              },
@@ -311,7 +290,7 @@ Example:
       .def_property_readonly(
           "log_var_second_moment",
           [](py::object self) {
-            return matrix_view(self.cast<const OptimizerStatePy&>().state->log_var_second_moment,
+            return readonly_view(self.cast<const OptimizerStatePy&>().state->log_var_second_moment,
                                self);
           },
           "Adam's second moment of the log variance, a read-only float64 array of shape (S, D).")
@@ -411,13 +390,6 @@ py::array vea_predict_proba(const VariationalEmbeddingAttention& m, py::handle c
 
 using VeaSampler = SamplerOf<VariationalEmbeddingAttentionSampler>;
 
-py::object vea_sample(VeaSampler& s, py::object size, py::object batched) {
-  return sample_observations(size, batched, "VariationalEmbeddingAttentionSampler.sample", [&s] {
-    const VariationalEmbeddingAttentionObservation obs = s.sampler.sample();
-    return vea_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query, obs.target);
-  });
-}
-
 void bind_vea_distribution(py::module_& m) {
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<VeaSampler> sampler_class(
@@ -467,13 +439,12 @@ Example:
           "sigma2"_a = VariationalEmbeddingAttentionParams{}.sigma2, "name"_a = py::none(),
           "optimizer_state"_a = py::none(), py::kw_only(), "precision"_a = "float64");
   def_shared_distribution_attributes(cls);
-  cls.def_property_readonly("position_prior",
-                            [](py::object self) {
-                              const Vector& p =
-                                  self.cast<const VeaDist&>().model().position_prior();
-                              return readonly_view(p.data(), {p.size()}, self);
-                            },
-                            doc::kPositionPrior)
+  cls.def_property_readonly(
+      "position_prior",
+      [](py::object self) {
+        return readonly_view(self.cast<const VeaDist&>().model().position_prior(), self);
+      },
+      doc::kPositionPrior)
       .def_property_readonly("context_length",
                              [](const VeaDist& d) { return d.model().context_length(); }, doc::kContextLength)
       .def_property_readonly(
@@ -523,16 +494,13 @@ Example:
              return VeaSampler{
                  dist.cast<const VeaDist&>().model().sampler(sampler_seed(seed, where)), dist};
            }),
-           "dist"_a, "seed"_a = py::none())
-      .def_property_readonly("dist", [](const VeaSampler& s) { return s.dist; }, doc::kSamplerDist)
-      .def("sample", &vea_sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
-           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
-           "sample() calls.");
+           "dist"_a, "seed"_a = py::none());
+  def_sampling(sampler_class, vea_observation);
 }
 
 
 void bind_vea_encoder(py::module_& m) {
-  py::class_<VeaEncoder, DataEncoder, std::shared_ptr<VeaEncoder>>(
+  py::class_<VeaEncoder, DataEncoder, std::shared_ptr<VeaEncoder>> cls(
       m, "VariationalEmbeddingAttentionDataEncoder",
       "Encodes (context, query, target) triples of ids, or a (contexts (n,N), queries (n,), "
       "targets "
@@ -551,8 +519,8 @@ Example:
 ... except ValueError as error:
 ...     print(error)
 VariationalEmbeddingAttentionDataEncoder: context length N must be 2 (got 3)
-)doc")
-      .def(py::init([](py::object S, py::object N, py::object T) {
+)doc");
+  cls.def(py::init([](py::object S, py::object N, py::object T) {
              constexpr const char* where = "VariationalEmbeddingAttentionDataEncoder";
              return std::make_shared<VeaEncoder>(VariationalEmbeddingAttentionEncoder{
                  optional_positive_int(S, where, "num_symbols"),
@@ -560,17 +528,11 @@ VariationalEmbeddingAttentionDataEncoder: context length N must be 2 (got 3)
                  optional_positive_int(T, where, "num_targets")});
            }),
            "num_symbols"_a = py::none(), "context_length"_a = py::none(),
-           "num_targets"_a = py::none())
-      .def_property_readonly("num_symbols",
-                             [](const VeaEncoder& e) { return optional_int(e.spec().n_symbols); },
-                             doc::kEncoderNumSymbols)
-      .def_property_readonly(
-          "context_length",
-          [](const VeaEncoder& e) { return optional_int(e.spec().context_length); },
-          doc::kEncoderContextLength)
-      .def_property_readonly("num_targets",
-                             [](const VeaEncoder& e) { return optional_int(e.spec().n_targets); },
-                             doc::kEncoderNumTargets);
+           "num_targets"_a = py::none());
+  def_declared_size(cls, "num_symbols", &VariationalEmbeddingAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
+  def_declared_size(cls, "context_length", &VariationalEmbeddingAttentionEncoder::context_length,
+                    doc::kEncoderContextLength);
+  def_declared_size(cls, "num_targets", &VariationalEmbeddingAttentionEncoder::n_targets, doc::kEncoderNumTargets);
 }
 
 // ---- variational multi-hop attention (docs/mechanisms.md#variational-multi-hop-attention) -------
@@ -626,14 +588,6 @@ VmhaSampler make_vmha_sampler(py::object dist, py::object seed, py::object conte
   const uint64_t s = sampler_seed(seed, where);
   return VmhaSampler{posterior ? model.posterior_predictive_sampler(s, n) : model.sampler(s, n),
                      std::move(dist)};
-}
-
-py::object vmha_sample(VmhaSampler& s, py::object size, py::object batched) {
-  return sample_observations(size, batched, "VariationalMultiHopAttentionSampler.sample", [&s] {
-    const ChainedAttentionObservation obs = s.sampler.sample();
-    return ca_observation(obs.keys.data(), obs.values.data(), static_cast<Index>(obs.keys.size()), obs.query,
-                          obs.target);
-  });
 }
 
 void bind_vmha_distribution(py::module_& m) {
@@ -726,16 +680,13 @@ True
                                       false, where);
            }),
            "dist"_a, "seed"_a = py::none(), py::kw_only(),
-           "context_length"_a = kDefaultContextLength)
-      .def_property_readonly("dist", [](const VmhaSampler& s) { return s.dist; }, doc::kSamplerDist)
-      .def("sample", &vmha_sample, "size"_a = py::none(), py::kw_only(), "batched"_a = true,
-           "One observation (size=None) or a list of `size` observations; sample(size=m) equals m "
-           "sample() calls.");
+           "context_length"_a = kDefaultContextLength);
+  def_sampling(sampler_class, ca_observation);
 }
 
 
 void bind_vmha_encoder(py::module_& m) {
-  py::class_<VmhaEncoder, DataEncoder, std::shared_ptr<VmhaEncoder>>(
+  py::class_<VmhaEncoder, DataEncoder, std::shared_ptr<VmhaEncoder>> cls(
       m, "VariationalMultiHopAttentionDataEncoder",
       "Encodes (keys, values, query, target) observations (as chained attention), or a (keys "
       "(n,N), "
@@ -755,20 +706,16 @@ Example:
 ... except ValueError as error:
 ...     print(error)
 VariationalMultiHopAttentionDataEncoder: out-of-range ID in keys (entry 2 is 3; must be in [0, 3))
-)doc")
-      .def(py::init([](py::object S, py::object T) {
+)doc");
+  cls.def(py::init([](py::object S, py::object T) {
              constexpr const char* where = "VariationalMultiHopAttentionDataEncoder";
              return std::make_shared<VmhaEncoder>(
                  ChainedAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
                                          optional_positive_int(T, where, "num_targets")});
            }),
-           "num_symbols"_a = py::none(), "num_targets"_a = py::none())
-      .def_property_readonly("num_symbols",
-                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_symbols); },
-                             doc::kEncoderNumSymbols)
-      .def_property_readonly("num_targets",
-                             [](const VmhaEncoder& e) { return optional_int(e.spec().n_targets); },
-                             doc::kEncoderNumTargets);
+           "num_symbols"_a = py::none(), "num_targets"_a = py::none());
+  def_declared_size(cls, "num_symbols", &ChainedAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
+  def_declared_size(cls, "num_targets", &ChainedAttentionEncoder::n_targets, doc::kEncoderNumTargets);
 }
 
 }  // namespace

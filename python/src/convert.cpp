@@ -680,6 +680,11 @@ py::array readonly_view(const int64_t* data, const std::vector<Index>& shape, py
   return view_of(data, shape, base);
 }
 
+py::array readonly_view(const Matrix& m, py::handle base) {
+  return readonly_view(m.data(), {m.rows(), m.cols()}, base);
+}
+py::array readonly_view(const Vector& v, py::handle base) { return readonly_view(v.data(), {v.size()}, base); }
+
 py::object json_to_python(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::object: {

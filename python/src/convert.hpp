@@ -28,9 +28,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attnmix/core/precision.hpp"
@@ -163,6 +166,23 @@ class RngSource {
                                       py::handle base);
 [[nodiscard]] py::array readonly_view(const int64_t* data, const std::vector<Index>& shape,
                                       py::handle base);
+/// A read-only view of a matrix (its rows × columns) or vector kept alive by `base`.
+[[nodiscard]] py::array readonly_view(const Matrix& m, py::handle base);
+[[nodiscard]] py::array readonly_view(const Vector& v, py::handle base);
+
+/// The read-only attribute `name` of a distribution class: get(model), a matrix or vector the model holds, as a
+/// read-only view that keeps the distribution alive.
+template <class Class, class Get>
+void def_model_view(Class& cls, const char* name, Get get, const char* doc) {
+  using Handle = typename Class::type;
+  using Model = std::decay_t<decltype(std::declval<const Handle&>().model())>;
+  static_assert(std::is_lvalue_reference_v<std::invoke_result_t<Get, const Model&>>,
+                "get must return a reference to the model's own array, not a copy");
+  cls.def_property_readonly(
+      name,
+      [get](py::object self) { return readonly_view(std::invoke(get, self.cast<const Handle&>().model()), self); },
+      doc);
+}
 /// A JSON document as Python values: objects become dicts in the document's key order, arrays lists, null None.
 [[nodiscard]] py::object json_to_python(const nlohmann::ordered_json& j);
 

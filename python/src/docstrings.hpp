@@ -15,6 +15,8 @@ inline constexpr const char* kKeys =
     "The key of keyed tying, a str or None: after the E-step every site with the same key reads the pooled "
     "statistics.";
 inline constexpr const char* kSamplerDist = "The distribution this sampler draws from.";
+inline constexpr const char* kSample =
+    "One observation (size=None) or a list of `size` observations; sample(size=m) equals m sample() calls.";
 
 // ---- the sizes of a model ------------------------------------------------------------------------------------------
 

@@ -210,10 +210,10 @@ bool ChainedAttentionDataEncoderPy::equals(const DataEncoder& other) const {
   return static_cast<const ChainedAttentionDataEncoderPy&>(other).spec_ == spec_;
 }
 
-py::tuple ca_observation(const int64_t* keys, const int64_t* values, Index N, int64_t query,
-                         int64_t target) {
-  return py::make_tuple(copy_ids(keys, {N}), copy_ids(values, {N}), py::int_(query),
-                        py::int_(target));
+py::tuple ca_observation(const ChainedAttentionObservation& obs) {
+  const Index N = static_cast<Index>(obs.keys.size());
+  return py::make_tuple(copy_ids(obs.keys.data(), {N}), copy_ids(obs.values.data(), {N}), py::int_(obs.query),
+                        py::int_(obs.target));
 }
 
 // ---- variational embedding attention ------------------------------------------------------------
@@ -276,8 +276,9 @@ bool VariationalEmbeddingAttentionDataEncoderPy::equals(const DataEncoder& other
   return o && o->spec_ == spec_;
 }
 
-py::tuple vea_observation(const int64_t* context, Index N, int64_t query, int64_t target) {
-  return py::make_tuple(copy_ids(context, {N}), py::int_(query), py::int_(target));
+py::tuple vea_observation(const VariationalEmbeddingAttentionObservation& obs) {
+  return py::make_tuple(copy_ids(obs.context.data(), {static_cast<Index>(obs.context.size())}), py::int_(obs.query),
+                        py::int_(obs.target));
 }
 
 // ---- categorical --------------------------------------------------------------------------------

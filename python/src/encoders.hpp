@@ -22,7 +22,9 @@
 /// An EncodedBatch passes through every encoder unchanged (roles.hpp).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -152,17 +154,29 @@ class CompositeDataEncoderPy final : public DataEncoder {
   std::vector<std::shared_ptr<DataEncoder>> fields_;
 };
 
+/// The read-only attribute `name` of a data encoder class: the size its spec declares (`member`), an int, or None
+/// when undeclared (then unchecked).
+template <class Class, class Spec>
+void def_declared_size(Class& cls, const char* name, std::optional<int64_t> Spec::*member, const char* doc) {
+  using Encoder = typename Class::type;
+  cls.def_property_readonly(
+      name,
+      [member](const Encoder& e) -> py::object {
+        const std::optional<int64_t>& size = e.spec().*member;
+        return size ? py::object(py::int_(*size)) : py::none();
+      },
+      doc);
+}
+
 /// One RA observation as the reference returns it: (context int64 (N,), query float64 (D,), int
 /// target).
 [[nodiscard]] py::tuple ra_observation(const int64_t* context, Index N, const double* query,
                                        Index D, int64_t target);
 
-/// One CA observation: (keys int64 (N,), values int64 (N,), int query, int target).
-[[nodiscard]] py::tuple ca_observation(const int64_t* keys, const int64_t* values, Index N,
-                                       int64_t query, int64_t target);
+/// One CA (and variational multi-hop) observation: (keys int64 (N,), values int64 (N,), int query, int target).
+[[nodiscard]] py::tuple ca_observation(const ChainedAttentionObservation& obs);
 
 /// One VEA observation: (context int64 (N,), int query, int target).
-[[nodiscard]] py::tuple vea_observation(const int64_t* context, Index N, int64_t query,
-                                        int64_t target);
+[[nodiscard]] py::tuple vea_observation(const VariationalEmbeddingAttentionObservation& obs);
 
 }  // namespace attnmix::python

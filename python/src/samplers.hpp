@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "convert.hpp"
+#include "docstrings.hpp"
 
 namespace attnmix::python {
 
@@ -38,6 +40,22 @@ py::object sample_observations(py::handle size, py::handle batched, std::string_
   py::list out;
   for (int64_t k = 0; k < *m; ++k) out.append(draw_one());
   return out;
+}
+
+/// The `dist` attribute and sample(size=None, *, batched=True) of a leaf family's sampler class, whose observations
+/// are observation(sampler.sample()) in the form the family's encoder reads.
+template <class Sampler, class Observation>
+void def_sampling(py::class_<SamplerOf<Sampler>>& cls, Observation observation) {
+  using pybind11::literals::operator""_a;
+  using Holder = SamplerOf<Sampler>;
+  const std::string where = cls.attr("__name__").template cast<std::string>() + ".sample";
+  cls.def_property_readonly("dist", [](const Holder& s) { return s.dist; }, doc::kSamplerDist)
+      .def(
+          "sample",
+          [where, observation](Holder& s, py::object size, py::object batched) {
+            return sample_observations(size, batched, where, [&] { return observation(s.sampler.sample()); });
+          },
+          "size"_a = py::none(), py::kw_only(), "batched"_a = true, doc::kSample);
 }
 
 }  // namespace attnmix::python

@@ -52,6 +52,7 @@ def test_categorical_leaf(rng):
     assert all(type(i) is int for i in ids)
     np.testing.assert_allclose(np.bincount(ids, minlength=3) / 2000, [0.2, 0.3, 0.5], atol=0.05)
     assert CategoricalSampler(dist, seed=3).sample(5) == ids[:5]
+    assert CategoricalSampler(dist, seed=3).dist is dist and dist.sampler().dist is dist
     batch = CategoricalDataEncoder(3).seq_encode(ids)
     (encoded,) = batch
     np.testing.assert_array_equal(encoded, ids)
@@ -82,6 +83,7 @@ def test_diagonal_gaussian_leaf(rng):
     np.testing.assert_allclose(values.mean(axis=0), [1.0, -2.0], atol=0.1)
     np.testing.assert_allclose(values.var(axis=0), [0.5, 2.0], rtol=0.1)
     np.testing.assert_array_equal(DiagonalGaussianSampler(dist, seed=4).sample(), draws[0])
+    assert DiagonalGaussianSampler(dist, seed=4).dist is dist and dist.sampler().dist is dist
     batch = DiagonalGaussianDataEncoder(2).seq_encode(values)
     acc = DiagonalGaussianAccumulator(2)
     acc.seq_update(batch, np.ones(4000), dist)
