@@ -3,12 +3,25 @@
 // sampled rows).
 #include "model_data.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <utility>
 
 #include "attnmix/family/spec.hpp"
+#include "attnmix/io/input_file.hpp"
+#include "attnmix/io/model_file.hpp"
 #include "cli_support.hpp"
 
 namespace attnmix::cli {
+
+void add_model_flag(CLI::App* cmd, std::string& path) {
+  cmd->add_option("--model", path, "Model file written by 'attnmix fit'")->required()->type_name("FILE");
+}
+
+AnyDistribution read_saved_model(const std::string& path) {
+  check_input_file(path, "the model file");
+  return load_model(path);
+}
 
 ModelData read_model_data(const AnyDistribution& model, const std::string& data_path, TargetPolicy policy) {
   const DataOf data = data_of(model);

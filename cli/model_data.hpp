@@ -13,7 +13,18 @@
 #include "attnmix/core/any.hpp"
 #include "attnmix/io/rows.hpp"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace attnmix::cli {
+
+/// The required `--model FILE` of the commands that read a saved model (score, predict, sample).
+void add_model_flag(CLI::App* cmd, std::string& path);
+
+/// The model saved at `path` (fit --init, score, predict, sample), checked as an input file first.
+/// @throws IoError for a missing or unreadable file; ValueError for an invalid model file.
+[[nodiscard]] AnyDistribution read_saved_model(const std::string& path);
 
 /// Rows read for a model: where they came from, their targets, and the encoded batch.
 struct ModelData {

@@ -24,13 +24,13 @@
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/progress.hpp"
 #include "attnmix/inference/reduce.hpp"
-#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "commands/fit_flags.hpp"
 #include "commands/fit_problem.hpp"
 #include "number_checks.hpp"
 #include "distributed.hpp"
+#include "model_data.hpp"
 
 namespace attnmix::cli {
 
@@ -174,8 +174,7 @@ int run_fit(const FitArgs& args) {
       check_output_path(args.history, "the history", fit_inputs(args, comm), "--history");
     }
     if (!args.init.empty()) {
-      check_input_file(args.init, "the model file");
-      init = FitInit{args.init, load_model(args.init)};
+      init = FitInit{args.init, read_saved_model(args.init)};
     }
   });
   // Every process reports (to nowhere but on rank 0): optimize() scores --valid for each report,

@@ -6,8 +6,6 @@
 #include <memory>
 #include <string>
 
-#include "attnmix/io/model_file.hpp"
-#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "model_data.hpp"
@@ -22,8 +20,7 @@ struct PredictArgs {
 };
 
 int run_predict(const PredictArgs& args) {
-  check_input_file(args.model, "the model file");
-  const AnyDistribution model = load_model(args.model);
+  const AnyDistribution model = read_saved_model(args.model);
   if (!model.predicts())
     throw ValueError(args.model + ": a " + model.family() +
                      " model has no predictive distribution p(target | input) to predict with (the attention "
@@ -62,9 +59,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
       "probabilities, space-separated). When the rows carry targets, 'accuracy=A (k/n rows)' goes "
       "to stderr. "
       "The target field is optional here, but either every row has one or none does.");
-  cmd->add_option("--model", args->model, "Model file written by 'attnmix fit'")
-      ->required()
-      ->type_name("FILE");
+  add_model_flag(cmd, args->model);
   cmd->add_option("--data", args->data, "Data: JSON Lines or .npz")->required()->type_name("FILE");
   cmd->add_flag("--proba", args->proba, "Print the whole predictive distribution of each row");
   cmd->callback([args, &exit_code] { exit_code = run_predict(*args); });

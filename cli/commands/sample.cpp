@@ -6,8 +6,6 @@
 #include <optional>
 #include <string>
 
-#include "attnmix/io/model_file.hpp"
-#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "number_checks.hpp"
 #include "commands/commands.hpp"
@@ -26,8 +24,7 @@ struct SampleArgs {
 };
 
 int run_sample(const SampleArgs& args) {
-  check_input_file(args.model, "the model file");
-  const AnyDistribution model = load_model(args.model);
+  const AnyDistribution model = read_saved_model(args.model);
   std::optional<int64_t> context_length;
   if (args.context_length_opt->count()) context_length = args.context_length;
   write_jsonl(std::cout, model, draw_samples(model, args.n, args.seed, context_length));
@@ -44,9 +41,7 @@ void add_sample_command(CLI::App& app, int& exit_code) {
       "Prints one JSON object per line, in the data-file format that fit, score and predict read. "
       "The same "
       "--seed always gives the same rows.");
-  cmd->add_option("--model", args->model, "Model file written by 'attnmix fit'")
-      ->required()
-      ->type_name("FILE");
+  add_model_flag(cmd, args->model);
   cmd->add_option("-n,--n", args->n, "Number of observations")
       ->required()
       ->check(kNonNegative);

@@ -7,10 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "attnmix/io/model_file.hpp"
 #include "attnmix/inference/reduce.hpp"
 #include "attnmix/stats/log_math.hpp"
-#include "attnmix/io/input_file.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "model_data.hpp"
@@ -25,8 +23,7 @@ struct ScoreArgs {
 };
 
 int run_score(const ScoreArgs& args) {
-  check_input_file(args.model, "the model file");
-  const AnyDistribution model = load_model(args.model);
+  const AnyDistribution model = read_saved_model(args.model);
   const ModelData data = read_model_data(model, args.data, TargetPolicy::kRequired);
   std::vector<double> log_p(static_cast<size_t>(data.batch.n_rows()));
   parallel_log_density(model, data.batch, log_p, ParallelOptions{});
@@ -54,9 +51,7 @@ void add_score_command(CLI::App& app, int& exit_code) {
       "per row on "
       "stdout, in file order, and the summary on stderr. A row the model finds impossible scores "
       "-inf.");
-  cmd->add_option("--model", args->model, "Model file written by 'attnmix fit'")
-      ->required()
-      ->type_name("FILE");
+  add_model_flag(cmd, args->model);
   cmd->add_option("--data", args->data, "Data: JSON Lines or .npz, rows with targets")
       ->required()
       ->type_name("FILE");
