@@ -5,9 +5,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <utility>
 
 #include "attnmix/family/spec.hpp"
+#include "attnmix/stats/composite.hpp"
 #include "attnmix/io/input_file.hpp"
 #include "attnmix/io/model_file.hpp"
 #include "cli_support.hpp"
@@ -40,7 +42,16 @@ ModelData read_model_data(const AnyDistribution& model, const std::string& data_
 AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> context_length) {
   const FamilySpec& family = spec_of(model);
   if (!family.sample) return model.sample(m, seed);  // the library's error for a family without a sampler
-  const Dims fixed = data_of(model).dims;
+  const DataOf data = data_of(model);
+  const auto& fields = data.schema->fields;
+  const bool has_context = std::any_of(fields.begin(), fields.end(), [](const DataField& f) { return f.width == "N"; });
+  if (context_length && !has_context)
+    throw UsageError("--context-length does not apply to this model: " +
+                     (model.get_if<Composite>() != nullptr
+                          ? std::string("a composite draws each field with its component's default context length")
+                          : "a " + std::string(family.title) + "'s rows have no context length") +
+                     " (omit --context-length)");
+  const Dims& fixed = data.dims;
   if (const auto n = fixed.find("N"); n != fixed.end() && context_length && *context_length != n->second.value) {
     const std::string N = std::to_string(n->second.value);
     throw UsageError("--context-length " + std::to_string(*context_length) + " does not match the model: " +

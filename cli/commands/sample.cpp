@@ -50,7 +50,7 @@ void add_sample_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--context-length", args->context_length,
                       "Context length N (chained and variational multi-hop attention: default "
                       "6; responsibility and variational embedding attention: must equal the "
-                      "model's N)")
+                      "model's N; not accepted for models whose rows have no context length)")
           ->check(kPositive);
   cmd->callback([args, &exit_code] { exit_code = run_sample(*args); });
 }

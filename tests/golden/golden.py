@@ -116,6 +116,8 @@ def cases():
                                       "--context-length", "3"], []),
         ("sample_ra_context_length", ["sample", "--model", "{D}/ra_model.json", "-n", "2", "--seed", "1",
                                       "--context-length", "5"], []),
+        ("sample_categorical_context_length", ["sample", "--model", "{G}/categorical_model.json", "-n", "2",
+                                               "--seed", "1", "--context-length", "3"], []),
         ("score_vea_vector_query", ["score", "--model", "{D}/vea_model.json", "--data", "{G}/vea_vector_query.jsonl"],
          []),
         ("score_ca_mismatched", ["score", "--model", "{D}/ca_model.json", "--data", "{G}/ca_mismatched.jsonl"], []),
