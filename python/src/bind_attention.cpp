@@ -316,21 +316,13 @@ Example:
 ...     print(error)
 ResponsibilityAttentionDataEncoder: out-of-range ID in context (entry 1 is 3; must be in [0, 3))
 )doc");
-  cls.def(py::init([](py::object S, py::object N, py::object D, py::object T) {
-             constexpr const char* where = "ResponsibilityAttentionDataEncoder";
-             return std::make_shared<Encoder>(
-                 ResponsibilityAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
-                                                optional_positive_int(N, where, "context_length"),
-                                                optional_positive_int(D, where, "query_dim"),
-                                                optional_positive_int(T, where, "num_targets")});
-           }),
-           "num_symbols"_a = py::none(), "context_length"_a = py::none(),
-           "query_dim"_a = py::none(), "num_targets"_a = py::none());
-  def_declared_size(cls, "num_symbols", &ResponsibilityAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
-  def_declared_size(cls, "context_length", &ResponsibilityAttentionEncoder::context_length,
-                    doc::kEncoderContextLength);
-  def_declared_size(cls, "query_dim", &ResponsibilityAttentionEncoder::query_dim, doc::kEncoderQueryDim);
-  def_declared_size(cls, "num_targets", &ResponsibilityAttentionEncoder::n_targets, doc::kEncoderNumTargets);
+  using Spec = ResponsibilityAttentionEncoder;
+  def_declared_sizes(cls, "ResponsibilityAttentionDataEncoder",
+                     std::array<DeclaredSize<Spec>, 4>{{{"num_symbols", &Spec::n_symbols, doc::kEncoderNumSymbols},
+                                                        {"context_length", &Spec::context_length,
+                                                         doc::kEncoderContextLength},
+                                                        {"query_dim", &Spec::query_dim, doc::kEncoderQueryDim},
+                                                        {"num_targets", &Spec::n_targets, doc::kEncoderNumTargets}}});
 }
 
 void bind_sequence_to_triples(py::module_& m) {

@@ -282,15 +282,7 @@ Example:
 ...     print(error)
 ChainedAttentionDataEncoder: out-of-range ID in target (entry 0 is 5; must be in [0, 2))
 )doc");
-  cls.def(py::init([](py::object S, py::object T) {
-             constexpr const char* where = "ChainedAttentionDataEncoder";
-             return std::make_shared<Encoder>(
-                 ChainedAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
-                                         optional_positive_int(T, where, "num_targets")});
-           }),
-           "num_symbols"_a = py::none(), "num_targets"_a = py::none());
-  def_declared_size(cls, "num_symbols", &ChainedAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
-  def_declared_size(cls, "num_targets", &ChainedAttentionEncoder::n_targets, doc::kEncoderNumTargets);
+  def_declared_sizes(cls, "ChainedAttentionDataEncoder", kChainedSizes);
 }
 
 }  // namespace

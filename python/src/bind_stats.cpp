@@ -658,14 +658,11 @@ Example:
 ...     print(error)
 CategoricalDataEncoder: out-of-range ID in ids (entry 0 is 3; must be in [0, 3))
 )doc");
-  encoder_class.def(py::init([](py::object K) {
-             return std::make_shared<CategoricalDataEncoderPy>(CategoricalEncoder{
-                 optional_positive_int(K, "CategoricalDataEncoder", "num_categories")});
-           }),
-           "num_categories"_a = py::none());
-  def_declared_size(encoder_class, "num_categories", &CategoricalEncoder::n_categories,
-                    "The declared number of categories K, an int, or None: ids must lie in 0 .. K-1 (unchecked "
-                    "when None).");
+  def_declared_sizes(encoder_class, "CategoricalDataEncoder",
+                     std::array<DeclaredSize<CategoricalEncoder>, 1>{
+                         {{"num_categories", &CategoricalEncoder::n_categories,
+                           "The declared number of categories K, an int, or None: ids must lie in 0 .. K-1 "
+                           "(unchecked when None)."}}});
 }
 
 // ---- diagonal Gaussian --------------------------------------------------------------------------
@@ -818,14 +815,11 @@ Example:
 >>> x.shape, encoder.dim
 ((3, 2), 2)
 )doc");
-  encoder_class.def(py::init([](py::object D) {
-             return std::make_shared<DiagonalGaussianDataEncoderPy>(DiagonalGaussianEncoder{
-                 optional_positive_int(D, "DiagonalGaussianDataEncoder", "dim")});
-           }),
-           "dim"_a = py::none());
-  def_declared_size(encoder_class, "dim", &DiagonalGaussianEncoder::dim,
-                    "The declared dimension D, an int, or None: every vector must have D entries (unchecked when "
-                    "None).");
+  def_declared_sizes(encoder_class, "DiagonalGaussianDataEncoder",
+                     std::array<DeclaredSize<DiagonalGaussianEncoder>, 1>{
+                         {{"dim", &DiagonalGaussianEncoder::dim,
+                           "The declared dimension D, an int, or None: every vector must have D entries (unchecked "
+                           "when None)."}}});
 }
 
 }  // namespace

@@ -520,19 +520,12 @@ Example:
 ...     print(error)
 VariationalEmbeddingAttentionDataEncoder: context length N must be 2 (got 3)
 )doc");
-  cls.def(py::init([](py::object S, py::object N, py::object T) {
-             constexpr const char* where = "VariationalEmbeddingAttentionDataEncoder";
-             return std::make_shared<VeaEncoder>(VariationalEmbeddingAttentionEncoder{
-                 optional_positive_int(S, where, "num_symbols"),
-                 optional_positive_int(N, where, "context_length"),
-                 optional_positive_int(T, where, "num_targets")});
-           }),
-           "num_symbols"_a = py::none(), "context_length"_a = py::none(),
-           "num_targets"_a = py::none());
-  def_declared_size(cls, "num_symbols", &VariationalEmbeddingAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
-  def_declared_size(cls, "context_length", &VariationalEmbeddingAttentionEncoder::context_length,
-                    doc::kEncoderContextLength);
-  def_declared_size(cls, "num_targets", &VariationalEmbeddingAttentionEncoder::n_targets, doc::kEncoderNumTargets);
+  using Spec = VariationalEmbeddingAttentionEncoder;
+  def_declared_sizes(cls, "VariationalEmbeddingAttentionDataEncoder",
+                     std::array<DeclaredSize<Spec>, 3>{{{"num_symbols", &Spec::n_symbols, doc::kEncoderNumSymbols},
+                                                        {"context_length", &Spec::context_length,
+                                                         doc::kEncoderContextLength},
+                                                        {"num_targets", &Spec::n_targets, doc::kEncoderNumTargets}}});
 }
 
 // ---- variational multi-hop attention (docs/mechanisms.md#variational-multi-hop-attention) -------
@@ -707,15 +700,7 @@ Example:
 ...     print(error)
 VariationalMultiHopAttentionDataEncoder: out-of-range ID in keys (entry 2 is 3; must be in [0, 3))
 )doc");
-  cls.def(py::init([](py::object S, py::object T) {
-             constexpr const char* where = "VariationalMultiHopAttentionDataEncoder";
-             return std::make_shared<VmhaEncoder>(
-                 ChainedAttentionEncoder{optional_positive_int(S, where, "num_symbols"),
-                                         optional_positive_int(T, where, "num_targets")});
-           }),
-           "num_symbols"_a = py::none(), "num_targets"_a = py::none());
-  def_declared_size(cls, "num_symbols", &ChainedAttentionEncoder::n_symbols, doc::kEncoderNumSymbols);
-  def_declared_size(cls, "num_targets", &ChainedAttentionEncoder::n_targets, doc::kEncoderNumTargets);
+  def_declared_sizes(cls, "VariationalMultiHopAttentionDataEncoder", kChainedSizes);
 }
 
 }  // namespace

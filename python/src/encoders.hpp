@@ -22,10 +22,12 @@
 /// An EncodedBatch passes through every encoder unchanged (roles.hpp).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/attention/chained.hpp"
@@ -33,6 +35,8 @@
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/stats/categorical.hpp"
 #include "attnmix/stats/gaussian.hpp"
+#include "convert.hpp"
+#include "docstrings.hpp"
 #include "roles.hpp"
 
 namespace attnmix::python {
@@ -154,19 +158,49 @@ class CompositeDataEncoderPy final : public DataEncoder {
   std::vector<std::shared_ptr<DataEncoder>> fields_;
 };
 
-/// The read-only attribute `name` of a data encoder class: the size its spec declares (`member`), an int, or None
-/// when undeclared (then unchecked).
-template <class Class, class Spec>
-void def_declared_size(Class& cls, const char* name, std::optional<int64_t> Spec::*member, const char* doc) {
+/// One size a data encoder may declare: its keyword (also the attribute), the spec's member and the attribute's
+/// docstring.
+template <class Spec>
+struct DeclaredSize {
+  const char* name;
+  std::optional<int64_t> Spec::*member;
+  const char* doc;
+};
+
+namespace detail {
+template <class Class, class Spec, size_t... I>
+void def_declared_sizes(Class& cls, const char* where, std::array<DeclaredSize<Spec>, sizeof...(I)> sizes,
+                        std::index_sequence<I...>) {
   using Encoder = typename Class::type;
-  cls.def_property_readonly(
-      name,
-      [member](const Encoder& e) -> py::object {
-        const std::optional<int64_t>& size = e.spec().*member;
-        return size ? py::object(py::int_(*size)) : py::none();
-      },
-      doc);
+  cls.def(py::init([where, sizes](decltype((void)I, py::object())... declared) {
+            Spec spec;
+            ((spec.*(sizes[I].member) = optional_positive_int(declared, where, sizes[I].name)), ...);
+            return std::make_shared<Encoder>(std::move(spec));
+          }),
+          py::arg_v(sizes[I].name, py::none())...);
+  (cls.def_property_readonly(
+       sizes[I].name,
+       [member = sizes[I].member](const Encoder& e) -> py::object {
+         const std::optional<int64_t>& size = e.spec().*member;
+         return size ? py::object(py::int_(*size)) : py::none();
+       },
+       sizes[I].doc),
+   ...);
 }
+}  // namespace detail
+
+/// The constructor and attributes of a data encoder class whose spec is its declared sizes: __init__ takes each size
+/// as a keyword (positional too, in this order; None or a positive int: undeclared sizes are taken from the data),
+/// and each is a read-only attribute (an int, or None).
+template <class Class, class Spec, size_t K>
+void def_declared_sizes(Class& cls, const char* where, const std::array<DeclaredSize<Spec>, K>& sizes) {
+  detail::def_declared_sizes(cls, where, sizes, std::make_index_sequence<K>{});
+}
+
+/// The declared sizes of chained attention's data, shared by the variational multi-hop encoder (the same rows).
+inline constexpr std::array<DeclaredSize<ChainedAttentionEncoder>, 2> kChainedSizes{
+    {{"num_symbols", &ChainedAttentionEncoder::n_symbols, doc::kEncoderNumSymbols},
+     {"num_targets", &ChainedAttentionEncoder::n_targets, doc::kEncoderNumTargets}}};
 
 /// One RA observation as the reference returns it: (context int64 (N,), query float64 (D,), int
 /// target).
