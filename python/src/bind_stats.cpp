@@ -182,8 +182,7 @@ CompositeSamplerPy make_composite_sampler(py::object dist, py::object seed, cons
 py::object sample_composite(CompositeSamplerPy& s, py::object size, py::object batched) {
   const std::optional<int64_t> m = sample_size(size, batched, "CompositeSampler.sample");
   const auto& components = s.dist.cast<const DistributionOf<Composite>&>().model().components();
-  std::vector<uint64_t> field_seeds(components.size());
-  for (uint64_t& seed : field_seeds) seed = s.seeds.next_u64();  // all first: field f's draws do not depend on f - 1
+  const std::vector<uint64_t> field_seeds = composite_field_seeds(s.seeds, components.size());
   std::vector<py::object> fields;
   for (size_t f = 0; f < components.size(); ++f)
     fields.push_back(wrap_distribution(components[f]).attr("sampler")(field_seeds[f]).attr("sample")(size));

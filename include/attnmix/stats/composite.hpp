@@ -210,6 +210,11 @@ class CompositeSampler {
   Rng rng_;
 };
 
+/// The field seeds of one CompositeSampler::sample call: `n_fields` consecutive draws of `rng`, all taken before any
+/// field is sampled, so that field f's draws do not depend on field f − 1. Every composite sampler (the program's and
+/// Python's too) seeds its fields this way.
+[[nodiscard]] std::vector<uint64_t> composite_field_seeds(Rng& rng, size_t n_fields);
+
 /// The family's descriptor (family/spec.hpp), registered in src/family/registry.cpp.
 [[nodiscard]] const FamilySpec& composite_family();
 

@@ -124,8 +124,7 @@ AnyBatch sample(const AnyDistribution& model, Index m, uint64_t seed, std::optio
                      ": a composite draws each field with its component's default context length; it takes none");
   const auto& components = model.get_if<Composite>()->components();
   Rng rng(seed);
-  std::vector<uint64_t> seeds(components.size());
-  for (uint64_t& s : seeds) s = rng.next_u64();  // all first, as CompositeSampler
+  const std::vector<uint64_t> seeds = composite_field_seeds(rng, components.size());
   std::vector<AnyBatch> fields;
   for (size_t f = 0; f < components.size(); ++f) {
     const FamilySpec& family = spec_of(components[f]);

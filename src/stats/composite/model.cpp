@@ -255,11 +255,15 @@ Composite CompositeEstimator::estimate(std::optional<double> nobs,
 // ----- sampler
 // -----------------------------------------------------------------------------------------------
 
+std::vector<uint64_t> composite_field_seeds(Rng& rng, size_t n_fields) {
+  std::vector<uint64_t> seeds(n_fields);
+  for (uint64_t& s : seeds) s = rng.next_u64();
+  return seeds;
+}
+
 CompositeBatch CompositeSampler::sample(Index m) {
   if (m < 0) throw ValueError("CompositeSampler: size must be >= 0");
-  std::vector<uint64_t> seeds(model_.components().size());
-  for (uint64_t& s : seeds)
-    s = rng_.next_u64();  // all seeds first: field f's draws do not depend on field f − 1
+  const std::vector<uint64_t> seeds = composite_field_seeds(rng_, model_.components().size());
   std::vector<AnyBatch> fields;
   fields.reserve(seeds.size());
   for (size_t f = 0; f < seeds.size(); ++f)
