@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file bindings.hpp
 /// One function per area of the attnmix._core module (module.cpp calls them in this order, base
-/// classes first).
+/// classes first; the families' binding functions are declared in module.cpp's list of families).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -17,16 +17,6 @@ namespace attnmix::python {
 
 /// Rng, EncodedBatch, the role base classes and their generic methods, model files.
 void bind_core(pybind11::module_& m);
-/// Responsibility attention: the six roles and sequence_to_triples (docs/mechanisms.md#responsibility-attention).
-void bind_attention(pybind11::module_& m);
-/// Chained attention: the six roles (docs/mechanisms.md#chained-attention).
-void bind_chained(pybind11::module_& m);
-/// AttentionOptimizerState and the variational families: the six roles of variational embedding
-/// attention (docs/mechanisms.md#variational-embedding-attention) and of variational multi-hop attention
-/// (docs/mechanisms.md#variational-multi-hop-attention).
-void bind_variational(pybind11::module_& m);
-/// Mixture, Composite, Categorical and DiagonalGaussian (docs/mechanisms.md#building-blocks).
-void bind_stats(pybind11::module_& m);
 /// optimize() and score() (docs/mechanisms.md#training).
 void bind_inference(pybind11::module_& m);
 /// The submodule assign: assignment-tree attention and its experiment (docs/mechanisms.md#assignment-tree-attention).
@@ -34,7 +24,7 @@ void bind_assign(pybind11::module_& m);
 
 /// The statistics attachment of the variational families (docs/mechanisms.md#variational-embedding-attention) as the
 /// last entry of their value() tuples (families.cpp), implemented with the AttentionOptimizerState class
-/// (bind_variational.cpp): an immutable attnmix.AttentionOptimizerState sharing `state`, or None.
+/// (families/variational.cpp): an immutable attnmix.AttentionOptimizerState sharing `state`, or None.
 [[nodiscard]] pybind11::object optimizer_state_to_python(
     const std::shared_ptr<const AttentionOptimizerState>& state);
 /// The state as the last entry of a value() tuple: its to_dict() form (JSON-serialisable, as the reference's value()

@@ -14,6 +14,15 @@
 
 namespace py = pybind11;
 
+namespace attnmix::python {
+// The families' Python classes: a family's binding file under families/ and its line here, in binding order.
+void bind_attention(py::module_& m);     // families/responsibility.cpp: responsibility attention, sequence_to_triples
+void bind_chained(py::module_& m);       // families/chained.cpp: chained attention
+void bind_variational(py::module_& m);   // families/variational.cpp: both variational families, their optimizer state
+void bind_stats(py::module_& m);         // families/stats.cpp: Mixture, Composite, Categorical, DiagonalGaussian
+constexpr void (*kFamilyBindings[])(py::module_&) = {bind_attention, bind_chained, bind_variational, bind_stats};
+}  // namespace attnmix::python
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "attnmix._core: the compiled attnmix module (import it through the `attnmix` package).";
   m.attr("__version__") = ATTNMIX_VERSION;
@@ -28,10 +37,7 @@ PYBIND11_MODULE(_core, m) {
   attnmix::python::bind_raise(m);
 
   attnmix::python::bind_core(m);
-  attnmix::python::bind_attention(m);
-  attnmix::python::bind_chained(m);
-  attnmix::python::bind_variational(m);
-  attnmix::python::bind_stats(m);
+  for (const auto bind_family : attnmix::python::kFamilyBindings) bind_family(m);
   attnmix::python::bind_inference(m);
   attnmix::python::bind_assign(m);
   attnmix::python::bind_estimator_table(m);
