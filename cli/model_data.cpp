@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Loaded models and data files, through the family descriptors (reading rows for a model, drawing and writing
-// sampled rows).
+// Saved models and data files, through the family descriptors (reading a model file, reading rows for a model, drawing
+// and writing sampled rows).
 #include "model_data.hpp"
 
 #include <CLI/CLI.hpp>
@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "attnmix/family/spec.hpp"
-#include "attnmix/stats/composite.hpp"
 #include "attnmix/io/input_file.hpp"
 #include "attnmix/io/model_file.hpp"
+#include "attnmix/stats/composite.hpp"
 #include "cli_support.hpp"
 
 namespace attnmix::cli {

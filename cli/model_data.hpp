@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file model_data.hpp
-/// The bridge between a loaded model and data files, through its family's descriptor (family/spec.hpp): the rows a
-/// model reads (checked against the model's own sizes), its samples and how they are written. A mixture reads and
-/// writes its components' rows.
+/// The commands that use a saved model (score, predict, sample, fit --init): its --model flag and file, and the bridge
+/// between the loaded model and data files, through its family's descriptor (family/spec.hpp): the rows a model reads
+/// (checked against the model's own sizes), its samples and how they are written. A mixture reads and writes its
+/// components' rows.
 #pragma once
 
 #include <cstdint>
