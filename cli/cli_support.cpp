@@ -43,6 +43,12 @@ std::string format_seconds(double seconds) {
   return buf.data();
 }
 
+std::string flag_name(std::string_view option) {
+  std::string out = "--" + std::string(option);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
 // ---- files -------------------------------------------------------------------------------------
 
 namespace {

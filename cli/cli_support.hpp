@@ -32,6 +32,9 @@ class UsageError : public std::runtime_error {
 /// x with `digits` significant digits (%.*g), for human-readable summaries.
 [[nodiscard]] std::string format_short(double x, int digits = 6);
 
+/// "--max-clusters" for "max_clusters": an option as the command line names it.
+[[nodiscard]] std::string flag_name(std::string_view option);
+
 /// Seconds with three decimals ("0.123"), as printed after each progress line.
 [[nodiscard]] std::string format_seconds(double seconds);
 

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <string>
 
 namespace attnmix::cli {
@@ -25,5 +26,7 @@ CLI::Validator number_check(Ok ok, const std::string& name, const std::string& m
 inline const CLI::Validator kPositive = number_check([](double x) { return x > 0; }, "POSITIVE", "positive (> 0)");
 inline const CLI::Validator kNonNegative =
     number_check([](double x) { return x >= 0; }, "NONNEGATIVE", "non-negative (>= 0)");
+/// Finite (no infinity, no NaN); unnamed in the help, where a number is taken to be finite.
+inline const CLI::Validator kFinite = number_check([](double x) { return std::isfinite(x); }, "", "a finite number");
 
 }  // namespace attnmix::cli

@@ -120,10 +120,9 @@ void add_family_flags(CLI::App* cmd, FitArgs& args) {
       take(std::string(size.flag), family, OptionValue(int64_t{0}),
            std::string(size.symbol) + ", " + std::string(size.help),
            size.fallback ? std::to_string(*size.fallback) : "", /*from_model=*/false);
-  const auto as_flag = [](std::string_view name) { return "--" + flag_of(name); };  // {option} in a help text
   for (const FamilySpec* family : fitted)
     for (const OptionSpec& option : family->fit.options)
-      take(flag_of(option.name), family, option.fallback, option_help(option.help, as_flag),
+      take(flag_of(option.name), family, option.fallback, option_help(option.help, flag_name),
            default_text(option.fallback), option.from_model);
   for (const FamilySpec* family : fitted)
     if (family->fit.text.rows) {

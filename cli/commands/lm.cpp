@@ -11,9 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -24,6 +22,7 @@
 #include "number_checks.hpp"
 #include "commands/commands.hpp"
 #include "commands/demo_sections.hpp"
+#include "commands/lm_flags.hpp"
 #include "commands/lm_plugin.hpp"
 
 namespace attnmix::cli {
@@ -89,51 +88,18 @@ std::vector<std::string> given_options(const CLI::App* cmd) {
   return names;
 }
 
-struct TrainArgs {
-  LmTrainRequest request;
-  std::string mechanism = stream::mechanism_name(stream::TrainOptions{}.model.mechanism);
-  std::string schedule = stream::schedule_name(stream::TrainOptions{}.schedule);
-  double merge_threshold = 0.0;  ///< --merge-threshold, when given
-};
-
-bool has(const std::vector<std::string>& names, const std::string& name) {
+bool has(const std::vector<std::string>& names, std::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-/// Every --mechanism value of lm train (stream::parse_mechanism's names).
-const std::vector<std::string> kMechanismNames = {"window", "moment-closure", "linear",
-                                                  "frequent-directions", "tensor-sketch", "full"};
-
-/// The flags of the moment-closure far field: meaningless for window and full attention.
-constexpr const char* kFarFieldFlags[] = {"--max-clusters", "--birth-threshold",
-                                          "--merge-threshold", "--outliers", "--cluster-rule"};
-
-int run_train(TrainArgs& args, const CLI::App* cmd) {
-  LmTrainRequest& r = args.request;
-  r.options.model.mechanism = stream::parse_mechanism(args.mechanism);
-  r.options.schedule = stream::parse_schedule(args.schedule);
+int run_train(LmTrainRequest& r, const CLI::App* cmd) {
   r.given = given_options(cmd);
-  if (has(r.given, "--merge-threshold")) r.options.model.merge_threshold = args.merge_threshold;
-  for (const char* flag : {"--birth-threshold", "--merge-threshold"}) {
-    const double value = std::string(flag) == "--birth-threshold"
-                             ? r.options.model.birth_threshold
-                             : r.options.model.merge_threshold.value_or(0.0);
-    if (has(r.given, flag) && !std::isfinite(value))
-      throw UsageError(std::string(flag) + " must be a finite number");
-  }
   // With --resume and no --mechanism the checkpoint decides; the plugin checks the flags then.
-  const bool mechanism_known = has(r.given, "--mechanism") || r.resume.empty();
-  if (mechanism_known && r.options.model.mechanism != stream::Mechanism::kMomentClosure)
-    for (const char* flag : kFarFieldFlags)
-      if (has(r.given, flag))
-        throw UsageError(std::string(flag) +
-                         " applies only to --mechanism moment-closure (the far field)");
-  if (mechanism_known && r.options.model.mechanism != stream::Mechanism::kFrequentDirections &&
-      has(r.given, "--sketch-rows"))
-    throw UsageError("--sketch-rows applies only to --mechanism frequent-directions");
-  for (const char* flag : {"--sketch-dim", "--sketch-degree"})
-    if (mechanism_known && r.options.model.mechanism != stream::Mechanism::kTensorSketch && has(r.given, flag))
-      throw UsageError(std::string(flag) + " applies only to --mechanism tensor-sketch");
+  if (has(r.given, "--mechanism") || r.resume.empty())
+    for (const auto& option : stream::train_option_table())
+      if (option.only_for && *option.only_for != r.options.model.mechanism && has(r.given, option.flag))
+        throw UsageError(std::string(option.flag) + " applies only to --mechanism " +
+                         stream::mechanism_name(*option.only_for));
   if (r.options.checkpoint_every > 0 && r.out.empty())
     throw UsageError("--checkpoint-every needs --out FILE (where the periodic checkpoints go)");
   if (!(r.holdout >= 0.0 && r.holdout < 1.0))
@@ -144,24 +110,9 @@ int run_train(TrainArgs& args, const CLI::App* cmd) {
   return lm_plugin().train(r);
 }
 
-/// --cluster-rule (moment-closure's births and merges) of lm train, lm recall and lm memory-bench.
-void add_cluster_rule_flag(CLI::App* cmd, ClusterRule& rule) {
-  static const std::map<std::string, ClusterRule> kNames{{"threshold", ClusterRule::kThreshold},
-                                                          {"budget", ClusterRule::kBudget}};
-  cmd->add_option("--cluster-rule", rule,
-                  "moment-closure: how the far field founds and merges clusters: threshold (a chunk whose "
-                  "mean key fits no cluster founds one; clusters closer than --merge-threshold merge) or "
-                  "budget (every evicted chunk founds its own cluster; when --max-clusters are live the "
-                  "closest two merge first; the thresholds are not used)")
-      ->transform(CLI::CheckedTransformer(kNames))
-      ->type_name("RULE")
-      ->default_str(cluster_rule_name(rule));
-}
-
 void add_train(CLI::App* lm_cmd, int& exit_code) {
-  auto args = std::make_shared<TrainArgs>();
-  LmTrainRequest& r = args->request;
-  stream::TrainOptions& o = r.options;
+  auto request = std::make_shared<LmTrainRequest>();
+  LmTrainRequest& r = *request;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "train", "Train a byte-level streaming language model on a text file and save a checkpoint");
   cmd->footer(
@@ -197,124 +148,8 @@ void add_train(CLI::App* lm_cmd, int& exit_code) {
                   "heldout_bits_per_byte) and, with a held-out part, a last line with the final model's held-out "
                   "bits per byte; for plots (attnmix.plot.lm_history)")
       ->type_name("FILE");
-  cmd->add_option("--mechanism", args->mechanism,
-                  "Attention: window (the last --window tokens, bounded state), full (every "
-                  "token since the start of the pass), moment-closure (the window plus a "
-                  "bounded far field of Gaussian clusters over the evicted tokens; "
-                  "docs/mechanisms.md#moment-closure-far-field) or "
-                  "linear (causal linear attention: running sums over every token, no window, "
-                  "bounded state), frequent-directions (linear attention over the window exactly "
-                  "and a Frequent Directions sketch of every evicted token, bounded state) or "
-                  "tensor-sketch (a polynomial kernel over the window exactly and running sums over "
-                  "a tensor sketch of every evicted token, bounded state)")
-      ->check(CLI::IsMember(kMechanismNames))
-      ->capture_default_str();
-  cmd->add_option("--window", o.model.window,
-                  "Tokens a query sees exactly (window and moment-closure)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--max-clusters", o.model.max_clusters,
-                  "moment-closure: far-field clusters per layer, stream and head")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--birth-threshold", o.model.birth_threshold,
-                  "moment-closure: a chunk of evicted tokens whose best cluster logit lies below "
-                  "this on every head founds a new cluster (while fewer than --max-clusters live)")
-      ->capture_default_str();
-  cmd->add_option("--merge-threshold", args->merge_threshold,
-                  "moment-closure: two clusters closer than this (RMS standardised distance of "
-                  "their key means) merge (default: 2.65 + 6/sqrt(n) for the smaller count n)")
-      ->type_name("FLOAT");
-  add_cluster_rule_flag(cmd, o.model.cluster_rule);
-  cmd->add_option("--outliers", o.model.outlier_capacity,
-                  "moment-closure: per layer, stream and cluster, keep this many of the evicted "
-                  "tokens the cluster predicts worst exactly (int8) and attend to them beside the "
-                  "clusters (0: none)")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--sketch-rows", o.model.sketch_rows,
-                  "frequent-directions: rows of each layer's and head's sketch of the evicted "
-                  "tokens (even, >= 4; the sketch keeps rows/2 - 1 directions after each shrink)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--sketch-dim", o.model.sketch_dim,
-                  "tensor-sketch: width of each layer's and head's sketch")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--sketch-degree", o.model.sketch_degree,
-                  "tensor-sketch: degree p of the kernel (q.k)^p the window computes and the sketch "
-                  "estimates")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--d-model", o.model.d_model, "Width of the model")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--n-layer", o.model.n_layer, "Transformer layers")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--n-head", o.model.n_head,
-                  "Attention heads (d_model / n_head must be an even integer)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--batch", o.batch, "Parallel streams")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--chunk", o.chunk, "Bytes per stream per step")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--steps", o.steps,
-                  "Total steps (with --resume: the step to reach; default the checkpoint's)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--detach-horizon", o.detach_horizon,
-                  "Chunks per optimizer update (truncated BPTT: gradients flow back over this "
-                  "many chunks)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Peak learning rate (AdamW)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--min-lr-ratio", o.min_lr_ratio, "The cosine schedule ends at lr times this")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  cmd->add_option("--schedule", args->schedule,
-                  "Learning rate: cosine (decays over --steps) or constant")
-      ->check(CLI::IsMember({"cosine", "constant"}))
-      ->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--clip", o.clip, "Maximum global gradient norm (0: no clipping)")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of the initial parameters")->capture_default_str();
-  cmd->add_option("--threads", o.threads,
-                  "libtorch intra-op threads, at most the machine's hardware threads (results are "
-                  "reproducible for a fixed count)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--checkpoint-every", o.checkpoint_every,
-                  "Also write --out every this many steps (at whole updates; 0: only at the end)")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--eval-every", o.eval_every,
-                  "Also score the held-out part every this many steps (bits per byte in the progress and the "
-                  "--history; the training is unchanged, its speed excludes the scoring; 0: only the final model)")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->callback([args, cmd, &exit_code] { exit_code = run_train(*args, cmd); });
-}
-
-/// --window-cache of lm eval and lm generate.
-void add_window_cache_flag(CLI::App* cmd, stream::WindowCache& cache) {
-  static const std::map<std::string, stream::WindowCache> kNames{{"float32", stream::WindowCache::kFloat32},
-                                                                 {"int8", stream::WindowCache::kInt8}};
-  cmd->add_option("--window-cache", cache,
-                  "How the window's keys and values are held between steps: float32 (default) or int8 "
-                  "(one scale per token and head: about a quarter of the bytes; window, full and "
-                  "moment-closure checkpoints)")
-      ->transform(CLI::CheckedTransformer(kNames))
-      ->type_name("KIND");
+  add_table_flags(cmd, r.options, stream::train_option_table());
+  cmd->callback([request, cmd, &exit_code] { exit_code = run_train(*request, cmd); });
 }
 
 void add_eval(CLI::App* lm_cmd, int& exit_code) {
@@ -342,71 +177,14 @@ void add_eval(CLI::App* lm_cmd, int& exit_code) {
   cmd->add_option("--threads", r->threads, "libtorch intra-op threads (at most the hardware threads)")
       ->check(kPositive)
       ->capture_default_str();
-  add_window_cache_flag(cmd, r->window_cache);
+  for (const auto& option : stream::generate_option_table())
+    if (option.name == "window_cache") add_option_flag(cmd, r->window_cache, option);
   cmd->callback([r, &exit_code] {
     if (!(r->holdout >= 0.0 && r->holdout < 1.0))
       throw UsageError("--holdout must lie in [0, 1) (got " + format_short(r->holdout) + ")");
     r->threads = capped_threads(r->threads);
     exit_code = lm_plugin().eval(*r);
   });
-}
-
-/// The model and training flags of `lm recall` and `lm memory-bench` (stream::RecallRunOptions).
-void add_recall_model_flags(CLI::App* cmd, stream::RecallRunOptions& o) {
-  cmd->add_option("--window", o.window,
-                  "Tokens a query sees exactly (window, moment-closure and the sketches; linear and full "
-                  "have none)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--chunk", o.chunk, "Tokens per streamed chunk")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--d-model", o.d_model, "Width of the model")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--n-layer", o.n_layer, "Transformer layers")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--n-head", o.n_head, "Attention heads (d_model / n_head an even integer)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--max-clusters", o.max_clusters, "moment-closure: clusters per layer and head")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--birth-threshold", o.birth_threshold,
-                  "moment-closure: the cluster-birth threshold")
-      ->capture_default_str();
-  add_cluster_rule_flag(cmd, o.cluster_rule);
-  cmd->add_option("--outliers", o.outlier_capacity,
-                  "moment-closure+outliers: the worst-fitting evicted tokens kept exactly (int8) per "
-                  "layer, stream and cluster")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--sketch-rows", o.sketch_rows,
-                  "frequent-directions: rows of each layer's and head's sketch (even, >= 4)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--sketch-dim", o.sketch_dim, "tensor-sketch: width of each layer's and head's sketch")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--sketch-degree", o.sketch_degree, "tensor-sketch: degree of the polynomial kernel")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--batch", o.batch, "Sequences per training step")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--steps", o.steps, "Training steps per mechanism")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Learning rate of the recall runs (AdamW, constant)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--eval-sequences", o.eval_sequences, "Held-out sequences scored")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--threads", o.threads, "libtorch intra-op threads (at most the hardware threads)")
-      ->check(kPositive)
-      ->capture_default_str();
 }
 
 void add_recall(CLI::App* lm_cmd, int& exit_code) {
@@ -438,27 +216,7 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::IsMember(stream::kSequenceMechanisms))
       ->capture_default_str();
-  cmd->add_option("--keys", o.task.keys, "Distinct key tokens")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--values", o.task.values, "Value tokens (chance accuracy is 1/values)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--filler", o.task.filler, "Filler tokens")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--pairs", o.task.pairs, "Key-value pairs per sequence (at most --keys)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--queries", o.task.queries, "Keys asked per sequence (at most --pairs)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--gap", o.task.gap, "Filler tokens between the last pair and the first query")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  add_recall_model_flags(cmd, o);
-  cmd->add_option("--seed", o.seed, "Seed of the parameters and the sequences")
-      ->capture_default_str();
+  add_table_flags(cmd, o, stream::recall_option_table());
   cmd->add_option(
          "--text", r->text,
          std::string("Text of the bits-per-byte comparison (default ") + kDefaultCorpus + ")")
@@ -477,8 +235,6 @@ void add_recall(CLI::App* lm_cmd, int& exit_code) {
       ->check(kPositive)
       ->capture_default_str();
   cmd->callback([r, &exit_code] {
-    if (!std::isfinite(r->options.birth_threshold))
-      throw UsageError("--birth-threshold must be a finite number");
     if (r->text_steps > 0 && !(r->holdout > 0.0 && r->holdout < 1.0))
       throw UsageError("--holdout must lie in (0, 1) (got " + format_short(r->holdout) + ")");
     if (r->mechanisms.empty()) throw UsageError("--mechanisms needs at least one mechanism");
@@ -509,49 +265,11 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
       "that stops keeps what it finished; --resume continues such a sweep, reusing the runs --json holds "
       "(written with the same model and training settings) and training only the rest.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/validation error. See docs/far-field.md.");
-  cmd->add_option("--mechanisms", b.mechanisms, "Mechanisms to compare, in order")
-      ->delimiter(',')
-      ->check(CLI::IsMember(stream::kSequenceMechanisms))
-      ->capture_default_str();
-  cmd->add_option("--tasks", b.tasks, "Tasks to run, in order")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"recall", "mqar", "passkey"}))
-      ->capture_default_str();
-  cmd->add_option("--gaps", b.recall_gaps, "recall: filler tokens between the pairs and the queries")
-      ->delimiter(',')
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--pairs", b.recall_pairs, "recall: key-value pairs per sequence (all asked)")
-      ->delimiter(',')
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--keys", b.training.task.keys, "recall: distinct key tokens (at least the pairs)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--values", b.training.task.values, "recall: value tokens (chance 1/values)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--mqar-lengths", b.mqar_lengths, "mqar: tokens per sequence (even, at least 4 x pairs)")
-      ->delimiter(',')
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--mqar-pairs", b.mqar_pairs, "mqar: key-value pairs per sequence (all asked)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--passkey-lengths", b.passkey_lengths, "passkey: bytes per sequence")
-      ->delimiter(',')
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--seeds", b.seeds, "Seeds of the parameters and the sequences (one run each)")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_table_flags(cmd, b, stream::memory_bench_option_table());
   cmd->add_option("--json", r->json, "Also write every run and case to this file (JSON), after every run")
       ->type_name("FILE");
   cmd->add_flag("--resume", r->resume, "Reuse the finished runs of --json FILE (same settings) and train the rest");
-  add_recall_model_flags(cmd, b.training);
   cmd->callback([r, &exit_code] {
-    if (!std::isfinite(r->options.training.birth_threshold))
-      throw UsageError("--birth-threshold must be a finite number");
     if (r->resume && r->json.empty()) throw UsageError("--resume needs --json FILE: the sweep to continue");
     r->options.training.threads = capped_threads(r->options.training.threads);
     exit_code = lm_plugin().memory_bench(*r);
@@ -560,7 +278,6 @@ void add_memory_bench(CLI::App* lm_cmd, int& exit_code) {
 
 void add_generate(CLI::App* lm_cmd, int& exit_code) {
   auto r = std::make_shared<LmGenerateRequest>();
-  stream::GenerateOptions& g = r->options;
   CLI::App* cmd = lm_cmd->add_subcommand(
       "generate", "Continue a prompt by sampling bytes from a checkpoint's model");
   cmd->footer(
@@ -572,20 +289,7 @@ void add_generate(CLI::App* lm_cmd, int& exit_code) {
       ->type_name("CKPT");
   cmd->add_option("--prompt", r->prompt, "Text to continue (its bytes are the first tokens)")
       ->required();
-  cmd->add_option("--tokens", g.tokens, "Bytes to sample")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--temperature", g.temperature, "Divides the logits (lower: more conservative)")
-      ->check(kPositive)
-      ->capture_default_str();
-  cmd->add_option("--top-k", g.top_k, "Sample among the k most likely bytes (0: all)")
-      ->check(kNonNegative)
-      ->capture_default_str();
-  cmd->add_option("--seed", g.seed, "Seed of the sampler")->capture_default_str();
-  cmd->add_option("--threads", g.threads, "libtorch intra-op threads (at most the hardware threads)")
-      ->check(kPositive)
-      ->capture_default_str();
-  add_window_cache_flag(cmd, g.window_cache);
+  add_table_flags(cmd, r->options, stream::generate_option_table());
   cmd->callback([r, &exit_code] {
     if (r->prompt.empty()) throw UsageError("--prompt must not be empty (the model continues it)");
     r->options.threads = capped_threads(r->options.threads);

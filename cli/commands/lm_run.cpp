@@ -23,6 +23,9 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "attnmix/core/atomic_file.hpp"
@@ -32,6 +35,7 @@
 #include "attnmix/stream/language_model.hpp"
 #include "attnmix/stream/progress_record.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
+#include "attnmix/stream/option_table.hpp"
 #include "cli_support.hpp"
 #include "commands/lm_plugin.hpp"
 #include "commands/lm_support.hpp"
@@ -113,75 +117,47 @@ bool given(const LmTrainRequest& request, const std::string& flag) {
   return std::find(request.given.begin(), request.given.end(), flag) != request.given.end();
 }
 
-/// A flag whose value a --resume checkpoint fixes: its field there, the flag's value and the
-/// stored one as text (equal text means equal values: both print the shortest round-trip form).
-struct FixedFlag {
-  const char* flag;
-  const char* field;
-  std::string (*value)(const stream::TrainOptions&);
-  /// The one mechanism whose checkpoints store the setting (none: every checkpoint does).
-  std::optional<stream::Mechanism> only_for = std::nullopt;
-};
-
-constexpr auto kFarField = stream::Mechanism::kMomentClosure;
-
-std::string text_of(double x) { return format_double(x); }
-std::string text_of(int64_t x) { return std::to_string(x); }
-std::string text_of(uint64_t x) { return std::to_string(x); }
-
-const std::vector<FixedFlag>& fixed_flags() {
-  using O = const stream::TrainOptions&;
-  static const std::vector<FixedFlag> flags{
-      {"--mechanism", "mechanism", [](O o) { return stream::mechanism_name(o.model.mechanism); }},
-      {"--window", "window", [](O o) { return text_of(o.model.window); }},
-      {"--d-model", "d_model", [](O o) { return text_of(o.model.d_model); }},
-      {"--n-layer", "n_layer", [](O o) { return text_of(o.model.n_layer); }},
-      {"--n-head", "n_head", [](O o) { return text_of(o.model.n_head); }},
-      {"--batch", "batch", [](O o) { return text_of(o.batch); }},
-      {"--chunk", "chunk", [](O o) { return text_of(o.chunk); }},
-      {"--detach-horizon", "detach_horizon", [](O o) { return text_of(o.detach_horizon); }},
-      {"--lr", "lr", [](O o) { return text_of(o.lr); }},
-      {"--min-lr-ratio", "min_lr_ratio", [](O o) { return text_of(o.min_lr_ratio); }},
-      {"--schedule", "schedule", [](O o) { return stream::schedule_name(o.schedule); }},
-      {"--weight-decay", "weight_decay", [](O o) { return text_of(o.weight_decay); }},
-      {"--clip", "clip", [](O o) { return text_of(o.clip); }},
-      {"--seed", "seed", [](O o) { return text_of(o.seed); }},
-      {"--max-clusters", "max_clusters", [](O o) { return text_of(o.model.max_clusters); }, kFarField},
-      {"--birth-threshold", "birth_threshold", [](O o) { return text_of(o.model.birth_threshold); },
-       kFarField},
-      {"--merge-threshold", "merge_threshold",
-       [](O o) {
-         return o.model.merge_threshold ? text_of(*o.model.merge_threshold)
-                                        : std::string("the default rule");
-       },
-       kFarField},
-      {"--outliers", "outlier_capacity", [](O o) { return text_of(o.model.outlier_capacity); }, kFarField},
-      {"--cluster-rule", "cluster_rule", [](O o) { return std::string(cluster_rule_name(o.model.cluster_rule)); },
-       kFarField},
-      {"--sketch-rows", "sketch_rows", [](O o) { return text_of(o.model.sketch_rows); },
-       stream::Mechanism::kFrequentDirections},
-      {"--sketch-dim", "sketch_dim", [](O o) { return text_of(o.model.sketch_dim); }, stream::Mechanism::kTensorSketch},
-      {"--sketch-degree", "sketch_degree", [](O o) { return text_of(o.model.sketch_degree); },
-       stream::Mechanism::kTensorSketch},
-  };
-  return flags;
+/// An option's value as the resume check quotes it (equal text means equal values: reals print the shortest
+/// round-trip form).
+template <class T>
+std::string value_text(const T& value) {
+  if constexpr (std::is_enum_v<T>) {
+    return stream::NamedValues<T>::name(value);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return format_double(value);
+  } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+    return value ? format_double(*value) : std::string("unset (the default rule)");
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return value;
+  } else if constexpr (std::is_integral_v<T>) {
+    return std::to_string(value);
+  } else {  // a list, as the flag takes it
+    std::string out;
+    for (const auto& item : value) out += (out.empty() ? "" : ",") + value_text(item);
+    return out;
+  }
 }
 
-/// A --resume checkpoint fixes every option but --steps, --threads and --checkpoint-every: a
-/// repeated flag must agree with it (so the same command line plus --resume works).
+/// A --resume checkpoint fixes every option the table marks Kept::kFixed: a repeated flag must agree with it (so the
+/// same command line plus --resume works). An option of another mechanism's models is refused.
 void check_resume_flags(const LmTrainRequest& args, const stream::CheckpointInfo& info) {
   const stream::Mechanism stored_mechanism = info.options.model.mechanism;
-  for (const FixedFlag& f : fixed_flags()) {
-    if (!given(args, f.flag)) continue;
-    if (f.only_for && *f.only_for != stored_mechanism)
-      throw ValueError(std::string(f.flag) + " applies only to --mechanism " + stream::mechanism_name(*f.only_for) +
+  stream::TrainOptions requested = args.options, checkpoint = info.options;  // the fields are reached mutably
+  for (const auto& option : stream::train_option_table()) {
+    if (option.kept != stream::Kept::kFixed || option.flag.empty() || !given(args, std::string(option.flag))) continue;
+    const std::string flag(option.flag);
+    if (option.only_for && *option.only_for != stored_mechanism)
+      throw ValueError(flag + " applies only to --mechanism " + stream::mechanism_name(*option.only_for) +
                        "; the --resume checkpoint " + args.resume + " uses " +
                        stream::mechanism_name(stored_mechanism));
-    const std::string wanted = f.value(args.options), stored = f.value(info.options);
+    const auto [wanted, stored] = std::visit(
+        [&](const auto& field) {
+          return std::pair(value_text(field(requested)), value_text(field(checkpoint)));
+        },
+        option.field);
     if (wanted == stored) continue;
-    throw ValueError(std::string(f.flag) + " " + wanted +
-                     " does not match the --resume checkpoint " + args.resume + " (" + f.field +
-                     " = " + stored +
+    throw ValueError(flag + " " + wanted + " does not match the --resume checkpoint " + args.resume + " (" +
+                     std::string(option.name) + " = " + stored +
                      "); leave the flag out to continue with the checkpoint's settings");
   }
 }

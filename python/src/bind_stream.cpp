@@ -32,6 +32,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
@@ -41,6 +42,7 @@
 #include "attnmix/stream/memory_benchmark.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/moment_propagation.hpp"
+#include "attnmix/stream/option_table.hpp"
 #include "attnmix/stream/rope.hpp"
 #include "convert.hpp"
 #include "stream_receipts.hpp"
@@ -231,14 +233,6 @@ GaussianLaw law_arg(py::handle obj) {
 
 // ---- keyword option tables ----------------------------------------------------------------------
 
-/// One keyword option: its name, and how to read and write the C++ field behind it.
-template <class Options>
-struct OptionField {
-  const char* name;
-  std::function<py::object(const Options&)> get;
-  std::function<void(Options&, py::handle, std::string_view)> set;
-};
-
 template <class T>
 inline constexpr bool kUnsupportedOption = false;
 
@@ -280,22 +274,12 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
       }
     }
     return out;
-  } else if constexpr (std::is_same_v<T, stream::Mechanism> || std::is_same_v<T, stream::Schedule> ||
-                       std::is_same_v<T, stream::WindowCache> || std::is_same_v<T, ClusterRule>) {
+  } else if constexpr (std::is_enum_v<T>) {
     if (!PyUnicode_Check(value.ptr())) {
       throw TypeError(std::string(where) + ": " + std::string(name) + " must be a str (got " +
                       type_name(value) + ")");
     }
-    const auto text = value.cast<std::string>();
-    if constexpr (std::is_same_v<T, stream::Mechanism>) {
-      return stream::parse_mechanism(text);
-    } else if constexpr (std::is_same_v<T, stream::WindowCache>) {
-      return stream::parse_window_cache(text);
-    } else if constexpr (std::is_same_v<T, ClusterRule>) {
-      return parse_cluster_rule(text, std::string(where));
-    } else {
-      return stream::parse_schedule(text);
-    }
+    return stream::NamedValues<T>::parse(value.cast<std::string>(), where);
   } else {
     static_assert(kUnsupportedOption<T>,
                   "bind_stream.cpp: teach option_in/option_out this field type");
@@ -304,168 +288,58 @@ T option_in(py::handle value, std::string_view where, std::string_view name) {
 
 template <class T>
 py::object option_out(const T& value) {
-  if constexpr (std::is_same_v<T, stream::Mechanism>) {
-    return py::str(stream::mechanism_name(value));
-  } else if constexpr (std::is_same_v<T, stream::Schedule>) {
-    return py::str(stream::schedule_name(value));
-  } else if constexpr (std::is_same_v<T, stream::WindowCache>) {
-    return py::str(stream::window_cache_name(value));
-  } else if constexpr (std::is_same_v<T, ClusterRule>) {
-    return py::str(cluster_rule_name(value));
+  if constexpr (std::is_enum_v<T>) {
+    return py::str(stream::NamedValues<T>::name(value));
   } else {
     return py::cast(value);  // numbers, bool, optional (None)
   }
 }
 
-/// The option `name`, stored where `access` (a generic lambda Options& → field&) points.
-template <class Options, class Access>
-OptionField<Options> option(const char* name, Access access) {
-  using T = std::remove_cvref_t<decltype(access(std::declval<Options&>()))>;
-  return {name, [access](const Options& o) { return option_out<T>(access(o)); },
-          [access, name](Options& o, py::handle value, std::string_view where) {
-            access(o) = option_in<T>(value, where, name);
-          }};
-}
-
-#define ATTNMIX_OPTION(Options, name, path) \
-  option<Options>(                          \
-      name, [](auto& o) -> auto& { return o.path; })
-
-const std::vector<OptionField<stream::TrainOptions>>& train_fields() {
-  using O = stream::TrainOptions;
-  static const std::vector<OptionField<O>> fields = {
-      ATTNMIX_OPTION(O, "mechanism", model.mechanism),
-      ATTNMIX_OPTION(O, "vocab", model.vocab),
-      ATTNMIX_OPTION(O, "d_model", model.d_model),
-      ATTNMIX_OPTION(O, "n_layer", model.n_layer),
-      ATTNMIX_OPTION(O, "n_head", model.n_head),
-      ATTNMIX_OPTION(O, "window", model.window),
-      ATTNMIX_OPTION(O, "max_clusters", model.max_clusters),
-      ATTNMIX_OPTION(O, "birth_threshold", model.birth_threshold),
-      ATTNMIX_OPTION(O, "merge_threshold", model.merge_threshold),
-      ATTNMIX_OPTION(O, "outlier_capacity", model.outlier_capacity),
-      ATTNMIX_OPTION(O, "cluster_rule", model.cluster_rule),
-      ATTNMIX_OPTION(O, "sketch_rows", model.sketch_rows),
-      ATTNMIX_OPTION(O, "sketch_dim", model.sketch_dim),
-      ATTNMIX_OPTION(O, "sketch_degree", model.sketch_degree),
-      ATTNMIX_OPTION(O, "batch", batch),
-      ATTNMIX_OPTION(O, "chunk", chunk),
-      ATTNMIX_OPTION(O, "steps", steps),
-      ATTNMIX_OPTION(O, "detach_horizon", detach_horizon),
-      ATTNMIX_OPTION(O, "lr", lr),
-      ATTNMIX_OPTION(O, "min_lr_ratio", min_lr_ratio),
-      ATTNMIX_OPTION(O, "schedule", schedule),
-      ATTNMIX_OPTION(O, "weight_decay", weight_decay),
-      ATTNMIX_OPTION(O, "clip", clip),
-      ATTNMIX_OPTION(O, "seed", seed),
-      ATTNMIX_OPTION(O, "threads", threads),
-      ATTNMIX_OPTION(O, "checkpoint_every", checkpoint_every),
-      ATTNMIX_OPTION(O, "eval_every", eval_every),
-  };
-  return fields;
-}
-
-const std::vector<OptionField<stream::GenerateOptions>>& generate_fields() {
-  using O = stream::GenerateOptions;
-  static const std::vector<OptionField<O>> fields = {
-      ATTNMIX_OPTION(O, "tokens", tokens),   ATTNMIX_OPTION(O, "temperature", temperature),
-      ATTNMIX_OPTION(O, "top_k", top_k),     ATTNMIX_OPTION(O, "seed", seed),
-      ATTNMIX_OPTION(O, "threads", threads),
-      ATTNMIX_OPTION(O, "window_cache", window_cache),
-  };
-  return fields;
-}
-
-const std::vector<OptionField<stream::RecallRunOptions>>& recall_fields() {
-  using O = stream::RecallRunOptions;
-  static const std::vector<OptionField<O>> fields = {
-      ATTNMIX_OPTION(O, "keys", task.keys),
-      ATTNMIX_OPTION(O, "values", task.values),
-      ATTNMIX_OPTION(O, "filler", task.filler),
-      ATTNMIX_OPTION(O, "pairs", task.pairs),
-      ATTNMIX_OPTION(O, "queries", task.queries),
-      ATTNMIX_OPTION(O, "gap", task.gap),
-      ATTNMIX_OPTION(O, "d_model", d_model),
-      ATTNMIX_OPTION(O, "n_layer", n_layer),
-      ATTNMIX_OPTION(O, "n_head", n_head),
-      ATTNMIX_OPTION(O, "window", window),
-      ATTNMIX_OPTION(O, "chunk", chunk),
-      ATTNMIX_OPTION(O, "max_clusters", max_clusters),
-      ATTNMIX_OPTION(O, "outlier_capacity", outlier_capacity),
-      ATTNMIX_OPTION(O, "sketch_rows", sketch_rows),
-      ATTNMIX_OPTION(O, "sketch_dim", sketch_dim),
-      ATTNMIX_OPTION(O, "sketch_degree", sketch_degree),
-      ATTNMIX_OPTION(O, "birth_threshold", birth_threshold),
-      ATTNMIX_OPTION(O, "cluster_rule", cluster_rule),
-      ATTNMIX_OPTION(O, "batch", batch),
-      ATTNMIX_OPTION(O, "steps", steps),
-      ATTNMIX_OPTION(O, "lr", lr),
-      ATTNMIX_OPTION(O, "eval_sequences", eval_sequences),
-      ATTNMIX_OPTION(O, "seed", seed),
-      ATTNMIX_OPTION(O, "threads", threads),
-  };
-  return fields;
-}
-
-const std::vector<OptionField<stream::MemoryBenchOptions>>& memory_bench_fields() {
-  using O = stream::MemoryBenchOptions;
-  static const std::vector<OptionField<O>> fields = {
-      ATTNMIX_OPTION(O, "mechanisms", mechanisms),
-      ATTNMIX_OPTION(O, "tasks", tasks),
-      ATTNMIX_OPTION(O, "recall_gaps", recall_gaps),
-      ATTNMIX_OPTION(O, "recall_pairs", recall_pairs),
-      ATTNMIX_OPTION(O, "keys", training.task.keys),
-      ATTNMIX_OPTION(O, "values", training.task.values),
-      ATTNMIX_OPTION(O, "mqar_lengths", mqar_lengths),
-      ATTNMIX_OPTION(O, "mqar_pairs", mqar_pairs),
-      ATTNMIX_OPTION(O, "passkey_lengths", passkey_lengths),
-      ATTNMIX_OPTION(O, "seeds", seeds),
-      ATTNMIX_OPTION(O, "d_model", training.d_model),
-      ATTNMIX_OPTION(O, "n_layer", training.n_layer),
-      ATTNMIX_OPTION(O, "n_head", training.n_head),
-      ATTNMIX_OPTION(O, "window", training.window),
-      ATTNMIX_OPTION(O, "chunk", training.chunk),
-      ATTNMIX_OPTION(O, "max_clusters", training.max_clusters),
-      ATTNMIX_OPTION(O, "outlier_capacity", training.outlier_capacity),
-      ATTNMIX_OPTION(O, "sketch_rows", training.sketch_rows),
-      ATTNMIX_OPTION(O, "sketch_dim", training.sketch_dim),
-      ATTNMIX_OPTION(O, "sketch_degree", training.sketch_degree),
-      ATTNMIX_OPTION(O, "birth_threshold", training.birth_threshold),
-      ATTNMIX_OPTION(O, "cluster_rule", training.cluster_rule),
-      ATTNMIX_OPTION(O, "batch", training.batch),
-      ATTNMIX_OPTION(O, "steps", training.steps),
-      ATTNMIX_OPTION(O, "lr", training.lr),
-      ATTNMIX_OPTION(O, "eval_sequences", training.eval_sequences),
-      ATTNMIX_OPTION(O, "threads", training.threads),
-  };
-  return fields;
-}
-
-#undef ATTNMIX_OPTION
-
 /// Options with the keyword arguments applied over the C++ defaults; an unknown name → TypeError,
 /// like Python.
 template <class Options>
-Options options_from(const py::kwargs& kwargs, const std::vector<OptionField<Options>>& fields,
-                     std::string_view where) {
+Options options_from(const py::kwargs& kwargs, const stream::OptionTableOf<Options>& table, std::string_view where) {
   Options o;
   for (const auto& [key, value] : kwargs) {
     const auto name = py::str(key).cast<std::string>();
-    const auto field =
-        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return name == f.name; });
-    if (field == fields.end()) {
+    const auto option =
+        std::find_if(table.begin(), table.end(), [&](const auto& entry) { return name == entry.name; });
+    if (option == table.end()) {
       throw TypeError(std::string(where) + "() got an unexpected keyword argument '" + name + "'");
     }
-    field->set(o, value, where);
+    std::visit(
+        [&](const auto& field) {
+          auto& target = field(o);
+          target = option_in<std::remove_reference_t<decltype(target)>>(value, where, option->name);
+        },
+        option->field);
   }
   return o;
 }
 
 template <class Options>
-py::dict options_out(const Options& o, const std::vector<OptionField<Options>>& fields) {
+py::dict options_out(Options o, const stream::OptionTableOf<Options>& table) {  // a copy: fields are reached mutably
   py::dict out;
-  for (const auto& f : fields) out[f.name] = f.get(o);
+  for (const auto& option : table)
+    out[py::str(std::string(option.name))] = std::visit([&](const auto& field) { return option_out(field(o)); },
+                                                         option.field);
   return out;
+}
+
+/// `doc` with "{options}" replaced by the table's keywords, each with what it means, as a list.
+template <class Options>
+std::string options_doc(std::string_view doc, const stream::OptionTableOf<Options>& table) {
+  const auto keyword = [](std::string_view option) { return std::string(option); };
+  std::string list;
+  for (const auto& option : table) {
+    list += (list.empty() ? "- ``" : "\n- ``") + std::string(option.name) + "``: " +
+            with_option_names(option.help, keyword);
+    if (option.choices == nullptr) continue;
+    for (size_t i = 0; i < option.choices->size(); ++i)
+      list += (i == 0 ? " (each one of " : ", ") + (*option.choices)[i] + (i + 1 == option.choices->size() ? ")" : "");
+  }
+  const size_t at = doc.find("{options}");
+  return std::string(doc.substr(0, at)) + list + std::string(doc.substr(at + std::string_view("{options}").size()));
 }
 
 // ---- language-model results ---------------------------------------------------------------------
@@ -540,11 +414,8 @@ and sees the same sequences. Tasks: "recall" (each of recall_pairs key-value pai
 recall_gaps filler tokens, then every key asked), "mqar" (multi-query associative recall: mqar_pairs
 pairs, queries spread over sequences of each of mqar_lengths tokens) and "passkey" (a 5-digit key at
 a random depth in filler text of each of passkey_lengths bytes, asked at the end).
-Keyword options (defaults: default_memory_bench_options()): mechanisms, tasks, recall_gaps,
-recall_pairs, keys, values, mqar_lengths, mqar_pairs, passkey_lengths, seeds (lists where plural),
-and the model and training settings of run_recall (d_model, n_layer, n_head, window, chunk,
-max_clusters, outlier_capacity, sketch_rows, sketch_dim, sketch_degree, birth_threshold,
-cluster_rule, batch, steps, lr, eval_sequences, threads).
+Keyword options: those of default_memory_bench_options(), whose help says what each means (lists
+where plural; the model and training settings are run_recall's).
 on_run(index, total, task, setting, mechanism, seed) is called before each run.
 Returns {"runs": [run_recall's dict plus task, setting, seed], "cases": [{task, setting, mechanism,
 seeds, accuracy (mean), accuracy_min, accuracy_max, cross_entropy, chance, state_bytes, seconds,
@@ -620,14 +491,7 @@ grow by exactly t.)";
 constexpr const char* kTrainDoc =
     R"doc(Trains a streaming language model on a 1-D token array (stream/language_model.hpp).
 
-Keyword options (defaults: default_train_options()): mechanism ("window", "full",
-"moment-closure", "linear", "frequent-directions" or "tensor-sketch"), vocab, d_model, n_layer, n_head,
-window,
-max_clusters, birth_threshold, merge_threshold, outlier_capacity (moment-closure: evicted tokens kept
-exactly per cluster; 0: none), cluster_rule ("threshold" or "budget"), sketch_rows (frequent-directions: rows of each head's sketch),
-sketch_dim, sketch_degree (tensor-sketch: the sketch's width and the kernel's degree), batch, chunk,
-steps, detach_horizon, lr, min_lr_ratio, schedule ("constant" or "cosine"), weight_decay, clip, seed, threads,
-checkpoint_every, eval_every. heldout: tokens to evaluate the final model on (and, with
+Keyword options: those of default_train_options(), whose help says what each means. heldout: tokens to evaluate the final model on (and, with
 eval_every = K > 0, the model after every K-th step); out: checkpoint path to write (None: no
 file); resume_from: a checkpoint to continue; on_progress(dict) is called after every step with
 step, steps, loss, tokens_per_second, elapsed_seconds, eta_seconds and, for moment closure, the
@@ -664,11 +528,7 @@ mechanism: "window", "moment-closure", "moment-closure+outliers" (with an outlie
 outlier_capacity tokens per cluster), "linear", "frequent-directions" (the window plus a sketch of
 sketch_rows rows per head), "tensor-sketch" (the window plus sums over a degree-sketch_degree tensor
 sketch of width sketch_dim) or "full".
-Keyword options (defaults: default_recall_options()): keys, values, filler, pairs, queries, gap,
-d_model, n_layer, n_head, window, chunk, max_clusters, outlier_capacity, sketch_rows, sketch_dim,
-sketch_degree, birth_threshold, cluster_rule ("threshold" or "budget": moment-closure's births and
-merges), batch, steps, lr,
-eval_sequences, seed, threads. on_step(step, loss) is called after every training step. Returns
+Keyword options: those of default_recall_options(), whose help says what each means. on_step(step, loss) is called after every training step. Returns
 {mechanism, accuracy, cross_entropy, first_loss, last_loss, state_bytes, seconds}: first_loss and
 last_loss are the mean training losses of the first and the last 10 steps.
 
@@ -758,6 +618,8 @@ False
 constexpr const char* kDefaultTrainDoc =
     R"doc(The keyword options of train_language_model and their defaults (a new dict).
 
+{options}
+
 Example:
 
 >>> from attnmix.experimental import default_train_options
@@ -799,6 +661,8 @@ True
 constexpr const char* kDefaultGenerateDoc =
     R"doc(The keyword options of generate_language_model and their defaults (a new dict).
 
+{options}
+
 Example:
 
 >>> from attnmix.experimental import default_generate_options
@@ -807,8 +671,8 @@ Example:
 )doc";
 
 constexpr const char* kGenerateDoc =
-    R"doc(Feeds the prompt, then draws tokens from the model (options: tokens, temperature, top_k (0:
-the whole vocabulary), seed, threads, window_cache); returns the drawn tokens (int64). The same
+    R"doc(Feeds the prompt, then draws tokens from the model (keyword options: those of
+default_generate_options(), whose help says what each means); returns the drawn tokens (int64). The same
 checkpoint, prompt and seed give the same tokens.
 
 Example:
@@ -864,6 +728,8 @@ dtype('int64')
 constexpr const char* kDefaultRecallDoc =
     R"doc(The keyword options of run_recall and their defaults (a new dict).
 
+{options}
+
 Example:
 
 >>> from attnmix.experimental import default_recall_options
@@ -874,6 +740,8 @@ Example:
 
 constexpr const char* kDefaultMemoryBenchDoc =
     R"doc(The keyword options of run_memory_benchmark and their defaults (a new dict).
+
+{options}
 
 Example:
 
@@ -1091,15 +959,21 @@ void bind_stream(py::module_& m) {
       py::arg("x"), py::arg("cos"), py::arg("sin"), kApplyRopeDoc);
 
   // ---- language models ----
+  static const std::string train_defaults_doc = options_doc(kDefaultTrainDoc, stream::train_option_table());
+  static const std::string generate_defaults_doc =
+      options_doc(kDefaultGenerateDoc, stream::generate_option_table());
+  static const std::string recall_defaults_doc = options_doc(kDefaultRecallDoc, stream::recall_option_table());
+  static const std::string memory_bench_defaults_doc =
+      options_doc(kDefaultMemoryBenchDoc, stream::memory_bench_option_table());
   m.def(
-      "default_train_options", [] { return options_out(stream::TrainOptions{}, train_fields()); },
-      kDefaultTrainDoc);
+      "default_train_options", [] { return options_out(stream::TrainOptions{}, stream::train_option_table()); },
+      train_defaults_doc.c_str());
   m.def(
       "train_language_model",
       [](const py::object& tokens_obj, const py::object& heldout_obj, const py::object& out_obj,
          const py::object& resume_obj, const py::object& on_progress, const py::kwargs& kwargs) {
         constexpr std::string_view w = "train_language_model";
-        const auto options = options_from(kwargs, train_fields(), w);
+        const auto options = options_from(kwargs, stream::train_option_table(), w);
         const auto tokens = id_vector(tokens_obj, w, "tokens");
         const auto heldout =
             heldout_obj.is_none() ? std::vector<int64_t>{} : id_vector(heldout_obj, w, "heldout");
@@ -1150,12 +1024,13 @@ void bind_stream(py::module_& m) {
 
   m.def(
       "default_generate_options",
-      [] { return options_out(stream::GenerateOptions{}, generate_fields()); }, kDefaultGenerateDoc);
+      [] { return options_out(stream::GenerateOptions{}, stream::generate_option_table()); },
+      generate_defaults_doc.c_str());
   m.def(
       "generate_language_model",
       [](const py::object& checkpoint, const py::object& prompt_obj, const py::kwargs& kwargs) {
         constexpr std::string_view w = "generate_language_model";
-        const auto options = options_from(kwargs, generate_fields(), w);
+        const auto options = options_from(kwargs, stream::generate_option_table(), w);
         const std::string path = path_arg(checkpoint, w, "checkpoint");
         const auto prompt = id_vector(prompt_obj, w, "prompt");
         std::vector<int64_t> drawn;
@@ -1173,7 +1048,7 @@ void bind_stream(py::module_& m) {
         stream::CheckpointInfo info =
             stream::read_checkpoint_info(path_arg(checkpoint, "checkpoint_info", "checkpoint"));
         info.options.model = info.model;
-        return py::dict("options"_a = options_out(info.options, train_fields()),
+        return py::dict("options"_a = options_out(info.options, stream::train_option_table()),
                         "step"_a = info.step, "corpus_tokens"_a = info.corpus_tokens,
                         "corpus_fingerprint"_a = info.corpus_fingerprint);
       },
@@ -1190,8 +1065,8 @@ void bind_stream(py::module_& m) {
       py::arg("text"), kByteTokensDoc);
 
   m.def(
-      "default_recall_options", [] { return options_out(stream::RecallRunOptions{}, recall_fields()); },
-      kDefaultRecallDoc);
+      "default_recall_options", [] { return options_out(stream::RecallRunOptions{}, stream::recall_option_table()); },
+      recall_defaults_doc.c_str());
   m.def(
       "run_recall",
       [](const py::object& mechanism, const py::object& on_step, const py::kwargs& kwargs) {
@@ -1200,7 +1075,7 @@ void bind_stream(py::module_& m) {
           throw TypeError("run_recall: mechanism must be a str (got " + type_name(mechanism) + ")");
         }
         const auto name = mechanism.cast<std::string>();
-        const auto options = options_from(kwargs, recall_fields(), w);
+        const auto options = options_from(kwargs, stream::recall_option_table(), w);
         require_callable(on_step, w, "on_step");
         std::function<void(int64_t, double)> report;
         if (!on_step.is_none()) {
@@ -1220,13 +1095,13 @@ void bind_stream(py::module_& m) {
 
   m.def(
       "default_memory_bench_options",
-      [] { return options_out(stream::MemoryBenchOptions{}, memory_bench_fields()); },
-      kDefaultMemoryBenchDoc);
+      [] { return options_out(stream::MemoryBenchOptions{}, stream::memory_bench_option_table()); },
+      memory_bench_defaults_doc.c_str());
   m.def(
       "run_memory_benchmark",
       [](const py::object& on_run, const py::kwargs& kwargs) {
         constexpr std::string_view w = "run_memory_benchmark";
-        const auto options = options_from(kwargs, memory_bench_fields(), w);
+        const auto options = options_from(kwargs, stream::memory_bench_option_table(), w);
         require_callable(on_run, w, "on_run");
         stream::MemoryBenchHooks hooks;
         if (!on_run.is_none()) {

@@ -26,7 +26,7 @@ std::string choices_text(const OptionSpec& spec) {
   return out;
 }
 
-std::string option_help(std::string_view help, std::string (*name_of)(std::string_view option)) {
+std::string with_option_names(std::string_view help, std::string (*name_of)(std::string_view option)) {
   std::string out;
   for (size_t i = 0; i < help.size(); ++i) {
     const size_t close = help[i] == '{' ? help.find('}', i) : std::string_view::npos;
@@ -37,6 +37,11 @@ std::string option_help(std::string_view help, std::string (*name_of)(std::strin
     out += name_of(help.substr(i + 1, close - i - 1));
     i = close;
   }
+  return out;
+}
+
+std::string option_help(std::string_view help, std::string (*name_of)(std::string_view option)) {
+  std::string out = with_option_names(help, name_of);
   if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 'a' + 'A');
   return out;
 }
@@ -58,6 +63,8 @@ void check_option(const OptionSpec& spec, const OptionValue& value, std::string_
     throw ValueError(name + " must be positive (got " + option_text(value) + ")");
   if (spec.check == OptionCheck::kNonNegative && !(x >= 0.0))
     throw ValueError(name + " must be non-negative (got " + option_text(value) + ")");
+  if (spec.check == OptionCheck::kUnitInterval && !(x >= 0.0 && x <= 1.0))
+    throw ValueError(name + " must lie in [0, 1] (got " + option_text(value) + ")");
 }
 
 }  // namespace attnmix

@@ -13,6 +13,7 @@
 #include "attnmix/stream/kv_quantization.hpp"
 #include "attnmix/stream/linear_attention.hpp"
 #include "attnmix/stream/moment_closure.hpp"
+#include "attnmix/stream/option_table.hpp"
 #include "attnmix/stream/tensor_sketch.hpp"
 #include "model_options.hpp"
 
@@ -34,6 +35,7 @@
 #include <fstream>
 #include <memory>
 #include <type_traits>
+#include <variant>
 #include <numbers>
 #include <numeric>
 #include <optional>
@@ -185,34 +187,29 @@ class FarFieldTally {
 
 // ---- checkpoint metadata (JSON inside the archive) ------------------------------------------------------------
 
-json to_json(const TrainOptions& o) {
-  json j = {{"mechanism", mechanism_name(o.model.mechanism)},
-          {"vocab", o.model.vocab},
-          {"d_model", o.model.d_model},
-          {"n_layer", o.model.n_layer},
-          {"n_head", o.model.n_head},
-          {"window", o.model.window},
-          {"batch", o.batch},
-          {"chunk", o.chunk},
-          {"steps", o.steps},
-          {"detach_horizon", o.detach_horizon},
-          {"lr", o.lr},
-          {"min_lr_ratio", o.min_lr_ratio},
-          {"schedule", schedule_name(o.schedule)},
-          {"weight_decay", o.weight_decay},
-          {"clip", o.clip},
-          {"seed", o.seed}};
-  if (o.model.mechanism == Mechanism::kMomentClosure) {  // the far field's settings, only where they matter
-    j["max_clusters"] = o.model.max_clusters;
-    j["birth_threshold"] = o.model.birth_threshold;
-    j["merge_threshold"] = o.model.merge_threshold ? json(*o.model.merge_threshold) : json(nullptr);
-    j["outlier_capacity"] = o.model.outlier_capacity;
-    j["cluster_rule"] = cluster_rule_name(o.model.cluster_rule);
-  }
-  if (o.model.mechanism == Mechanism::kFrequentDirections) j["sketch_rows"] = o.model.sketch_rows;
-  if (o.model.mechanism == Mechanism::kTensorSketch) {
-    j["sketch_dim"] = o.model.sketch_dim;
-    j["sketch_degree"] = o.model.sketch_degree;
+/// Whether a checkpoint of a model with `mechanism` stores `option` (stream/option_table.hpp: Kept, only_for).
+bool stored_for(const StreamOption<TrainOptions>& option, Mechanism mechanism) {
+  return option.kept != Kept::kNo && (!option.only_for || *option.only_for == mechanism);
+}
+
+json to_json(const TrainOptions& options) {
+  TrainOptions o = options;  // the table reaches its fields mutably
+  json j = json::object();
+  for (const auto& option : train_option_table()) {
+    if (!stored_for(option, o.model.mechanism)) continue;
+    std::visit(
+        [&](const auto& field) {
+          const auto& value = field(o);
+          using T = std::remove_cvref_t<decltype(value)>;
+          if constexpr (std::is_enum_v<T>) {
+            j[std::string(option.name)] = NamedValues<T>::name(value);
+          } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+            j[std::string(option.name)] = value ? json(*value) : json(nullptr);
+          } else {
+            j[std::string(option.name)] = value;
+          }
+        },
+        option.field);
   }
   return j;
 }
@@ -240,41 +237,28 @@ T option_field(const json& options, const char* name) {
 TrainOptions options_from_json(const json& j) {
   if (!j.is_object()) throw ValueError("options must be an object");
   TrainOptions o;
-  o.model.mechanism = parse_mechanism(option_field<std::string>(j, "mechanism"));
-  o.model.vocab = option_field<int64_t>(j, "vocab");
-  o.model.d_model = option_field<int64_t>(j, "d_model");
-  o.model.n_layer = option_field<int64_t>(j, "n_layer");
-  o.model.n_head = option_field<int64_t>(j, "n_head");
-  o.model.window = option_field<int64_t>(j, "window");
-  o.batch = option_field<int64_t>(j, "batch");
-  o.chunk = option_field<int64_t>(j, "chunk");
-  o.steps = option_field<int64_t>(j, "steps");
-  o.detach_horizon = option_field<int64_t>(j, "detach_horizon");
-  o.lr = option_field<double>(j, "lr");
-  o.min_lr_ratio = option_field<double>(j, "min_lr_ratio");
-  o.schedule = parse_schedule(option_field<std::string>(j, "schedule"));
-  o.weight_decay = option_field<double>(j, "weight_decay");
-  o.clip = option_field<double>(j, "clip");
-  o.seed = option_field<uint64_t>(j, "seed");
-  if (o.model.mechanism == Mechanism::kMomentClosure) {
-    o.model.max_clusters = option_field<int64_t>(j, "max_clusters");
-    o.model.birth_threshold = option_field<double>(j, "birth_threshold");
-    if (j.contains("merge_threshold") && !j.at("merge_threshold").is_null()) {
-      o.model.merge_threshold = option_field<double>(j, "merge_threshold");
-    }
-    if (j.contains("outlier_capacity")) {  // absent from checkpoints written before the outlier store
-      o.model.outlier_capacity = option_field<int64_t>(j, "outlier_capacity");
-    }
-    if (j.contains("cluster_rule")) {  // absent from checkpoints written before the budget rule
-      o.model.cluster_rule = parse_cluster_rule(option_field<std::string>(j, "cluster_rule"), "options");
-    }
-  }
-  if (o.model.mechanism == Mechanism::kFrequentDirections) {
-    o.model.sketch_rows = option_field<int64_t>(j, "sketch_rows");
-  }
-  if (o.model.mechanism == Mechanism::kTensorSketch) {
-    o.model.sketch_dim = option_field<int64_t>(j, "sketch_dim");
-    o.model.sketch_degree = option_field<int64_t>(j, "sketch_degree");
+  o.model.mechanism = parse_mechanism(option_field<std::string>(j, "mechanism"));  // decides what else is stored
+  for (const auto& option : train_option_table()) {
+    if (!stored_for(option, o.model.mechanism)) continue;
+    const std::string name(option.name);
+    std::visit(
+        [&](const auto& field) {
+          auto& value = field(o);
+          using T = std::remove_cvref_t<decltype(value)>;
+          if constexpr (std::is_same_v<T, std::optional<double>>) {
+            if (j.contains(name) && !j.at(name).is_null()) value = option_field<double>(j, name.c_str());
+          } else if (option.older_files_lack && !j.contains(name)) {
+            return;  // a checkpoint written before the option existed: its default
+          } else if constexpr (std::is_enum_v<T>) {
+            value = NamedValues<T>::parse(option_field<std::string>(j, name.c_str()), "options");
+          } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t> ||
+                               std::is_same_v<T, double>) {
+            value = option_field<T>(j, name.c_str());
+          } else {
+            throw std::logic_error("options." + name + ": a checkpoint stores no option of this type");
+          }
+        },
+        option.field);
   }
   return o;
 }

@@ -14,8 +14,6 @@
 namespace attnmix::stream {
 namespace {
 
-const std::vector<std::string> kTasks = {"recall", "mqar", "passkey"};
-
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -106,7 +104,7 @@ void validate(const MemoryBenchOptions& o) {
   }
   if (o.tasks.empty()) throw ValueError("memory-bench: tasks must not be empty");
   for (const auto& t : o.tasks) {
-    if (!contains(kTasks, t)) throw ValueError("memory-bench: tasks: unknown task \"" + t + "\" (recall, mqar or passkey)");
+    if (!contains(kMemoryBenchTasks, t)) throw ValueError("memory-bench: tasks: unknown task \"" + t + "\" (recall, mqar or passkey)");
   }
   if (o.seeds.empty()) throw ValueError("memory-bench: seeds must not be empty");
   const auto non_empty = [&](const char* task, const char* field, size_t size) {

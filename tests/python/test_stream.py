@@ -709,6 +709,38 @@ def test_language_model_options_come_from_cpp():
     np.testing.assert_array_equal(ex.byte_tokens("ab"), [97, 98])
 
 
+def test_every_option_is_documented_with_its_defaults():
+    """The docstring of each default_*_options() lists every keyword the dict holds, with what it means."""
+    for defaults in (ex.default_train_options, ex.default_generate_options, ex.default_recall_options,
+                     ex.default_memory_bench_options):
+        for key in defaults():
+            assert f"``{key}``: " in defaults.__doc__, (defaults.__name__, key)
+
+
+# Every option a checkpoint stores, each set to a value other than its default.
+STORED_OPTIONS = dict(vocab=8, d_model=8, n_layer=1, n_head=2, window=8, batch=2, chunk=8, steps=2, detach_horizon=2,
+                      lr=0.02, min_lr_ratio=0.2, schedule="constant", weight_decay=0.05, clip=0.5, seed=7)
+MECHANISM_OPTIONS = {
+    "moment-closure": dict(max_clusters=3, birth_threshold=-1.5, merge_threshold=2.5, outlier_capacity=2,
+                           cluster_rule="budget"),
+    "frequent-directions": dict(sketch_rows=8),
+    "tensor-sketch": dict(sketch_dim=16, sketch_degree=3),
+}
+
+
+@pytest.mark.parametrize("mechanism", ["window", "moment-closure", "frequent-directions", "tensor-sketch"])
+def test_a_checkpoint_keeps_the_options_of_its_mechanism(tmp_path, mechanism):
+    """checkpoint_info gives back every stored option as given; another mechanism's options, and those a checkpoint
+    does not store (threads, checkpoint_every, eval_every), keep their defaults."""
+    checkpoint = tmp_path / "m.ckpt"
+    other = {k: v for options in MECHANISM_OPTIONS.values() for k, v in options.items()}
+    ex.train_language_model(pattern_tokens(), out=str(checkpoint), mechanism=mechanism, threads=1, checkpoint_every=1,
+                            **STORED_OPTIONS, **other)
+    expected = dict(ex.default_train_options(), mechanism=mechanism, **STORED_OPTIONS,
+                    **MECHANISM_OPTIONS.get(mechanism, {}))
+    assert ex.checkpoint_info(str(checkpoint))["options"] == expected
+
+
 def test_language_model_errors(tmp_path):
     tokens = pattern_tokens(100)
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):

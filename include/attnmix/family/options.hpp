@@ -25,8 +25,9 @@ using OptionValue = std::variant<bool, int64_t, double, std::string>;
 /// Option values by name (the options that were given; the others keep their defaults).
 using OptionValues = std::map<std::string, OptionValue, std::less<>>;
 
-/// The sign a numeric option must have: any value, > 0 or ≥ 0 (check_option enforces it).
-enum class OptionCheck { kAny, kPositive, kNonNegative };
+/// What a numeric option's value must be besides a number: anything, > 0, ≥ 0, in [0, 1] or finite (check_option
+/// enforces it; it takes every family option finite).
+enum class OptionCheck { kAny, kPositive, kNonNegative, kUnitInterval, kFinite };
 
 /// One hyperparameter: `sigma2` is the flag `--sigma2` and the keyword `sigma2=` (underscores become dashes in flags).
 struct OptionSpec {
@@ -47,9 +48,12 @@ struct OptionSpec {
 /// "'float64' or 'mixed'": the choices of a named-choice option, for messages.
 [[nodiscard]] std::string choices_text(const OptionSpec& spec);
 
-/// "Gate variance sigma^2, fixed unless --estimate-sigma2": an option's help (OptionSpec::help) with its first letter
-/// capitalised and every option named in braces written as `name_of` gives it (the flag in the command line, the
-/// keyword in Python).
+/// "gate variance sigma^2, fixed unless --estimate-sigma2": a help text with every option named in braces written as
+/// `name_of` gives it (the flag in the command line, the keyword in Python).
+[[nodiscard]] std::string with_option_names(std::string_view help, std::string (*name_of)(std::string_view option));
+
+/// "Gate variance sigma^2, fixed unless --estimate-sigma2": an option's help (OptionSpec::help) as with_option_names
+/// writes it, with its first letter capitalised.
 [[nodiscard]] std::string option_help(std::string_view help, std::string (*name_of)(std::string_view option));
 
 /// Checks a value against its option (type, sign, choices). @throws ValueError naming `where` and the option.

@@ -26,12 +26,15 @@ namespace attnmix::stream {
 
 /// What `attnmix lm memory-bench` sweeps (docs/far-field.md): the mechanisms, the tasks and their settings, and the
 /// seeds. validate() checks them.
+/// Every task of the benchmark, in the order a sweep runs them.
+inline const std::vector<std::string> kMemoryBenchTasks = {"recall", "mqar", "passkey"};
+
 struct MemoryBenchOptions {
   /// The mechanisms to train, each one of kSequenceMechanisms; the sweep and the cases follow this order, and the
   /// share of full attention's gain needs "window" and "full" among them.
   std::vector<std::string> mechanisms = {"window", "moment-closure", "moment-closure+outliers", "linear",
                                          "frequent-directions", "tensor-sketch", "full"};
-  std::vector<std::string> tasks = {"recall", "mqar", "passkey"};  ///< the tasks to run, in this order
+  std::vector<std::string> tasks = kMemoryBenchTasks;  ///< the tasks to run, in this order
   /// recall: the gaps (filler tokens between the last pair and the first query) to sweep.
   std::vector<int64_t> recall_gaps = {24, 64, 256, 1024};
   /// recall: the numbers of pairs to sweep at every gap, each asked once (keys are raised to at least the pairs;

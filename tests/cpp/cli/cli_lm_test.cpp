@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attnmix/core/rng.hpp"
+#include "attnmix/stream/option_table.hpp"
 #include "testing/cli_fixture.hpp"
 #include "testing/all_close.hpp"
 
@@ -117,6 +118,21 @@ TEST_F(CliLmTest, HelpExitsZeroForEverySubcommand) {
                            "--text", "--text-steps", "--text-chunk"})
     EXPECT_TRUE(contains(recall.out, flag)) << flag;
   EXPECT_TRUE(contains(run("--help").out, "lm"));
+}
+
+/// Every option of the library's tables that has a flag is one of its command's flags (stream/option_table.hpp).
+TEST_F(CliLmTest, EveryTableOptionIsAFlag) {
+  const auto expect_flags = [&](const std::string& command, const auto& table) {
+    const RunResult help = run(command + " --help");
+    for (const auto& option : table) {
+      if (option.flag.empty()) continue;
+      EXPECT_TRUE(contains(help.out, std::string(option.flag) + " ")) << command << ": " << option.flag;
+    }
+  };
+  expect_flags("lm train", stream::train_option_table());
+  expect_flags("lm generate", stream::generate_option_table());
+  expect_flags("lm recall", stream::recall_option_table());
+  expect_flags("lm memory-bench", stream::memory_bench_option_table());
 }
 
 TEST_F(CliLmTest, UsageErrorsExitOne) {
@@ -509,6 +525,10 @@ TEST_F(CliLmTest, MomentClosureFlagErrors) {
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters 0").code, 1);
   EXPECT_EQ(train("--mechanism moment-closure --max-clusters x").code, 1);
   EXPECT_EQ(train("--mechanism moment-closure --birth-threshold nan").code, 1);
+  const RunResult infinite = train("--mechanism moment-closure --merge-threshold inf");
+  EXPECT_EQ(infinite.code, 1);
+  EXPECT_TRUE(contains(infinite.err, "--merge-threshold")) << infinite.err;
+  EXPECT_TRUE(contains(infinite.err, "finite")) << infinite.err;
   EXPECT_EQ(train("--mechanism moment-closure --merge-threshold abc").code, 1);
   const RunResult window = train("--max-clusters 3");  // the default mechanism is window
   EXPECT_EQ(window.code, 1);
