@@ -34,6 +34,7 @@
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
 #include "attnmix/stream/progress_record.hpp"
+#include "attnmix/stream/memory_bench_record.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
 #include "attnmix/stream/option_table.hpp"
 #include "cli_support.hpp"
@@ -133,7 +134,10 @@ std::string value_text(const T& value) {
     return std::to_string(value);
   } else {  // a list, as the flag takes it
     std::string out;
-    for (const auto& item : value) out += (out.empty() ? "" : ",") + value_text(item);
+    for (const auto& item : value) {
+      if (!out.empty()) out += ',';
+      out += value_text(item);
+    }
     return out;
   }
 }
@@ -720,26 +724,12 @@ nlohmann::json memory_bench_settings(const stream::MemoryBenchOptions& o) {
                         {"mqar_pairs", o.mqar_pairs}, {"threads", t.threads}}}};
 }
 
+/// The --json file of a sweep: its settings, then its runs and cases (memory_bench_record), keys in sorted order.
 nlohmann::json memory_bench_json(const stream::MemoryBenchOptions& o, const std::vector<stream::MemoryBenchRun>& runs) {
-  using nlohmann::json;
-  json out = memory_bench_settings(o);
-  out["runs"] = json::array();
-  out["cases"] = json::array();
-  for (const auto& run : runs) {
-    const stream::RecallResult& r = run.result;
-    out["runs"].push_back({{"task", run.task}, {"setting", run.setting}, {"mechanism", r.mechanism},
-                           {"seed", run.seed}, {"accuracy", r.accuracy}, {"cross_entropy", r.cross_entropy},
-                           {"first_loss", r.first_loss}, {"last_loss", r.last_loss},
-                           {"state_bytes", r.state_bytes}, {"seconds", r.seconds}});
-  }
-  for (const auto& c : stream::memory_bench_cases(o, runs)) {
-    out["cases"].push_back({{"task", c.task}, {"setting", c.setting}, {"mechanism", c.mechanism},
-                            {"seeds", c.seeds}, {"accuracy", c.accuracy}, {"accuracy_min", c.accuracy_min},
-                            {"accuracy_max", c.accuracy_max}, {"cross_entropy", c.cross_entropy},
-                            {"chance", c.chance}, {"state_bytes", c.state_bytes}, {"seconds", c.seconds},
-                            {"share_of_full_gain", c.share_of_full_gain ? json(*c.share_of_full_gain)
-                                                                        : json(nullptr)}});
-  }
+  nlohmann::json out = memory_bench_settings(o);
+  const auto record = nlohmann::json::parse(stream::memory_bench_record({runs, stream::memory_bench_cases(o, runs)}).dump());
+  out["runs"] = record["runs"];
+  out["cases"] = record["cases"];
   return out;
 }
 
@@ -762,26 +752,11 @@ std::vector<stream::MemoryBenchRun> finished_runs(const std::string& path, const
       throw ValueError(path + ": --resume: written with other " + part + " settings (" +
                        (doc.is_object() && doc.contains(part) ? doc[part].dump() : std::string("none")) + ", now " +
                        settings[part].dump() + "); rerun without --resume or with the same flags");
-  std::vector<stream::MemoryBenchRun> runs;
   try {
-    for (const json& r : doc.at("runs")) {
-      stream::MemoryBenchRun run;
-      run.task = r.at("task").get<std::string>();
-      run.setting = r.at("setting").get<std::string>();
-      run.seed = r.at("seed").get<uint64_t>();
-      run.result.mechanism = r.at("mechanism").get<std::string>();
-      run.result.accuracy = r.at("accuracy").get<double>();
-      run.result.cross_entropy = r.at("cross_entropy").get<double>();
-      run.result.first_loss = r.at("first_loss").get<double>();
-      run.result.last_loss = r.at("last_loss").get<double>();
-      run.result.state_bytes = r.at("state_bytes").get<int64_t>();
-      run.result.seconds = r.at("seconds").get<double>();
-      runs.push_back(std::move(run));
-    }
+    return stream::memory_bench_runs(doc.at("runs"));
   } catch (const json::exception& e) {
     throw ValueError(path + ": runs: " + e.what());
   }
-  return runs;
 }
 
 int run_memory_bench(const LmMemoryBenchRequest& r) {

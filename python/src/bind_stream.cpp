@@ -39,6 +39,7 @@
 #include "attnmix/stream/far_field.hpp"
 #include "attnmix/stream/language_model.hpp"
 #include "attnmix/stream/progress_record.hpp"
+#include "attnmix/stream/memory_bench_record.hpp"
 #include "attnmix/stream/memory_benchmark.hpp"
 #include "attnmix/stream/moment_closure.hpp"
 #include "attnmix/stream/moment_propagation.hpp"
@@ -330,16 +331,18 @@ py::dict options_out(Options o, const stream::OptionTableOf<Options>& table) {  
 template <class Options>
 std::string options_doc(std::string_view doc, const stream::OptionTableOf<Options>& table) {
   const auto keyword = [](std::string_view option) { return std::string(option); };
-  std::string list;
+  constexpr std::string_view kPlace = "{options}";
+  const size_t at = doc.find(kPlace);
+  std::string out(doc.substr(0, at));
   for (const auto& option : table) {
-    list += (list.empty() ? "- ``" : "\n- ``") + std::string(option.name) + "``: " +
-            with_option_names(option.help, keyword);
+    if (&option != &table.front()) out += '\n';
+    out.append("- ``").append(option.name).append("``: ").append(with_option_names(option.help, keyword));
     if (option.choices == nullptr) continue;
-    for (size_t i = 0; i < option.choices->size(); ++i)
-      list += (i == 0 ? " (each one of " : ", ") + (*option.choices)[i] + (i + 1 == option.choices->size() ? ")" : "");
+    out += " (each one of ";
+    for (const std::string& choice : *option.choices) out.append(choice).append(", ");
+    out.replace(out.size() - 2, 2, ")");
   }
-  const size_t at = doc.find("{options}");
-  return std::string(doc.substr(0, at)) + list + std::string(doc.substr(at + std::string_view("{options}").size()));
+  return out.append(doc.substr(at + kPlace.size()));
 }
 
 // ---- language-model results ---------------------------------------------------------------------
@@ -373,33 +376,6 @@ py::object progress_out(const stream::Progress& p) {
   record["steps"] = p.steps;
   record["eta_seconds"] = p.eta_seconds;
   return json_to_python(record);
-}
-
-py::dict recall_out(const stream::RecallResult& r) {
-  return py::dict("mechanism"_a = r.mechanism, "accuracy"_a = r.accuracy,
-                  "cross_entropy"_a = r.cross_entropy, "first_loss"_a = r.first_loss,
-                  "last_loss"_a = r.last_loss, "state_bytes"_a = r.state_bytes,
-                  "seconds"_a = r.seconds);
-}
-
-py::dict memory_bench_out(const stream::MemoryBenchReport& report) {
-  py::list runs;
-  for (const auto& run : report.runs) {
-    py::dict r = recall_out(run.result);
-    r["task"] = run.task;
-    r["setting"] = run.setting;
-    r["seed"] = run.seed;
-    runs.append(r);
-  }
-  py::list cases;
-  for (const auto& c : report.cases) {
-    cases.append(py::dict("task"_a = c.task, "setting"_a = c.setting, "mechanism"_a = c.mechanism,
-                          "seeds"_a = c.seeds, "accuracy"_a = c.accuracy, "accuracy_min"_a = c.accuracy_min,
-                          "accuracy_max"_a = c.accuracy_max, "cross_entropy"_a = c.cross_entropy,
-                          "chance"_a = c.chance, "state_bytes"_a = c.state_bytes, "seconds"_a = c.seconds,
-                          "share_of_full_gain"_a = py::cast(c.share_of_full_gain)));
-  }
-  return py::dict("runs"_a = runs, "cases"_a = cases);
 }
 
 // ---- docstrings ---------------------------------------------------------------------------------
@@ -1089,7 +1065,7 @@ void bind_stream(py::module_& m) {
           py::gil_scoped_release release;
           result = stream::run_recall(name, options, report);
         }
-        return recall_out(result);
+        return json_to_python(stream::recall_record(result));
       },
       py::arg("mechanism"), py::kw_only(), py::arg("on_step") = py::none(), kRecallDoc);
 
@@ -1116,7 +1092,7 @@ void bind_stream(py::module_& m) {
           py::gil_scoped_release release;
           result = stream::run_memory_benchmark(options, hooks);
         }
-        return memory_bench_out(result);
+        return json_to_python(stream::memory_bench_record(result));
       },
       py::kw_only(), py::arg("on_run") = py::none(), kMemoryBenchDoc);
 }
