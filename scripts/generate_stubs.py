@@ -1,16 +1,21 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""Writes the stubs of the estimator classes in python/attnmix/_core.pyi from the family descriptors.
+"""Writes the generated parts of the stubs: the estimator classes in python/attnmix/_core.pyi from the family
+descriptors, and the keyword options of the streaming functions in python/attnmix/_stream.pyi from their option tables.
 
 The estimator classes of the attention families are generated from each family's option table in C++
-(python/src/estimator_class.hpp); `attnmix._core._estimator_classes()` lists them with their sizes and options, and
-this script renders each one's stub between the markers
-    # >>> generated: <Class> (scripts/generate_stubs.py)
-    # <<< generated: <Class>
-in _core.pyi, so that the stubs say what the classes accept. --check (run by the Python tests) fails with a diff
-when _core.pyi differs from what it would write.
+(python/src/estimator_class.hpp); `attnmix._core._estimator_classes()` lists them with their sizes and options. The
+streaming functions (train_language_model, generate_language_model, run_recall, run_memory_benchmark) take the options
+of the tables in include/attnmix/stream/option_table.hpp; `attnmix._stream._option_tables()` lists them with their
+annotations and defaults. This script renders each class's stub, and each function's keyword options, between the
+markers
+    # >>> generated: <name> (scripts/generate_stubs.py)
+    # <<< generated: <name>
+so that the stubs say what the classes and functions accept. --check (run by the Python tests) fails with a diff
+when a stub file differs from what it would write.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 scripts/generate_stubs.py [--check] [--stubs python/attnmix/_core.pyi]
+    [--stream-stubs python/attnmix/_stream.pyi]
 """
 import argparse
 import difflib
@@ -18,7 +23,7 @@ import os
 import re
 import sys
 
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "attnmix", "_core.pyi")
+PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "attnmix")
 
 
 def python_type(option):
@@ -50,37 +55,57 @@ def stub(entry):
     return "\n".join(lines) + "\n"
 
 
-def rendered(text, entries):
-    """`text` with every generated block rewritten; a class without markers is an error."""
-    for entry in entries:
-        name = entry["class"]
+def stream_keywords(options):
+    """The keyword parameters of a streaming function, one per line, indented for its signature."""
+    return "".join(f"    {o['name']}: {o['type']} = {o['default']!r},\n" for o in options) + "    "
+
+
+def rendered(text, blocks):
+    """`text` with every generated block (name → its text) rewritten; a block without markers is an error."""
+    for name, body in blocks.items():
         pattern = re.compile(rf"(# >>> generated: {name} \(scripts/generate_stubs.py\)\n).*?(# <<< generated: {name}\n)",
                              re.S)
         if not pattern.search(text):
             raise SystemExit(f"generate_stubs: {name} has no generated block in the stubs (add its markers)")
-        text = pattern.sub(lambda m: m.group(1) + stub(entry) + m.group(2), text)
+        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
     return text
+
+
+def update(path, blocks, check):
+    """Rewrites the generated blocks of one stub file; with `check`, prints the diff instead. True when current."""
+    with open(path) as f:
+        text = f.read()
+    new = rendered(text, blocks)
+    if new == text:
+        return True
+    if check:
+        sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), path, "generated"))
+        return False
+    with open(path, "w") as f:
+        f.write(new)
+    return True
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="fail with a diff instead of writing")
-    parser.add_argument("--stubs", default=STUBS)
+    parser.add_argument("--stubs", default=os.path.join(PACKAGE, "_core.pyi"))
+    parser.add_argument("--stream-stubs", default=os.path.join(PACKAGE, "_stream.pyi"))
     a = parser.parse_args()
     from attnmix import _core
 
-    with open(a.stubs) as f:
-        text = f.read()
-    new = rendered(text, _core._estimator_classes())
-    if a.check:
-        if new != text:
-            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), a.stubs, "generated"))
-            print("generate_stubs: the stubs are stale; run scripts/generate_stubs.py")
-            return 1
-        return 0
-    if new != text:
-        with open(a.stubs, "w") as f:
-            f.write(new)
+    current = update(a.stubs, {e["class"]: stub(e) for e in _core._estimator_classes()}, a.check)
+    try:
+        from attnmix import _stream
+    except ImportError:  # a build without libtorch has no streaming module
+        _stream = None
+    if _stream is not None:
+        tables = _stream._option_tables()
+        current = update(a.stream_stubs, {name: stream_keywords(options) for name, options in tables.items()},
+                         a.check) and current
+    if not current:
+        print("generate_stubs: the stubs are stale; run scripts/generate_stubs.py")
+        return 1
     return 0
 
 

@@ -345,6 +345,49 @@ std::string options_doc(std::string_view doc, const stream::OptionTableOf<Option
   return out.append(doc.substr(at + kPlace.size()));
 }
 
+/// 'Literal["a", "b"]': a choice among names, as a Python annotation.
+std::string literal(const std::vector<std::string>& names) {
+  std::string out = "Literal[";
+  for (const std::string& name : names) out.append("\"").append(name).append("\", ");
+  out.replace(out.size() - 2, 2, "]");
+  return out;
+}
+
+/// The Python annotation of an option of type T ("int", "float | None", 'Literal["cosine", "constant"]').
+template <class T>
+std::string annotation(const std::vector<std::string>* choices) {
+  if constexpr (std::is_enum_v<T>) {
+    return literal(stream::value_names<T>());
+  } else if constexpr (std::is_same_v<T, double>) {
+    return "float";
+  } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+    return "float | None";
+  } else if constexpr (std::is_integral_v<T>) {
+    return "int";
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return "list[" + (choices != nullptr ? literal(*choices) : std::string("str")) + "]";
+  } else {
+    return "list[int]";
+  }
+}
+
+/// [{name, type, default}] of a table, for the stubs (scripts/generate_stubs.py).
+template <class Options>
+py::list table_out(const stream::OptionTableOf<Options>& table) {
+  Options defaults;
+  py::list out;
+  for (const auto& option : table) {
+    std::visit(
+        [&](const auto& field) {
+          using T = std::remove_reference_t<decltype(field(defaults))>;
+          out.append(py::dict("name"_a = std::string(option.name), "type"_a = annotation<T>(option.choices),
+                              "default"_a = option_out(field(defaults))));
+        },
+        option.field);
+  }
+  return out;
+}
+
 // ---- language-model results ---------------------------------------------------------------------
 
 py::list far_field_out(const std::vector<stream::LayerClusterStats>& layers) {
@@ -1018,6 +1061,15 @@ void bind_stream(py::module_& m) {
       },
       py::arg("checkpoint"), py::arg("prompt"), kGenerateDoc);
 
+  m.def(
+      "_option_tables",
+      [] {
+        return py::dict("train_language_model"_a = table_out(stream::train_option_table()),
+                        "generate_language_model"_a = table_out(stream::generate_option_table()),
+                        "run_recall"_a = table_out(stream::recall_option_table()),
+                        "run_memory_benchmark"_a = table_out(stream::memory_bench_option_table()));
+      },
+      "Private (scripts/generate_stubs.py): each function's keyword options with their annotations and defaults.");
   m.def(
       "checkpoint_info",
       [](const py::object& checkpoint) {

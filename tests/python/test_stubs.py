@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The stubs of the generated estimator classes in _core.pyi are what scripts/generate_stubs.py writes from the
-family descriptors (CI fails when they are stale), and each generated class accepts exactly the keywords its stub
-lists, with the defaults the stub shows."""
+"""The stubs of the generated estimator classes in _core.pyi, and the keyword options of the streaming functions in
+_stream.pyi, are what scripts/generate_stubs.py writes from the family descriptors and the streaming option tables (CI
+fails when they are stale); each generated class accepts exactly the keywords its stub lists, with the defaults the
+stub shows, and each streaming function's stub lists the keywords and defaults of its default_*_options()."""
 import inspect
 import os
 import subprocess
@@ -44,3 +45,19 @@ def test_every_option_is_a_keyword_with_its_default(entry):
     with pytest.raises(TypeError, match="keyword-only"):
         cls(*sizes, 1.0)
     assert inspect.isclass(cls) and issubclass(cls, attnmix.Estimator)
+
+
+def test_stream_stubs_list_every_option_with_its_default():
+    stream = pytest.importorskip("attnmix._stream")  # absent only from builds without libtorch
+    defaults = {"train_language_model": stream.default_train_options(),
+                "generate_language_model": stream.default_generate_options(),
+                "run_recall": stream.default_recall_options(),
+                "run_memory_benchmark": stream.default_memory_bench_options()}
+    tables = stream._option_tables()
+    assert set(tables) == set(defaults)
+    with open(os.path.join(ROOT, "python", "attnmix", "_stream.pyi")) as f:
+        stubs = f.read()
+    for function, options in tables.items():
+        assert {o["name"]: o["default"] for o in options} == defaults[function]
+        for option in options:
+            assert f"    {option['name']}: {option['type']} = {option['default']!r},\n" in stubs, (function, option)
