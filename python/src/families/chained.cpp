@@ -26,9 +26,6 @@ using Dist = DistributionOf<ChainedAttention>;
 using Encoder = ChainedAttentionDataEncoderPy;
 
 constexpr const char* kDist = "ChainedAttentionDistribution";
-/// The sampler's default context length: the default argument of ChainedAttention::sampler and of
-/// ChainedAttentionSampler (docs/mechanisms.md#chained-attention).
-constexpr int64_t kDefaultContextLength = 6;
 
 /// keys (L, S, S): a real 3-D array, split into the L hop tables. The library checks the rest
 /// (L, S ≥ 1, square tables with S rows, finiteness).
@@ -135,14 +132,6 @@ py::array predict_proba(const ChainedAttention& m, py::object context_keys,
 
 using SamplerPy = SamplerOf<ChainedAttentionSampler>;
 
-SamplerPy make_sampler(py::object dist, py::object seed, py::object context_length,
-                       const char* where) {
-  const int64_t n = positive_int(context_length, where, "context_length");
-  return SamplerPy{
-      ChainedAttentionSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where), n),
-      std::move(dist)};
-}
-
 void bind_distribution(py::module_& m) {
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<SamplerPy> sampler_class(
@@ -164,7 +153,7 @@ Example:
 >>> bool(np.isfinite(model.seq_log_density(rows)).all())
 True
 )doc");
-  py::class_<Dist, DistributionHandle>(
+  py::class_<Dist, DistributionHandle> cls(
       m, kDist,
       "L content-addressed attention hops whose attended positions form a chain "
       "(docs/mechanisms.md#chained-attention): "
@@ -185,8 +174,8 @@ Example:
 >>> gamma = model.posterior([([0, 1, 2], [1, 2, 0], 0, 1)])
 >>> gamma.shape, gamma.sum(axis=2).round(9).tolist()
 ((1, 2, 3), [[1.0, 1.0]])
-)doc")
-      .def(py::init(&make_distribution), "keys"_a, "emission"_a,
+)doc");
+  cls.def(py::init(&make_distribution), "keys"_a, "emission"_a,
            "sigma2"_a = ChainedAttentionParams{}.sigma2, "name"_a = py::none())
       .def_property_readonly(
           "key_tables", [](const Dist& d) { return key_tables_of(d.model()); },
@@ -232,12 +221,6 @@ Example:
           "The posterior over the position attended at each hop given the row's target, gamma[n, hop, j] (each "
           "(n, hop) row sums to 1; a row impossible under the model is all zeros): (n, L, N). x: rows the model's "
           "encoder accepts, or an encoded batch.")
-      .def(
-          "sampler",
-          [](py::object self, py::object seed, py::object context_length) {
-            return make_sampler(std::move(self), std::move(seed), std::move(context_length), kDist);
-          },
-          "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength)
       .def("__str__", [](const Dist& d) { return describe(d.model()); })
       .def("__repr__", [](const Dist& d) { return describe(d.model()); })
       .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
@@ -247,17 +230,10 @@ Example:
                         return make_distribution(t[0], t[1], t[2], t[3]);
                       }));
 
-  sampler_class
-      .def(py::init([](py::object dist, py::object seed, py::object context_length) {
-             if (!py::isinstance<Dist>(dist))
-               throw TypeError(
-                   "ChainedAttentionSampler: dist must be a ChainedAttentionDistribution");
-             return make_sampler(std::move(dist), std::move(seed), std::move(context_length),
-                                 "ChainedAttentionSampler");
-           }),
-           "dist"_a, "seed"_a = py::none(), py::kw_only(),
-           "context_length"_a = kDefaultContextLength);
-  def_sampling(sampler_class, ca_observation);
+  def_leaf_sampler(
+      cls, sampler_class,
+      [](const ChainedAttention& model, uint64_t seed, int64_t n) { return ChainedAttentionSampler(model, seed, n); },
+      ca_observation);
 }
 
 

@@ -255,15 +255,6 @@ Example:
           "Private (used by attnmix.torch.em_heads): the vector-Jacobian product of predict_proba. "
           "For L = sum_{n,t} grad[n, t] p(t | context_n, query_n), returns (dL/dquery (n, D), "
           "dL/dkey_means (S, D)); context (n, N), query (n, D), grad (n, T).")
-      .def(
-          "sampler",
-          [](py::object self, py::object seed) {
-            return SamplerPy{ResponsibilityAttentionSampler(
-                                 self.cast<const Dist&>().model(),
-                                 sampler_seed(seed, "ResponsibilityAttentionDistribution")),
-                             self};
-          },
-          "seed"_a = py::none())
       .def("__str__", [](const Dist& d) { return describe(d.model()); })
       .def("__repr__", [](const Dist& d) { return describe(d.model()); })
       .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
@@ -275,22 +266,13 @@ Example:
                                                  t.size() == 6 ? py::object(t[5]) : py::str("float64"));
                       }));
 
-  sampler_class
-      .def(py::init([](py::object dist, py::object seed) {
-             if (!py::isinstance<Dist>(dist))
-               throw TypeError(
-                   "ResponsibilityAttentionSampler: dist must be a "
-                   "ResponsibilityAttentionDistribution");
-             return SamplerPy{ResponsibilityAttentionSampler(
-                                  dist.cast<const Dist&>().model(),
-                                  sampler_seed(seed, "ResponsibilityAttentionSampler")),
-                              dist};
-           }),
-           "dist"_a, "seed"_a = py::none());
-  def_sampling(sampler_class, [](const ResponsibilityAttentionObservation& obs) {
-    return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query.data(),
-                          static_cast<Index>(obs.query.size()), obs.target);
-  });
+  def_leaf_sampler(
+      cls, sampler_class,
+      [](const ResponsibilityAttention& model, uint64_t seed) { return ResponsibilityAttentionSampler(model, seed); },
+      [](const ResponsibilityAttentionObservation& obs) {
+        return ra_observation(obs.context.data(), static_cast<Index>(obs.context.size()), obs.query.data(),
+                              static_cast<Index>(obs.query.size()), obs.target);
+      });
 }
 
 

@@ -527,12 +527,6 @@ void bind_categorical(py::module_& m) {
   const auto make = [](py::object p, py::object name) {
     return Dist(AnyDistribution(Categorical({reals_1d(p, kDist, "p"), name_arg(name, kDist)})));
   };
-  const auto make_sampler = [](py::object dist, py::object seed, const char* where) {
-    if (!py::isinstance<Dist>(dist))
-      throw TypeError(std::string(where) + ": dist must be a CategoricalDistribution");
-    return CategoricalSamplerPy{
-        CategoricalSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
-  };
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<CategoricalSamplerPy> sampler_class(m, "CategoricalSampler",
                                    "Draws ids k ~ p from a CategoricalDistribution."
@@ -549,7 +543,7 @@ True
 >>> bool(np.allclose(np.bincount(draws, minlength=3) / 2000, model.p, atol=0.03))
 True
 )doc");
-  py::class_<Dist, DistributionHandle>(
+  py::class_<Dist, DistributionHandle> cls(
       m, kDist,
       "A categorical distribution over ids [0, K) (docs/mechanisms.md#building-blocks)."
       R"doc(
@@ -563,8 +557,8 @@ Example:
 (3, 1.0)
 >>> math.isclose(model.log_density(2), math.log(0.5))
 True
-)doc")
-      .def(py::init(make), "p"_a, "name"_a = py::none())
+)doc");
+  cls.def(py::init(make), "p"_a, "name"_a = py::none())
       .def_property_readonly(
           "p", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().params().p, self); },
           "Category probabilities p, a read-only float64 array of shape (K,) that sums to 1: "
@@ -574,12 +568,6 @@ True
                              "Number of categories K, an int: observations are the ids 0 .. K-1.")
       .def_property_readonly("name",
                              [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
-      .def(
-          "sampler",
-          [make_sampler](py::object self, py::object seed) {
-            return make_sampler(self, seed, kDist);
-          },
-          "seed"_a = py::none())
       .def("__repr__",
            [](const Dist& d) {
              return "CategoricalDistribution(K=" + std::to_string(d.model().n_categories()) +
@@ -594,12 +582,9 @@ True
           },
           [make](const py::tuple& t) { return make(t[0], t[1]); }));
 
-  sampler_class
-      .def(py::init([make_sampler](py::object dist, py::object seed) {
-             return make_sampler(std::move(dist), seed, "CategoricalSampler");
-           }),
-           "dist"_a, "seed"_a = py::none());
-  def_sampling(sampler_class, [](int64_t id) { return py::int_(id); });
+  def_leaf_sampler(
+      cls, sampler_class, [](const Categorical& model, uint64_t seed) { return CategoricalSampler(model, seed); },
+      [](int64_t id) { return py::int_(id); });
 
   bind_estimator_class<CategoricalEstimator>(m, categorical_family(), "CategoricalEstimator",
                                              "p = (counts + smoothing) / sum."
@@ -675,12 +660,6 @@ void bind_gaussian(py::module_& m) {
     return Dist(AnyDistribution(DiagonalGaussian(
         {reals_1d(mu, kDist, "mu"), reals_1d(sigma2, kDist, "sigma2"), name_arg(name, kDist)})));
   };
-  const auto make_sampler = [](py::object dist, py::object seed, const char* where) {
-    if (!py::isinstance<Dist>(dist))
-      throw TypeError(std::string(where) + ": dist must be a DiagonalGaussianDistribution");
-    return GaussianSamplerPy{
-        DiagonalGaussianSampler(dist.cast<const Dist&>().model(), sampler_seed(seed, where)), dist};
-  };
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<GaussianSamplerPy> sampler_class(
       m, "DiagonalGaussianSampler",
@@ -701,7 +680,7 @@ True
 >>> bool(np.allclose(x.var(axis=0), model.sigma2, rtol=0.1))
 True
 )doc");
-  py::class_<Dist, DistributionHandle>(
+  py::class_<Dist, DistributionHandle> cls(
       m, kDist,
       "A Gaussian with diagonal covariance over real vectors (docs/mechanisms.md#building-blocks)."
       R"doc(
@@ -715,8 +694,8 @@ Example:
 (2, -2.531)
 >>> round(-math.log(2 * math.pi) - 0.5 * math.log(4.0), 4)
 -2.531
-)doc")
-      .def(py::init(make), "mu"_a, "sigma2"_a, "name"_a = py::none())
+)doc");
+  cls.def(py::init(make), "mu"_a, "sigma2"_a, "name"_a = py::none())
       .def_property_readonly(
           "mu", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().params().mu, self); },
           "Means mu, a read-only float64 array of shape (D,).")
@@ -731,12 +710,6 @@ Example:
                              "Dimension D of the values, an int.")
       .def_property_readonly("name",
                              [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
-      .def(
-          "sampler",
-          [make_sampler](py::object self, py::object seed) {
-            return make_sampler(self, seed, kDist);
-          },
-          "seed"_a = py::none())
       .def("__repr__",
            [](const Dist& d) {
              return "DiagonalGaussianDistribution(D=" + std::to_string(d.model().dim()) +
@@ -752,13 +725,10 @@ Example:
           },
           [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
 
-  sampler_class
-      .def(py::init([make_sampler](py::object dist, py::object seed) {
-             return make_sampler(std::move(dist), seed, "DiagonalGaussianSampler");
-           }),
-           "dist"_a, "seed"_a = py::none());
-  def_sampling(sampler_class,
-               [](const std::vector<double>& x) { return copy_reals(x.data(), {static_cast<Index>(x.size())}); });
+  def_leaf_sampler(
+      cls, sampler_class,
+      [](const DiagonalGaussian& model, uint64_t seed) { return DiagonalGaussianSampler(model, seed); },
+      [](const std::vector<double>& x) { return copy_reals(x.data(), {static_cast<Index>(x.size())}); });
 
   bind_estimator_class<DiagonalGaussianEstimator>(
       m, diagonal_gaussian_family(), "DiagonalGaussianEstimator",

@@ -41,11 +41,6 @@ using VmhaEncoder = VariationalMultiHopAttentionDataEncoderPy;
 constexpr const char* kState = "AttentionOptimizerState";
 constexpr const char* kVeaDist = "VariationalEmbeddingAttentionDistribution";
 constexpr const char* kVmhaDist = "VariationalMultiHopAttentionDistribution";
-/// The multi-hop sampler's default context length: the default argument of
-/// VariationalMultiHopAttention::sampler and of VariationalMultiHopAttentionSampler
-/// (docs/mechanisms.md#variational-multi-hop-attention).
-constexpr int64_t kDefaultContextLength = 6;
-
 // ---- shared conversions -------------------------------------------------------------------------
 
 py::array_t<double> matrix_copy(const Matrix& m) {
@@ -461,13 +456,6 @@ Example:
           "p(target | context, query) = sum_i a_i B[c_i] at E = m: (T,) for one example (1-D "
           "context, one query id), (n, T) for a batch.")
       .def(
-          "sampler",
-          [](py::object self, py::object seed) {
-            return VeaSampler{
-                self.cast<const VeaDist&>().model().sampler(sampler_seed(seed, kVeaDist)), self};
-          },
-          "seed"_a = py::none(), "The plug-in sampler (embeddings m; independent of log_var).")
-      .def(
           "posterior_predictive_sampler",
           [](py::object self, py::object seed) {
             return VeaSampler{self.cast<const VeaDist&>().model().posterior_predictive_sampler(
@@ -486,16 +474,10 @@ Example:
                                         t.size() == 8 ? py::object(t[7]) : py::str("float64"));
                       }));
 
-  sampler_class
-      .def(py::init([](py::object dist, py::object seed) {
-             constexpr const char* where = "VariationalEmbeddingAttentionSampler";
-             if (!py::isinstance<VeaDist>(dist))
-               throw TypeError(std::string(where) + ": dist must be a " + kVeaDist);
-             return VeaSampler{
-                 dist.cast<const VeaDist&>().model().sampler(sampler_seed(seed, where)), dist};
-           }),
-           "dist"_a, "seed"_a = py::none());
-  def_sampling(sampler_class, vea_observation);
+  def_leaf_sampler(
+      cls, sampler_class,
+      [](const VariationalEmbeddingAttention& model, uint64_t seed) { return model.sampler(seed); }, vea_observation,
+      "The plug-in sampler (embeddings m; independent of log_var).");
 }
 
 
@@ -574,15 +556,6 @@ py::array vmha_predict_proba(const VariationalMultiHopAttention& m, py::handle k
 
 using VmhaSampler = SamplerOf<VariationalMultiHopAttentionSampler>;
 
-VmhaSampler make_vmha_sampler(py::object dist, py::object seed, py::object context_length,
-                              bool posterior, const char* where) {
-  const int64_t n = positive_int(context_length, where, "context_length");
-  const VariationalMultiHopAttention& model = dist.cast<const VmhaDist&>().model();
-  const uint64_t s = sampler_seed(seed, where);
-  return VmhaSampler{posterior ? model.posterior_predictive_sampler(s, n) : model.sampler(s, n),
-                     std::move(dist)};
-}
-
 void bind_vmha_distribution(py::module_& m) {
   // Registered first, so that the distribution's sampler() signature names it.
   py::class_<VmhaSampler> sampler_class(
@@ -640,18 +613,11 @@ True
          "p(target | keys, values, query) = sum_ij a1_i a2_ij B[v_j] at E = m: (T,) for one "
          "example (1-D keys), (n, T) for a batch.")
       .def(
-          "sampler",
-          [](py::object self, py::object seed, py::object context_length) {
-            return make_vmha_sampler(std::move(self), std::move(seed), std::move(context_length),
-                                     false, kVmhaDist);
-          },
-          "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength,
-          "The plug-in sampler (embeddings m).")
-      .def(
           "posterior_predictive_sampler",
           [](py::object self, py::object seed, py::object context_length) {
-            return make_vmha_sampler(std::move(self), std::move(seed), std::move(context_length),
-                                     true, kVmhaDist);
+            const int64_t n = positive_int(context_length, kVmhaDist, "context_length");
+            const VariationalMultiHopAttention& model = self.cast<const VmhaDist&>().model();
+            return VmhaSampler{model.posterior_predictive_sampler(sampler_seed(seed, kVmhaDist), n), std::move(self)};
           },
           "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength,
           "Draws a fresh embedding table from q for every event.")
@@ -664,17 +630,10 @@ True
                         return make_vmha(t[0], t[1], t[2], t[3], t[4], t[5]);
                       }));
 
-  sampler_class
-      .def(py::init([](py::object dist, py::object seed, py::object context_length) {
-             constexpr const char* where = "VariationalMultiHopAttentionSampler";
-             if (!py::isinstance<VmhaDist>(dist))
-               throw TypeError(std::string(where) + ": dist must be a " + kVmhaDist);
-             return make_vmha_sampler(std::move(dist), std::move(seed), std::move(context_length),
-                                      false, where);
-           }),
-           "dist"_a, "seed"_a = py::none(), py::kw_only(),
-           "context_length"_a = kDefaultContextLength);
-  def_sampling(sampler_class, ca_observation);
+  def_leaf_sampler(
+      cls, sampler_class,
+      [](const VariationalMultiHopAttention& model, uint64_t seed, int64_t n) { return model.sampler(seed, n); },
+      ca_observation, "The plug-in sampler (embeddings m).");
 }
 
 
