@@ -69,7 +69,8 @@ std::vector<std::string> value_names() {
   return out;
 }
 
-/// Where an option's value lives in `Options`: the field, reached from the struct.
+/// Where an option's value lives in `Options`: the field, reached from the struct. A reader that holds a const
+/// struct reaches the fields of a copy. Cost of a table: one small function object per option.
 template <class Options, class T>
 using FieldOf = std::function<T&(Options&)>;
 
@@ -96,7 +97,8 @@ enum class Kept {
   kFixed,   ///< stored and fixed: a resumed run that gives it must give the stored value
 };
 
-/// One option of a streaming model or command.
+/// One option of a streaming model or command. The check is the adapters' (a flag's value, a keyword's); the
+/// library's validate() checks the whole struct again, with the cross-field rules.
 template <class Options>
 struct StreamOption {
   std::string_view name;  ///< "d_model": the keyword argument and the key a checkpoint stores it under
