@@ -6,43 +6,39 @@
 
 namespace attnmix::stream {
 
-SpineOptions spine_options(const ModelConfig& m) {
-  SpineOptions o;
+namespace {
+
+/// The options O of a module with the backbone every mechanism shares: vocab, d_model, n_layer, n_head.
+template <class O>
+O backbone(const ModelConfig& m) {
+  O o;
   o.vocab = m.vocab;
   o.d_model = m.d_model;
   o.n_layer = m.n_layer;
   o.n_head = m.n_head;
+  return o;
+}
+
+}  // namespace
+
+SpineOptions spine_options(const ModelConfig& m) {
+  auto o = backbone<SpineOptions>(m);
   o.window = m.mechanism == Mechanism::kFull || m.mechanism == Mechanism::kLinear ? std::nullopt
                                                                                    : std::optional<int64_t>(m.window);
   return o;
 }
 
-LinearAttentionOptions linear_options(const ModelConfig& m) {
-  LinearAttentionOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
-  return o;
-}
+LinearAttentionOptions linear_options(const ModelConfig& m) { return backbone<LinearAttentionOptions>(m); }
 
 FrequentDirectionsOptions frequent_directions_options(const ModelConfig& m) {
-  FrequentDirectionsOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
+  auto o = backbone<FrequentDirectionsOptions>(m);
   o.window = m.window;
   o.sketch_rows = m.sketch_rows;
   return o;
 }
 
 TensorSketchOptions tensor_sketch_options(const ModelConfig& m) {
-  TensorSketchOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
+  auto o = backbone<TensorSketchOptions>(m);
   o.window = m.window;
   o.sketch_dim = m.sketch_dim;
   o.degree = m.sketch_degree;
@@ -50,11 +46,7 @@ TensorSketchOptions tensor_sketch_options(const ModelConfig& m) {
 }
 
 MomentClosureOptions moment_options(const ModelConfig& m) {
-  MomentClosureOptions o;
-  o.vocab = m.vocab;
-  o.d_model = m.d_model;
-  o.n_layer = m.n_layer;
-  o.n_head = m.n_head;
+  auto o = backbone<MomentClosureOptions>(m);
   o.window = m.window;
   o.max_clusters = m.max_clusters;
   o.birth_threshold = m.birth_threshold;
