@@ -61,7 +61,8 @@ const OptionTableOf<TrainOptions>& train_option_table() {
       {"outlier_capacity", "--outliers",
        "moment-closure: per layer, stream and cluster, keep this many of the evicted tokens the cluster predicts "
        "worst exactly (int8) and attend to them beside the clusters (0: none)",
-       ATTNMIX_FIELD(model.outlier_capacity), kNonNegative, Kept::kFixed, kFarField, nullptr, /*older_files_lack=*/true},
+       ATTNMIX_FIELD(model.outlier_capacity), kNonNegative, Kept::kFixed, kFarField, nullptr,
+       /*older_files_lack=*/true},
       {"sketch_rows", "--sketch-rows",
        "frequent-directions: rows of each layer's and head's sketch of the evicted tokens (even, >= 4; the sketch "
        "keeps rows/2 - 1 directions after each shrink)",

@@ -24,11 +24,11 @@
 
 namespace attnmix::stream {
 
-/// What `attnmix lm memory-bench` sweeps (docs/far-field.md): the mechanisms, the tasks and their settings, and the
-/// seeds. validate() checks them.
 /// Every task of the benchmark, in the order a sweep runs them.
 inline const std::vector<std::string> kMemoryBenchTasks = {"recall", "mqar", "passkey"};
 
+/// What `attnmix lm memory-bench` sweeps (docs/far-field.md): the mechanisms, the tasks and their settings, and the
+/// seeds. validate() checks them.
 struct MemoryBenchOptions {
   /// The mechanisms to train, each one of kSequenceMechanisms; the sweep and the cases follow this order, and the
   /// share of full attention's gain needs "window" and "full" among them.

@@ -26,38 +26,57 @@
 
 namespace attnmix::stream {
 
-/// The names of an enumeration's values, in the order help texts list them, and the conversions both ways.
+/// The names of an enumeration's values, in the order help texts list them, and the conversions both ways:
+/// kValues (every value), name(value) and parse(text, where) (@throws ValueError for other text; `where` names the
+/// caller where the enumeration's own parser takes one).
 template <class E>
 struct NamedValues;
 
+/// The mechanisms (parse_mechanism, mechanism_name).
 template <>
 struct NamedValues<Mechanism> {
-  static constexpr std::array kValues = {Mechanism::kWindow, Mechanism::kMomentClosure, Mechanism::kLinear,
-                                         Mechanism::kFrequentDirections, Mechanism::kTensorSketch, Mechanism::kFull};
+  /// Every value, in the order help texts list them.
+  static constexpr std::array kValues = {Mechanism::kWindow,        Mechanism::kMomentClosure,
+                                         Mechanism::kLinear,        Mechanism::kFrequentDirections,
+                                         Mechanism::kTensorSketch, Mechanism::kFull};
+  /// The value's name.
   static std::string name(Mechanism m) { return mechanism_name(m); }
+  /// The value named `text`. @throws ValueError for another text.
   static Mechanism parse(std::string_view text, std::string_view /*where*/) { return parse_mechanism(text); }
 };
 
+/// The learning-rate schedules (parse_schedule, schedule_name).
 template <>
 struct NamedValues<Schedule> {
+  /// Every value, in the order help texts list them.
   static constexpr std::array kValues = {Schedule::kCosine, Schedule::kConstant};
+  /// The value's name.
   static std::string name(Schedule s) { return schedule_name(s); }
+  /// The value named `text`. @throws ValueError for another text.
   static Schedule parse(std::string_view text, std::string_view /*where*/) { return parse_schedule(text); }
 };
 
+/// The far field's cluster rules (parse_cluster_rule, cluster_rule_name).
 template <>
 struct NamedValues<ClusterRule> {
+  /// Every value, in the order help texts list them.
   static constexpr std::array kValues = {ClusterRule::kThreshold, ClusterRule::kBudget};
+  /// The value's name.
   static std::string name(ClusterRule r) { return cluster_rule_name(r); }
+  /// The value named `text`. @throws ValueError for another text.
   static ClusterRule parse(std::string_view text, std::string_view where) {
     return parse_cluster_rule(std::string(text), std::string(where));
   }
 };
 
+/// The window caches (parse_window_cache, window_cache_name).
 template <>
 struct NamedValues<WindowCache> {
+  /// Every value, in the order help texts list them.
   static constexpr std::array kValues = {WindowCache::kFloat32, WindowCache::kInt8};
+  /// The value's name.
   static std::string name(WindowCache c) { return window_cache_name(c); }
+  /// The value named `text`. @throws ValueError for another text.
   static WindowCache parse(std::string_view text, std::string_view /*where*/) { return parse_window_cache(text); }
 };
 
@@ -105,9 +124,9 @@ struct StreamOption {
   std::string_view flag;  ///< "--d-model"; empty: not on the command line
   /// The help of the flag; another option named in braces ("{max_clusters}") is written as each adapter names it.
   std::string_view help;
-  OptionField<Options> field;
+  OptionField<Options> field;  ///< where the value lives in Options
   OptionCheck check = OptionCheck::kAny;  ///< for numbers (and the numbers of a list)
-  Kept kept = Kept::kNo;
+  Kept kept = Kept::kNo;  ///< what a checkpoint does with it
   /// The one mechanism whose models use the option (lm train refuses the flag for others; only its checkpoints
   /// store it); none: every mechanism's.
   std::optional<Mechanism> only_for = std::nullopt;
@@ -115,6 +134,7 @@ struct StreamOption {
   bool older_files_lack = false;  ///< checkpoints written before the option existed lack it: it keeps its default
 };
 
+/// The options of one options struct, in the order the help lists them.
 template <class Options>
 using OptionTableOf = std::vector<StreamOption<Options>>;
 
