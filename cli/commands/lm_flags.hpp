@@ -6,10 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -20,6 +18,7 @@
 
 namespace attnmix::cli {
 
+/// Whether a field is a list (a flag of comma-separated values).
 template <class T>
 inline constexpr bool kIsList = false;
 template <class T>
