@@ -66,53 +66,67 @@ inline fl::Lanes log_joint_row(const ResponsibilityFloatTables& m, const int64_t
   return max16;
 }
 
+/// Rows of a block: phase A computes every ℓ of the block, phase B their exponentials, so the processor overlaps the
+/// rows' dependency chains (as in the float64 pass 1); the block size changes no bits.
+constexpr Index kPassOneBlock = 16;
+
 template <Index kBlocks>
 Index responsibilities(const ResponsibilityFloatTables& m, const ResponsibilityAttentionBatch& batch,
                        double* __restrict r, double* __restrict log_p, const char* where) {
   const Index N = m.N;
   const Index padded_N = fl::padded(N);
   const Index n_rows = batch.n_rows();
-  float* __restrict y_row = reinterpret_cast<float*>(lanes::scratch<4>(static_cast<size_t>(m.padded_D + padded_N)));
-  float* __restrict l_row = y_row + m.padded_D;  // both multiples of 16 floats: 64-byte aligned
+  // y [padded_D], then ℓ of the block's rows [block, padded_N]: multiples of 16 floats, so 64-byte aligned.
+  float* __restrict y_row =
+      reinterpret_cast<float*>(lanes::scratch<4>(static_cast<size_t>(m.padded_D + padded_N * kPassOneBlock)));
+  float* __restrict l_block = y_row + m.padded_D;
   double* __restrict max_of_row = lanes::scratch<5>(static_cast<size_t>(n_rows));
   Index n_impossible = 0;
-  for (Index n = 0; n < n_rows; ++n) {
-    double* r_row = r + n * N;
-    prefetch_rows_ahead(batch, n);
-    fl::round_padded(batch.query(n), m.D, m.padded_D, y_row);
-    const fl::FloatQuery<kBlocks> y(y_row);
-    fl::LaneMask bad{};
-    const fl::Lanes max16 = log_joint_row(m, batch.context(n), y, batch.target(n), l_row, bad);
-    const float max_l = fl::horizontal_max(max16);
-    if (fl::any(bad) || max_l == kFloatInf)
-      throw ValueError(std::string(where) + ": log weight of row " + std::to_string(n) +
-                       " is NaN or +inf, or its squared distance overflows float (precision 'mixed'; use "
-                       "'float64')");
-    max_of_row[n] = max_l;
-    if (max_l == kFloatNegInf) {
-      std::fill(r_row, r_row + N, 0.0);
-      log_p[n] = 1.0;  // a placeholder for the logs below
-      ++n_impossible;
-      continue;
+  for (Index begin = 0; begin < n_rows; begin += kPassOneBlock) {
+    const Index end = std::min(begin + kPassOneBlock, n_rows);
+    for (Index n = begin; n < end; ++n) {  // phase A: ℓ and its maximum
+      prefetch_rows_ahead(batch, n);
+      fl::round_padded(batch.query(n), m.D, m.padded_D, y_row);
+      const fl::FloatQuery<kBlocks> y(y_row);
+      fl::LaneMask bad{};
+      const fl::Lanes max16 =
+          log_joint_row(m, batch.context(n), y, batch.target(n), l_block + (n - begin) * padded_N, bad);
+      const float max_l = fl::horizontal_max(max16);
+      if (fl::any(bad) || max_l == kFloatInf)
+        throw ValueError(std::string(where) + ": log weight of row " + std::to_string(n) +
+                         " is NaN or +inf, or its squared distance overflows float (precision 'mixed'; use "
+                         "'float64')");
+      max_of_row[n] = max_l;
     }
-    // exp(ℓ − max) in float, summed in double over whole vectors (padding lanes add exact zeros).
-    lanes::Lanes acc{};
-    for (Index i = 0; i < padded_N; i += kLanes) {
-      const fl::Lanes e = fl::exp_lanes(fl::load(l_row + i) - max_l);
-      fl::store(l_row + i, e);
-      acc += fl::widen(e, 0);
-      acc += fl::widen(e, 1);
+    for (Index n = begin; n < end; ++n) {  // phase B: r_i = exp(ℓ_i − max) / Σ_j exp(ℓ_j − max)
+      double* r_row = r + n * N;
+      float* __restrict l_row = l_block + (n - begin) * padded_N;
+      const auto max_l = static_cast<float>(max_of_row[n]);
+      if (max_l == kFloatNegInf) {
+        std::fill(r_row, r_row + N, 0.0);
+        log_p[n] = 1.0;  // a placeholder for the logs below
+        ++n_impossible;
+        continue;
+      }
+      // exp(ℓ − max) in float, summed in double over whole vectors (padding lanes add exact zeros).
+      lanes::Lanes acc{};
+      for (Index i = 0; i < padded_N; i += kLanes) {
+        const fl::Lanes e = fl::exp_lanes(fl::load(l_row + i) - max_l);
+        fl::store(l_row + i, e);
+        acc += fl::widen(e, 0);
+        acc += fl::widen(e, 1);
+      }
+      const double total = lanes::horizontal_sum(acc);
+      const double inv_total = 1.0 / total;
+      Index i = 0;
+      for (; i + kLanes <= N; i += kLanes) {
+        const fl::Lanes e = fl::load(l_row + i);
+        lanes::store(r_row + i, fl::widen(e, 0) * inv_total);
+        lanes::store(r_row + i + 8, fl::widen(e, 1) * inv_total);
+      }
+      for (; i < N; ++i) r_row[i] = static_cast<double>(l_row[i]) * inv_total;
+      log_p[n] = total;
     }
-    const double total = lanes::horizontal_sum(acc);
-    const double inv_total = 1.0 / total;
-    Index i = 0;
-    for (; i + kLanes <= N; i += kLanes) {
-      const fl::Lanes e = fl::load(l_row + i);
-      lanes::store(r_row + i, fl::widen(e, 0) * inv_total);
-      lanes::store(r_row + i + 8, fl::widen(e, 1) * inv_total);
-    }
-    for (; i < N; ++i) r_row[i] = static_cast<double>(l_row[i]) * inv_total;
-    log_p[n] = total;
   }
   lanes::log_p_from_sums(log_p, max_of_row, n_rows, m.gate_const);
   return n_impossible;

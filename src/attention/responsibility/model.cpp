@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Responsibility attention: validation, log density, the E-step and prediction
 // (docs/mechanisms.md#responsibility-attention).
-// Hot path (docs/PERFORMANCE.md): pass 1 computes, row by row, ℓ_i (N·D squared differences, eight positions at a
-// time in 8-lane vectors), r_i and log p, requesting the query and context lines of a few rows ahead; pass 2
+// Hot path (docs/PERFORMANCE.md): pass 1 computes, for a block of 16 rows, first every row's ℓ_i (N·D squared
+// differences, eight positions at a time in 8-lane vectors), then r_i and log p, requesting the query and context
+// lines of a few rows ahead; pass 2
 // scatters w r_i into the statistics. Both passes run per batch (one chunk of parallel_accumulate), so impossible
 // rows are detected before anything is added. The arithmetic of a row never depends on its neighbours, on buffer
 // addresses or on the thread that runs it: reductions over lanes have one written-out order, exp runs on whole
@@ -47,15 +48,18 @@ using LaneMask = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
 /// Lane-wise maximum / minimum that skip NaN lanes of x (NaN is detected separately).
 inline Lanes lanes_max(Lanes acc, Lanes x) { return x > acc ? x : acc; }
 inline Lanes lanes_min(Lanes acc, Lanes x) { return x < acc ? x : acc; }
+/// The largest / smallest lane of a (no lane is NaN): three levels of halving, exact in any order.
 inline double horizontal_max(Lanes a) {
-  double m = a[0];
-  for (int j = 1; j < kLanes; ++j) m = a[j] > m ? a[j] : m;
-  return m;
+  a = lanes_max(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3));
+  a = lanes_max(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5));
+  a = lanes_max(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6));
+  return a[0];
 }
 inline double horizontal_min(Lanes a) {
-  double m = a[0];
-  for (int j = 1; j < kLanes; ++j) m = a[j] < m ? a[j] : m;
-  return m;
+  a = lanes_min(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3));
+  a = lanes_min(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5));
+  a = lanes_min(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6));
+  return a[0];
 }
 
 // ---- Row kernels -----------------------------------------------------------------------------------------------
@@ -190,6 +194,11 @@ inline double ordered_sum(const double* x, Index n) {
   return sum;
 }
 
+/// Rows of a pass-1 block: phase A computes every ℓ of the block, phase B their exponentials. Each phase's rows are
+/// independent, so the processor overlaps their dependency chains (a row alone is bound by its chain's latency).
+/// Every entry gets the same operations as row by row, so the block size changes no bits.
+constexpr Index kPassOneBlock = 16;
+
 /// Pass 1 over the rows of batch: r[n, N] ← responsibilities (zeros for impossible rows), log_p[n] ← log p (−∞ for
 /// impossible rows). Returns the number of impossible rows. Shared by log_density and the E-step, so both give the
 /// same bits. @throws ValueError when some ℓ_i is NaN or +∞.
@@ -198,29 +207,36 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
                        double* __restrict log_p, const char* where) {
   const Index N = m.N;
   const Index n_rows = batch.n_rows();
-  double* __restrict e = scratch<0>(static_cast<size_t>(N + n_rows));  // [N]
-  double* __restrict max_of_row = e + N;                                       // [n_rows]
+  double* __restrict e = scratch<0>(static_cast<size_t>((N + 1) * kPassOneBlock + n_rows));  // [block, N]
+  double* __restrict lowest = e + N * kPassOneBlock;                                            // [block]
+  double* __restrict max_of_row = lowest + kPassOneBlock;                                      // [n_rows]
   Index n_impossible = 0;
-  for (Index n = 0; n < n_rows; ++n) {
-    double* r_row = r + n * N;
-    prefetch_rows_ahead(batch, n);
-    const Query<kBlocks> y(batch.query(n), m.D);
-    double lowest = 0.0;
-    const double max_l = log_joint_row(m, batch.context(n), y, batch.target(n), r_row, lowest);
-    if (std::isnan(max_l) || max_l == kInf)
-      throw ValueError(std::string(where) + ": log weight of row " + std::to_string(n) + " is NaN or +inf");
-    max_of_row[n] = max_l;
-    if (max_l == kNegInf) {
-      std::fill(r_row, r_row + N, 0.0);
-      log_p[n] = 1.0;  // a placeholder for the logs below
-      ++n_impossible;
-      continue;
+  for (Index begin = 0; begin < n_rows; begin += kPassOneBlock) {
+    const Index end = std::min(begin + kPassOneBlock, n_rows);
+    for (Index n = begin; n < end; ++n) {  // phase A: ℓ, its maximum and minimum
+      prefetch_rows_ahead(batch, n);
+      const Query<kBlocks> y(batch.query(n), m.D);
+      const double max_l = log_joint_row(m, batch.context(n), y, batch.target(n), r + n * N, lowest[n - begin]);
+      if (std::isnan(max_l) || max_l == kInf)
+        throw ValueError(std::string(where) + ": log weight of row " + std::to_string(n) + " is NaN or +inf");
+      max_of_row[n] = max_l;
     }
-    exp_shifted(r_row, max_l, lowest, e, N);
-    const double total = ordered_sum(e, N);
-    const double inv_total = 1.0 / total;
-    for (Index i = 0; i < N; ++i) r_row[i] = e[i] * inv_total;
-    log_p[n] = total;
+    for (Index n = begin; n < end; ++n) {  // phase B: r_i = exp(ℓ_i − max) / Σ_j exp(ℓ_j − max)
+      double* r_row = r + n * N;
+      const double max_l = max_of_row[n];
+      if (max_l == kNegInf) {
+        std::fill(r_row, r_row + N, 0.0);
+        log_p[n] = 1.0;  // a placeholder for the logs below
+        ++n_impossible;
+        continue;
+      }
+      double* e_row = e + (n - begin) * N;
+      exp_shifted(r_row, max_l, lowest[n - begin], e_row, N);
+      const double total = ordered_sum(e_row, N);
+      const double inv_total = 1.0 / total;
+      for (Index i = 0; i < N; ++i) r_row[i] = e_row[i] * inv_total;
+      log_p[n] = total;
+    }
   }
   lanes::log_p_from_sums(log_p, max_of_row, n_rows, m.gate_const);
   return n_impossible;
