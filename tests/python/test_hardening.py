@@ -131,6 +131,31 @@ def test_models_still_work_after_a_protocol_0_round_trip(rng):
     np.testing.assert_array_equal(again.seq_log_density(data), model.seq_log_density(data))
 
 
+@pytest.mark.parametrize("name", sorted(set(PICKLEABLE) - {"AttentionOptimizerState"}))
+def test_pickle_states_of_the_wrong_length_are_value_errors(name, rng):
+    state = PICKLEABLE[name](rng).__getstate__()
+    cls = type(PICKLEABLE[name](rng))
+    for wrong in (state + (None,), state[:-2] if name.startswith(("Responsibility", "VariationalEmbedding"))
+                  else state[:-1]):
+        obj = cls.__new__(cls)
+        with pytest.raises(ValueError, match=f"^{name}: bad pickle state$"):
+            obj.__setstate__(wrong)
+
+
+@pytest.mark.parametrize("name", ["ResponsibilityAttentionDistribution", "VariationalEmbeddingAttentionDistribution"])
+def test_pickles_from_before_precision_load_as_float64(name, rng):
+    """The state gained precision last; a state without it, as older versions wrote, gives a float64 model."""
+    model = PICKLEABLE[name](rng)
+    state = model.__getstate__()
+    assert state[-1] == "float64"
+    obj = type(model).__new__(type(model))
+    obj.__setstate__(state[:-1])
+    assert obj.precision == "float64" and _same(obj.__getstate__(), state)
+    mixed = type(model).__new__(type(model))
+    mixed.__setstate__(state[:-1] + ("mixed",))
+    assert mixed.precision == "mixed" and repr(mixed).endswith("precision='mixed')")
+
+
 def test_classes_that_do_not_pickle_refuse_with_type_error_for_every_protocol(rng):
     objects = [attnmix.Rng(3), random_model(rng).dist_to_encoder(), random_model(rng).estimator(),
                random_model(rng).estimator().accumulator_factory().make(),

@@ -11,6 +11,7 @@
 #include "attnmix/attention/chained.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "distribution_class.hpp"
 #include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
@@ -220,15 +221,8 @@ Example:
           "x"_a,
           "The posterior over the position attended at each hop given the row's target, gamma[n, hop, j] (each "
           "(n, hop) row sums to 1; a row impossible under the model is all zeros): (n, L, N). x: rows the model's "
-          "encoder accepts, or an encoded batch.")
-      .def("__str__", [](const Dist& d) { return describe(d.model()); })
-      .def("__repr__", [](const Dist& d) { return describe(d.model()); })
-      .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
-                      [](const py::tuple& t) {
-                        if (t.size() != 4)
-                          throw ValueError("ChainedAttentionDistribution: bad pickle state");
-                        return make_distribution(t[0], t[1], t[2], t[3]);
-                      }));
+          "encoder accepts, or an encoded batch.");
+  def_text_and_pickle(cls, describe, params_of, make_distribution);
 
   def_leaf_sampler(
       cls, sampler_class,

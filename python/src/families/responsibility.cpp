@@ -12,6 +12,7 @@
 #include "attnmix/attention/responsibility.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "distribution_class.hpp"
 #include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
@@ -254,17 +255,8 @@ Example:
           "context"_a, "query"_a, "grad"_a,
           "Private (used by attnmix.torch.em_heads): the vector-Jacobian product of predict_proba. "
           "For L = sum_{n,t} grad[n, t] p(t | context_n, query_n), returns (dL/dquery (n, D), "
-          "dL/dkey_means (S, D)); context (n, N), query (n, D), grad (n, T).")
-      .def("__str__", [](const Dist& d) { return describe(d.model()); })
-      .def("__repr__", [](const Dist& d) { return describe(d.model()); })
-      .def(py::pickle([](const Dist& d) { return params_of(d.model()); },
-                      [](const py::tuple& t) {
-                        if (t.size() != 5 && t.size() != 6)
-                          throw ValueError("ResponsibilityAttentionDistribution: bad pickle state");
-                        // Five entries: a pickle written before precision existed (float64).
-                        return make_distribution(t[0], t[1], t[2], t[3], t[4],
-                                                 t.size() == 6 ? py::object(t[5]) : py::str("float64"));
-                      }));
+          "dL/dkey_means (S, D)); context (n, N), query (n, D), grad (n, T).");
+  def_text_and_pickle(cls, describe, params_of, make_distribution, py::make_tuple("float64"));
 
   def_leaf_sampler(
       cls, sampler_class,

@@ -18,6 +18,7 @@
 #include "attnmix/stats/mixture.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "distribution_class.hpp"
 #include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
@@ -234,7 +235,7 @@ True
 >>> sampler.sample(1500) + sampler.sample(2500) == draws
 True
 )doc");
-  py::class_<Dist, DistributionHandle>(
+  py::class_<Dist, DistributionHandle> cls(
       m, kDist,
       "A finite mixture of components of any family on the same data "
       "(docs/mechanisms.md#building-blocks): log p(x) = LSE_k(log w_k + log p_k(x))."
@@ -251,8 +252,8 @@ Example:
 True
 >>> model.seq_posterior([0, 1]).round(3).tolist()
 [[0.6, 0.4], [0.04, 0.96]]
-)doc")
-      .def(py::init(make), "components"_a, "w"_a, "name"_a = py::none())
+)doc");
+  cls.def(py::init(make), "components"_a, "w"_a, "name"_a = py::none())
       .def_property_readonly(
           "w", [](py::object self) { return readonly_view(self.cast<const Dist&>().model().weights(), self); },
           "Mixture weights w, a read-only float64 array of shape (K,) that sums to 1: w[k] is "
@@ -282,22 +283,19 @@ True
           [](py::object self, py::object seed, const py::kwargs& options) {
             return make_mixture_sampler(std::move(self), seed, options, kDist);
           },
-          "seed"_a = py::none(), "A MixtureSampler of this model; keyword options go to every component's sampler().")
-      .def("__repr__",
-           [](const Dist& d) {
-             return "MixtureDistribution(" + std::to_string(d.model().components().size()) +
-                    " components, name=" +
-                    py::repr(name_to_python(d.model().name())).cast<std::string>() + ")";
-           })
-      .def(py::pickle(
-          [](py::object self) {
-            const auto& d = self.cast<const Dist&>();
-            const Vector& w = d.model().weights();
-            return py::make_tuple(wrap_all(d.model().components()),
-                                  copy_reals(w.data(), {w.size()}),
-                                  name_to_python(d.model().name()));
-          },
-          [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
+          "seed"_a = py::none(), "A MixtureSampler of this model; keyword options go to every component's sampler().");
+  def_text_and_pickle(
+      cls,
+      [](const Mixture& model) {
+        return "MixtureDistribution(" + std::to_string(model.components().size()) +
+               " components, name=" + py::repr(name_to_python(model.name())).cast<std::string>() + ")";
+      },
+      [](const Mixture& model) {
+        const Vector& w = model.weights();
+        return py::make_tuple(wrap_all(model.components()), copy_reals(w.data(), {w.size()}),
+                              name_to_python(model.name()));
+      },
+      make);
 
   using Est = EstimatorOf<MixtureEstimator>;
   py::class_<Est, EstimatorHandle> estimator_class(
@@ -406,7 +404,7 @@ Example:
 >>> bool(abs(ids.mean() - 0.75) < 0.03), bool(abs(xs.mean() - 5.0) < 0.1)
 (True, True)
 )doc");
-  py::class_<Dist, DistributionHandle>(
+  py::class_<Dist, DistributionHandle> cls(
       m, kDist,
       "The product of independent components over the fields of a tuple observation "
       "(docs/mechanisms.md#building-blocks): log p(x) = sum_f log p_f(x_f)."
@@ -421,27 +419,23 @@ Example:
 >>> x = (1, [0.0])
 >>> math.isclose(model.log_density(x), math.log(0.75) - 0.5 * math.log(2 * math.pi))
 True
-)doc")
-      .def(py::init(make), "dists"_a, "name"_a = py::none())
+)doc");
+  cls.def(py::init(make), "dists"_a, "name"_a = py::none())
       .def_property_readonly("dists",
                              [](const Dist& d) { return wrap_all(d.model().components()); },
                              "The component distributions, a new list with one per field of an observation.")
       .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); }, doc::kName)
       .def(
           "sampler", [](py::object self, py::object seed) { return make_composite_sampler(std::move(self), seed, kDist); },
-          "seed"_a = py::none(), "A CompositeSampler of this model.")
-      .def("__repr__",
-           [](const Dist& d) {
-             return "CompositeDistribution(" + std::to_string(d.model().components().size()) +
-                    " fields, name=" +
-                    py::repr(name_to_python(d.model().name())).cast<std::string>() + ")";
-           })
-      .def(py::pickle(
-          [](const Dist& d) {
-            return py::make_tuple(wrap_all(d.model().components()),
-                                  name_to_python(d.model().name()));
-          },
-          [make](const py::tuple& t) { return make(t[0], t[1]); }));
+          "seed"_a = py::none(), "A CompositeSampler of this model.");
+  def_text_and_pickle(
+      cls,
+      [](const Composite& model) {
+        return "CompositeDistribution(" + std::to_string(model.components().size()) +
+               " fields, name=" + py::repr(name_to_python(model.name())).cast<std::string>() + ")";
+      },
+      [](const Composite& model) { return py::make_tuple(wrap_all(model.components()), name_to_python(model.name())); },
+      make);
 
   using Est = EstimatorOf<CompositeEstimator>;
   py::class_<Est, EstimatorHandle> estimator_class(m, "CompositeEstimator",
@@ -567,20 +561,18 @@ True
                              [](const Dist& d) { return d.model().n_categories(); },
                              "Number of categories K, an int: observations are the ids 0 .. K-1.")
       .def_property_readonly("name",
-                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
-      .def("__repr__",
-           [](const Dist& d) {
-             return "CategoricalDistribution(K=" + std::to_string(d.model().n_categories()) +
-                    ", name=" +
-                    py::repr(name_to_python(d.model().params().name)).cast<std::string>() + ")";
-           })
-      .def(py::pickle(
-          [](const Dist& d) {
-            const Vector& p = d.model().params().p;
-            return py::make_tuple(copy_reals(p.data(), {p.size()}),
-                                  name_to_python(d.model().params().name));
-          },
-          [make](const py::tuple& t) { return make(t[0], t[1]); }));
+                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName);
+  def_text_and_pickle(
+      cls,
+      [](const Categorical& model) {
+        return "CategoricalDistribution(K=" + std::to_string(model.n_categories()) +
+               ", name=" + py::repr(name_to_python(model.params().name)).cast<std::string>() + ")";
+      },
+      [](const Categorical& model) {
+        const Vector& p = model.params().p;
+        return py::make_tuple(copy_reals(p.data(), {p.size()}), name_to_python(model.params().name));
+      },
+      make);
 
   def_leaf_sampler(
       cls, sampler_class, [](const Categorical& model, uint64_t seed) { return CategoricalSampler(model, seed); },
@@ -709,21 +701,19 @@ Example:
       .def_property_readonly("dim", [](const Dist& d) { return d.model().dim(); },
                              "Dimension D of the values, an int.")
       .def_property_readonly("name",
-                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName)
-      .def("__repr__",
-           [](const Dist& d) {
-             return "DiagonalGaussianDistribution(D=" + std::to_string(d.model().dim()) +
-                    ", name=" +
-                    py::repr(name_to_python(d.model().params().name)).cast<std::string>() + ")";
-           })
-      .def(py::pickle(
-          [](const Dist& d) {
-            const DiagonalGaussianParams& p = d.model().params();
-            return py::make_tuple(copy_reals(p.mu.data(), {p.mu.size()}),
-                                  copy_reals(p.sigma2.data(), {p.sigma2.size()}),
-                                  name_to_python(p.name));
-          },
-          [make](const py::tuple& t) { return make(t[0], t[1], t[2]); }));
+                             [](const Dist& d) { return name_to_python(d.model().params().name); }, doc::kName);
+  def_text_and_pickle(
+      cls,
+      [](const DiagonalGaussian& model) {
+        return "DiagonalGaussianDistribution(D=" + std::to_string(model.dim()) +
+               ", name=" + py::repr(name_to_python(model.params().name)).cast<std::string>() + ")";
+      },
+      [](const DiagonalGaussian& model) {
+        const DiagonalGaussianParams& p = model.params();
+        return py::make_tuple(copy_reals(p.mu.data(), {p.mu.size()}), copy_reals(p.sigma2.data(), {p.sigma2.size()}),
+                              name_to_python(p.name));
+      },
+      make);
 
   def_leaf_sampler(
       cls, sampler_class,

@@ -20,6 +20,7 @@
 #include "attnmix/attention/variational_multihop.hpp"
 #include "bindings.hpp"
 #include "convert.hpp"
+#include "distribution_class.hpp"
 #include "docstrings.hpp"
 #include "encoders.hpp"
 #include "estimator_class.hpp"
@@ -462,17 +463,8 @@ Example:
                                   sampler_seed(seed, kVeaDist)),
                               self};
           },
-          "seed"_a = py::none(), "Draws a fresh embedding table from q for every event.")
-      .def("__str__", [](const VeaDist& d) { return describe_vea(d.model()); })
-      .def("__repr__", [](const VeaDist& d) { return describe_vea(d.model()); })
-      .def(py::pickle([](const VeaDist& d) { return vea_params(d.model()); },
-                      [](const py::tuple& t) {
-                        if (t.size() != 7 && t.size() != 8)
-                          throw ValueError(std::string(kVeaDist) + ": bad pickle state");
-                        // Seven entries: a pickle written before precision existed (float64).
-                        return make_vea(t[0], t[1], t[2], t[3], t[4], t[5], t[6],
-                                        t.size() == 8 ? py::object(t[7]) : py::str("float64"));
-                      }));
+          "seed"_a = py::none(), "Draws a fresh embedding table from q for every event.");
+  def_text_and_pickle(cls, describe_vea, vea_params, make_vea, py::make_tuple("float64"));
 
   def_leaf_sampler(
       cls, sampler_class,
@@ -620,15 +612,8 @@ True
             return VmhaSampler{model.posterior_predictive_sampler(sampler_seed(seed, kVmhaDist), n), std::move(self)};
           },
           "seed"_a = py::none(), py::kw_only(), "context_length"_a = kDefaultContextLength,
-          "Draws a fresh embedding table from q for every event.")
-      .def("__str__", [](const VmhaDist& d) { return describe_vmha(d.model()); })
-      .def("__repr__", [](const VmhaDist& d) { return describe_vmha(d.model()); })
-      .def(py::pickle([](const VmhaDist& d) { return vmha_params(d.model()); },
-                      [](const py::tuple& t) {
-                        if (t.size() != 6)
-                          throw ValueError(std::string(kVmhaDist) + ": bad pickle state");
-                        return make_vmha(t[0], t[1], t[2], t[3], t[4], t[5]);
-                      }));
+          "Draws a fresh embedding table from q for every event.");
+  def_text_and_pickle(cls, describe_vmha, vmha_params, make_vmha);
 
   def_leaf_sampler(
       cls, sampler_class,
