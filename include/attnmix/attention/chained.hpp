@@ -28,6 +28,7 @@
 
 #include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
 
 namespace attnmix {
@@ -38,62 +39,53 @@ class ChainedAttentionEncoder;
 class ChainedAttentionEstimator;
 class ChainedAttentionSampler;
 
+/// The arrays of a chained-attention batch, one row per observation.
+struct ChainedAttentionArrays {
+  IdMatrix keys;            ///< [n, N] key ids
+  IdMatrix values;          ///< [n, N] value ids
+  IdVector queries;         ///< [n] query ids
+  IdVector targets;         ///< [n] target ids
+  int64_t max_symbol = -1;  ///< the largest key, value or query id (−1 without rows)
+  int64_t max_target = -1;  ///< the largest target (−1 without rows)
+};
+
 /// An immutable, validated batch: keys [n, N], values [n, N], queries [n], targets [n] (ids).
 /// Slices share storage (O(1)); only the encoder creates batches.
-class ChainedAttentionBatch {
+class ChainedAttentionBatch : public SharedRows<ChainedAttentionBatch, ChainedAttentionArrays> {
  public:
   /// An empty batch: no rows and context width 0. Batches with rows come from ChainedAttentionEncoder::encode() or from
   /// a sampler.
-  ChainedAttentionBatch();
-  /// The number of rows n of this batch (of this slice, not of the shared storage).
-  [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  ChainedAttentionBatch() = default;
   /// The context width N shared by every row of this batch (0 for an empty default batch). N is free: one model scores
   /// batches of any width.
-  [[nodiscard]] Index context_length() const noexcept { return storage_->keys.cols(); }
+  [[nodiscard]] Index context_length() const noexcept { return arrays().keys.cols(); }
   /// Largest key, value or query id and largest target in the underlying storage (−1 when empty).
-  [[nodiscard]] int64_t max_symbol() const noexcept { return storage_->max_symbol; }
+  [[nodiscard]] int64_t max_symbol() const noexcept { return arrays().max_symbol; }
   /// The largest target id in the underlying storage, −1 when it is empty. Like max_symbol(), it covers the whole
   /// shared storage, not only this slice.
-  [[nodiscard]] int64_t max_target() const noexcept { return storage_->max_target; }
+  [[nodiscard]] int64_t max_target() const noexcept { return arrays().max_target; }
   /// The N key ids of row `row` (0-based within this slice), contiguous. No bounds check: row must lie in
   /// [0, n_rows()).
-  [[nodiscard]] const int64_t* keys(Index row) const noexcept {
-    return storage_->keys.data() + (begin_ + row) * storage_->keys.cols();
-  }
+  [[nodiscard]] const int64_t* keys(Index row) const noexcept { return row_of(arrays().keys, row); }
   /// The N value ids of row `row`, contiguous and paired position by position with keys(row). No bounds check: row must
   /// lie in [0, n_rows()).
-  [[nodiscard]] const int64_t* values(Index row) const noexcept {
-    return storage_->values.data() + (begin_ + row) * storage_->values.cols();
-  }
+  [[nodiscard]] const int64_t* values(Index row) const noexcept { return row_of(arrays().values, row); }
   /// The query symbol of row `row`. No bounds check: row must lie in [0, n_rows()).
-  [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
+  [[nodiscard]] int64_t query(Index row) const noexcept { return entry_of(arrays().queries, row); }
   /// The target id of row `row`. No bounds check: row must lie in [0, n_rows()).
-  [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
-  /// Rows [begin, begin + count) sharing this batch's storage, in O(1). The range must lie within this batch
-  /// (asserted).
-  [[nodiscard]] ChainedAttentionBatch slice(Index begin, Index count) const;
+  [[nodiscard]] int64_t target(Index row) const noexcept { return entry_of(arrays().targets, row); }
   /// Copies of the rows (for writers and bindings).
-  [[nodiscard]] IdMatrix keys() const;
+  [[nodiscard]] IdMatrix keys() const { return copy_of(arrays().keys); }
   /// A copy of this slice's values, [n, N].
-  [[nodiscard]] IdMatrix values() const;
+  [[nodiscard]] IdMatrix values() const { return copy_of(arrays().values); }
   /// A copy of this slice's queries, [n].
-  [[nodiscard]] IdVector queries() const;
+  [[nodiscard]] IdVector queries() const { return copy_of(arrays().queries); }
   /// A copy of this slice's targets, [n].
-  [[nodiscard]] IdVector targets() const;
+  [[nodiscard]] IdVector targets() const { return copy_of(arrays().targets); }
 
  private:
   friend class ChainedAttentionEncoder;
-  struct Storage {
-    IdMatrix keys;
-    IdMatrix values;
-    IdVector queries;
-    IdVector targets;
-    int64_t max_symbol = -1;
-    int64_t max_target = -1;
-  };
-  std::shared_ptr<const Storage> storage_;
-  Index begin_ = 0;
-  Index count_ = 0;
+  ChainedAttentionBatch(ChainedAttentionArrays arrays, Index rows) : SharedRows(std::move(arrays), rows) {}
 };
 
 /// Validates raw arrays into a batch. Undeclared bounds are checked against the model later.

@@ -34,6 +34,7 @@
 #include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/precision.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
 
 namespace attnmix {
@@ -45,61 +46,51 @@ class ResponsibilityAttentionEstimator;
 class ResponsibilityAttentionSampler;
 struct ResponsibilityFloatTables;
 
+/// The arrays of a responsibility-attention batch, one row per observation.
+struct ResponsibilityAttentionArrays {
+  IdMatrix contexts;        ///< [n, N] context ids
+  Matrix queries;           ///< [n, D] queries
+  IdVector targets;         ///< [n] target ids
+  int64_t max_symbol = -1;  ///< the largest context id (−1 without rows)
+  int64_t max_target = -1;  ///< the largest target (−1 without rows)
+};
+
 /// An immutable, validated batch of RA observations: contexts [n, N] ids, queries [n, D], targets [n].
 /// Slices share storage (O(1)); only the encoder (and the sampler, which draws valid rows) creates batches.
-class ResponsibilityAttentionBatch {
+class ResponsibilityAttentionBatch : public SharedRows<ResponsibilityAttentionBatch, ResponsibilityAttentionArrays> {
  public:
   /// An empty batch: no rows, context length 0 and query dimension 0. Batches with rows come from
   /// ResponsibilityAttentionEncoder::encode() or from a sampler.
-  ResponsibilityAttentionBatch();
-  /// The number of rows n of this batch (of this slice, not of the shared storage).
-  [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  ResponsibilityAttentionBatch() = default;
   /// The context length N, the width of every context row (0 for an empty default batch).
-  [[nodiscard]] Index context_length() const noexcept { return storage_->contexts.cols(); }
+  [[nodiscard]] Index context_length() const noexcept { return arrays().contexts.cols(); }
   /// The query dimension D, the number of coordinates of every query (0 for an empty default batch).
-  [[nodiscard]] Index query_dim() const noexcept { return storage_->queries.cols(); }
+  [[nodiscard]] Index query_dim() const noexcept { return arrays().queries.cols(); }
   /// Largest context id and target in the underlying storage (−1 when empty): O(1) range checks.
-  [[nodiscard]] int64_t max_symbol() const noexcept { return storage_->max_symbol; }
+  [[nodiscard]] int64_t max_symbol() const noexcept { return arrays().max_symbol; }
   /// The largest target id in the underlying storage, −1 when it is empty. Like max_symbol(), it covers every row of
   /// the shared storage, not only this slice, so a range check against it is conservative and O(1).
-  [[nodiscard]] int64_t max_target() const noexcept { return storage_->max_target; }
+  [[nodiscard]] int64_t max_target() const noexcept { return arrays().max_target; }
   /// The N context ids of row `row` (0-based within this slice), contiguous; valid while any batch shares the storage.
   /// No bounds check: row must lie in [0, n_rows()).
-  [[nodiscard]] const int64_t* context(Index row) const noexcept {
-    return storage_->contexts.data() + (begin_ + row) * storage_->contexts.cols();
-  }
+  [[nodiscard]] const int64_t* context(Index row) const noexcept { return row_of(arrays().contexts, row); }
   /// The D query coordinates of row `row` (0-based within this slice), contiguous. No bounds check: row must lie in
   /// [0, n_rows()).
-  [[nodiscard]] const double* query(Index row) const noexcept {
-    return storage_->queries.data() + (begin_ + row) * storage_->queries.cols();
-  }
+  [[nodiscard]] const double* query(Index row) const noexcept { return row_of(arrays().queries, row); }
   /// The target id of row `row`, in [0, T). No bounds check: row must lie in [0, n_rows()).
-  [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
+  [[nodiscard]] int64_t target(Index row) const noexcept { return entry_of(arrays().targets, row); }
   /// The targets of rows [row, n_rows()) are contiguous from here (numpy views in the Python module).
-  [[nodiscard]] const int64_t* target_data(Index row = 0) const noexcept {
-    return storage_->targets.data() + begin_ + row;
-  }
-  /// Rows [begin, begin + count) sharing this batch's storage.
-  [[nodiscard]] ResponsibilityAttentionBatch slice(Index begin, Index count) const;
+  [[nodiscard]] const int64_t* target_data(Index row = 0) const noexcept { return row_of(arrays().targets, row); }
   /// Copies of the rows (for writers and bindings).
-  [[nodiscard]] IdMatrix contexts() const;
+  [[nodiscard]] IdMatrix contexts() const { return copy_of(arrays().contexts); }
   /// A copy of this slice's queries, [n, D].
-  [[nodiscard]] Matrix queries() const;
+  [[nodiscard]] Matrix queries() const { return copy_of(arrays().queries); }
   /// A copy of this slice's targets, [n].
-  [[nodiscard]] IdVector targets() const;
+  [[nodiscard]] IdVector targets() const { return copy_of(arrays().targets); }
 
  private:
   friend class ResponsibilityAttentionEncoder;
-  struct Storage {
-    IdMatrix contexts;
-    Matrix queries;
-    IdVector targets;
-    int64_t max_symbol = -1;
-    int64_t max_target = -1;
-  };
-  std::shared_ptr<const Storage> storage_;
-  Index begin_ = 0;
-  Index count_ = 0;
+  ResponsibilityAttentionBatch(ResponsibilityAttentionArrays arrays, Index rows) : SharedRows(std::move(arrays), rows) {}
 };
 
 /// Validates raw arrays into a batch. Undeclared dimensions are taken from the data.

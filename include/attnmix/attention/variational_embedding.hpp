@@ -33,6 +33,7 @@
 #include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/precision.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
 
 namespace attnmix {
@@ -44,52 +45,47 @@ class VariationalEmbeddingAttentionEstimator;
 class VariationalEmbeddingAttentionSampler;
 class VariationalFloatTables;
 
+/// The arrays of a variational-embedding-attention batch, one row per observation.
+struct VariationalEmbeddingAttentionArrays {
+  IdMatrix contexts;        ///< [n, N] context ids
+  IdVector queries;         ///< [n] query ids
+  IdVector targets;         ///< [n] target ids
+  int64_t max_symbol = -1;  ///< the largest context or query id (−1 without rows)
+  int64_t max_target = -1;  ///< the largest target (−1 without rows)
+};
+
 /// An immutable, validated batch: contexts [n, N], queries [n], targets [n] (ids). Slices share storage (O(1)).
-class VariationalEmbeddingAttentionBatch {
+class VariationalEmbeddingAttentionBatch
+    : public SharedRows<VariationalEmbeddingAttentionBatch, VariationalEmbeddingAttentionArrays> {
  public:
   /// An empty batch: no rows and context length 0. Batches with rows come from
   /// VariationalEmbeddingAttentionEncoder::encode() or from a sampler.
-  VariationalEmbeddingAttentionBatch();
-  /// The number of rows n of this batch (of this slice, not of the shared storage).
-  [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  VariationalEmbeddingAttentionBatch() = default;
   /// The context length N, the width of every context row (0 for an empty default batch).
-  [[nodiscard]] Index context_length() const noexcept { return storage_->contexts.cols(); }
+  [[nodiscard]] Index context_length() const noexcept { return arrays().contexts.cols(); }
   /// Largest context or query id and largest target in the underlying storage (−1 when empty).
-  [[nodiscard]] int64_t max_symbol() const noexcept { return storage_->max_symbol; }
+  [[nodiscard]] int64_t max_symbol() const noexcept { return arrays().max_symbol; }
   /// The largest target id in the underlying storage, −1 when it is empty. Like max_symbol(), it covers the whole
   /// shared storage, not only this slice.
-  [[nodiscard]] int64_t max_target() const noexcept { return storage_->max_target; }
+  [[nodiscard]] int64_t max_target() const noexcept { return arrays().max_target; }
   /// The N context ids of row `row` (0-based within this slice), contiguous. No bounds check: row must lie in
   /// [0, n_rows()).
-  [[nodiscard]] const int64_t* context(Index row) const noexcept {
-    return storage_->contexts.data() + (begin_ + row) * storage_->contexts.cols();
-  }
+  [[nodiscard]] const int64_t* context(Index row) const noexcept { return row_of(arrays().contexts, row); }
   /// The query symbol of row `row`. No bounds check: row must lie in [0, n_rows()).
-  [[nodiscard]] int64_t query(Index row) const noexcept { return storage_->queries[begin_ + row]; }
+  [[nodiscard]] int64_t query(Index row) const noexcept { return entry_of(arrays().queries, row); }
   /// The target id of row `row`. No bounds check: row must lie in [0, n_rows()).
-  [[nodiscard]] int64_t target(Index row) const noexcept { return storage_->targets[begin_ + row]; }
-  /// Rows [begin, begin + count) sharing this batch's storage, in O(1). The range must lie within this batch
-  /// (asserted).
-  [[nodiscard]] VariationalEmbeddingAttentionBatch slice(Index begin, Index count) const;
+  [[nodiscard]] int64_t target(Index row) const noexcept { return entry_of(arrays().targets, row); }
   /// Copies of the rows (for writers and bindings).
-  [[nodiscard]] IdMatrix contexts() const;
+  [[nodiscard]] IdMatrix contexts() const { return copy_of(arrays().contexts); }
   /// A copy of this slice's query symbols, [n].
-  [[nodiscard]] IdVector queries() const;
+  [[nodiscard]] IdVector queries() const { return copy_of(arrays().queries); }
   /// A copy of this slice's targets, [n].
-  [[nodiscard]] IdVector targets() const;
+  [[nodiscard]] IdVector targets() const { return copy_of(arrays().targets); }
 
  private:
   friend class VariationalEmbeddingAttentionEncoder;
-  struct Storage {
-    IdMatrix contexts;
-    IdVector queries;
-    IdVector targets;
-    int64_t max_symbol = -1;
-    int64_t max_target = -1;
-  };
-  std::shared_ptr<const Storage> storage_;
-  Index begin_ = 0;
-  Index count_ = 0;
+  VariationalEmbeddingAttentionBatch(VariationalEmbeddingAttentionArrays arrays, Index rows)
+      : SharedRows(std::move(arrays), rows) {}
 };
 
 /// Validates raw arrays into a batch: exact ids, contexts 2-D with positive width equal to the

@@ -24,6 +24,7 @@
 
 #include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
 
 namespace attnmix {
@@ -34,32 +35,27 @@ class CategoricalEncoder;
 class CategoricalEstimator;
 class CategoricalSampler;
 
+/// The arrays of a categorical batch: the ids [n] and the largest of them (−1 without rows).
+struct CategoricalArrays {
+  IdVector ids;         ///< [n] ids
+  int64_t max_id = -1;  ///< the largest id (−1 without rows)
+};
+
 /// An immutable, validated batch of ids [n]. Slices share storage (O(1)).
-class CategoricalBatch {
+class CategoricalBatch : public SharedRows<CategoricalBatch, CategoricalArrays> {
  public:
   /// An empty batch (no rows).
-  CategoricalBatch();
-  /// The number of rows n.
-  [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  CategoricalBatch() = default;
   /// The id of row `row`, in [0, K) when the encoder knew K (0 ≤ row < n_rows(); not checked).
-  [[nodiscard]] int64_t id(Index row) const noexcept { return storage_->ids[begin_ + row]; }
+  [[nodiscard]] int64_t id(Index row) const noexcept { return entry_of(arrays().ids, row); }
   /// Largest id in the underlying storage (−1 when empty): O(1) range checks.
-  [[nodiscard]] int64_t max_id() const noexcept { return storage_->max_id; }
-  /// Rows [begin, begin + count), sharing this batch's storage (O(1)). The range must lie inside the batch (a broken
-  /// precondition aborts).
-  [[nodiscard]] CategoricalBatch slice(Index begin, Index count) const;
+  [[nodiscard]] int64_t max_id() const noexcept { return arrays().max_id; }
   /// A copy of the rows.
-  [[nodiscard]] IdVector ids() const;
+  [[nodiscard]] IdVector ids() const { return copy_of(arrays().ids); }
 
  private:
   friend class CategoricalEncoder;
-  struct Storage {
-    IdVector ids;
-    int64_t max_id = -1;
-  };
-  std::shared_ptr<const Storage> storage_;
-  Index begin_ = 0;
-  Index count_ = 0;
+  CategoricalBatch(CategoricalArrays arrays, Index rows) : SharedRows(std::move(arrays), rows) {}
 };
 
 /// Validates ids: ≥ 0 and < K when K is declared ("out-of-range ID", ValueError).

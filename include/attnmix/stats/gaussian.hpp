@@ -24,6 +24,7 @@
 
 #include "attnmix/core/accumulator.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
 
 namespace attnmix {
@@ -34,33 +35,26 @@ class DiagonalGaussianEncoder;
 class DiagonalGaussianEstimator;
 class DiagonalGaussianSampler;
 
+/// The arrays of a diagonal-Gaussian batch: the observations [n, D].
+struct DiagonalGaussianArrays {
+  Matrix values;  ///< [n, D] observations, row-major
+};
+
 /// An immutable, validated batch of real vectors [n, D] (row-major). Slices share storage (O(1)).
-class DiagonalGaussianBatch {
+class DiagonalGaussianBatch : public SharedRows<DiagonalGaussianBatch, DiagonalGaussianArrays> {
  public:
   /// An empty batch (no rows, width 0).
-  DiagonalGaussianBatch();
-  /// The number of rows n.
-  [[nodiscard]] Index n_rows() const noexcept { return count_; }
+  DiagonalGaussianBatch() = default;
   /// The width D of the rows.
-  [[nodiscard]] Index dim() const noexcept { return storage_->values.cols(); }
+  [[nodiscard]] Index dim() const noexcept { return arrays().values.cols(); }
   /// The D values of row n, contiguous (0 ≤ n < n_rows(); not checked).
-  [[nodiscard]] const double* row(Index n) const noexcept {
-    return storage_->values.data() + (begin_ + n) * storage_->values.cols();
-  }
-  /// Rows [begin, begin + count), sharing this batch's storage (O(1)). The range must lie inside the batch (a broken
-  /// precondition aborts).
-  [[nodiscard]] DiagonalGaussianBatch slice(Index begin, Index count) const;
+  [[nodiscard]] const double* row(Index n) const noexcept { return row_of(arrays().values, n); }
   /// A copy of the rows [n, D].
-  [[nodiscard]] Matrix values() const;
+  [[nodiscard]] Matrix values() const { return copy_of(arrays().values); }
 
  private:
   friend class DiagonalGaussianEncoder;
-  struct Storage {
-    Matrix values;
-  };
-  std::shared_ptr<const Storage> storage_;
-  Index begin_ = 0;
-  Index count_ = 0;
+  DiagonalGaussianBatch(DiagonalGaussianArrays arrays, Index rows) : SharedRows(std::move(arrays), rows) {}
 };
 
 /// Validates real observations: D columns (when declared, else taken from the data),

@@ -19,21 +19,6 @@ int64_t max_or_minus_one(std::span<const int64_t> ids) {
 }
 }  // namespace
 
-ChainedAttentionBatch::ChainedAttentionBatch() : storage_(std::make_shared<Storage>()) {}
-
-ChainedAttentionBatch ChainedAttentionBatch::slice(Index begin, Index count) const {
-  ATTNMIX_ASSERT(begin >= 0 && count >= 0 && begin + count <= count_, "batch slice out of range");
-  ChainedAttentionBatch out = *this;
-  out.begin_ = begin_ + begin;
-  out.count_ = count;
-  return out;
-}
-
-IdMatrix ChainedAttentionBatch::keys() const { return storage_->keys.middleRows(begin_, count_); }
-IdMatrix ChainedAttentionBatch::values() const { return storage_->values.middleRows(begin_, count_); }
-IdVector ChainedAttentionBatch::queries() const { return storage_->queries.segment(begin_, count_); }
-IdVector ChainedAttentionBatch::targets() const { return storage_->targets.segment(begin_, count_); }
-
 ChainedAttentionBatch ChainedAttentionEncoder::encode(IdMatrix keys, IdMatrix values, IdVector queries,
                                                       IdVector targets, std::string_view where) const {
   const Index n = keys.rows();
@@ -51,18 +36,15 @@ ChainedAttentionBatch ChainedAttentionEncoder::encode(IdMatrix keys, IdMatrix va
   check::ids(where, "values", all_of(values), n_symbols);
   check::ids(where, "query", all_of(queries), n_symbols);
   check::ids(where, "target", all_of(targets), n_targets);
-  auto storage = std::make_shared<ChainedAttentionBatch::Storage>();
-  storage->max_symbol = std::max({max_or_minus_one(all_of(keys)), max_or_minus_one(all_of(values)),
-                                  max_or_minus_one(all_of(queries))});
-  storage->max_target = max_or_minus_one(all_of(targets));
-  storage->keys = std::move(keys);
-  storage->values = std::move(values);
-  storage->queries = std::move(queries);
-  storage->targets = std::move(targets);
-  ChainedAttentionBatch batch;
-  batch.storage_ = std::move(storage);
-  batch.count_ = n;
-  return batch;
+  ChainedAttentionArrays arrays;
+  arrays.max_symbol = std::max({max_or_minus_one(all_of(keys)), max_or_minus_one(all_of(values)),
+                                max_or_minus_one(all_of(queries))});
+  arrays.max_target = max_or_minus_one(all_of(targets));
+  arrays.keys = std::move(keys);
+  arrays.values = std::move(values);
+  arrays.queries = std::move(queries);
+  arrays.targets = std::move(targets);
+  return {std::move(arrays), n};
 }
 
 }  // namespace attnmix

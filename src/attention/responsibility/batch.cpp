@@ -15,20 +15,6 @@ namespace {
 constexpr const char* kEncoderWhere = "ResponsibilityAttentionDataEncoder";
 }
 
-ResponsibilityAttentionBatch::ResponsibilityAttentionBatch() : storage_(std::make_shared<Storage>()) {}
-
-ResponsibilityAttentionBatch ResponsibilityAttentionBatch::slice(Index begin, Index count) const {
-  ATTNMIX_ASSERT(begin >= 0 && count >= 0 && begin + count <= count_, "batch slice out of range");
-  ResponsibilityAttentionBatch out = *this;
-  out.begin_ = begin_ + begin;
-  out.count_ = count;
-  return out;
-}
-
-IdMatrix ResponsibilityAttentionBatch::contexts() const { return storage_->contexts.middleRows(begin_, count_); }
-Matrix ResponsibilityAttentionBatch::queries() const { return storage_->queries.middleRows(begin_, count_); }
-IdVector ResponsibilityAttentionBatch::targets() const { return storage_->targets.segment(begin_, count_); }
-
 ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix contexts, Matrix queries,
                                                                     IdVector targets) const {
   const Index n = contexts.rows();
@@ -43,17 +29,13 @@ ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix con
   check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, n_symbols);
   check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, n_targets);
   check::bounded_rows(kEncoderWhere, "query", queries);
-  auto storage = std::make_shared<ResponsibilityAttentionBatch::Storage>();
-  storage->max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
-  storage->max_target = targets.size() ? targets.maxCoeff() : -1;
-  storage->contexts = std::move(contexts);
-  storage->queries = std::move(queries);
-  storage->targets = std::move(targets);
-  ResponsibilityAttentionBatch batch;
-  batch.storage_ = std::move(storage);
-  batch.begin_ = 0;
-  batch.count_ = n;
-  return batch;
+  ResponsibilityAttentionArrays arrays;
+  arrays.max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
+  arrays.max_target = targets.size() ? targets.maxCoeff() : -1;
+  arrays.contexts = std::move(contexts);
+  arrays.queries = std::move(queries);
+  arrays.targets = std::move(targets);
+  return {std::move(arrays), n};
 }
 
 ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens, int64_t context_length,

@@ -32,20 +32,6 @@ std::shared_ptr<const StatLayout> vea_layout(std::string_view where, int64_t S, 
 
 // ---- batch and encoder -------------------------------------------------------------------------------------------
 
-VariationalEmbeddingAttentionBatch::VariationalEmbeddingAttentionBatch() : storage_(std::make_shared<Storage>()) {}
-
-VariationalEmbeddingAttentionBatch VariationalEmbeddingAttentionBatch::slice(Index begin, Index count) const {
-  ATTNMIX_ASSERT(begin >= 0 && count >= 0 && begin + count <= count_, "batch slice out of range");
-  VariationalEmbeddingAttentionBatch out = *this;
-  out.begin_ = begin_ + begin;
-  out.count_ = count;
-  return out;
-}
-
-IdMatrix VariationalEmbeddingAttentionBatch::contexts() const { return storage_->contexts.middleRows(begin_, count_); }
-IdVector VariationalEmbeddingAttentionBatch::queries() const { return storage_->queries.segment(begin_, count_); }
-IdVector VariationalEmbeddingAttentionBatch::targets() const { return storage_->targets.segment(begin_, count_); }
-
 VariationalEmbeddingAttentionBatch VariationalEmbeddingAttentionEncoder::encode(IdMatrix contexts, IdVector queries,
                                                                                 IdVector targets) const {
   const Index n = contexts.rows();
@@ -59,17 +45,14 @@ VariationalEmbeddingAttentionBatch VariationalEmbeddingAttentionEncoder::encode(
   check::ids(kEncoderWhere, "context", variational::all_of(contexts), n_symbols);
   check::ids(kEncoderWhere, "query", variational::all_of(queries), n_symbols);
   check::ids(kEncoderWhere, "target", variational::all_of(targets), n_targets);
-  auto storage = std::make_shared<VariationalEmbeddingAttentionBatch::Storage>();
-  storage->max_symbol = std::max(variational::max_or_minus_one(variational::all_of(contexts)),
-                                 variational::max_or_minus_one(variational::all_of(queries)));
-  storage->max_target = variational::max_or_minus_one(variational::all_of(targets));
-  storage->contexts = std::move(contexts);
-  storage->queries = std::move(queries);
-  storage->targets = std::move(targets);
-  VariationalEmbeddingAttentionBatch batch;
-  batch.storage_ = std::move(storage);
-  batch.count_ = n;
-  return batch;
+  VariationalEmbeddingAttentionArrays arrays;
+  arrays.max_symbol = std::max(variational::max_or_minus_one(variational::all_of(contexts)),
+                               variational::max_or_minus_one(variational::all_of(queries)));
+  arrays.max_target = variational::max_or_minus_one(variational::all_of(targets));
+  arrays.contexts = std::move(contexts);
+  arrays.queries = std::move(queries);
+  arrays.targets = std::move(targets);
+  return {std::move(arrays), n};
 }
 
 // ---- accumulator ------------------------------------------------------------------------------------------------

@@ -33,28 +33,12 @@ void check_ids_below(std::string_view where, const CategoricalBatch& batch, int6
 // ----- batch and encoder
 // -------------------------------------------------------------------------------------
 
-CategoricalBatch::CategoricalBatch() : storage_(std::make_shared<Storage>()) {}
-
-CategoricalBatch CategoricalBatch::slice(Index begin, Index count) const {
-  ATTNMIX_ASSERT(begin >= 0 && count >= 0 && begin + count <= count_, "batch slice out of range");
-  CategoricalBatch out = *this;
-  out.begin_ = begin_ + begin;
-  out.count_ = count;
-  return out;
-}
-
-IdVector CategoricalBatch::ids() const { return storage_->ids.segment(begin_, count_); }
-
 CategoricalBatch CategoricalEncoder::encode(IdVector ids) const {
   if (n_categories) check::positive_int(kEncoderWhere, "num_categories", *n_categories);
   check::ids(kEncoderWhere, "ids", {ids.data(), static_cast<size_t>(ids.size())}, n_categories);
-  auto storage = std::make_shared<CategoricalBatch::Storage>();
-  storage->max_id = ids.size() ? ids.maxCoeff() : -1;
-  storage->ids = std::move(ids);
-  CategoricalBatch batch;
-  batch.count_ = storage->ids.size();
-  batch.storage_ = std::move(storage);
-  return batch;
+  const Index n = ids.size();
+  const int64_t max_id = n ? ids.maxCoeff() : -1;
+  return {{std::move(ids), max_id}, n};
 }
 
 CategoricalBatch CategoricalEncoder::encode(std::span<const double> ids) const {

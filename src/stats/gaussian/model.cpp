@@ -33,18 +33,6 @@ void check_width(std::string_view where, const DiagonalGaussianBatch& batch, int
 // ----- batch and encoder
 // -------------------------------------------------------------------------------------
 
-DiagonalGaussianBatch::DiagonalGaussianBatch() : storage_(std::make_shared<Storage>()) {}
-
-DiagonalGaussianBatch DiagonalGaussianBatch::slice(Index begin, Index count) const {
-  ATTNMIX_ASSERT(begin >= 0 && count >= 0 && begin + count <= count_, "batch slice out of range");
-  DiagonalGaussianBatch out = *this;
-  out.begin_ = begin_ + begin;
-  out.count_ = count;
-  return out;
-}
-
-Matrix DiagonalGaussianBatch::values() const { return storage_->values.middleRows(begin_, count_); }
-
 DiagonalGaussianBatch DiagonalGaussianEncoder::encode(Matrix values) const {
   if (dim) {
     check::positive_int(kEncoderWhere, "dim", *dim);
@@ -53,12 +41,8 @@ DiagonalGaussianBatch DiagonalGaussianEncoder::encode(Matrix values) const {
   if (values.rows() > 0 && values.cols() <= 0)
     throw ValueError(std::string(kEncoderWhere) + ": observations must have D >= 1 columns");
   check::bounded_rows(kEncoderWhere, "observation", values);
-  auto storage = std::make_shared<DiagonalGaussianBatch::Storage>();
-  storage->values = std::move(values);
-  DiagonalGaussianBatch batch;
-  batch.count_ = storage->values.rows();
-  batch.storage_ = std::move(storage);
-  return batch;
+  const Index n = values.rows();
+  return {{std::move(values)}, n};
 }
 
 // ----- accumulator
