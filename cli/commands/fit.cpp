@@ -26,6 +26,7 @@
 #include "attnmix/inference/reduce.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
+#include "commands/fit_checkpoint.hpp"
 #include "commands/fit_flags.hpp"
 #include "commands/fit_problem.hpp"
 #include "number_checks.hpp"
@@ -120,6 +121,7 @@ std::vector<InputFile> fit_inputs(const FitArgs& args, const Communicator* comm)
   add("--text", args.text);
   add("--valid", args.valid);
   add("--init", args.init);
+  add("--resume", args.resume);
   return inputs;
 }
 
@@ -173,6 +175,15 @@ int run_fit(const FitArgs& args) {
         throw UsageError("--history " + args.history + " names the file --out writes: give each its own path");
       check_output_path(args.history, "the history", fit_inputs(args, comm), "--history");
     }
+    if (root && !args.checkpoint.empty()) {
+      for (const auto& [flag, other] : {std::pair<const char*, std::string>{"--out", args.out}, {"--history", args.history}})
+        if (!other.empty() && std::filesystem::weakly_canonical(args.checkpoint) == std::filesystem::weakly_canonical(other))
+          throw UsageError("--checkpoint " + args.checkpoint + " names the file " + flag + " writes: give each its own path");
+      // The checkpoint may be the one --resume reads: the fit goes on writing to it.
+      std::vector<InputFile> inputs = fit_inputs(args, comm);
+      std::erase_if(inputs, [](const InputFile& input) { return input.flag == "--resume"; });
+      check_output_path(args.checkpoint, "the checkpoint", inputs, "--checkpoint");
+    }
     if (!args.init.empty()) {
       init = FitInit{args.init, read_saved_model(args.init)};
     }
@@ -189,6 +200,17 @@ int run_fit(const FitArgs& args) {
   std::optional<FitProblem> prepared;
   agree(comm, [&] { prepared.emplace(prepare_fit(*family, args, init ? &*init : nullptr)); });
   const FitProblem& input = *prepared;
+  const nlohmann::ordered_json settings = fit_settings(args, options, *family, input);
+  std::optional<FitCheckpoint> resumed;
+  if (!args.resume.empty())
+    agree(comm, [&] {
+      resumed = read_checkpoint(args.resume, settings, *family, input);
+      if (resumed->state.iteration > options.max_its)
+        throw UsageError("--resume " + args.resume + " holds the fit after iteration " +
+                         std::to_string(resumed->state.iteration) + ": give --max-its " +
+                         std::to_string(resumed->state.iteration) + " or more");
+      history = resumed->history;
+    });
   const auto n_rows =
       std::accumulate(input.train_counts.begin(), input.train_counts.end(), int64_t{0});
   out << "Fitting " << input.mechanism << " by EM to " << n_rows << " rows of "
@@ -196,15 +218,27 @@ int run_fit(const FitArgs& args) {
   if (comm) out << " on " << comm->size() << " processes";
   out << " (" << input.dims_brief << ")";
   if (init) out << ", starting from " << init_description(*init);
+  if (resumed) out << ", resuming after iteration " << resumed->state.iteration << " of " << args.resume;
   out << "\n" << std::flush;
   const auto start = std::chrono::steady_clock::now();
   std::optional<AnyDistribution> initial;
   if (input.initial) initial = input.initial;
   else if (init) initial = init->model;
+  OptimizeCheckpoints<AnyDistribution> checkpoints;
+  checkpoints.every = args.checkpoint_every;
+  if (resumed) checkpoints.resume = &resumed->state;
+  int last_checkpoint = 0;
+  if (!args.checkpoint.empty())
+    checkpoints.save = [&](const OptimizeState<AnyDistribution>& state) {
+      agree(comm, [&] {
+        if (root) write_file_atomically(args.checkpoint, checkpoint_text(state, history, settings), "the checkpoint");
+      });
+      last_checkpoint = state.iteration;
+    };
   std::optional<OptimizeResult<AnyDistribution>> fit;
   run_located(comm, &input.train_origin, [&] {
     fit = optimize(input.train, input.estimator, options, std::move(initial),
-                   input.valid ? &*input.valid : nullptr);
+                   input.valid ? &*input.valid : nullptr, &checkpoints);
   });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -230,6 +264,8 @@ int run_fit(const FitArgs& args) {
         << (name == "mixed" ? " (float distances and exponentials, double sums and M-step)\n" : "\n");
   }
   if (init) out << "  started from    " << init_description(*init) << "\n";
+  if (resumed)
+    out << "  resumed from    " << args.resume << " (after iteration " << resumed->state.iteration << ")\n";
   out << "  iterations      " << fit->n_iterations << " run; ";
   if (converged) {
     const auto& s = fit->scores;
@@ -257,6 +293,16 @@ int run_fit(const FitArgs& args) {
         << input.valid_total << " rows of " << input.valid_source << "\n";
   }
   out << "  time            " << format_seconds(seconds) << " s\n";
+  if (!args.checkpoint.empty()) {
+    if (last_checkpoint > 0)
+      out << "  checkpoint      " << args.checkpoint << " (after iteration " << last_checkpoint
+          << (!converged && last_checkpoint == fit->n_iterations ? "; --resume it with a higher --max-its to go on"
+                                                                  : "")
+          << ")\n";
+    else
+      out << "  checkpoint      none written (the fit ended before one was due, every " << args.checkpoint_every
+          << " iterations)\n";
+  }
   if (args.strict && !converged) {  // the same on every process
     out << "  model           NOT written (--strict and the fit did not converge); " << args.out
         << " is unchanged\n";
@@ -298,6 +344,11 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       "the model).\n"
       "Output: one progress line per iteration on stdout, then a summary. The model is written only after a "
       "successful fit, atomically; a failed fit leaves --out untouched.\n"
+      "Checkpoints: --checkpoint C.json writes the state of the fit (its iteration, the current and the best model, "
+      "the scores and the progress lines) every --checkpoint-every iterations; after an interruption, the same "
+      "command with --resume C.json goes on from there to the model the uninterrupted fit writes, bit for bit, on "
+      "any number of threads (under mpirun, with as many processes). The checkpoint records the fit's settings (family, data, sizes, options, "
+      "seed, loop) and a resumed fit must repeat them; --max-its may be raised to go on further.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is then not "
       "written).\n"
       "Distributed: mpirun -np P attnmix fit ... runs the same fit on P processes. Process r reads its stripe of the "
@@ -324,6 +375,19 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
                       "Stop when the log-likelihood improves by less than this (or decreases); "
                       "'none' runs every iteration (the default of families with a Monte-Carlo objective)")
           ->capture_default_str();
+  CLI::Option* checkpoint =
+      cmd->add_option("--checkpoint", args->checkpoint,
+                      "Write the state of the fit to this file (JSON, atomically) every --checkpoint-every "
+                      "iterations, so that --resume can go on from it")
+          ->type_name("FILE");
+  cmd->add_option("--checkpoint-every", args->checkpoint_every, "Iterations between checkpoints")
+      ->check(kPositive)
+      ->needs(checkpoint)
+      ->capture_default_str();
+  cmd->add_option("--resume", args->resume,
+                  "Go on with the fit whose --checkpoint wrote this file (the same command; --max-its may be "
+                  "raised): the model is the one the uninterrupted fit writes")
+      ->type_name("FILE");
   cmd->add_option("--init", args->init,
                   "Start EM from this saved model (same family and dimensions) instead of the "
                   "random initialisation")

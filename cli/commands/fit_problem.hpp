@@ -39,6 +39,9 @@ struct FitArgs {
   std::string data, text, tokens = "chars", out, valid;
   std::string init;          // --init MODEL.json ("" when absent)
   std::string history;       // --history H.jsonl ("" when absent)
+  std::string checkpoint;    // --checkpoint C.json ("" when absent)
+  int checkpoint_every = 1;  // --checkpoint-every K
+  std::string resume;        // --resume C.json ("" when absent)
   OptimizeOptions optimize;  // the library's EM-loop defaults
   std::string delta;         // "none" or a number; initialised from optimize.delta
   bool classic = false;

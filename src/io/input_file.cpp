@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "attnmix/core/errors.hpp"
@@ -19,6 +21,17 @@ void check_input_file(const std::string& path, std::string_view what, std::strin
     throw IoError(cannot + ": it is not a regular file (a pipe or a device)" +
                       (advice.empty() ? std::string() : "; " + std::string(advice)),
                   EINVAL);
+}
+
+std::string read_input_file(const std::string& path, std::string_view what) {
+  check_input_file(path, what);
+  const std::string step = "cannot read " + std::string(what);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_io_error(path, step, errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw_io_error(path, step, errno != 0 ? errno : EIO);
+  return text.str();
 }
 
 }  // namespace attnmix

@@ -92,6 +92,37 @@ struct OptimizeResult {
   std::vector<double> scores{};  // score of each reported model, by iteration
 };
 
+/// Where optimize() stands after an iteration: everything its loop carries into the next one. optimize() given this
+/// state (OptimizeCheckpoints::resume) goes on to the result of the run that saved it, bit for bit, for any number
+/// of threads (`docs/mechanisms.md#training`, "Checkpoints").
+template <class D>
+struct OptimizeState {
+  /// The iterations run.
+  int iteration = 0;
+  /// The model the next iteration starts from.
+  D model;
+  /// The returned model so far, its report line and every score so far (n_iterations = iteration).
+  OptimizeResult<D> result;
+  /// The fused loop's best training score so far; the classic loop's best validation score (with validation data).
+  std::optional<double> best = std::nullopt;
+  /// The fused loop's last finite score, which the next iteration's delta is taken against; the classic loop's score
+  /// of the last accepted model.
+  std::optional<double> previous = std::nullopt;
+};
+
+/// Saving optimize()'s state as it runs, and starting it from a saved state.
+template <class D>
+struct OptimizeCheckpoints {
+  /// Receives the state after every `every`-th iteration that does not end the loop by converging (the last
+  /// iteration of max_its included: a later run may raise max_its), on the calling thread of every rank.
+  std::function<void(const OptimizeState<D>&)> save = {};
+  /// The period of save (> 0).
+  int every = 1;
+  /// A state to go on from (not owned; null: start afresh). Its iteration must not exceed max_its; the starting model
+  /// that optimize() is given is then not used.
+  const OptimizeState<D>* resume = nullptr;
+};
+
 /// Key tying pass, depth first. A concrete top-level site can only tie with itself (a no-op), so
 /// for concrete accumulators the pass starts at their type-erased children (Mixture, Composite).
 template <class A>
@@ -265,16 +296,29 @@ template <class E>
 [[nodiscard]] OptimizeResult<typename E::distribution_type> optimize(
     const typename E::distribution_type::batch_type& batch, const E& estimator, const OptimizeOptions& options,
     std::optional<typename E::distribution_type> prev_estimate = std::nullopt,
-    const typename E::distribution_type::batch_type* valid = nullptr) {
+    const typename E::distribution_type::batch_type* valid = nullptr,
+    const OptimizeCheckpoints<typename E::distribution_type>* checkpoints = nullptr) {
   using D = typename E::distribution_type;
   using Clock = std::chrono::steady_clock;
   options.validate();
+  const OptimizeState<D>* resume = checkpoints ? checkpoints->resume : nullptr;
+  if (checkpoints && checkpoints->every <= 0)
+    throw ValueError("optimize: checkpoints every " + std::to_string(checkpoints->every) +
+                     " iterations (must be > 0)");
+  if (resume && resume->iteration > options.max_its)
+    throw ValueError("optimize: the saved state is after iteration " + std::to_string(resume->iteration) +
+                     ", beyond max_its = " + std::to_string(options.max_its));
   const ParallelOptions parallel = options.parallel();
   const Communicator* comm = options.communicator;
   detail::require_rows(batch.n_rows(), comm);  // also with prev_estimate, and before max_its = 0 returns it
-  D model = prev_estimate ? std::move(*prev_estimate) : initialize_model(batch, estimator, options);
-  OptimizeResult<D> result{model};
+  D model = resume ? resume->model : prev_estimate ? std::move(*prev_estimate) : initialize_model(batch, estimator, options);
+  OptimizeResult<D> result = resume ? resume->result : OptimizeResult<D>{model};
   if (options.max_its == 0) return result;
+  const int first = resume ? resume->iteration + 1 : 1;
+  const auto save = [&](int i, const std::optional<double>& best, const std::optional<double>& previous) {
+    if (checkpoints && checkpoints->save && i % checkpoints->every == 0)
+      checkpoints->save(OptimizeState<D>{i, model, result, best, previous});
+  };
 
   const auto report = [&](int i, double ll, double dll, const D& reported, bool converged, Clock::time_point t0) {
     result.scores.push_back(ll);
@@ -288,9 +332,9 @@ template <class E>
   bool converged = false;
 
   if (options.reuse_estep_ll) {
-    std::optional<double> best_score;
-    std::optional<double> prev;
-    for (int i = 1; i <= options.max_its; ++i) {
+    std::optional<double> best_score = resume ? resume->best : std::nullopt;
+    std::optional<double> prev = resume ? resume->previous : std::nullopt;
+    for (int i = first; i <= options.max_its; ++i) {
       const auto t0 = Clock::now();
       D next = stepper.step(model, batch, log_p, parallel);
       const double ll = detail::sum_over_ranks(pairwise_sum(log_p), comm);
@@ -306,6 +350,7 @@ template <class E>
       if (converged) break;
       if (std::isfinite(ll)) prev = ll;
       model = std::move(next);
+      save(i, best_score, prev);
     }
     if (!converged) {
       const double s = global_score(model, batch, parallel, comm);
@@ -316,9 +361,9 @@ template <class E>
     }
   } else {
     // Classic loop: accept a step iff its score is finite and (it did not decrease or delta is None).
-    double old = global_score(model, batch, parallel, comm);
-    std::optional<double> best_valid;
-    for (int i = 1; i <= options.max_its; ++i) {
+    double old = resume ? resume->previous.value_or(kNegInf) : global_score(model, batch, parallel, comm);
+    std::optional<double> best_valid = resume ? resume->best : std::nullopt;
+    for (int i = first; i <= options.max_its; ++i) {
       const auto t0 = Clock::now();
       D next = stepper.step(model, batch, log_p, parallel);
       const double ll = global_score(next, batch, parallel, comm);
@@ -343,6 +388,7 @@ template <class E>
       result.n_iterations = i;
       report(i, ll, dll, next, converged, t0);
       if (converged) break;
+      save(i, best_valid, old);
     }
   }
   result.status = converged ? OptimizeStatus::kConverged : OptimizeStatus::kMaxIterations;

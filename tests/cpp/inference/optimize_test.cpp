@@ -262,5 +262,122 @@ TEST(OptimizeTest, DataWithoutRowsRaises) {
   EXPECT_EQ(optimize(ScriptBatch{1}, estimator, two).model.index, 2);
 }
 
+// ---- checkpoints: a run resumed from any saved state ends as the run that saved it --------------------------------
+
+template <class D>
+struct SavedRun {
+  OptimizeResult<D> result;
+  std::vector<OptimizeState<D>> states;
+  std::vector<IterationReport> reports;
+};
+
+template <class E>
+SavedRun<typename E::distribution_type> run_saving(const typename E::distribution_type::batch_type& batch,
+                                                   const E& estimator, OptimizeOptions options,
+                                                   const typename E::distribution_type::batch_type* valid,
+                                                   const OptimizeState<typename E::distribution_type>* resume) {
+  using D = typename E::distribution_type;
+  std::vector<OptimizeState<D>> states;
+  std::vector<IterationReport> reports;
+  options.on_iteration = [&](const IterationReport& r) { reports.push_back(r); };
+  OptimizeCheckpoints<D> checkpoints;
+  checkpoints.save = [&](const OptimizeState<D>& state) { states.push_back(state); };
+  checkpoints.resume = resume;
+  OptimizeResult<D> result = optimize(batch, estimator, options, std::nullopt, valid, &checkpoints);
+  return {std::move(result), std::move(states), std::move(reports)};
+}
+
+/// Every state saved by a scripted run (decreases, ties, both loops, with and without delta and validation data)
+/// resumes to the same returned model, status, iteration counts, scores and remaining report lines.
+TEST(OptimizeCheckpointTest, ResumingFromAnySavedStateEndsAsTheUninterruptedRun) {
+  const std::vector<std::vector<double>> scripts{{-5.0, -4.0, -3.5, -3.5, -3.6, -3.0, -2.9, -2.9, -2.9},
+                                                 {-9.0, -8.0, -8.5, -7.0, -6.0, -6.0, -5.0, -4.0, -3.0}};
+  const ScriptBatch valid{1};
+  for (const auto& scores : scripts)
+    for (const bool fused : {true, false})
+      for (const std::optional<double> delta : {std::optional<double>(1e-9), std::optional<double>()})
+        for (const ScriptBatch* validation : {static_cast<const ScriptBatch*>(nullptr), &valid}) {
+          OptimizeOptions options;
+          options.max_its = 7;
+          options.delta = delta;
+          options.reuse_estep_ll = fused;
+          const ScriptEstimator estimator{&scores, nullptr};
+          const auto full = run_saving(ScriptBatch{}, estimator, options, validation, nullptr);
+          ASSERT_FALSE(full.states.empty());
+          for (const auto& state : full.states) {
+            SCOPED_TRACE(::testing::Message() << "fused " << fused << ", delta " << delta.has_value()
+                                              << ", valid " << (validation != nullptr) << ", resumed after "
+                                              << state.iteration);
+            const auto resumed = run_saving(ScriptBatch{}, estimator, options, validation, &state);
+            EXPECT_EQ(resumed.result.model.index, full.result.model.index);
+            EXPECT_EQ(resumed.result.status, full.result.status);
+            EXPECT_EQ(resumed.result.n_iterations, full.result.n_iterations);
+            EXPECT_EQ(resumed.result.best_iteration, full.result.best_iteration);
+            EXPECT_EQ(resumed.result.scores, full.result.scores);
+            ASSERT_EQ(resumed.reports.size(), full.reports.size() - static_cast<size_t>(state.iteration));
+            for (size_t k = 0; k < resumed.reports.size(); ++k) {
+              const IterationReport& a = resumed.reports[k];
+              const IterationReport& b = full.reports[k + static_cast<size_t>(state.iteration)];
+              EXPECT_EQ(a.iteration, b.iteration);
+              EXPECT_EQ(a.log_likelihood, b.log_likelihood);
+              EXPECT_EQ(a.delta_log_likelihood, b.delta_log_likelihood);
+              EXPECT_EQ(a.valid_log_likelihood, b.valid_log_likelihood);
+            }
+          }
+        }
+}
+
+/// A responsibility-attention fit resumed after each iteration, on another number of threads, gives the bits of the
+/// uninterrupted fit; states are saved every `every` iterations, the last iteration included.
+TEST(OptimizeCheckpointTest, ResumedFitsAreBitwiseTheUninterruptedFit) {
+  const RecallTask task = make_recall_task(3000, 1, 8);
+  ResponsibilityAttentionEstimatorOptions est;
+  est.sigma2 = 0.5;
+  est.estimate_sigma2 = true;
+  const ResponsibilityAttentionEstimator estimator(16, 6, 16, 16, est);
+  OptimizeOptions options;
+  options.max_its = 6;
+  options.delta = std::nullopt;
+  options.seed = 4;
+  options.chunk_rows = 256;
+  options.n_threads = 1;
+  const auto full = run_saving(task.train, estimator, options, nullptr, nullptr);
+  ASSERT_EQ(full.states.size(), 6U);
+  options.n_threads = 3;
+  for (const auto& state : full.states) {
+    const auto resumed = run_saving(task.train, estimator, options, nullptr, &state);
+    EXPECT_TRUE(bitwise_equal(resumed.result.model, full.result.model)) << "after " << state.iteration;
+    EXPECT_EQ(resumed.result.scores, full.result.scores);
+    EXPECT_EQ(resumed.result.best_iteration, full.result.best_iteration);
+  }
+  // Every second iteration: states after iterations 2, 4 and 6.
+  OptimizeCheckpoints<ResponsibilityAttention> every_two;
+  std::vector<int> saved;
+  every_two.save = [&](const OptimizeState<ResponsibilityAttention>& state) { saved.push_back(state.iteration); };
+  every_two.every = 2;
+  (void)optimize(task.train, estimator, options, std::nullopt, nullptr, &every_two);
+  EXPECT_EQ(saved, (std::vector<int>{2, 4, 6}));
+}
+
+TEST(OptimizeCheckpointTest, BadSettingsRaise) {
+  const std::vector<double> scores{-3.0, -2.0, -1.0, -0.5, -0.25, -0.125, -0.1};
+  const ScriptEstimator estimator{&scores, nullptr};
+  OptimizeOptions options;
+  options.max_its = 3;
+  OptimizeCheckpoints<ScriptModel> checkpoints;
+  checkpoints.every = 0;
+  EXPECT_THROW((void)optimize(ScriptBatch{}, estimator, options, std::nullopt, nullptr, &checkpoints), ValueError);
+  const auto full = run_saving(ScriptBatch{}, estimator, options, nullptr, nullptr);
+  checkpoints.every = 1;
+  checkpoints.resume = &full.states.back();  // after iteration 3
+  options.max_its = 2;
+  EXPECT_THROW((void)optimize(ScriptBatch{}, estimator, options, std::nullopt, nullptr, &checkpoints), ValueError);
+  options.max_its = 5;  // a later run may go on further
+  const OptimizeResult<ScriptModel> longer = optimize(ScriptBatch{}, estimator, options, std::nullopt, nullptr,
+                                                      &checkpoints);
+  EXPECT_EQ(longer.n_iterations, 5);
+  EXPECT_EQ(longer.scores, (std::vector<double>{-3.0, -2.0, -1.0, -0.5, -0.25}));
+}
+
 }  // namespace
 }  // namespace attnmix
