@@ -3,13 +3,7 @@
 // first-appearance order.
 #include "text_corpus.hpp"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-#include <stdexcept>
+#include <string>
 
 #include "attnmix/core/errors.hpp"
 #include "attnmix/io/input_file.hpp"
@@ -55,15 +49,7 @@ TokenMode parse_token_mode(const std::string& text) {
 }
 
 TokenizedText tokenize_text(const std::string& path, TokenMode mode, Vocabulary& vocab, bool grow) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0)
-    throw std::runtime_error(path + ": cannot open the text file: " + std::strerror(errno));
-  check_input_file(path, "the text file");  // a FIFO would block the open until a writer comes
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open the text file: " + std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  const std::string text = read_input_file(path, "the text file");
 
   TokenizedText out;
   int64_t line = 1;

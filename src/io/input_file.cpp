@@ -25,12 +25,11 @@ void check_input_file(const std::string& path, std::string_view what, std::strin
 
 std::string read_input_file(const std::string& path, std::string_view what) {
   check_input_file(path, what);
-  const std::string step = "cannot read " + std::string(what);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw_io_error(path, step, errno);
+  if (!in) throw_io_error(path, "cannot open " + std::string(what), errno);
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw_io_error(path, step, errno != 0 ? errno : EIO);
+  if (in.bad()) throw_io_error(path, "cannot read " + std::string(what), errno != 0 ? errno : EIO);
   return text.str();
 }
 

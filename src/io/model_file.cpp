@@ -3,12 +3,9 @@
 // layout, strict parsing and atomic files (core/atomic_file.hpp).
 #include "attnmix/io/model_file.hpp"
 
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <fstream>
 #include <iterator>
 #include <optional>
 #include <set>
@@ -18,6 +15,7 @@
 #include "attnmix/core/atomic_file.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/family/spec.hpp"
+#include "attnmix/io/input_file.hpp"
 
 namespace attnmix {
 
@@ -276,18 +274,10 @@ void save_model(const AnyDistribution& model, const std::string& path) {
 
 AnyDistribution load_model(const std::string& path) {
   check_model_path(path);
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) throw_io_error(path, "cannot open the model file", errno);
-  if (S_ISDIR(info.st_mode))
-    throw_io_error(path, "cannot read the model file", EISDIR);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw_io_error(path, "cannot open the model file", errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw_io_error(path, "cannot read the model file", errno);
+  const std::string text = read_input_file(path, "the model file");
   json doc;
   try {
-    doc = parse_model_text(text.str(), path);
+    doc = parse_model_text(text, path);
   } catch (const json::exception& e) {
     throw ValueError(path + ": not a valid JSON document: " + e.what());
   }

@@ -16,7 +16,8 @@ void check_input_file(const std::string& path, std::string_view what,
                       std::string_view advice = "save its contents to a file first");
 
 /// The whole contents of the input file `path`, after check_input_file.
-/// @throws IoError "<path>: cannot read <what>: <reason>" (with its errno) when it cannot be opened or read.
+/// @throws IoError "<path>: cannot open <what>: <reason>" or "<path>: cannot read <what>: <reason>" (with its errno)
+///         when it cannot be opened or read.
 [[nodiscard]] std::string read_input_file(const std::string& path, std::string_view what);
 
 }  // namespace attnmix

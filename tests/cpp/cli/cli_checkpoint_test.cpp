@@ -156,7 +156,7 @@ TEST_F(CliCheckpointTest, BadCheckpointsExitTwoNamingTheFileAndTheFieldAndChange
   expect_refused("--resume model.json", 2, "model.json: field \"model\"");
   damaged("missing.json", [](nlohmann::json& doc) { doc.erase("previous"); });
   expect_refused("--resume missing.json", 2, "missing.json: field \"previous\" is missing");
-  expect_refused("--resume absent.json", 2, "absent.json: cannot read the checkpoint");
+  expect_refused("--resume absent.json", 2, "absent.json: cannot open the checkpoint");
   // The checkpoint must be its own file, and --checkpoint-every needs --checkpoint.
   r = run("fit --data ra.jsonl --out same.json --checkpoint same.json");
   EXPECT_EQ(r.code, 1);
