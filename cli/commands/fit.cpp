@@ -176,9 +176,13 @@ int run_fit(const FitArgs& args) {
       check_output_path(args.history, "the history", fit_inputs(args, comm), "--history");
     }
     if (root && !args.checkpoint.empty()) {
+      const auto same = [](const std::string& a, const std::string& b) {
+        return !b.empty() && std::filesystem::weakly_canonical(a) == std::filesystem::weakly_canonical(b);
+      };
       for (const auto& [flag, other] : {std::pair<const char*, std::string>{"--out", args.out}, {"--history", args.history}})
-        if (!other.empty() && std::filesystem::weakly_canonical(args.checkpoint) == std::filesystem::weakly_canonical(other))
-          throw UsageError("--checkpoint " + args.checkpoint + " names the file " + flag + " writes: give each its own path");
+        if (same(args.checkpoint, other))
+          throw UsageError("--checkpoint " + args.checkpoint + " names the file " + std::string(flag) +
+                           " writes: give each its own path");
       // The checkpoint may be the one --resume reads: the fit goes on writing to it.
       std::vector<InputFile> inputs = fit_inputs(args, comm);
       std::erase_if(inputs, [](const InputFile& input) { return input.flag == "--resume"; });
@@ -347,8 +351,9 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       "Checkpoints: --checkpoint C.json writes the state of the fit (its iteration, the current and the best model, "
       "the scores and the progress lines) every --checkpoint-every iterations; after an interruption, the same "
       "command with --resume C.json goes on from there to the model the uninterrupted fit writes, bit for bit, on "
-      "any number of threads (under mpirun, with as many processes). The checkpoint records the fit's settings (family, data, sizes, options, "
-      "seed, loop) and a resumed fit must repeat them; --max-its may be raised to go on further.\n"
+      "any number of threads (under mpirun, with as many processes). The checkpoint records the fit's settings "
+      "(family, data, sizes, options, seed, loop) and a resumed fit must repeat them; --max-its may be raised to go "
+      "on further.\n"
       "Exit codes: 0 ok, 1 usage, 2 data/I/O error, 3 not converged with --strict (the model is then not "
       "written).\n"
       "Distributed: mpirun -np P attnmix fit ... runs the same fit on P processes. Process r reads its stripe of the "

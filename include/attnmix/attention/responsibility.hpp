@@ -90,7 +90,8 @@ class ResponsibilityAttentionBatch : public SharedRows<ResponsibilityAttentionBa
 
  private:
   friend class ResponsibilityAttentionEncoder;
-  ResponsibilityAttentionBatch(ResponsibilityAttentionArrays arrays, Index rows) : SharedRows(std::move(arrays), rows) {}
+  ResponsibilityAttentionBatch(ResponsibilityAttentionArrays arrays, Index rows)
+      : SharedRows(std::move(arrays), rows) {}
 };
 
 /// Validates raw arrays into a batch. Undeclared dimensions are taken from the data.

@@ -9,6 +9,8 @@
 ///   EM_step(model) = estimate(None, E-step statistics of all rows under model)
 ///   fused: each iteration runs one E-step of `model`, which yields both the next model and score(model).
 /// The library never prints: each report goes to options.on_iteration.
+/// Checkpoints (OptimizeCheckpoints): the loop's state goes out every K iterations, and a run can start from one and
+/// end where the run that saved it would have ended.
 /// Distributed (options.communicator, communicator.hpp): every rank runs this same loop on its shard; after each
 /// E-step the flat statistics and the score are summed over ranks, so every rank computes the same model. A failure
 /// on any rank (a bad row, impossible evidence) is agreed on before the sum, and every rank throws.
@@ -311,7 +313,9 @@ template <class E>
   const ParallelOptions parallel = options.parallel();
   const Communicator* comm = options.communicator;
   detail::require_rows(batch.n_rows(), comm);  // also with prev_estimate, and before max_its = 0 returns it
-  D model = resume ? resume->model : prev_estimate ? std::move(*prev_estimate) : initialize_model(batch, estimator, options);
+  D model = resume          ? resume->model
+            : prev_estimate ? std::move(*prev_estimate)
+                            : initialize_model(batch, estimator, options);
   OptimizeResult<D> result = resume ? resume->result : OptimizeResult<D>{model};
   if (options.max_its == 0) return result;
   const int first = resume ? resume->iteration + 1 : 1;

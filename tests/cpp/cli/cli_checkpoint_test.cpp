@@ -119,7 +119,8 @@ TEST_F(CliCheckpointTest, BadCheckpointsExitTwoNamingTheFileAndTheFieldAndChange
   const auto expect_refused = [&](const std::string& flags, int code, const std::string& message) {
     SCOPED_TRACE(flags);
     const std::string before = text("ck.json");
-    const RunResult r = run("fit --data ra.jsonl --delta none --max-its 6 --out out.json --checkpoint ck.json " + flags);
+    const RunResult r =
+        run("fit --data ra.jsonl --delta none --max-its 6 --out out.json --checkpoint ck.json " + flags);
     EXPECT_EQ(r.code, code) << r.out;
     EXPECT_TRUE(contains(r.err, message)) << r.err;
     EXPECT_EQ(text("out.json"), "keep");
