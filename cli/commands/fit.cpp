@@ -336,9 +336,10 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
   }
   cmd->footer(
       "Data: --data takes JSON Lines or a NumPy .npz archive with the fields of the family: " + data_formats_text() +
-      ". --text (" + text +
+      ". A symbol id q stands for the one-hot row e_q (every row of a file gives it the same way; an undeclared D "
+      "is 1 + the largest). --text (" + text +
       ") takes a plain-text corpus, split into UTF-8 characters (or words with --tokens words) and turned into "
-      "next-token rows.\n"
+      "next-token rows whose queries are the current token's symbol.\n"
       "Families with a Monte-Carlo objective (" + stochastic +
       "): the embeddings are fitted by one Adam step per EM iteration, so --delta defaults to none (every --max-its "
       "iteration runs).\n"

@@ -148,10 +148,13 @@ inline Rows read_shard(const RowSchema& schema, Dims& declared, const ShardFile&
   }
   if (!args.valid.empty()) {
     Dims valid_declared = declared;  // the validation rows must have the training rows' widths
-    for (const auto& [symbol, width] : row_widths(schema, out.train))
-      if (!valid_declared.count(symbol))
-        valid_declared[std::string(symbol)] =
-            Dim{comm ? train_declared.at(std::string(symbol)).value : width, "the training data " + args.data};
+    for (const auto& [symbol, width] : row_widths(schema, out.train)) {
+      if (valid_declared.count(symbol)) continue;
+      const auto agreed = train_declared.find(symbol);
+      const int64_t value = !comm ? width : agreed == train_declared.end() ? 0 : agreed->second.value;
+      if (value > 0)  // 0: training rows given as symbols, which show no width
+        valid_declared[std::string(symbol)] = Dim{value, "the training data " + args.data};
+    }
     std::vector<int64_t> valid_counts;
     if (!comm) {
       out.valid = read_rows(args.valid, schema, valid_declared, TargetPolicy::kRequired);

@@ -201,9 +201,11 @@ std::string data_formats_text() {
     for (const DataField& f : schema->fields) {
       const bool ids = f.kind == DataKind::kIds;
       const std::string value = f.width.empty() ? (ids ? "id" : "real") : (ids ? "[ids]" : "[reals]");
-      object += (object.empty() ? "{" : ",") + ("\"" + std::string(f.name) + "\":") + value;
+      const std::string symbols = f.symbols ? " or a symbol id" : "";  // one id standing for its one-hot row
+      object += (object.empty() ? "{" : ",") + ("\"" + std::string(f.name) + "\":") + value + symbols;
       arrays += (arrays.empty() ? "" : ", ") + std::string(f.name) + " " +
-                (f.width.empty() ? "(n,)" : "(n," + std::string(f.width) + ")") + (ids ? " int" : " float");
+                (f.width.empty() ? "(n,)" : "(n," + std::string(f.width) + ")") + (ids ? " int" : " float") +
+                (f.symbols ? " or (n,) int" : "");
     }
     out += (out.empty() ? "" : "; ") + names_of(readers, " and ") + " " + object + "} (arrays " + arrays + ")";
   }

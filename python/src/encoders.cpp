@@ -54,6 +54,17 @@ std::vector<py::object> fields_of(py::handle obs, size_t arity, const std::strin
   return out;
 }
 
+/// Whether a query is given as a symbol: a Python or numpy integer (not a bool), or a 1-D numpy integer array for a
+/// whole batch (`ndim` 1).
+bool is_symbol_query(py::handle query, Index ndim) {
+  if (ndim == 0)
+    return !PyBool_Check(query.ptr()) &&
+           (PyLong_Check(query.ptr()) || py::isinstance(query, py::module_::import("numpy").attr("integer")));
+  if (!is_ndarray(query)) return false;
+  const py::array a = py::reinterpret_borrow<py::array>(query);
+  return a.ndim() == ndim && a.dtype().kind() != 'b' && (a.dtype().kind() == 'i' || a.dtype().kind() == 'u');
+}
+
 template <class B>
 const B& batch_as_family(const AnyBatch& batch, const std::string& where) {
   return batch.get<B>(where);
@@ -68,8 +79,10 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
   if (is_array_tuple(data, 3, 2)) {
     const py::tuple arrays = py::reinterpret_borrow<py::tuple>(data);
     IdMatrix contexts = ids_2d(arrays[0], where, "context");
-    Matrix queries = reals_2d(arrays[1], where, "query");
     IdVector targets = ids_1d(arrays[2], where, "target");
+    if (is_symbol_query(arrays[1], 1))
+      return AnyBatch(spec_.encode_symbols(std::move(contexts), ids_1d(arrays[1], where, "query"), std::move(targets)));
+    Matrix queries = reals_2d(arrays[1], where, "query");
     return AnyBatch(spec_.encode(std::move(contexts), std::move(queries), std::move(targets)));
   }
   const std::vector<py::object> rows = observations_of(data, where);
@@ -78,6 +91,8 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
   Index D = spec_.query_dim.value_or(0);
   std::vector<int64_t> contexts;
   std::vector<double> queries;
+  IdVector symbols(n);
+  bool symbol_queries = false;
   IdVector targets(n);
   for (Index row = 0; row < n; ++row) {
     const std::vector<py::object> obs =
@@ -86,6 +101,25 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
     if (ctx.ndim() != 1)
       throw TypeError(where + ": context of row " + std::to_string(row) +
                       " must be a 1-D sequence of ids (got shape " + shape_text(ctx.shape) + ")");
+    const bool symbol = is_symbol_query(obs[1], 0);  // one way for every row: row 0's
+    if (row == 0) symbol_queries = symbol;
+    if (symbol != symbol_queries)
+      throw ValueError(where + ": query of row " + std::to_string(row) + " is " +
+                       (symbol ? "a symbol id but row 0's is an array" : "an array but row 0's is a symbol id") +
+                       " (every row gives its query the same way)");
+    if (symbol) {
+      if (row == 0) {
+        N = ctx.shape[0];
+        contexts.reserve(static_cast<size_t>(n * N));
+      }
+      if (ctx.shape[0] != N)
+        throw ValueError(where + ": contexts must all have the same length (row 0 has " + std::to_string(N) +
+                         ", row " + std::to_string(row) + " has " + std::to_string(ctx.shape[0]) + ")");
+      contexts.insert(contexts.end(), ctx.values.begin(), ctx.values.end());
+      symbols[row] = id_scalar(obs[1], where, "query");
+      targets[row] = id_scalar(obs[2], where, "target");
+      continue;
+    }
     NdArray<double> y = read_reals(obs[1], where, "query");
     if (y.ndim() != 1)
       throw ValueError(where + ": query of row " + std::to_string(row) +
@@ -113,6 +147,7 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
   }
   IdMatrix c(n, N);
   std::copy(contexts.begin(), contexts.end(), c.data());
+  if (symbol_queries) return AnyBatch(spec_.encode_symbols(std::move(c), std::move(symbols), std::move(targets)));
   Matrix q(n, D);
   std::copy(queries.begin(), queries.end(), q.data());
   return AnyBatch(spec_.encode(std::move(c), std::move(q), std::move(targets)));
@@ -121,6 +156,10 @@ AnyBatch ResponsibilityAttentionDataEncoderPy::encode(py::handle data) const {
 py::tuple ResponsibilityAttentionDataEncoderPy::parts(const AnyBatch& any, py::handle owner) const {
   const auto& batch = batch_as_family<ResponsibilityAttentionBatch>(any, class_name());
   const Index n = batch.n_rows();
+  if (batch.has_symbol_queries())
+    return py::make_tuple(readonly_view(batch.context(0), {n, batch.context_length()}, owner),
+                          readonly_view(batch.query_symbol_data(), {n}, owner),
+                          readonly_view(batch.target_data(), {n}, owner));
   return py::make_tuple(readonly_view(batch.context(0), {n, batch.context_length()}, owner),
                         readonly_view(batch.query(0), {n, batch.query_dim()}, owner),
                         readonly_view(batch.target_data(), {n}, owner));

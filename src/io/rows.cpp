@@ -78,16 +78,22 @@ const DataField* target_field(const RowSchema& schema) {
 struct Sink {
   std::vector<RowTable<IdMatrix>> ids;
   std::vector<RowTable<Matrix>> reals;
+  std::vector<char> symbols;  // per field: whether its rows give symbols (DataField::symbols)
   Index capacity = 0;  // the rows of the stripe, counted before parsing
   Index n_rows = 0;
 
-  explicit Sink(size_t fields) : ids(fields), reals(fields) {}
+  explicit Sink(size_t fields) : ids(fields), reals(fields), symbols(fields, 0) {}
 
   void allocate(const DataField& f, size_t k, Index width) {
     if (f.kind == DataKind::kIds)
       ids[k].allocate(capacity, width);
     else
       reals[k].allocate(capacity, width);
+  }
+  /// Field k's rows give symbols: one id each.
+  void allocate_symbols(size_t k) {
+    symbols[k] = 1;
+    ids[k].allocate(capacity, 1);
   }
 
   Rows finish(const RowSchema& schema, Rows rows, SizeSlots& sizes, const RowStripe& stripe) {
@@ -102,7 +108,7 @@ struct Sink {
         column.reals.resize(0, f.kind == DataKind::kReals ? width : 0);
       } else if (f.target && !rows.has_targets) {
         column.ids = IdMatrix::Zero(n_rows, 1);
-      } else if (f.kind == DataKind::kIds) {
+      } else if (f.kind == DataKind::kIds || symbols[k]) {
         column.ids = std::move(ids[k]).take(n_rows);
       } else {
         column.reals = std::move(reals[k]).take(n_rows);
@@ -149,6 +155,21 @@ Rows read_jsonl(const std::string& path, const RowSchema& schema, SizeSlots& siz
         }
         continue;
       }
+      if (f.symbols) {  // one way for every row: the first row's
+        const bool symbol = !v.is_array();
+        if (sink.n_rows > 0 && symbol != (sink.symbols[k] != 0))
+          throw ValueError(where + ": " + name + ": " + (symbol ? "a symbol id" : "an array") + " here but " +
+                           (symbol ? "arrays" : "symbol ids") + " from " + first_row +
+                           " on (every row gives it the same way)");
+        if (symbol) {
+          if (!v.is_number())
+            throw TypeError(where + ": " + name + ": must be an array of numbers or one symbol id (got " +
+                            json_kind(v) + ")");
+          sink.allocate_symbols(k);
+          sink.ids[k].push_back(json_id(v, where, name, std::string(f.width).c_str(), sizes[f.width]));
+          continue;
+        }
+      }
       if (!v.is_array())
         throw TypeError(where + ": " + name + (ids ? ": must be an array of integer ids (got " : ": must be an array of numbers (got ") +
                         json_kind(v) + ")");
@@ -183,15 +204,20 @@ Rows read_jsonl(const std::string& path, const RowSchema& schema, SizeSlots& siz
 
 // ---- .npz --------------------------------------------------------------------------------------------------------
 
-/// An archive's array for field f: ids that are not bools, or reals; 1-D (n,) or 2-D (n, width); n rows as the first
-/// field's. @throws TypeError / ValueError naming the file and the array.
+/// Whether array a gives field f as symbols: a DataField::symbols field as a 1-D integer array (n,).
+bool symbols_array(const NpyArray& a, const DataField& f) {
+  return f.symbols && a.shape.size() == 1 && a.kind == NpyArray::Kind::kInt;
+}
+
+/// An archive's array for field f: ids that are not bools, or reals; 1-D (n,) or 2-D (n, width) (or symbols, (n,));
+/// n rows as the first field's. @throws TypeError / ValueError naming the file and the array.
 void check_array(const NpyArray& a, const DataField& f, int64_t n, const std::string& first, const std::string& path) {
   const std::string name(f.name);
   if (a.kind == NpyArray::Kind::kBool)
     throw TypeError(path + ": " + name +
                     (f.kind == DataKind::kIds ? ": ids must be integers, not bools (dtype " : ": must be real numbers, not bools (dtype ") +
                     a.descr + ")");
-  const size_t dims = f.width.empty() ? 1 : 2;
+  const size_t dims = f.width.empty() || symbols_array(a, f) ? 1 : 2;
   if (a.shape.size() != dims)
     throw ValueError(path + ": " + name + ": must be " + std::to_string(dims) + "-D " +
                      (dims == 2 ? "(n, " + std::string(f.width) + ")" : std::string("(n,)")) + " (got shape " +
@@ -232,7 +258,7 @@ Rows read_npz_rows(const std::string& path, const RowSchema& schema, SizeSlots& 
   }
   if (n > 0)
     for (const DataField& f : schema.fields)
-      if (!f.width.empty() && f.pairs_with.empty()) {
+      if (!f.width.empty() && f.pairs_with.empty() && !symbols_array(arrays[std::string(f.name)], f)) {
         const std::string name(f.name);
         check_width(name.c_str(), std::string(f.width).c_str(), sizes[f.width],
                     static_cast<size_t>(arrays[name].shape[1]), path + ": " + name, "the " + name + " array");
@@ -245,7 +271,11 @@ Rows read_npz_rows(const std::string& path, const RowSchema& schema, SizeSlots& 
   for (size_t k = 0; k < schema.fields.size(); ++k) {
     const DataField& f = schema.fields[k];
     if (f.target && !rows.has_targets) continue;
-    sink.allocate(f, k, f.width.empty() || n == 0 ? 1 : arrays[std::string(f.name)].shape[1]);
+    const NpyArray& a = arrays[std::string(f.name)];
+    if (symbols_array(a, f))
+      sink.allocate_symbols(k);
+    else
+      sink.allocate(f, k, f.width.empty() || n == 0 ? 1 : a.shape[1]);
   }
   for (int64_t r = begin; r < end; ++r) {
     for (size_t k = 0; k < schema.fields.size(); ++k) {
@@ -253,6 +283,11 @@ Rows read_npz_rows(const std::string& path, const RowSchema& schema, SizeSlots& 
       if (f.target && !rows.has_targets) continue;
       const std::string name(f.name), bound(f.bound);
       const NpyArray& a = arrays[name];
+      if (sink.symbols[k]) {
+        sink.ids[k].push_back(npz_id(a, a.at(r, 0), path, index_text(name.c_str(), r, -1),
+                                     std::string(f.width).c_str(), sizes[f.width]));
+        continue;
+      }
       const int64_t width = f.width.empty() ? 1 : a.shape[1];
       for (int64_t c = 0; c < width; ++c) {
         const std::string element = index_text(name.c_str(), r, f.width.empty() ? -1 : c);
@@ -290,9 +325,39 @@ Rows read_rows(const std::string& path, const RowSchema& schema, const Dims& dec
              : read_jsonl(path, schema, sizes, policy, stripe);
 }
 
+namespace {
+/// The width of symbols field k (infer_dims): the widest of its real rows and 1 + its largest symbol over every row set
+/// and process (collective).
+Dim symbols_width(const DataField& f, size_t k, const std::vector<const Rows*>& row_sets, const Communicator* comm) {
+  const std::string name(f.name);
+  LargestId largest("1 + the largest " + name + " symbol");
+  int64_t widest = 0;
+  std::string widest_source;
+  int64_t own_symbols = 0;
+  for (const Rows* rows : row_sets) {
+    const Column& c = rows->columns[k];
+    if (c.holds_symbols()) {
+      own_symbols = 1;
+      largest.see(c.ids, *rows, name.c_str());
+    } else if (c.reals.rows() > 0 && c.reals.cols() > widest) {
+      widest = c.reals.cols();
+      widest_source = rows->source;
+    }
+  }
+  const bool any_symbols = max_over_ranks(comm, own_symbols) > 0;
+  const Dim from_symbols = largest.dim(comm);
+  const int64_t widest_anywhere = max_over_ranks(comm, widest);
+  if (any_symbols && from_symbols.value >= widest_anywhere) return from_symbols;
+  return Dim{widest_anywhere, widest == widest_anywhere ? widest_source : "the rows of another process"};
+}
+}  // namespace
+
 Dims infer_dims(const RowSchema& schema, const Dims& declared, const std::vector<const Rows*>& row_sets,
                 const Communicator* comm) {
   Dims dims = declared;
+  for (size_t k = 0; k < schema.fields.size(); ++k)  // before the widths of the first rows, which may be symbols
+    if (schema.fields[k].symbols && !dims.count(schema.fields[k].width))
+      dims[std::string(schema.fields[k].width)] = symbols_width(schema.fields[k], k, row_sets, comm);
   const Rows& first = *row_sets.front();
   for (const auto& [symbol, width] : row_widths(schema, first))
     if (!dims.count(symbol)) dims[std::string(symbol)] = Dim{width, first.source};
@@ -322,7 +387,8 @@ std::vector<std::pair<std::string_view, Index>> row_widths(const RowSchema& sche
     const DataField& f = schema.fields[k];
     if (f.width.empty() || !f.pairs_with.empty()) continue;
     const Column& c = rows.columns[k];
-    out.emplace_back(f.width, f.kind == DataKind::kIds ? c.ids.cols() : c.reals.cols());
+    const bool symbols = f.symbols && c.holds_symbols();  // rows of symbol ids show no width
+    out.emplace_back(f.width, f.kind == DataKind::kIds ? c.ids.cols() : symbols ? 0 : c.reals.cols());
   }
   return out;
 }
@@ -346,8 +412,8 @@ void write_json_lines(const RowSchema& schema, const Rows& rows, const std::func
       if (f.target && !rows.has_targets) continue;
       const Column& c = rows.columns[k];
       const std::string name(f.name);
-      if (f.kind == DataKind::kIds) {
-        if (f.width.empty()) {
+      if (f.kind == DataKind::kIds || (f.symbols && c.holds_symbols())) {
+        if (f.width.empty() || f.kind == DataKind::kReals) {
           object[name] = c.ids(r, 0);
         } else {
           object[name] = std::vector<int64_t>(c.ids.row(r).begin(), c.ids.row(r).end());

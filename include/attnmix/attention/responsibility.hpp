@@ -8,7 +8,10 @@
 ///   emission B        [S, T]   row-simplex, row s = p(t | attended symbol s)
 ///   position_prior π  [N]      simplex
 ///   σ²                         isotropic gate variance
-/// Observation x = (c ∈ [S]^N, y ∈ R^D, t ∈ [T]):
+/// Observation x = (c ∈ [S]^N, y ∈ R^D, t ∈ [T]). A symbol query q ∈ [0, D) stands for the one-hot y = e_q, without
+/// the vector: its distances are ‖e_q − K[c_i]‖² = 1 − 2·K[c_i, q] + ‖K[c_i]‖² (the row norms precomputed), so a
+/// batch of symbol queries costs O(N) per row whatever D is, and the n×D query matrix never exists.
+///
 ///   ℓ_i = log π_i − ‖y − K[c_i]‖² / (2σ²) + gate_const + log B[c_i, t],  gate_const = −(D/2)·log(2πσ²)
 ///   log p(y, t | c) = LSE_i ℓ_i,   r_i = exp(ℓ_i − LSE_j ℓ_j)   (E-step responsibilities)
 /// Prediction: a_i = softmax_i(log π_i − ‖y − K[c_i]‖²/(2σ²)),  p(t | c, y) = Σ_i a_i B[c_i, t].
@@ -19,7 +22,8 @@
 ///   ∂(G·p)/∂y = Σ_i a_i (u_i − ū) g_i,   ∂(G·p)/∂K[s] = −Σ_{i: c_i = s} a_i (u_i − ū) g_i.
 /// A symbol repeated in a context contributes once per position; key gradients are summed over the rows.
 /// Cost: O(N·D) per row for log_density, the E-step and log_density_vjp; O(N·(D+T)) per row for predict_proba and
-/// predict_proba_vjp; O(S·(D+T) + N) for the M-step.
+/// predict_proba_vjp; O(S·(D+T) + N) for the M-step. With symbol queries: O(N) per row for log_density and the E-step,
+/// O(N·T) for predict_proba; the VJPs need real-valued queries.
 /// Example: examples/responsibility_attention.cpp; examples/torch_em_encoder.py (an encoder trained through the VJPs).
 /// Reference design: mixle; Brown et al. (1993) IBM alignment EM; Deng et al. (2018) latent alignment.
 #pragma once
@@ -48,14 +52,19 @@ struct ResponsibilityFloatTables;
 
 /// The arrays of a responsibility-attention batch, one row per observation.
 struct ResponsibilityAttentionArrays {
-  IdMatrix contexts;        ///< [n, N] context ids
-  Matrix queries;           ///< [n, D] queries
-  IdVector targets;         ///< [n] target ids
-  int64_t max_symbol = -1;  ///< the largest context id (−1 without rows)
-  int64_t max_target = -1;  ///< the largest target (−1 without rows)
+  IdMatrix contexts;               ///< [n, N] context ids
+  Matrix queries;                  ///< [n, D] real-valued queries (empty with symbol queries)
+  IdVector query_symbols;          ///< [n] symbol queries, each standing for the one-hot e_q (empty with real ones)
+  bool symbol_queries = false;     ///< whether the queries are symbols
+  Index symbol_query_dim = 0;      ///< D of symbol queries: declared, or 1 + the largest query symbol
+  int64_t max_query_symbol = -1;   ///< the largest query symbol (−1 without rows or with real-valued queries)
+  IdVector targets;                ///< [n] target ids
+  int64_t max_symbol = -1;         ///< the largest context id (−1 without rows)
+  int64_t max_target = -1;         ///< the largest target (−1 without rows)
 };
 
-/// An immutable, validated batch of RA observations: contexts [n, N] ids, queries [n, D], targets [n].
+/// An immutable, validated batch of RA observations: contexts [n, N] ids, queries [n, D] (real-valued, or one symbol
+/// q ∈ [0, D) per row standing for the one-hot e_q), targets [n].
 /// Slices share storage (O(1)); only the encoder (and the sampler, which draws valid rows) creates batches.
 class ResponsibilityAttentionBatch : public SharedRows<ResponsibilityAttentionBatch, ResponsibilityAttentionArrays> {
  public:
@@ -64,8 +73,15 @@ class ResponsibilityAttentionBatch : public SharedRows<ResponsibilityAttentionBa
   ResponsibilityAttentionBatch() = default;
   /// The context length N, the width of every context row (0 for an empty default batch).
   [[nodiscard]] Index context_length() const noexcept { return arrays().contexts.cols(); }
-  /// The query dimension D, the number of coordinates of every query (0 for an empty default batch).
-  [[nodiscard]] Index query_dim() const noexcept { return arrays().queries.cols(); }
+  /// The query dimension D, the number of coordinates of every query (0 for an empty default batch). With symbol
+  /// queries it is the declared D, or 1 + the largest query symbol when none was declared.
+  [[nodiscard]] Index query_dim() const noexcept {
+    return arrays().symbol_queries ? arrays().symbol_query_dim : arrays().queries.cols();
+  }
+  /// Whether each row's query is a symbol q (the one-hot e_q) rather than a real vector.
+  [[nodiscard]] bool has_symbol_queries() const noexcept { return arrays().symbol_queries; }
+  /// The largest query symbol in the underlying storage (−1 when empty or with real-valued queries), like max_symbol().
+  [[nodiscard]] int64_t max_query_symbol() const noexcept { return arrays().max_query_symbol; }
   /// Largest context id and target in the underlying storage (−1 when empty): O(1) range checks.
   [[nodiscard]] int64_t max_symbol() const noexcept { return arrays().max_symbol; }
   /// The largest target id in the underlying storage, −1 when it is empty. Like max_symbol(), it covers every row of
@@ -74,17 +90,28 @@ class ResponsibilityAttentionBatch : public SharedRows<ResponsibilityAttentionBa
   /// The N context ids of row `row` (0-based within this slice), contiguous; valid while any batch shares the storage.
   /// No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] const int64_t* context(Index row) const noexcept { return row_of(arrays().contexts, row); }
-  /// The D query coordinates of row `row` (0-based within this slice), contiguous. No bounds check: row must lie in
-  /// [0, n_rows()).
+  /// The D query coordinates of row `row` (0-based within this slice), contiguous. Only for real-valued queries
+  /// (!has_symbol_queries()). No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] const double* query(Index row) const noexcept { return row_of(arrays().queries, row); }
+  /// The query symbol of row `row`, in [0, D). Only for symbol queries (has_symbol_queries()). No bounds check.
+  [[nodiscard]] int64_t query_symbol(Index row) const noexcept { return entry_of(arrays().query_symbols, row); }
+  /// The query symbols of rows [row, n_rows()) are contiguous from here (numpy views in the Python module).
+  [[nodiscard]] const int64_t* query_symbol_data(Index row = 0) const noexcept {
+    return row_of(arrays().query_symbols, row);
+  }
+  /// Checks that the queries fit a model of query dimension D: D columns, or every query symbol below D.
+  /// @throws ValueError naming `where` otherwise.
+  void check_query_dim(const char* where, Index D) const;
   /// The target id of row `row`, in [0, T). No bounds check: row must lie in [0, n_rows()).
   [[nodiscard]] int64_t target(Index row) const noexcept { return entry_of(arrays().targets, row); }
   /// The targets of rows [row, n_rows()) are contiguous from here (numpy views in the Python module).
   [[nodiscard]] const int64_t* target_data(Index row = 0) const noexcept { return row_of(arrays().targets, row); }
   /// Copies of the rows (for writers and bindings).
   [[nodiscard]] IdMatrix contexts() const { return copy_of(arrays().contexts); }
-  /// A copy of this slice's queries, [n, D].
-  [[nodiscard]] Matrix queries() const { return copy_of(arrays().queries); }
+  /// A copy of this slice's queries, [n, D]; symbol queries are written out as their one-hot rows (O(n·D) memory).
+  [[nodiscard]] Matrix queries() const;
+  /// A copy of this slice's query symbols, [n] (empty with real-valued queries).
+  [[nodiscard]] IdVector query_symbols() const { return copy_of(arrays().query_symbols); }
   /// A copy of this slice's targets, [n].
   [[nodiscard]] IdVector targets() const { return copy_of(arrays().targets); }
 
@@ -111,6 +138,10 @@ class ResponsibilityAttentionEncoder {
 
   /// @throws ValueError on shape mismatch, out-of-range ids, non-finite queries.
   [[nodiscard]] ResponsibilityAttentionBatch encode(IdMatrix contexts, Matrix queries, IdVector targets) const;
+  /// Rows whose queries are symbols: query_symbols [n], each q in [0, D) standing for the one-hot e_q. D is the
+  /// declared query_dim, else 1 + the largest query symbol. @throws ValueError on shape mismatch or out-of-range ids.
+  [[nodiscard]] ResponsibilityAttentionBatch encode_symbols(IdMatrix contexts, IdVector query_symbols,
+                                                            IdVector targets) const;
   /// Whether both encoders declare the same dimensions (member-wise comparison).
   [[nodiscard]] bool operator==(const ResponsibilityAttentionEncoder&) const = default;
 };
@@ -222,7 +253,8 @@ class ResponsibilityAttention {
   static constexpr const char* kWhere = "ResponsibilityAttentionDistribution";
 
   /// precision: the arithmetic of log_density, the E-step and log_density_vjp (core/precision.hpp; mixed builds
-  /// float copies of K, log B and log π, O(S·(D + T) + N)). predict_proba and its VJP are float64 in either.
+  /// float copies of K, log B and log π, O(S·(D + T) + N)). predict_proba and its VJP are float64 in either, and so
+  /// are batches of symbol queries (their gate has no D loop for float vectors to shorten).
   /// @throws ValueError on invalid parameters.
   explicit ResponsibilityAttention(ResponsibilityAttentionParams params, Precision precision = Precision::kFloat64);
 
@@ -260,14 +292,16 @@ class ResponsibilityAttention {
   /// The E-step responsibilities r [n, N]: which position each row attends to, given its target (each row sums to 1;
   /// a row impossible under the model is all zeros). The same bits as the E-step's, in the model's precision.
   [[nodiscard]] Matrix responsibilities(const ResponsibilityAttentionBatch& batch) const;
-  /// The vector–Jacobian product of log_density: L = Σ_n grad_log_p[n] log p(y_n, t_n | c_n). A row with
+  /// The vector–Jacobian product of log_density: L = Σ_n grad_log_p[n] log p(y_n, t_n | c_n). The batch's queries
+  /// must be real-valued (symbol queries have no gradient; ValueError). A row with
   /// log p = −∞ (impossible evidence, caused by zero entries of π or B, which do not depend on y or K) contributes
   /// zero to both gradients: its log density is the constant −∞ around its y and K.
   /// @throws ValueError on a batch of other dims, or grad_log_p not of length n or not finite.
   [[nodiscard]] ResponsibilityAttentionVjp log_density_vjp(const ResponsibilityAttentionBatch& batch,
                                                            std::span<const double> grad_log_p) const;
   /// The vector–Jacobian product of predict_proba: L = Σ_{n,t} grad_proba[n, t] p(t | c_n, y_n). The batch's targets
-  /// are not used. @throws ValueError on a batch of other dims, or grad_proba not [n, T] or not finite.
+  /// are not used; its queries must be real-valued. @throws ValueError on a batch of other dims or with symbol
+  /// queries, or grad_proba not [n, T] or not finite.
   [[nodiscard]] ResponsibilityAttentionVjp predict_proba_vjp(const ResponsibilityAttentionBatch& batch,
                                                              const Matrix& grad_proba) const;
   /// The same for contexts [n, N] and queries [n, D] (validated like the encoder).
@@ -289,6 +323,7 @@ class ResponsibilityAttention {
   ResponsibilityAttentionParams params_;
   Vector log_prior_;     // [N]
   Matrix log_emission_;  // [S, T]
+  Vector key_sq_norm_;   // [S]: ‖K[s]‖², the distances of symbol queries
   double inv_two_sigma2_ = 0.0;
   double gate_const_ = 0.0;
   Precision precision_ = Precision::kFloat64;
@@ -383,7 +418,8 @@ class ResponsibilityAttentionSampler {
 };
 
 /// Triples of a token sequence: for p ∈ [N−1, len−2], context tokens[p−N+1..p], query
-/// embeddings[tokens[p]] (one-hot of length S without embeddings), target tokens[p+1]. S = max + 1 unless given.
+/// embeddings[tokens[p]] (without embeddings the symbol tokens[p], with D = S: the one-hot of length S), target
+/// tokens[p+1]. S = max + 1 unless given.
 /// @throws ValueError on invalid ids or embeddings.
 [[nodiscard]] ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens,
                                                                int64_t context_length,

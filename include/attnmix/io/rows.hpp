@@ -9,6 +9,10 @@
 /// unknown field, a ragged row, paired fields of different widths, bool, fractional, negative or out-of-range ids
 /// (integral floats such as 2.0 are accepted), non-numeric or unbounded reals, an empty file.
 ///
+/// A field of reals may accept symbols instead (DataField::symbols): one id q below its width per row, standing for
+/// the one-hot row e_q (a JSON Lines integer, an .npz integer array of shape (n,)); every row of a file gives the
+/// field the same way.
+///
 /// A process of a distributed fit reads one stripe of the rows (RowStripe); sizes a file does not declare come from
 /// the data (infer_dims): widths from the first row, bounds as 1 + the largest id over every row set and process.
 #pragma once
@@ -38,6 +42,7 @@ struct DataField {
   std::string_view bound = {};       ///< ids: the size every id must stay below ("S", "T")
   std::string_view noun = {};        ///< ids: how "the largest … id" names it ("key" for keys)
   std::string_view pairs_with = {};  ///< a field that must have the same width, position by position ("keys")
+  bool symbols = false;              ///< reals with a width: rows may give one id below the width instead (one-hot)
   bool target = false;               ///< the field that rows may all go without (predict); at most one, the last
 
   /// Equal names, kinds, sizes and pairing.
@@ -63,8 +68,10 @@ using Dims = std::map<std::string, Dim, std::less<>>;
 
 /// One field's values over the rows: ids or reals, rows × width (width 1 for a one-value field).
 struct Column {
-  IdMatrix ids;  ///< the values of an ids field, rows × width; empty (0 × 0) for a reals field
-  Matrix reals;  ///< the values of a reals field, rows × width; empty (0 × 0) for an ids field
+  IdMatrix ids;  ///< the values of an ids field, rows × width, or a symbols field's ids, rows × 1; else empty (0 × 0)
+  Matrix reals;  ///< the values of a reals field, rows × width; empty (0 × 0) for an ids field or given symbols
+  /// Whether a DataField::symbols field holds symbols (in ids) rather than reals.
+  [[nodiscard]] bool holds_symbols() const noexcept { return ids.rows() > 0 && reals.size() == 0; }
 };
 
 /// Validated rows of a data file, not yet encoded; the RowOrigin part locates them in their file.
@@ -88,12 +95,14 @@ struct Rows : RowOrigin {
 
 /// The sizes of a fit: the declared ones, the widths of the first row set that are not declared, and every
 /// undeclared bound as 1 + the largest id of its fields over all row sets of every process of comm (collective; at
-/// least 1). Each size says where it came from ("the largest key, value or query id at a.jsonl: line 3, field
-/// keys").
+/// least 1). The width of a DataField::symbols field is the larger of its real rows' width and 1 + its largest symbol
+/// over every row set and process. Each size says where it came from ("the largest key, value or query id at
+/// a.jsonl: line 3, field keys").
 [[nodiscard]] Dims infer_dims(const RowSchema& schema, const Dims& declared, const std::vector<const Rows*>& row_sets,
                               const Communicator* comm = nullptr);
 
-/// The widths of rows: each width size with the width of its first field in the rows.
+/// The widths of rows: each width size with the width of its first field in the rows (0 for a field given as
+/// symbols, whose width the rows do not show). The same sizes, in the same order, for any rows of a schema.
 [[nodiscard]] std::vector<std::pair<std::string_view, Index>> row_widths(const RowSchema& schema, const Rows& rows);
 
 /// Gives rows without data the width `width` for every field whose width is `symbol`.

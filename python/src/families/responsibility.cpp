@@ -272,7 +272,9 @@ void bind_encoder(py::module_& m) {
   py::class_<Encoder, DataEncoder, std::shared_ptr<Encoder>> cls(
       m, "ResponsibilityAttentionDataEncoder",
       "Encodes (context, query, target) triples, or a (contexts (n,N), queries (n,D), targets "
-      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked."
+      "(n,)) tuple of numpy arrays, into an EncodedBatch; declared dimensions are checked. A query may be a "
+      "symbol q in [0, D) standing for the one-hot row e_q: an int per triple, or a 1-D integer array (n,) in the "
+      "tuple (every row the same way); the model computes with the symbol, never with the vector."
       R"doc(
 
 Example:
@@ -289,6 +291,9 @@ Example:
 ... except ValueError as error:
 ...     print(error)
 ResponsibilityAttentionDataEncoder: out-of-range ID in context (entry 1 is 3; must be in [0, 3))
+>>> contexts, symbols, targets = encoder.seq_encode([([0, 2], 3, 1), ([1, 1], 0, 0)])  # symbol queries
+>>> symbols.tolist()
+[3, 0]
 )doc");
   using Spec = ResponsibilityAttentionEncoder;
   def_declared_sizes(cls, "ResponsibilityAttentionDataEncoder",
@@ -314,9 +319,16 @@ void bind_sequence_to_triples(py::module_& m) {
         const ResponsibilityAttentionBatch batch =
             sequence_to_triples(ids.values, N, S, table ? &*table : nullptr);
         py::list out;
-        for (Index row = 0; row < batch.n_rows(); ++row)
-          out.append(ra_observation(batch.context(row), batch.context_length(), batch.query(row),
-                                    batch.query_dim(), batch.target(row)));
+        std::vector<double> one_hot(static_cast<size_t>(batch.has_symbol_queries() ? batch.query_dim() : 0));
+        for (Index row = 0; row < batch.n_rows(); ++row) {
+          const double* query = batch.has_symbol_queries() ? one_hot.data() : batch.query(row);
+          if (batch.has_symbol_queries()) {
+            std::fill(one_hot.begin(), one_hot.end(), 0.0);
+            one_hot[static_cast<size_t>(batch.query_symbol(row))] = 1.0;
+          }
+          out.append(ra_observation(batch.context(row), batch.context_length(), query, batch.query_dim(),
+                                    batch.target(row)));
+        }
         return out;
       },
       "tokens"_a, "context_length"_a, py::kw_only(), "num_symbols"_a = py::none(),

@@ -38,6 +38,48 @@ ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix con
   return {std::move(arrays), n};
 }
 
+ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode_symbols(IdMatrix contexts, IdVector query_symbols,
+                                                                            IdVector targets) const {
+  const Index n = contexts.rows();
+  if (query_symbols.size() != n || targets.size() != n)
+    throw ValueError(std::string(kEncoderWhere) + ": context, query and target must have the same number of rows (" +
+                     std::to_string(n) + ", " + std::to_string(query_symbols.size()) + ", " +
+                     std::to_string(targets.size()) + ")");
+  if (context_length) check::dimension(kEncoderWhere, "context length N", *context_length, contexts.cols());
+  if (contexts.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": contexts must have width N >= 1");
+  check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, n_symbols);
+  check::ids(kEncoderWhere, "query symbol", {query_symbols.data(), static_cast<size_t>(query_symbols.size())},
+             query_dim);
+  check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, n_targets);
+  ResponsibilityAttentionArrays arrays;
+  arrays.max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
+  arrays.max_target = targets.size() ? targets.maxCoeff() : -1;
+  arrays.max_query_symbol = n ? query_symbols.maxCoeff() : -1;
+  arrays.symbol_queries = true;
+  arrays.symbol_query_dim = query_dim ? *query_dim : arrays.max_query_symbol + 1;
+  arrays.contexts = std::move(contexts);
+  arrays.query_symbols = std::move(query_symbols);
+  arrays.targets = std::move(targets);
+  return {std::move(arrays), n};
+}
+
+Matrix ResponsibilityAttentionBatch::queries() const {
+  if (!has_symbol_queries()) return copy_of(arrays().queries);
+  Matrix one_hot = Matrix::Zero(n_rows(), query_dim());
+  for (Index row = 0; row < n_rows(); ++row) one_hot(row, query_symbol(row)) = 1.0;
+  return one_hot;
+}
+
+void ResponsibilityAttentionBatch::check_query_dim(const char* where, Index D) const {
+  if (n_rows() == 0) return;
+  if (!has_symbol_queries()) {
+    check::dimension(where, "batch query dimension D", D, query_dim());
+  } else if (max_query_symbol() >= D) {
+    throw ValueError(std::string(where) + ": out-of-range query symbol (" + std::to_string(max_query_symbol()) +
+                     " >= D = " + std::to_string(D) + ")");
+  }
+}
+
 ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens, int64_t context_length,
                                                  std::optional<int64_t> n_symbols, const Matrix* embeddings) {
   constexpr const char* kWhere = "sequence_to_triples";
@@ -59,22 +101,21 @@ ResponsibilityAttentionBatch sequence_to_triples(std::span<const int64_t> tokens
   const Index n = len > context_length ? len - context_length : 0;
   const Index D = embeddings ? embeddings->cols() : S;
   static_cast<void>(checked_product(kWhere, "the contexts (rows x context_length)", {n, context_length}));
-  static_cast<void>(checked_product(kWhere, "the queries (rows x query_dim)", {n, D}));
+  if (embeddings) static_cast<void>(checked_product(kWhere, "the queries (rows x query_dim)", {n, D}));
   IdMatrix contexts(n, context_length);
-  Matrix queries = Matrix::Zero(n, D);
+  IdVector current(n);
   IdVector targets(n);
   for (Index row = 0; row < n; ++row) {
     const Index p = row + context_length - 1;
     for (Index i = 0; i < context_length; ++i) contexts(row, i) = tokens[static_cast<size_t>(p - context_length + 1 + i)];
-    const int64_t current = tokens[static_cast<size_t>(p)];
-    if (embeddings)
-      queries.row(row) = embeddings->row(current);
-    else
-      queries(row, current) = 1.0;
+    current[row] = tokens[static_cast<size_t>(p)];
     targets[row] = tokens[static_cast<size_t>(p + 1)];
   }
-  return ResponsibilityAttentionEncoder{S, context_length, D, S}.encode(std::move(contexts), std::move(queries),
-                                                                        std::move(targets));
+  const ResponsibilityAttentionEncoder encoder{S, context_length, D, S};
+  if (!embeddings) return encoder.encode_symbols(std::move(contexts), std::move(current), std::move(targets));
+  Matrix queries(n, D);
+  for (Index row = 0; row < n; ++row) queries.row(row) = embeddings->row(current[row]);
+  return encoder.encode(std::move(contexts), std::move(queries), std::move(targets));
 }
 
 }  // namespace attnmix

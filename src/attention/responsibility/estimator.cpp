@@ -55,7 +55,7 @@ void ResponsibilityAttentionAccumulator::initialize(const ResponsibilityAttentio
   check::weights(kWhere, w, batch.n_rows());
   if (batch.n_rows() == 0) return;
   check::dimension(kWhere, "batch context length N", N_, batch.context_length());
-  check::dimension(kWhere, "batch query dimension D", D_, batch.query_dim());
+  batch.check_query_dim(kWhere, D_);
   if (batch.max_symbol() >= S_ || batch.max_target() >= T_)
     throw ValueError(std::string(kWhere) + ": out-of-range ID in batch for S = " + std::to_string(S_) +
                      ", T = " + std::to_string(T_));
@@ -69,17 +69,21 @@ void ResponsibilityAttentionAccumulator::initialize(const ResponsibilityAttentio
     const double wn = w[n];
     if (wn == 0.0) continue;
     const int64_t* ctx = batch.context(n);
-    const ConstVectorMap y(batch.query(n), D_);
+    const bool symbol = batch.has_symbol_queries();  // the one-hot e_q: one non-zero coordinate, ‖e_q‖² = 1
+    const ConstVectorMap y(symbol ? nullptr : batch.query(n), symbol ? 0 : D_);
     double r_total = 0.0;
     for (Index i = 0; i < N_; ++i) {
       const double wr = wn * r[i];
-      ks.row(ctx[i]) += wr * y.transpose();
+      if (symbol)
+        ks(ctx[i], batch.query_symbol(n)) += wr;
+      else
+        ks.row(ctx[i]) += wr * y.transpose();
       km[ctx[i]] += wr;
       em(ctx[i], batch.target(n)) += wr;
       pc[i] += wr;
       r_total += r[i];
     }
-    query_sq() += wn * r_total * y.squaredNorm();
+    query_sq() += wn * r_total * (symbol ? 1.0 : y.squaredNorm());
   }
 }
 

@@ -36,9 +36,9 @@ AnyDistribution from_json(const ModelJsonField& params, const std::string& name,
                           [&] { return AnyDistribution(ResponsibilityAttention(std::move(p))); });
 }
 
-// Data files: {"context": [ids < S] (N), "query": [reals] (D), "target": id < T}.
+// Data files: {"context": [ids < S] (N), "query": [reals] (D) or a symbol id < D (its one-hot), "target": id < T}.
 const RowSchema kRows{{{.name = "context", .kind = DataKind::kIds, .width = "N", .bound = "S", .noun = "context"},
-                       {.name = "query", .kind = DataKind::kReals, .width = "D"},
+                       {.name = "query", .kind = DataKind::kReals, .width = "D", .symbols = true},
                        {.name = "target", .kind = DataKind::kIds, .bound = "T", .noun = "target", .target = true}}};
 
 DataOf data_files_of(const AnyDistribution& model) {
@@ -52,6 +52,9 @@ DataOf data_files_of(const AnyDistribution& model) {
 AnyBatch encode(Rows rows, const Dims& dims) {
   const ResponsibilityAttentionEncoder encoder{dims.at("S").value, dims.at("N").value, dims.at("D").value,
                                                dims.at("T").value};
+  if (rows.columns[1].holds_symbols() || rows.n_rows() == 0)  // an empty shard's queries fit either way
+    return AnyBatch(encoder.encode_symbols(std::move(rows.columns[0].ids), id_vector(rows.columns[1]),
+                                           id_vector(rows.columns[2])));
   return AnyBatch(encoder.encode(std::move(rows.columns[0].ids), std::move(rows.columns[1].reals),
                                  id_vector(rows.columns[2])));
 }
@@ -59,7 +62,8 @@ AnyBatch encode(Rows rows, const Dims& dims) {
 Rows rows_of(const AnyBatch& any) {
   const auto& batch = any.get<ResponsibilityAttentionBatch>("responsibility attention rows");
   Rows rows;
-  rows.columns = {{batch.contexts(), {}}, {{}, batch.queries()}, {batch.targets(), {}}};
+  Column queries = batch.has_symbol_queries() ? Column{batch.query_symbols(), {}} : Column{{}, batch.queries()};
+  rows.columns = {{batch.contexts(), {}}, std::move(queries), {batch.targets(), {}}};
   return rows;
 }
 
@@ -114,7 +118,7 @@ std::optional<AnyDistribution> initial(const AnyDistribution& init, const Option
   return AnyDistribution(ResponsibilityAttention(m.params(), precision));
 }
 
-// A text corpus: one-hot queries of the current token, so D = S; every token can be a target.
+// A text corpus: symbol queries of the current token (one-hot codes), so D = S; every token can be a target.
 Dims text_dims(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind) {
   const auto given = [&](const char* symbol) -> const Dim* {
     const auto it = declared.find(symbol);

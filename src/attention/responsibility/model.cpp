@@ -67,6 +67,7 @@ inline double horizontal_min(Lanes a) {
 /// What the kernels read from the model.
 struct Tables {
   const double* key_means;     // [S, D]
+  const double* key_sq_norm;   // [S]: ‖K[s]‖²
   const double* log_emission;  // [S, T]
   const double* log_prior;     // [N]
   Index N, D, T;
@@ -199,12 +200,33 @@ inline double ordered_sum(const double* x, Index n) {
 /// Every entry gets the same operations as row by row, so the block size changes no bits.
 constexpr Index kPassOneBlock = 16;
 
+/// ℓ_i of a row with a symbol query q (the one-hot e_q): ‖e_q − K[c_i]‖² = 1 − 2·K[c_i, q] + ‖K[c_i]‖², otherwise as
+/// log_joint_row (same contract: out[N], returns the maximum or NaN, lowest receives the minimum).
+inline double log_joint_symbol_row(const Tables& m, const int64_t* __restrict ctx, int64_t q, int64_t t,
+                                   double* __restrict out, double& lowest) {
+  double max_l = kNegInf;
+  double min_l = kInf;
+  bool nan = false;
+  for (Index i = 0; i < m.N; ++i) {
+    const int64_t s = ctx[i];
+    const double dist = 1.0 - 2.0 * m.key_means[s * m.D + q] + m.key_sq_norm[s];
+    const double l = m.log_prior[i] - dist * m.inv_two_sigma2 + m.log_emission[s * m.T + t];
+    out[i] = l;
+    max_l = l > max_l ? l : max_l;
+    min_l = l < min_l ? l : min_l;
+    nan |= l != l;
+  }
+  lowest = min_l;
+  return nan ? std::numeric_limits<double>::quiet_NaN() : max_l;
+}
+
 /// Pass 1 over the rows of batch: r[n, N] ← responsibilities (zeros for impossible rows), log_p[n] ← log p (−∞ for
-/// impossible rows). Returns the number of impossible rows. Shared by log_density and the E-step, so both give the
-/// same bits. @throws ValueError when some ℓ_i is NaN or +∞.
-template <Index kBlocks>
+/// impossible rows). log_joint(n, out, lowest) computes row n's ℓ (log_joint_row's contract). Returns the number of
+/// impossible rows. Shared by log_density and the E-step, so both give the same bits.
+/// @throws ValueError when some ℓ_i is NaN or +∞.
+template <class LogJoint>
 Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batch, double* __restrict r,
-                       double* __restrict log_p, const char* where) {
+                       double* __restrict log_p, const char* where, LogJoint log_joint) {
   const Index N = m.N;
   const Index n_rows = batch.n_rows();
   double* __restrict e = scratch<0>(static_cast<size_t>((N + 1) * kPassOneBlock + n_rows));  // [block, N]
@@ -214,9 +236,7 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
   for (Index begin = 0; begin < n_rows; begin += kPassOneBlock) {
     const Index end = std::min(begin + kPassOneBlock, n_rows);
     for (Index n = begin; n < end; ++n) {  // phase A: ℓ, its maximum and minimum
-      prefetch_rows_ahead(batch, n);
-      const Query<kBlocks> y(batch.query(n), m.D);
-      const double max_l = log_joint_row(m, batch.context(n), y, batch.target(n), r + n * N, lowest[n - begin]);
+      const double max_l = log_joint(n, r + n * N, lowest[n - begin]);
       if (std::isnan(max_l) || max_l == kInf)
         throw ValueError(std::string(where) + ": log weight of row " + std::to_string(n) + " is NaN or +inf");
       max_of_row[n] = max_l;
@@ -297,6 +317,38 @@ void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const d
   acc.query_sq() += query_sq;
 }
 
+/// Pass 2 for symbol queries: as scatter, with key_sum[s, q] += w r_i (the one-hot's only non-zero coordinate) added
+/// in row order straight into acc, and ‖e_q‖² = 1.
+void scatter_symbols(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
+                     const double* __restrict r, ResponsibilityAttentionAccumulator& acc) {
+  const Index N = m.N;
+  const Index D = m.D;
+  const Index T = m.T;
+  double* __restrict key_sum = acc.key_sum().data();
+  double* __restrict key_mass = acc.key_mass().data();
+  double* __restrict emission = acc.emission_count().data();
+  double* __restrict position = acc.position_count().data();
+  double query_sq = 0.0;
+  for (Index n = 0; n < batch.n_rows(); ++n) {
+    const double wn = w[n];
+    if (wn == 0.0) continue;
+    const int64_t* __restrict ctx = batch.context(n);
+    const int64_t q = batch.query_symbol(n);
+    double* __restrict emission_t = emission + batch.target(n);
+    const double* __restrict r_row = r + n * N;
+    for (Index i = 0; i < N; ++i) {
+      const double wr = wn * r_row[i];
+      const int64_t s = ctx[i];
+      key_sum[s * D + q] += wr;
+      key_mass[s] += wr;
+      emission_t[s * T] += wr;
+    }
+    for (Index i = 0; i < N; ++i) position[i] += wn * r_row[i];
+    query_sq += wn * ordered_sum(r_row, N);
+  }
+  acc.query_sq() += query_sq;
+}
+
 /// Calls f(std::integral_constant<Index, D / 8>) for the specialised D, f(std::integral_constant<Index, 0>) otherwise.
 template <class F>
 decltype(auto) dispatch_query_dim(Index D, F&& f) {
@@ -311,12 +363,22 @@ decltype(auto) dispatch_query_dim(Index D, F&& f) {
   }
 }
 
-/// Pass 1 in the model's precision: the float tables when given (mixed), the float64 kernels otherwise.
+/// Pass 1 in the model's precision: the float tables when given (mixed), the float64 kernels otherwise; symbol
+/// queries in float64 either way.
 Index pass_one(const Tables& m, const ResponsibilityFloatTables* mixed, const ResponsibilityAttentionBatch& batch,
                double* __restrict r, double* __restrict log_p, const char* where) {
+  if (batch.has_symbol_queries())
+    return responsibilities(m, batch, r, log_p, where, [&](Index n, double* out, double& lowest) {
+      return log_joint_symbol_row(m, batch.context(n), batch.query_symbol(n), batch.target(n), out, lowest);
+    });
   if (mixed != nullptr) return mixed_responsibilities(*mixed, batch, r, log_p, where);
   return dispatch_query_dim(m.D, [&](auto blocks) {
-    return responsibilities<decltype(blocks)::value>(m, batch, r, log_p, where);
+    constexpr Index kBlocks = decltype(blocks)::value;
+    return responsibilities(m, batch, r, log_p, where, [&](Index n, double* out, double& lowest) {
+      prefetch_rows_ahead(batch, n);
+      const Query<kBlocks> y(batch.query(n), m.D);
+      return log_joint_row(m, batch.context(n), y, batch.target(n), out, lowest);
+    });
   });
 }
 
@@ -338,6 +400,7 @@ ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams p
 
   log_prior_ = params_.position_prior.array().log();
   log_emission_ = params_.emission.array().log();
+  key_sq_norm_ = K.rowwise().squaredNorm();
   inv_two_sigma2_ = 1.0 / (2.0 * params_.sigma2);
   gate_const_ = -0.5 * static_cast<double>(query_dim()) * std::log(2.0 * std::numbers::pi * params_.sigma2);
   if (precision_ == Precision::kMixed)
@@ -348,7 +411,7 @@ ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams p
 void ResponsibilityAttention::check_batch(const ResponsibilityAttentionBatch& batch) const {
   if (batch.n_rows() == 0) return;
   check::dimension(kWhere, "batch context length N", context_length(), batch.context_length());
-  check::dimension(kWhere, "batch query dimension D", query_dim(), batch.query_dim());
+  batch.check_query_dim(kWhere, query_dim());
   if (batch.max_symbol() >= n_symbols())
     throw ValueError(std::string(kWhere) + ": out-of-range ID in context (" + std::to_string(batch.max_symbol()) +
                      " >= S = " + std::to_string(n_symbols()) + ")");
@@ -359,12 +422,13 @@ void ResponsibilityAttention::check_batch(const ResponsibilityAttentionBatch& ba
 
 namespace {
 /// The target-blind gate of one row, a_i = softmax_i(log π_i − ‖y − K[c_i]‖²/(2σ²)), into a (N): what
-/// predict_proba weighs the emission rows by (and what its gradient differentiates).
-void gate_weights(const Query<0>& y, const int64_t* ctx, const double* K, const double* log_prior, Index N, Index D,
-                  double inv_two_sigma2, double* a) {
+/// predict_proba weighs the emission rows by (and what its gradient differentiates). distance(s) = ‖y − K[s]‖².
+template <class Distance>
+void gate_weights(const int64_t* ctx, const double* log_prior, Index N, double inv_two_sigma2, Distance distance,
+                  double* a) {
   double max_l = kNegInf;
   for (Index i = 0; i < N; ++i) {
-    a[i] = log_prior[i] - squared_distance(y, K + ctx[i] * D, D) * inv_two_sigma2;
+    a[i] = log_prior[i] - distance(ctx[i]) * inv_two_sigma2;
     max_l = a[i] > max_l ? a[i] : max_l;
   }
   double total = 0.0;
@@ -372,17 +436,34 @@ void gate_weights(const Query<0>& y, const int64_t* ctx, const double* K, const 
   for (Index i = 0; i < N; ++i) a[i] /= total;
 }
 
-Tables tables_of(const ResponsibilityAttentionParams& p, const Vector& log_prior, const Matrix& log_emission,
-                 double inv_two_sigma2, double gate_const) {
-  return {p.key_means.data(), log_emission.data(), log_prior.data(), p.position_prior.size(), p.key_means.cols(),
-          p.emission.cols(), inv_two_sigma2, gate_const};
+/// The gate of row n of batch (gate_weights) for the model's K, ‖K[s]‖², log π and 1/(2σ²), from its real-valued or
+/// symbol query.
+void row_gate(const ResponsibilityAttentionBatch& batch, Index n, const Matrix& K, const Vector& key_sq_norm,
+              const Vector& log_prior, double inv_two_sigma2, double* a) {
+  const Index D = K.cols();
+  const int64_t* ctx = batch.context(n);
+  if (batch.has_symbol_queries()) {
+    const int64_t q = batch.query_symbol(n);
+    gate_weights(ctx, log_prior.data(), log_prior.size(), inv_two_sigma2,
+                 [&](int64_t s) { return 1.0 - 2.0 * K(s, q) + key_sq_norm[s]; }, a);
+  } else {
+    const Query<0> y(batch.query(n), D);
+    gate_weights(ctx, log_prior.data(), log_prior.size(), inv_two_sigma2,
+                 [&](int64_t s) { return squared_distance(y, K.data() + s * D, D); }, a);
+  }
+}
+
+Tables tables_of(const ResponsibilityAttentionParams& p, const Vector& key_sq_norm, const Vector& log_prior,
+                 const Matrix& log_emission, double inv_two_sigma2, double gate_const) {
+  return {p.key_means.data(), key_sq_norm.data(), log_emission.data(), log_prior.data(), p.position_prior.size(),
+          p.key_means.cols(), p.emission.cols(), inv_two_sigma2, gate_const};
 }
 }  // namespace
 
 void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& batch, std::span<double> out) const {
   check_batch(batch);
   check::dimension(kWhere, "log_density output length", batch.n_rows(), static_cast<Index>(out.size()));
-  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  const Tables m = tables_of(params_, key_sq_norm_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
   // Blocks of rows keep the responsibility scratch small; rows are independent, so blocking changes no bits.
   constexpr Index kBlockRows = 256;
   double* r = scratch<2>(static_cast<size_t>(kBlockRows * m.N));
@@ -394,7 +475,7 @@ void ResponsibilityAttention::log_density(const ResponsibilityAttentionBatch& ba
 
 Matrix ResponsibilityAttention::responsibilities(const ResponsibilityAttentionBatch& batch) const {
   check_batch(batch);
-  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  const Tables m = tables_of(params_, key_sq_norm_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
   Matrix r(batch.n_rows(), m.N);
   std::vector<double> log_p(static_cast<size_t>(batch.n_rows()));
   pass_one(m, float_tables_.get(), batch, r.data(), log_p.data(), kWhere);
@@ -412,7 +493,7 @@ void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& bat
   if (!log_p_out.empty())
     check::dimension(kWhere, "log-density output length", batch.n_rows(), static_cast<Index>(log_p_out.size()));
   const Index n_rows = batch.n_rows();
-  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  const Tables m = tables_of(params_, key_sq_norm_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
 
   // Pass 1: responsibilities of every row into r [n, N]; impossible rows collected before any statistic changes.
   double* r = scratch<2>(static_cast<size_t>(n_rows * (m.N + 1)));
@@ -424,20 +505,21 @@ void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& bat
     if (!impossible.empty()) throw ImpossibleEvidenceError(kWhere, std::move(impossible));
   }
   // Pass 2 (float64 in either precision): scatter-add (a symbol repeated in a context contributes once per position).
-  dispatch_query_dim(m.D, [&](auto blocks) { scatter<decltype(blocks)::value>(m, batch, w.data(), r, acc); });
+  if (batch.has_symbol_queries())
+    scatter_symbols(m, batch, w.data(), r, acc);
+  else
+    dispatch_query_dim(m.D, [&](auto blocks) { scatter<decltype(blocks)::value>(m, batch, w.data(), r, acc); });
 }
 
 Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch& batch) const {
   check_batch(batch);
   const Index N = context_length();
-  const Index D = query_dim();
   const Index T = n_targets();
-  const double* K = params_.key_means.data();
   Matrix out = Matrix::Zero(batch.n_rows(), T);
   std::vector<double> a(static_cast<size_t>(N));
   for (Index n = 0; n < batch.n_rows(); ++n) {
     const int64_t* ctx = batch.context(n);
-    gate_weights(Query<0>(batch.query(n), D), ctx, K, log_prior_.data(), N, D, inv_two_sigma2_, a.data());
+    row_gate(batch, n, params_.key_means, key_sq_norm_, log_prior_, inv_two_sigma2_, a.data());
     for (Index i = 0; i < N; ++i) out.row(n) += a[i] * params_.emission.row(ctx[i]);
   }
   return out;
@@ -449,6 +531,13 @@ Matrix ResponsibilityAttention::predict_proba(const IdMatrix& contexts, const Ma
 }
 
 namespace {
+/// The VJPs differentiate with respect to real-valued queries. @throws ValueError for a batch of symbol queries.
+void check_real_queries(const char* where, const char* what, const ResponsibilityAttentionBatch& batch) {
+  if (batch.has_symbol_queries())
+    throw ValueError(std::string(where) + ": " + what + " needs real-valued queries (symbol queries have no "
+                     "gradient; give their one-hot rows instead)");
+}
+
 /// An incoming gradient of a VJP: every entry finite ("<where>: <name> must be finite (entry k is inf)").
 void check_gradient(const char* where, const char* name, std::span<const double> g) {
   if (!g.empty()) check::finite_nonempty(where, name, g);
@@ -475,6 +564,7 @@ void add_row_vjp(const double* K, const int64_t* ctx, const double* y, const dou
 ResponsibilityAttentionVjp ResponsibilityAttention::log_density_vjp(const ResponsibilityAttentionBatch& batch,
                                                                     std::span<const double> grad_log_p) const {
   check_batch(batch);
+  check_real_queries(kWhere, "log_density_vjp", batch);
   check::dimension(kWhere, "log_density_vjp gradient length", batch.n_rows(),
                    static_cast<Index>(grad_log_p.size()));
   check_gradient(kWhere, "log_density_vjp gradient", grad_log_p);
@@ -482,7 +572,7 @@ ResponsibilityAttentionVjp ResponsibilityAttention::log_density_vjp(const Respon
   const Index N = context_length();
   const Index D = query_dim();
   ResponsibilityAttentionVjp out{Matrix::Zero(n_rows, D), Matrix::Zero(n_symbols(), D)};
-  const Tables m = tables_of(params_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
+  const Tables m = tables_of(params_, key_sq_norm_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
   const double inv_sigma2 = 1.0 / params_.sigma2;
   // ∂ log p/∂ℓ_i = r_i: the responsibilities of pass 1 (the bits of log_density), in blocks of rows.
   constexpr Index kBlockRows = 256;
@@ -507,6 +597,7 @@ ResponsibilityAttentionVjp ResponsibilityAttention::log_density_vjp(const Respon
 ResponsibilityAttentionVjp ResponsibilityAttention::predict_proba_vjp(const ResponsibilityAttentionBatch& batch,
                                                                       const Matrix& grad_proba) const {
   check_batch(batch);
+  check_real_queries(kWhere, "predict_proba_vjp", batch);
   check::dimension(kWhere, "predict_proba_vjp gradient rows", batch.n_rows(), grad_proba.rows());
   check::dimension(kWhere, "predict_proba_vjp gradient columns (T)", n_targets(), grad_proba.cols());
   check_gradient(kWhere, "predict_proba_vjp gradient", {grad_proba.data(), static_cast<size_t>(grad_proba.size())});
@@ -520,8 +611,7 @@ ResponsibilityAttentionVjp ResponsibilityAttention::predict_proba_vjp(const Resp
   std::vector<double> u(static_cast<size_t>(N));
   for (Index n = 0; n < batch.n_rows(); ++n) {
     const int64_t* ctx = batch.context(n);
-    const Query<0> y(batch.query(n), D);
-    gate_weights(y, ctx, K, log_prior_.data(), N, D, inv_two_sigma2_, a.data());
+    row_gate(batch, n, params_.key_means, key_sq_norm_, log_prior_, inv_two_sigma2_, a.data());
     // ∂L/∂(logit_i) = a_i (u_i − ū), u_i = Σ_t G_t B[c_i, t] (the softmax Jacobian applied to u).
     const double* G = grad_proba.data() + n * T;
     double u_bar = 0.0;
@@ -533,7 +623,7 @@ ResponsibilityAttentionVjp ResponsibilityAttention::predict_proba_vjp(const Resp
       u_bar += a[i] * ui;
     }
     for (Index i = 0; i < N; ++i) a[i] *= u[i] - u_bar;
-    add_row_vjp(K, ctx, y.y, a.data(), N, D, inv_sigma2, out.queries.data() + n * D, out.key_means);
+    add_row_vjp(K, ctx, batch.query(n), a.data(), N, D, inv_sigma2, out.queries.data() + n * D, out.key_means);
   }
   return out;
 }

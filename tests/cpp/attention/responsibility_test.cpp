@@ -347,7 +347,9 @@ TEST(ResponsibilityAttentionTest, SequenceToTriples) {
   EXPECT_EQ(batch.context(0)[1], 1);
   EXPECT_EQ(batch.context(0)[2], 3);
   EXPECT_EQ(batch.target(0), 2);
-  for (Index d = 0; d < 6; ++d) EXPECT_EQ(batch.query(0)[d], d == 3 ? 1.0 : 0.0);
+  ASSERT_TRUE(batch.has_symbol_queries());  // the one-hot of the current token, as its symbol
+  EXPECT_EQ(batch.query_symbol(0), 3);
+  for (Index d = 0; d < 6; ++d) EXPECT_EQ(batch.queries()(0, d), d == 3 ? 1.0 : 0.0);
   EXPECT_EQ(batch.target(3), 1);
 
   Matrix embeddings(6, 2);

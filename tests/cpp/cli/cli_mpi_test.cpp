@@ -278,6 +278,29 @@ TEST_F(CliMpiTest, NpzStripesEqualSingleProcess) {
                   {2}, "6 rows from ");
 }
 
+/// Symbol queries ("query": an id standing for its one-hot row): D is 1 + the largest symbol over every rank's
+/// stripe (a collective), also when a rank holds no rows; the fit equals the single-process one.
+TEST_F(CliMpiTest, SymbolQueryFitEqualsSingleProcess) {
+  Rng rng(8);
+  {
+    std::ofstream out(dir_ / "symbols.jsonl");
+    for (int r = 0; r < 240; ++r) {
+      nlohmann::json row;
+      std::vector<int64_t> context;
+      for (int i = 0; i < 3; ++i) context.push_back(static_cast<int64_t>(rng.uniform_int(10)));
+      row["context"] = context;
+      row["query"] = r == 7 ? 11 : static_cast<int64_t>(rng.uniform_int(10));  // D = 12, from rank 0's stripe
+      row["target"] = context[rng.uniform_int(3)];
+      out << row.dump() << '\n';
+    }
+  }
+  expect_same_fit("--data symbols.jsonl --max-its 4 --delta none --seed 3 --threads 1", {2, 3},
+                  "240 rows from symbols.jsonl");
+  EXPECT_EQ(model("dist3.json")["params"]["key_means"][0].size(), 12U);
+  write_lines("two.jsonl", "symbols.jsonl", 0, 2);
+  expect_same_fit("--data two.jsonl --max-its 2 --delta none --init-p 1 --threads 1", {3}, "2 rows from two.jsonl");
+}
+
 /// Uneven shards with an empty one: 3 ranks on 2 rows leave rank 0 without rows; its batch still
 /// has the data set's widths (N = 3, D = 4) and the fit equals the single-process fit.
 TEST_F(CliMpiTest, EmptyShardOfTwoRowFile) {
