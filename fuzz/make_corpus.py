@@ -70,6 +70,10 @@ def jsonl_seeds():
     write("fuzz_jsonl", "ra_blank_crlf_floats",
           bytes([RA]) + b'\r\n{"context": [0, 1.0, 2], "query": [1e-3, -0.0], "target": 1}\r\n\n'
           b'  {"target": 0, "query": [2, 3], "context": [2, 1, 0]}  \r\n')
+    symbol_queries = (b'{"context": [0, 1, 2], "query": 3, "target": 1}\n{"context": [2, 2, 0], "query": 0, "target": 0}\n'
+                      b'{"context": [1, 0, 1], "query": 1.0, "target": 2}\n')
+    write("fuzz_jsonl", "ra_symbol_queries", bytes([RA]) + symbol_queries)
+    write("fuzz_jsonl", "ra_symbol_queries_stripe", bytes([RA | DECLARED | TWO_PARTS | part(1)]) + symbol_queries)
     write("fuzz_jsonl", "ca_two_parts",
           bytes([CA | TWO_PARTS | part(1)]) + b'{"keys": [0, 1], "values": [1, 0], "query": 0, "target": 1}\n'
           b'{"keys": [1, 1], "values": [0, 0], "query": 1, "target": 0}\n'
@@ -88,6 +92,9 @@ def npz_seeds():
               fixture(f"{name}_small_stored.npz"))
     write("fuzz_npz", "ca_mismatched", bytes([CA]) + fixture("ca_mismatched.npz"))
     write("fuzz_npz", "vea_vector_query", bytes([VEA]) + fixture("vea_vector_query.npz"))
+    write("fuzz_npz", "ra_symbol_queries", bytes([RA]) + npz_bytes(
+        context=np.array([[0, 1, 2], [2, 2, 0]], dtype="<i8"), query=np.array([3, 0], dtype="<i4"),
+        target=np.array([1, 0], dtype="<i8")))
     # The format layer alone (mode family 3): every dtype, versions 1-3, Fortran order, scalars, empty arrays.
     dtypes = ["|b1", "<i1", "<i2", "<i4", "<i8", "<u1", "<u2", "<u4", "<u8", "<f4", "<f8"]
     arrays = {f"a{k}": np.arange(6).reshape(2, 3).astype(dt) for k, dt in enumerate(dtypes)}
