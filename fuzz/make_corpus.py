@@ -127,6 +127,19 @@ def model_seeds():
   }
 }
 """)
+    write("fuzz_model", "sparse_rows", SPARSE_ROWS_MODEL)
+
+
+SPARSE_ROWS_MODEL = b"""{
+  "format": "attnmix-model", "schema_version": 2, "family": "responsibility_attention",
+  "params": {
+    "key_means": {"layout": "sparse_rows", "shape": [2, 3], "default": [0.0, -0.5],
+                  "columns": [[1], []], "values": [[0.25], []]},
+    "emission": {"layout": "sparse_rows", "shape": [2, 2], "default": [0.5, 0.0], "columns": [[], [0]], "values": [[], [1]]},
+    "position_prior": [0.5, 0.5], "sigma2": 1.0
+  }
+}
+"""
 
 
 def checkpoint_seeds(tool):

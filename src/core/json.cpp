@@ -3,9 +3,13 @@
 // (core/json.hpp).
 #include "attnmix/core/json.hpp"
 
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnmix/core/errors.hpp"
@@ -122,7 +126,16 @@ Vector ModelJsonField::as_vector() const {
   return out;
 }
 
+namespace {
+constexpr const char* kSparseRows = "sparse_rows";
+}  // namespace
+
+bool is_sparse_table(const json& v) {
+  return v.is_object() && v.contains("layout") && v["layout"].is_string() && v["layout"] == kSparseRows;
+}
+
 Matrix ModelJsonField::as_matrix() const {
+  if (value_->is_object()) return as_sparse_table();
   if (!value_->is_array())
     fail("must be a 2-D array of numbers (got " + type_name_of(*value_) + ")");
   const size_t rows = value_->size();
@@ -146,6 +159,48 @@ Matrix ModelJsonField::as_matrix() const {
              type_name_of(x) + ")");
       out(static_cast<Index>(r), static_cast<Index>(c)) = x.get<double>();
     }
+  return out;
+}
+
+Matrix ModelJsonField::as_sparse_table() const {
+  constexpr std::array<std::string_view, 5> kFields{"layout", "shape", "default", "columns", "values"};
+  expect_object(kFields, {});
+  const ModelJsonField layout = (*this)["layout"];
+  if (layout.as_string() != kSparseRows)
+    layout.fail(std::string("must be \"") + kSparseRows + "\" (got \"" + layout.as_string() + "\")");
+  const ModelJsonField shape = (*this)["shape"];
+  const std::vector<ModelJsonField> extent = shape.elements();
+  if (extent.size() != 2) shape.fail("must be [rows, columns] (got " + std::to_string(extent.size()) + " entries)");
+  const int64_t rows = extent[0].as_int(), cols = extent[1].as_int();
+  if (rows < 1 || cols < 1) shape.fail("must be two positive sizes");
+  if (cols > kSparseTableMaxCells / rows)
+    shape.fail(std::to_string(rows) + " x " + std::to_string(cols) + " is more than " +
+               std::to_string(kSparseTableMaxCells) + " cells, the most a sparse table may hold");
+  const Vector defaults = (*this)["default"].as_vector();
+  const std::vector<ModelJsonField> columns = (*this)["columns"].elements();
+  const std::vector<ModelJsonField> values = (*this)["values"].elements();
+  for (const auto& [name, size] : {std::pair<const char*, size_t>{"default", static_cast<size_t>(defaults.size())},
+                                   {"columns", columns.size()}, {"values", values.size()}})
+    if (size != static_cast<size_t>(rows))
+      (*this)[name].fail("must have one entry per row, " + std::to_string(rows) + " (got " + std::to_string(size) + ")");
+  Matrix out(rows, cols);
+  for (Index r = 0; r < rows; ++r) {
+    out.row(r).setConstant(defaults[r]);
+    const std::vector<ModelJsonField> at = columns[static_cast<size_t>(r)].elements();
+    const Vector v = values[static_cast<size_t>(r)].as_vector();
+    if (static_cast<size_t>(v.size()) != at.size())
+      values[static_cast<size_t>(r)].fail("has " + std::to_string(v.size()) + " values but columns row " +
+                                          std::to_string(r) + " has " + std::to_string(at.size()));
+    int64_t previous = -1;
+    for (size_t k = 0; k < at.size(); ++k) {
+      const int64_t c = at[k].as_int();
+      if (c <= previous || c >= cols)
+        at[k].fail("must be a column index above " + std::to_string(previous) + " and below " + std::to_string(cols) +
+                   " (the columns of a row increase)");
+      out(r, c) = v[static_cast<Index>(k)];
+      previous = c;
+    }
+  }
   return out;
 }
 
@@ -178,6 +233,54 @@ json matrix_to_json(const Matrix& m) {
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+namespace {
+/// The value that occurs most often in row r (the smallest of equally frequent ones; the bits decide, so 0.0 and
+/// −0.0 are distinct values).
+double most_frequent(const Matrix& m, Index r) {
+  std::vector<double> sorted(m.row(r).begin(), m.row(r).end());
+  const auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  std::sort(sorted.begin(), sorted.end(), [&](double a, double b) { return bits(a) < bits(b); });
+  double best = sorted.front();
+  size_t best_run = 0;
+  for (size_t begin = 0; begin < sorted.size();) {
+    size_t end = begin;
+    while (end < sorted.size() && bits(sorted[end]) == bits(sorted[begin])) ++end;
+    if (end - begin > best_run) {
+      best_run = end - begin;
+      best = sorted[begin];
+    }
+    begin = end;
+  }
+  return best;
+}
+}  // namespace
+
+json table_to_json(const Matrix& m) {
+  const Index cells = m.rows() * m.cols();
+  if (cells < kSparseTableMinCells || cells > kSparseTableMaxCells) return matrix_to_json(m);
+  std::vector<double> defaults(static_cast<size_t>(m.rows()));
+  Index listed = 0;
+  for (Index r = 0; r < m.rows(); ++r) {
+    defaults[static_cast<size_t>(r)] = most_frequent(m, r);
+    for (Index c = 0; c < m.cols(); ++c)
+      listed += std::bit_cast<uint64_t>(m(r, c)) != std::bit_cast<uint64_t>(defaults[static_cast<size_t>(r)]);
+  }
+  if (listed > cells / 4) return matrix_to_json(m);
+  json columns = json::array(), values = json::array();
+  for (Index r = 0; r < m.rows(); ++r) {
+    json at = json::array(), value = json::array();
+    for (Index c = 0; c < m.cols(); ++c)
+      if (std::bit_cast<uint64_t>(m(r, c)) != std::bit_cast<uint64_t>(defaults[static_cast<size_t>(r)])) {
+        at.push_back(c);
+        value.push_back(m(r, c));
+      }
+    columns.push_back(std::move(at));
+    values.push_back(std::move(value));
+  }
+  return json{{"layout", kSparseRows}, {"shape", {m.rows(), m.cols()}}, {"default", defaults},
+              {"columns", std::move(columns)}, {"values", std::move(values)}};
 }
 
 json vector_to_json(const Vector& v) {

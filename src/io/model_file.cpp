@@ -24,6 +24,20 @@ using nlohmann::json;
 // ----- documents
 // ---------------------------------------------------------------------------------------------------
 
+namespace {
+/// Whether a family's params hold a table in the sparse-rows layout (core/json.hpp), as a member or as an element of
+/// a member (chained attention's list of key tables); a component's model object is not looked into.
+bool uses_sparse_tables(const json& params) {
+  for (const auto& item : params.items()) {
+    if (is_sparse_table(item.value())) return true;
+    if (item.value().is_array())
+      for (const json& element : item.value())
+        if (is_sparse_table(element)) return true;
+  }
+  return false;
+}
+}  // namespace
+
 json model_object_to_json(const AnyDistribution& model) {
   if (!model.has_value()) throw ValueError("model_to_json: the model is empty");
   const std::string family = model.family();
@@ -33,9 +47,10 @@ json model_object_to_json(const AnyDistribution& model) {
                      file_families_text() + ")");
   const ModelCodec* codec = &spec->codec;
   json out = json::object();
-  out["schema_version"] = kModelSchemaVersion;
+  json params = codec->params_to_json(model);
+  out["schema_version"] = uses_sparse_tables(params) ? kModelSchemaVersion : 1;
   out["family"] = family;
-  out["params"] = codec->params_to_json(model);
+  out["params"] = std::move(params);
   const std::string name = codec->name_of(model);
   if (!name.empty()) out["name"] = name;
   if (codec->state_to_json) out["optimizer_state"] = codec->state_to_json(model);
@@ -73,9 +88,9 @@ AnyDistribution model_object_from_json(const ModelJsonField& object, bool top_le
   }
   if (object.has("schema_version")) {
     const ModelJsonField version = object["schema_version"];
-    if (!version.value().is_number_integer() || version.as_int() != kModelSchemaVersion)
-      version.fail("this build reads schema_version " + std::to_string(kModelSchemaVersion) +
-                   " (got " + version.value().dump() + ")");
+    if (!version.value().is_number_integer() || version.as_int() < 1 || version.as_int() > kModelSchemaVersion)
+      version.fail("this build reads schema_version 1 to " + std::to_string(kModelSchemaVersion) + " (got " +
+                   version.value().dump() + ")");
   }
   const ModelJsonField family_field = object["family"];
   const std::string family = family_field.as_string();

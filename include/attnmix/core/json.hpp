@@ -58,7 +58,7 @@ class ModelJsonField {
   [[nodiscard]] std::string as_string() const;
   /// A 1-D array of numbers.
   [[nodiscard]] Vector as_vector() const;
-  /// A 2-D array of numbers (a list of equally long rows).
+  /// A 2-D array of numbers (a list of equally long rows), or a table in the sparse-rows layout (table_to_json).
   [[nodiscard]] Matrix as_matrix() const;
 
   /// Runs a validating constructor; its TypeError/ValueError is rethrown as a ValueError naming
@@ -74,6 +74,8 @@ class ModelJsonField {
   }
 
  private:
+  /// as_matrix() of an object: the sparse-rows layout of table_to_json, every member checked.
+  [[nodiscard]] Matrix as_sparse_table() const;
   [[noreturn]] void rethrow_constructor_error(std::string_view family_where,
                                               std::string_view message) const;
   const nlohmann::json* value_;
@@ -83,6 +85,23 @@ class ModelJsonField {
 
 /// A matrix as a list of rows, a vector as a list (doubles in shortest round-trip form).
 [[nodiscard]] nlohmann::json matrix_to_json(const Matrix& m);
+
+/// The fewest cells of a table that table_to_json writes in the sparse-rows layout (smaller tables stay readable).
+inline constexpr Index kSparseTableMinCells = 4096;
+/// The most cells a table in the sparse-rows layout may imply: 2^27, 1 GiB as float64. The loader builds the dense
+/// table, so a larger one is refused, and table_to_json writes larger tables as lists of rows.
+inline constexpr Index kSparseTableMaxCells = Index{1} << 27;
+
+/// A parameter table as matrix_to_json writes it, or, when it has kSparseTableMinCells to kSparseTableMaxCells cells
+/// of which at most a quarter differ from their row's most frequent value, in the sparse-rows layout:
+///   {"layout": "sparse_rows", "shape": [R, C], "default": [R values],
+///    "columns": [R lists of increasing column indices], "values": [R lists of the values there]}
+/// where every cell not listed holds its row's default. Both read back bit for bit through as_matrix(); the
+/// sparse layout grows with the cells that differ from the defaults (the observed pairs of a text model), not R × C.
+/// O(R·C·log C).
+[[nodiscard]] nlohmann::json table_to_json(const Matrix& m);
+/// Whether a JSON value is a table in the sparse-rows layout (what makes a model file schema version 2).
+[[nodiscard]] bool is_sparse_table(const nlohmann::json& v);
 /// A vector as a JSON array of its entries (doubles in shortest round-trip form), what ModelJsonField::as_vector
 /// reads back bit for bit.
 [[nodiscard]] nlohmann::json vector_to_json(const Vector& v);

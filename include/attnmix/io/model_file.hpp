@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file model_file.hpp
 /// Model files: a model is saved as one JSON document
-///   {"format": "attnmix-model", "schema_version": 1, "family": "<family>", "name": "…" (optional),
+///   {"format": "attnmix-model", "schema_version": 1 or 2, "family": "<family>", "name": "…" (optional),
 ///    "params": {…}, "optimizer_state": {…} (variational families)}
+/// Version 2 is a version-1 document whose params hold a table in the sparse-rows layout (core/json.hpp
+/// table_to_json: large tables whose cells are mostly their row's default, as in a model of a text corpus); a model
+/// without one is written as version 1, which earlier builds read.
 /// whose params are the validating constructor's arguments under their Python names, written and read by the
 /// family's codec, which this file finds through the family registry (family/spec.hpp). Loading always goes
 /// through that constructor, so a loaded model is a validated model. Doubles are written in the shortest decimal
@@ -21,8 +24,9 @@ namespace attnmix {
 
 /// The value of a model file's "format" field, which every model file starts with (`docs/model-format.md`).
 inline constexpr const char* kModelFormat = "attnmix-model";
-/// The "schema_version" this build writes and the only one it reads; a document of another version is refused.
-inline constexpr int kModelSchemaVersion = 1;
+/// The newest "schema_version" this build writes and reads (it reads 1 and 2); a document of another version is
+/// refused.
+inline constexpr int kModelSchemaVersion = 2;
 
 /// The whole model document, "format" and "schema_version" included.
 /// @throws ValueError when the model handle is empty or its family has no model-file format (is not registered).

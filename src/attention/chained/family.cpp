@@ -18,8 +18,8 @@ using nlohmann::json;
 json params_to_json(const AnyDistribution& model) {
   const ChainedAttentionParams& p = model.get_if<ChainedAttention>()->params();
   json tables = json::array();
-  for (const Matrix& K : p.key_tables) tables.push_back(matrix_to_json(K));
-  return json{{"keys", std::move(tables)}, {"emission", matrix_to_json(p.emission)}, {"sigma2", p.sigma2}};
+  for (const Matrix& K : p.key_tables) tables.push_back(table_to_json(K));
+  return json{{"keys", std::move(tables)}, {"emission", table_to_json(p.emission)}, {"sigma2", p.sigma2}};
 }
 
 AnyDistribution from_json(const ModelJsonField& params, const std::string& name, const ModelJsonField* /*state*/) {

@@ -17,8 +17,8 @@ using nlohmann::json;
 // params: key_means [S, D], emission [S, T], position_prior [N], sigma2.
 json params_to_json(const AnyDistribution& model) {
   const ResponsibilityAttentionParams& p = model.get_if<ResponsibilityAttention>()->params();
-  return json{{"key_means", matrix_to_json(p.key_means)},
-              {"emission", matrix_to_json(p.emission)},
+  return json{{"key_means", table_to_json(p.key_means)},
+              {"emission", table_to_json(p.emission)},
               {"position_prior", vector_to_json(p.position_prior)},
               {"sigma2", p.sigma2}};
 }

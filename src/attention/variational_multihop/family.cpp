@@ -20,9 +20,9 @@ using Model = VariationalMultiHopAttention;
 // params: mean [S, D], log_var [S, D], emission [S, T], sigma2; optimizer_state beside them.
 json params_to_json(const AnyDistribution& model) {
   const VariationalMultiHopAttentionParams& p = model.get_if<Model>()->params();
-  return json{{"mean", matrix_to_json(p.mean)},
-              {"log_var", matrix_to_json(p.log_var)},
-              {"emission", matrix_to_json(p.emission)},
+  return json{{"mean", table_to_json(p.mean)},
+              {"log_var", table_to_json(p.log_var)},
+              {"emission", table_to_json(p.emission)},
               {"sigma2", p.sigma2}};
 }
 

@@ -239,8 +239,93 @@ TEST(ModelJsonTest, NonSimplexEmissionIsRejected) {
 
 TEST(ModelJsonTest, WrongSchemaVersionIsRejected) {
   json doc = valid_ra_document();
-  doc["schema_version"] = 2;
-  expect_load_error(doc, {"model.json: schema_version", "schema_version 1", "got 2"});
+  doc["schema_version"] = 3;
+  expect_load_error(doc, {"model.json: schema_version", "schema_version 1 to 2", "got 3"});
+  doc["schema_version"] = 0;
+  expect_load_error(doc, {"model.json: schema_version", "got 0"});
+}
+
+/// A model like a text corpus's: S × S keys and S × T emission whose cells are mostly their row's default (zero keys,
+/// the smoothed emission ε / (row total + T ε) of unseen targets), with awkward doubles among the rest.
+ResponsibilityAttentionParams text_like_params(Rng& rng, Index S, Index T) {
+  ResponsibilityAttentionParams p;
+  p.key_means = Matrix::Zero(S, S);
+  p.emission.resize(S, T);
+  const double epsilon = 1e-6;
+  for (Index s = 0; s < S; ++s) {
+    Vector counts = Vector::Zero(T);
+    for (int k = 0; k < 3; ++k) {
+      p.key_means(s, static_cast<Index>(rng.uniform_int(static_cast<uint64_t>(S)))) = rng.normal();
+      counts[static_cast<Index>(rng.uniform_int(static_cast<uint64_t>(T)))] += rng.exponential();
+    }
+    p.emission.row(s) = (counts.array() + epsilon) / (counts.sum() + static_cast<double>(T) * epsilon);
+  }
+  p.key_means(0, 1) = -0.0;  // not the default 0.0: written out
+  p.key_means(1, 2) = std::numeric_limits<double>::denorm_min();
+  p.position_prior = Vector::Constant(3, 1.0 / 3.0);
+  return p;
+}
+
+/// Large tables whose cells are mostly their row's default go into the sparse-rows layout (schema version 2) and
+/// read back bit for bit; a dense table of the same size, and a small mostly-zero one, stay lists of rows (version 1).
+TEST(ModelJsonTest, MostlyDefaultTablesAreWrittenSparseAndReadBackBitForBit) {
+  Rng rng(testing::test_seed(21));
+  const ResponsibilityAttention text(text_like_params(rng, 80, 70));
+  const json doc = model_to_json(AnyDistribution(text));
+  EXPECT_EQ(doc["schema_version"], 2);
+  for (const char* table : {"key_means", "emission"}) {
+    ASSERT_TRUE(is_sparse_table(doc["params"][table])) << table;
+    EXPECT_EQ(doc["params"][table]["layout"], "sparse_rows");
+  }
+  EXPECT_EQ(doc["params"]["key_means"]["columns"][0].size(), 4U);  // 3 draws (maybe repeated) and the −0.0
+  const json& emission = doc["params"]["emission"];  // row 0: at most 3 observed targets, the rest its default
+  EXPECT_LE(emission["columns"][0].size(), 3U);
+  const auto& listed = emission["columns"][0];
+  for (Index t = 0; t < 70; ++t) {
+    if (std::find(listed.begin(), listed.end(), t) == listed.end()) {
+      EXPECT_EQ(text.params().emission(0, t), emission["default"][0].get<double>());
+    }
+  }
+  const AnyDistribution loaded = model_from_json(json::parse(format_model_json(doc)), "model.json");
+  expect_ra_identical(*loaded.get_if<ResponsibilityAttention>(), text);
+  EXPECT_LT(format_model_json(doc).size() * 5, format_model_json(json{{"k", matrix_to_json(text.params().key_means)},
+                                                                         {"e", matrix_to_json(text.params().emission)}})
+                                                     .size());
+
+  const ResponsibilityAttention dense(random_params(rng, 80, 3, 80, 70));
+  EXPECT_EQ(model_to_json(AnyDistribution(dense))["schema_version"], 1);
+  EXPECT_TRUE(model_to_json(AnyDistribution(dense))["params"]["key_means"].is_array());
+  ResponsibilityAttentionParams small = text_like_params(rng, 20, 20);  // 400 cells: readable lists of rows
+  EXPECT_TRUE(table_to_json(small.key_means).is_array());
+  EXPECT_TRUE(table_to_json(Matrix::Zero(64, 64)).is_object());
+  EXPECT_TRUE(table_to_json(Matrix::Zero(64, 63)).is_array());  // 4032 cells, below the smallest sparse table
+}
+
+/// Every member of a sparse table is checked and named.
+TEST(ModelJsonTest, SparseTableErrorsNameTheField) {
+  Rng rng(testing::test_seed(22));
+  const json valid = model_to_json(AnyDistribution(ResponsibilityAttention(text_like_params(rng, 70, 70))));
+  const auto broken = [&](const auto& edit) {
+    json doc = valid;
+    edit(doc["params"]["key_means"]);
+    return doc;
+  };
+  expect_load_error(broken([](json& t) { t["layout"] = "csr"; }),
+                    {"model.json: params.key_means.layout", "must be \"sparse_rows\""});
+  expect_load_error(broken([](json& t) { t["shape"] = {70}; }), {"params.key_means.shape", "[rows, columns]"});
+  expect_load_error(broken([](json& t) { t["shape"] = {70, 0}; }), {"params.key_means.shape", "positive"});
+  expect_load_error(broken([](json& t) { t["shape"] = {int64_t{1} << 20, int64_t{1} << 20}; }),
+                    {"params.key_means.shape", "more than 134217728 cells"});
+  expect_load_error(broken([](json& t) { t["default"].erase(0); }), {"params.key_means.default", "one entry per row, 70"});
+  expect_load_error(broken([](json& t) { t["values"][5].push_back(1.0); }), {"params.key_means.values", "columns row 5"});
+  expect_load_error(broken([](json& t) { t["columns"][0][0] = 70; }), {"params.key_means.columns", "below 70"});
+  expect_load_error(broken([](json& t) {
+                      t["columns"][0] = {3, 3};
+                      t["values"][0] = {1.0, 2.0};
+                    }),
+                    {"params.key_means.columns", "increase"});
+  expect_load_error(broken([](json& t) { t["extra"] = 1; }), {"params.key_means", "unknown field 'extra'"});
+  expect_load_error(broken([](json& t) { t["values"][1] = {"x"}; }), {"params.key_means.values", "must be a number"});
 }
 
 TEST(ModelJsonTest, WrongFormatAndFamilyAreRejected) {
