@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <iostream>
+#include <optional>
 #include <utility>
 
 #include "attnmix/family/spec.hpp"
@@ -13,6 +15,7 @@
 #include "attnmix/io/model_file.hpp"
 #include "attnmix/stats/composite.hpp"
 #include "cli_support.hpp"
+#include "text_corpus.hpp"
 
 namespace attnmix::cli {
 
@@ -37,6 +40,72 @@ ModelData read_model_data(const AnyDistribution& model, const std::string& data_
   out.origin = std::move(static_cast<RowOrigin&>(rows));
   out.batch = data.encode(std::move(rows), dims);
   return out;
+}
+
+void add_input_flags(CLI::App* cmd, ModelInput& input, const std::string& data_help) {
+  cmd->add_option("--data", input.data, data_help)->type_name("FILE");
+  cmd->add_option("--text", input.text,
+                  "Text corpus instead of --data (models fitted to --text): its next-token rows")
+      ->type_name("FILE");
+  cmd->add_option("--vocabulary", input.vocabulary,
+                  "The vocabulary --text is read through (default: the one the fit wrote next to the model)")
+      ->type_name("FILE");
+  cmd->add_option("--embeddings", input.embeddings,
+                  "The query embeddings the model was fitted with (fit --embeddings)")
+      ->type_name("FILE");
+}
+
+namespace {
+
+ModelData read_model_text(const AnyDistribution& model, const std::string& model_path, const ModelInput& input) {
+  const FamilySpec& family = spec_of(model);
+  if (!family.fit.text.rows)
+    throw ValueError(model_path + ": a " + model.family() + " model does not read text corpora (--text); give --data");
+  const std::string vocabulary_path = input.vocabulary.empty() ? vocabulary_path_of(model_path) : input.vocabulary;
+  check_input_file(vocabulary_path, "the vocabulary");
+  Vocabulary vocab = read_vocabulary(vocabulary_path, std::nullopt);
+  const Dims dims = data_of(model).dims;
+  const int64_t S = dims.at("S").value, N = dims.at("N").value, D = dims.at("D").value;
+  if (vocab.size() > S)
+    throw ValueError(vocabulary_path + ": lists " + std::to_string(vocab.size()) + " tokens but " + model_path +
+                     " has S = " + std::to_string(S) + " symbols");
+  std::optional<Matrix> embeddings;
+  if (!input.embeddings.empty()) {
+    embeddings = read_embeddings(input.embeddings, vocab, vocabulary_path);
+    if (embeddings->cols() != D)
+      throw ValueError(input.embeddings + ": has rows of " + std::to_string(embeddings->cols()) + " entries but " +
+                       model_path + " has queries of D = " + std::to_string(D));
+  } else if (vocab.queries == "embeddings" || vocab.size() > D) {
+    throw ValueError(model_path + ": the model was fitted with query embeddings (D = " + std::to_string(D) +
+                     "); give them again with --embeddings FILE");
+  }
+  const TokenizedText tokens = tokenize_text(input.text, vocab, /*grow=*/false, "the vocabulary " + vocabulary_path);
+  if (static_cast<int64_t>(tokens.ids.size()) <= N)
+    throw ValueError(input.text + ": has " + std::to_string(tokens.ids.size()) + " tokens; the model's context of N = " +
+                     std::to_string(N) + " needs at least " + std::to_string(N + 1));
+  if (tokens.unknown > 0)
+    std::cerr << "note: " << tokens.unknown << " tokens of " << input.text << " are not in " << vocabulary_path
+              << " and were read as " << kUnknownToken << "\n";
+  ModelData out;
+  out.origin.source = input.text;
+  out.targets.resize(static_cast<Index>(tokens.ids.size()) - N);
+  for (Index r = 0; r < out.targets.size(); ++r) {  // row r predicts token r + N
+    out.targets[r] = tokens.ids[static_cast<size_t>(r + N)];
+    out.origin.line_of_row.push_back(tokens.line_of_token[static_cast<size_t>(r + N)]);
+  }
+  out.batch = family.fit.text.rows(tokens.ids, dims, embeddings ? &*embeddings : nullptr);
+  return out;
+}
+
+}  // namespace
+
+ModelData read_model_input(const AnyDistribution& model, const std::string& model_path, const ModelInput& input,
+                           TargetPolicy policy) {
+  if (input.data.empty() == input.text.empty()) throw UsageError("give exactly one of --data FILE or --text FILE");
+  if (input.text.empty() && !(input.vocabulary.empty() && input.embeddings.empty()))
+    throw UsageError(std::string(input.vocabulary.empty() ? "--embeddings" : "--vocabulary") +
+                     " applies only to --text corpora");
+  return input.text.empty() ? read_model_data(model, input.data, policy) : read_model_text(model, model_path, input);
 }
 
 AnyBatch draw_samples(const AnyDistribution& model, Index m, uint64_t seed, std::optional<int64_t> context_length) {

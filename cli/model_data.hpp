@@ -40,6 +40,26 @@ struct ModelData {
 [[nodiscard]] ModelData read_model_data(const AnyDistribution& model, const std::string& data_path,
                                         TargetPolicy policy);
 
+/// Where score and predict read rows: a data file (--data) or a text corpus (--text) with the vocabulary and
+/// embeddings it is read through.
+struct ModelInput {
+  std::string data;        ///< --data FILE
+  std::string text;        ///< --text FILE
+  std::string vocabulary;  ///< --vocabulary FILE ("": the one the fit wrote next to the model)
+  std::string embeddings;  ///< --embeddings FILE (models fitted with --embeddings)
+};
+
+/// --data, --text, --vocabulary and --embeddings of score and predict (`data_help` describes --data).
+void add_input_flags(CLI::App* cmd, ModelInput& input, const std::string& data_help);
+
+/// The rows of `input` for the model saved at `model_path`: read_model_data, or a text corpus tokenised by the
+/// vocabulary (tokens outside it: its <unk> entry, else an error naming the file, line and token; a note on stderr
+/// counts the <unk> tokens) into the next-token rows of a text fit (text_corpus.hpp).
+/// @throws UsageError unless exactly one of --data and --text is given, or for --vocabulary/--embeddings without
+///         --text; ValueError for a family that reads no text, a vocabulary or embeddings that do not fit the model.
+[[nodiscard]] ModelData read_model_input(const AnyDistribution& model, const std::string& model_path,
+                                         const ModelInput& input, TargetPolicy policy);
+
 /// m observations from the model's sampler. `context_length`: the rows' N where the family leaves it open (chained
 /// and variational multi-hop attention; default: their samplers', 6); a family whose models fix N takes only that
 /// N. @throws UsageError on a context length the model cannot use; ValueError for a family without a sampler.

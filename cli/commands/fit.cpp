@@ -32,6 +32,7 @@
 #include "number_checks.hpp"
 #include "distributed.hpp"
 #include "model_data.hpp"
+#include "text_corpus.hpp"
 
 namespace attnmix::cli {
 
@@ -119,10 +120,37 @@ std::vector<InputFile> fit_inputs(const FitArgs& args, const Communicator* comm)
   };
   add("--data", args.data);
   add("--text", args.text);
+  add("--vocabulary", args.vocabulary);
+  add("--embeddings", args.embeddings);
   add("--valid", args.valid);
   add("--init", args.init);
   add("--resume", args.resume);
   return inputs;
+}
+
+/// Checks every file the fit writes (rank 0), before any data are read: each can be written, is no input, and no
+/// two are the same file. The checkpoint may be the one --resume reads: the fit goes on writing to it.
+void check_fit_outputs(const FitArgs& args, const Communicator* comm) {
+  struct Output {
+    std::string flag, path, what;
+  };
+  std::vector<Output> outputs{{"--out", args.out, "the model"}};
+  if (!args.text.empty()) outputs.push_back({"--out", vocabulary_path_of(args.out), "the vocabulary (next to the model)"});
+  if (!args.history.empty()) outputs.push_back({"--history", args.history, "the history"});
+  if (!args.checkpoint.empty()) outputs.push_back({"--checkpoint", args.checkpoint, "the checkpoint"});
+  const auto same = [](const std::string& a, const std::string& b) {
+    return std::filesystem::weakly_canonical(a) == std::filesystem::weakly_canonical(b);
+  };
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    for (size_t j = 0; j < k; ++j)
+      if (same(outputs[k].path, outputs[j].path))
+        throw UsageError(outputs[k].flag + " " + outputs[k].path + " names the file " + outputs[j].flag +
+                         " writes: give each its own path");
+    std::vector<InputFile> inputs = fit_inputs(args, comm);
+    if (outputs[k].flag == "--checkpoint")
+      std::erase_if(inputs, [](const InputFile& input) { return input.flag == "--resume"; });
+    check_output_path(outputs[k].path, outputs[k].what, inputs, outputs[k].flag);
+  }
 }
 
 /// One JSON object per reported iteration: iteration, log_likelihood, delta (null on the first line), seconds and,
@@ -169,25 +197,7 @@ int run_fit(const FitArgs& args) {
     options.delta =
         family->fit.stochastic && !given(args.delta_opt) ? std::nullopt : parse_delta(args.delta);
     options.reuse_estep_ll = !args.classic;
-    if (root) check_output_path(args.out, "the model", fit_inputs(args, comm));
-    if (root && !args.history.empty()) {
-      if (std::filesystem::weakly_canonical(args.history) == std::filesystem::weakly_canonical(args.out))
-        throw UsageError("--history " + args.history + " names the file --out writes: give each its own path");
-      check_output_path(args.history, "the history", fit_inputs(args, comm), "--history");
-    }
-    if (root && !args.checkpoint.empty()) {
-      const auto same = [](const std::string& a, const std::string& b) {
-        return !b.empty() && std::filesystem::weakly_canonical(a) == std::filesystem::weakly_canonical(b);
-      };
-      for (const auto& [flag, other] : {std::pair<const char*, std::string>{"--out", args.out}, {"--history", args.history}})
-        if (same(args.checkpoint, other))
-          throw UsageError("--checkpoint " + args.checkpoint + " names the file " + std::string(flag) +
-                           " writes: give each its own path");
-      // The checkpoint may be the one --resume reads: the fit goes on writing to it.
-      std::vector<InputFile> inputs = fit_inputs(args, comm);
-      std::erase_if(inputs, [](const InputFile& input) { return input.flag == "--resume"; });
-      check_output_path(args.checkpoint, "the checkpoint", inputs, "--checkpoint");
-    }
+    if (root) check_fit_outputs(args, comm);
     if (!args.init.empty()) {
       init = FitInit{args.init, read_saved_model(args.init)};
     }
@@ -315,9 +325,13 @@ int run_fit(const FitArgs& args) {
   // Rank 0 writes the model and the history (atomically); every process learns whether it could.
   agree(comm, [&] {
     if (root) save_model(fit->model, args.out);
+    if (root && !input.vocabulary.empty())
+      write_file_atomically(vocabulary_path_of(args.out), input.vocabulary, "the vocabulary");
     if (root && !args.history.empty()) write_file_atomically(args.history, history_jsonl(history), "the history");
   });
   out << "  model written   " << args.out << "\n";
+  if (!input.vocabulary.empty())
+    out << "  vocabulary      " << vocabulary_path_of(args.out) << " (read by score and predict --text)\n";
   if (!args.history.empty()) out << "  history written " << args.history << " (" << history.size() << " lines)\n";
   return kExitOk;
 }

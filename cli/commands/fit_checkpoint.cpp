@@ -136,6 +136,8 @@ ordered_json fit_settings(const FitArgs& args, const OptimizeOptions& options, c
           {"data", path_setting(args.data)},
           {"text", path_setting(args.text)},
           {"tokens", args.text.empty() ? "" : args.tokens},
+          {"vocabulary", path_setting(args.vocabulary)},
+          {"embeddings", path_setting(args.embeddings)},
           {"valid", path_setting(args.valid)},
           {"init", path_setting(args.init)},
           {"rows", rows},

@@ -17,6 +17,9 @@ namespace attnmix::cli {
 
 namespace {
 
+/// The flags of text corpora, which only the families with TextSpec hooks take.
+constexpr const char* kTextFlags[] = {"text", "tokens", "vocabulary", "embeddings"};
+
 /// "prior_strength" → "prior-strength".
 std::string flag_of(std::string_view option) {
   std::string out(option);
@@ -125,10 +128,8 @@ void add_family_flags(CLI::App* cmd, FitArgs& args) {
       take(flag_of(option.name), family, option.fallback, option_help(option.help, flag_name),
            default_text(option.fallback), option.from_model);
   for (const FamilySpec* family : fitted)
-    if (family->fit.text.rows) {
-      take("text", family, OptionValue(std::string()), "", "", false);
-      take("tokens", family, OptionValue(std::string()), "", "", false);
-    }
+    if (family->fit.text.rows)
+      for (const char* flag : kTextFlags) take(flag, family, OptionValue(std::string()), "", "", false);
 
   std::vector<std::string> text_families;
   for (const FamilySpec* family : args.flags["text"].families) text_families.emplace_back(family->name);
@@ -137,11 +138,22 @@ void add_family_flags(CLI::App* cmd, FitArgs& args) {
                       "Training text corpus (plain text; " + either(text_families) + "; needs --context-length)")
           ->type_name("FILE");
   args.flags["tokens"].option =
-      cmd->add_option("--tokens", args.tokens, "How --text is split: chars (UTF-8 characters) or words")
+      cmd->add_option("--tokens", args.tokens,
+                      "How --text is split: chars (UTF-8 characters) or words (a --vocabulary document says which)")
           ->check(CLI::IsMember({"chars", "words"}))
           ->capture_default_str();
+  args.flags["vocabulary"].option =
+      cmd->add_option("--vocabulary", args.vocabulary,
+                      "The tokens of --text and their ids (one per line, or a vocabulary a fit wrote); tokens not in "
+                      "it map to its <unk> entry (default: built from the text)")
+          ->type_name("FILE");
+  args.flags["embeddings"].option =
+      cmd->add_option("--embeddings", args.embeddings,
+                      "Query embeddings of the --vocabulary tokens: a float (S, D) array, .npy or .npz (default: "
+                      "each token's symbol, D = S)")
+          ->type_name("FILE");
   for (const std::string& flag : order) {
-    if (flag == "text" || flag == "tokens") continue;
+    if (std::find(std::begin(kTextFlags), std::end(kTextFlags), flag) != std::end(kTextFlags)) continue;
     FamilyFlag& f = args.flags[flag];
     const std::string help = helps[flag].text(fitted.size()), name = "--" + flag;
     if (auto* b = std::get_if<bool>(&f.value)) {

@@ -77,18 +77,25 @@ OptionValues declared_options(const FitSpec& fit, const FitArgs& args, const Fit
   return values;
 }
 
-/// The rows of a --text corpus (and of --valid, a text too), and the sizes the family gives them.
+/// The rows of a --text corpus (and of --valid, a text too), and the sizes the family gives them: tokens through the
+/// --vocabulary (or one built from the text), queries from the --embeddings (or the tokens' symbols).
 void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims, FitProblem& problem) {
   const auto N = dims.find("N");
   if (N == dims.end())
     throw UsageError(
         "--text needs --context-length N: how many tokens (the current one included) each prediction attends over");
+  if (!args.embeddings.empty() && args.vocabulary.empty())
+    throw UsageError("--embeddings needs --vocabulary FILE: the token of each row of the table (one per line)");
   const TokenMode mode = parse_token_mode(args.tokens);
-  const std::string token_kind = mode == TokenMode::kChars ? "characters" : "words";
-  Vocabulary vocab;
-  const TokenizedText train = tokenize_text(args.text, mode, vocab, /*grow=*/true);
+  const bool fixed = !args.vocabulary.empty();
+  Vocabulary vocab;  // built from the text in its order of first appearance, unless --vocabulary fixes it
+  vocab.mode = mode;
+  if (fixed) vocab = read_vocabulary(args.vocabulary, given_flag(args, "tokens") ? std::optional(mode) : std::nullopt);
+  const std::string token_kind = vocab.mode == TokenMode::kChars ? "characters" : "words";
+  const std::string vocabulary_name = fixed ? "the vocabulary " + args.vocabulary : "the training text's vocabulary";
+  const TokenizedText train = tokenize_text(args.text, vocab, /*grow=*/!fixed, vocabulary_name);
   std::optional<TokenizedText> valid;
-  if (!args.valid.empty()) valid = tokenize_text(args.valid, mode, vocab, /*grow=*/false);
+  if (!args.valid.empty()) valid = tokenize_text(args.valid, vocab, /*grow=*/false, vocabulary_name);
   const int64_t context = N->second.value;
   const auto check_length = [&](const TokenizedText& t, const std::string& path) {
     if (static_cast<int64_t>(t.ids.size()) <= context)
@@ -97,10 +104,18 @@ void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims,
   };
   check_length(train, args.text);
   if (valid) check_length(*valid, args.valid);
-  dims = family.fit.text.dims(vocab.size(), dims, args.text, token_kind);
-  problem.data_note = " (vocabulary: " + std::to_string(vocab.size()) + " distinct " + token_kind + ")";
-  problem.train = family.fit.text.rows(train.ids, dims);
-  if (valid) problem.valid = family.fit.text.rows(valid->ids, dims);
+  std::optional<Matrix> embeddings;
+  if (!args.embeddings.empty()) embeddings = read_embeddings(args.embeddings, vocab, args.vocabulary);
+  dims = family.fit.text.dims(vocab.size(), dims, args.text, token_kind, embeddings ? embeddings->cols() : 0);
+  problem.data_note = " (vocabulary: " + std::to_string(vocab.size()) + " " + (fixed ? "" : "distinct ") +
+                      token_kind + (fixed ? " from " + args.vocabulary : "") +
+                      (train.unknown > 0 ? ", " + std::to_string(train.unknown) + " unknown as " + kUnknownToken : "") +
+                      ")";
+  const Matrix* table = embeddings ? &*embeddings : nullptr;
+  problem.train = family.fit.text.rows(train.ids, dims, table);
+  if (valid) problem.valid = family.fit.text.rows(valid->ids, dims, table);
+  vocab.queries = embeddings ? "embeddings" : "symbols";
+  problem.vocabulary = vocabulary_text(vocab);
   problem.train_source = args.text;
   problem.valid_source = args.valid;
   problem.train_counts = {problem.train.n_rows()};
@@ -134,7 +149,9 @@ AnyEstimator build_estimator(const FamilySpec& family, const Dims& dims, const O
 
 FitProblem prepare_fit(const FamilySpec& family, const FitArgs& args, const FitInit* init) {
   const FitSpec& fit = family.fit;
-  if (given_flag(args, "tokens") && args.text.empty()) throw UsageError("--tokens applies only to --text corpora");
+  for (const char* flag : {"tokens", "vocabulary", "embeddings"})
+    if (given_flag(args, flag) && args.text.empty())
+      throw UsageError("--" + std::string(flag) + " applies only to --text corpora");
   if (init && &spec_of(init->model) != &family)
     throw ValueError(init->path + ": --init holds a " + init->model.family() + " model, but --family " + args.family +
                      " fits " + std::string(family.file_family) +

@@ -37,6 +37,8 @@ struct FamilyFlag {
 struct FitArgs {
   std::string family = "responsibility";
   std::string data, text, tokens = "chars", out, valid;
+  std::string vocabulary;    // --vocabulary V (text fits; "" builds one from the text)
+  std::string embeddings;    // --embeddings E.npy (text fits; "" gives symbol queries)
   std::string init;          // --init MODEL.json ("" when absent)
   std::string history;       // --history H.jsonl ("" when absent)
   std::string checkpoint;    // --checkpoint C.json ("" when absent)
@@ -49,8 +51,8 @@ struct FitArgs {
   /// The processes of a distributed fit (main.cpp gives one under mpirun with more than one process; null: this
   /// process alone). Each reads its shard of --data and --valid.
   const Communicator* communicator = nullptr;
-  /// The family flags by name ("symbols", "sigma2"): the sizes and options of the families, and --text and --tokens,
-  /// which only families that read text corpora take.
+  /// The family flags by name ("symbols", "sigma2"): the sizes and options of the families, and --text, --tokens,
+  /// --vocabulary and --embeddings, which only families that read text corpora take.
   std::map<std::string, FamilyFlag, std::less<>> flags;
   CLI::Option* delta_opt = nullptr;
   CLI::Option* seed_opt = nullptr;
@@ -83,6 +85,7 @@ struct FitProblem {
   std::string dims_brief;    // "S=4, N=3, D=4, T=4" (the opening line)
   std::string dims_summary;  // "S=4 symbols, N=3 context positions, …" (the summary)
   std::string data_note;     // " (vocabulary: 7 distinct characters)" for text corpora
+  std::string vocabulary;    // a text fit's vocabulary document (text_corpus.hpp), written next to the model
   RowOrigin train_origin;    // locates training rows for impossible-evidence messages
   std::vector<int64_t> train_counts;  // training rows of each process (rank order; one entry alone)
   int64_t valid_total = 0;            // validation rows over every process

@@ -15,7 +15,8 @@ namespace attnmix::cli {
 namespace {
 
 struct PredictArgs {
-  std::string model, data;
+  std::string model;
+  ModelInput input;
   bool proba = false;
 };
 
@@ -25,7 +26,7 @@ int run_predict(const PredictArgs& args) {
     throw ValueError(args.model + ": a " + model.family() +
                      " model has no predictive distribution p(target | input) to predict with (the attention "
                      "families have one); 'attnmix score' gives the rows' log-density under it");
-  const ModelData data = read_model_data(model, args.data, TargetPolicy::kOptional);
+  const ModelData data = read_model_input(model, args.model, args.input, TargetPolicy::kOptional);
   const Matrix proba = model.predict_proba(data.batch);  // [n, T]
   Index correct = 0;
   for (Index row = 0; row < proba.rows(); ++row) {
@@ -58,9 +59,10 @@ void add_predict_command(CLI::App& app, int& exit_code) {
       "--proba: all T "
       "probabilities, space-separated). When the rows carry targets, 'accuracy=A (k/n rows)' goes "
       "to stderr. "
-      "The target field is optional here, but either every row has one or none does.");
+      "The target field is optional here, but either every row has one or none does. --text reads a corpus as "
+      "score --text does (the target of each row is its next token).");
   add_model_flag(cmd, args->model);
-  cmd->add_option("--data", args->data, "Data: JSON Lines or .npz")->required()->type_name("FILE");
+  add_input_flags(cmd, args->input, "Data: JSON Lines or .npz");
   cmd->add_flag("--proba", args->proba, "Print the whole predictive distribution of each row");
   cmd->callback([args, &exit_code] { exit_code = run_predict(*args); });
 }

@@ -18,13 +18,14 @@ namespace attnmix::cli {
 namespace {
 
 struct ScoreArgs {
-  std::string model, data;
+  std::string model;
+  ModelInput input;
   bool per_row = false;
 };
 
 int run_score(const ScoreArgs& args) {
   const AnyDistribution model = read_saved_model(args.model);
-  const ModelData data = read_model_data(model, args.data, TargetPolicy::kRequired);
+  const ModelData data = read_model_input(model, args.model, args.input, TargetPolicy::kRequired);
   std::vector<double> log_p(static_cast<size_t>(data.batch.n_rows()));
   parallel_log_density(model, data.batch, log_p, ParallelOptions{});
   const double total = pairwise_sum(log_p);
@@ -47,14 +48,13 @@ void add_score_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ScoreArgs>();
   CLI::App* cmd = app.add_subcommand("score", "Log-likelihood of data under a saved model");
   cmd->footer(
-      "Prints 'rows=N total=X mean=Y' (natural log) on stdout. With --per-row: one log-likelihood "
-      "per row on "
-      "stdout, in file order, and the summary on stderr. A row the model finds impossible scores "
-      "-inf.");
+      "Prints 'rows=N total=X mean=Y' (natural log) on stdout. With --per-row: one log-likelihood per row on "
+      "stdout, in file order, and the summary on stderr. A row the model finds impossible scores -inf. Give --data "
+      "rows or, for a model fitted to --text, a --text corpus: its rows are the fit's (token p + N given the N before "
+      "it), read through the vocabulary the fit wrote next to the model (NAME.vocab.json for NAME.json); a token "
+      "outside it is read as its <unk> entry, or is an error naming the file, line and token when it has none.");
   add_model_flag(cmd, args->model);
-  cmd->add_option("--data", args->data, "Data: JSON Lines or .npz, rows with targets")
-      ->required()
-      ->type_name("FILE");
+  add_input_flags(cmd, args->input, "Data: JSON Lines or .npz, rows with targets");
   cmd->add_flag("--per-row", args->per_row, "Print each row's log-likelihood");
   cmd->callback([args, &exit_code] { exit_code = run_score(*args); });
 }

@@ -98,10 +98,12 @@ struct EstimatorSettings {
 /// A family that can be fitted to a plain-text corpus: the corpus's tokens become its rows.
 struct TextSpec {
   /// The sizes of a fit to a corpus of `vocab` distinct tokens (`kind`: "characters" or "words") read from `source`,
-  /// within the declared ones. @throws ValueError naming the size that cannot hold the corpus.
-  Dims (*dims)(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind) = nullptr;
-  /// The rows of a token sequence (row r predicts token r + N).
-  AnyBatch (*rows)(const std::vector<int64_t>& tokens, const Dims& dims) = nullptr;
+  /// within the declared ones; `embedding_dim` is the width of the tokens' query embeddings (0: none, the queries are
+  /// the tokens' symbols). @throws ValueError naming the size that cannot hold the corpus.
+  Dims (*dims)(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind,
+               Index embedding_dim) = nullptr;
+  /// The rows of a token sequence (row r predicts token r + N); `embeddings` (null: none) holds row s's query.
+  AnyBatch (*rows)(const std::vector<int64_t>& tokens, const Dims& dims, const Matrix* embeddings) = nullptr;
 };
 
 /// What fitting a family takes (null make_estimator: the family is not fitted by itself, as a mixture).

@@ -118,8 +118,10 @@ std::optional<AnyDistribution> initial(const AnyDistribution& init, const Option
   return AnyDistribution(ResponsibilityAttention(m.params(), precision));
 }
 
-// A text corpus: symbol queries of the current token (one-hot codes), so D = S; every token can be a target.
-Dims text_dims(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind) {
+// A text corpus: symbol queries of the current token (one-hot codes), so D = S, or its row of the embeddings, so D is
+// their width; every token can be a target.
+Dims text_dims(int64_t vocab, const Dims& declared, const std::string& source, std::string_view kind,
+               Index embedding_dim) {
   const auto given = [&](const char* symbol) -> const Dim* {
     const auto it = declared.find(symbol);
     return it == declared.end() ? nullptr : &it->second;
@@ -128,22 +130,28 @@ Dims text_dims(int64_t vocab, const Dims& declared, const std::string& source, s
   int64_t S = vocab;
   if (const Dim* s = given("S")) {
     if (s->value < vocab) throw ValueError(source + ": has " + V + " but " + dim_text("S", *s));
+    if (embedding_dim > 0 && s->value != vocab)
+      throw ValueError(dim_text("S", *s) + " does not fit the embeddings: S is the number of tokens they embed, " +
+                       std::to_string(vocab));
     S = s->value;
   }
-  if (const Dim* d = given("D"); d && d->value != S)
-    throw ValueError(dim_text("D", *d) + " does not fit a text corpus: its queries are one-hot codes of the current "
-                     "token, so D = S = " + std::to_string(S));
+  const int64_t D = embedding_dim > 0 ? embedding_dim : S;
+  if (const Dim* d = given("D"); d && d->value != D)
+    throw ValueError(dim_text("D", *d) + " does not fit a text corpus: its queries are " +
+                     (embedding_dim > 0 ? "the embeddings' rows, of width " : "one-hot codes of the current token, so D = S = ") +
+                     std::to_string(D));
   int64_t T = S;
   if (const Dim* t = given("T")) {
     if (t->value < vocab) throw ValueError(source + ": has " + V + " (every one can be a target) but " + dim_text("T", *t));
     T = t->value;
   }
   const std::string from = "the text";
-  return {{"S", {S, from}}, {"N", declared.at("N")}, {"D", {S, from}}, {"T", {T, from}}};
+  return {{"S", {S, from}}, {"N", declared.at("N")}, {"D", {D, embedding_dim > 0 ? "the embeddings" : from}},
+          {"T", {T, from}}};
 }
 
-AnyBatch text_rows(const std::vector<int64_t>& tokens, const Dims& dims) {
-  return AnyBatch(sequence_to_triples(tokens, dims.at("N").value, dims.at("S").value));
+AnyBatch text_rows(const std::vector<int64_t>& tokens, const Dims& dims, const Matrix* embeddings) {
+  return AnyBatch(sequence_to_triples(tokens, dims.at("N").value, dims.at("S").value, embeddings));
 }
 
 }  // namespace
