@@ -3,6 +3,7 @@
 // and #responsibility-attention).
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "attnmix/attention/responsibility.hpp"
 #include "attnmix/core/check.hpp"
@@ -13,53 +14,52 @@ namespace attnmix {
 
 namespace {
 constexpr const char* kEncoderWhere = "ResponsibilityAttentionDataEncoder";
-}
 
-ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix contexts, Matrix queries,
-                                                                    IdVector targets) const {
+/// The checks both kinds of queries share: `query_rows` queries (of either kind) for the n contexts and targets, the
+/// context length, and the context and target ids. Returns the arrays with the contexts and targets moved in.
+ResponsibilityAttentionArrays checked_rows(const ResponsibilityAttentionEncoder& encoder, IdMatrix contexts,
+                                           Index query_rows, IdVector targets) {
   const Index n = contexts.rows();
-  if (queries.rows() != n || targets.size() != n)
+  if (query_rows != n || targets.size() != n)
     throw ValueError(std::string(kEncoderWhere) + ": context, query and target must have the same number of rows (" +
-                     std::to_string(n) + ", " + std::to_string(queries.rows()) + ", " +
-                     std::to_string(targets.size()) + ")");
-  if (context_length) check::dimension(kEncoderWhere, "context length N", *context_length, contexts.cols());
+                     std::to_string(n) + ", " + std::to_string(query_rows) + ", " + std::to_string(targets.size()) +
+                     ")");
+  if (encoder.context_length)
+    check::dimension(kEncoderWhere, "context length N", *encoder.context_length, contexts.cols());
   if (contexts.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": contexts must have width N >= 1");
-  if (query_dim) check::dimension(kEncoderWhere, "query dimension D", *query_dim, queries.cols());
-  if (queries.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": queries must have D >= 1 columns");
-  check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, n_symbols);
-  check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, n_targets);
-  check::bounded_rows(kEncoderWhere, "query", queries);
+  check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, encoder.n_symbols);
+  check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, encoder.n_targets);
   ResponsibilityAttentionArrays arrays;
   arrays.max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
   arrays.max_target = targets.size() ? targets.maxCoeff() : -1;
   arrays.contexts = std::move(contexts);
-  arrays.queries = std::move(queries);
   arrays.targets = std::move(targets);
+  return arrays;
+}
+}  // namespace
+
+ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode(IdMatrix contexts, Matrix queries,
+                                                                    IdVector targets) const {
+  const Index n = contexts.rows();
+  ResponsibilityAttentionArrays arrays = checked_rows(*this, std::move(contexts), queries.rows(), std::move(targets));
+  if (query_dim) check::dimension(kEncoderWhere, "query dimension D", *query_dim, queries.cols());
+  if (queries.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": queries must have D >= 1 columns");
+  check::bounded_rows(kEncoderWhere, "query", queries);
+  arrays.queries = std::move(queries);
   return {std::move(arrays), n};
 }
 
 ResponsibilityAttentionBatch ResponsibilityAttentionEncoder::encode_symbols(IdMatrix contexts, IdVector query_symbols,
                                                                             IdVector targets) const {
   const Index n = contexts.rows();
-  if (query_symbols.size() != n || targets.size() != n)
-    throw ValueError(std::string(kEncoderWhere) + ": context, query and target must have the same number of rows (" +
-                     std::to_string(n) + ", " + std::to_string(query_symbols.size()) + ", " +
-                     std::to_string(targets.size()) + ")");
-  if (context_length) check::dimension(kEncoderWhere, "context length N", *context_length, contexts.cols());
-  if (contexts.cols() <= 0 && n > 0) throw ValueError(std::string(kEncoderWhere) + ": contexts must have width N >= 1");
-  check::ids(kEncoderWhere, "context", {contexts.data(), static_cast<size_t>(contexts.size())}, n_symbols);
+  ResponsibilityAttentionArrays arrays =
+      checked_rows(*this, std::move(contexts), query_symbols.size(), std::move(targets));
   check::ids(kEncoderWhere, "query symbol", {query_symbols.data(), static_cast<size_t>(query_symbols.size())},
              query_dim);
-  check::ids(kEncoderWhere, "target", {targets.data(), static_cast<size_t>(targets.size())}, n_targets);
-  ResponsibilityAttentionArrays arrays;
-  arrays.max_symbol = contexts.size() ? contexts.maxCoeff() : -1;
-  arrays.max_target = targets.size() ? targets.maxCoeff() : -1;
   arrays.max_query_symbol = n ? query_symbols.maxCoeff() : -1;
   arrays.symbol_queries = true;
   arrays.symbol_query_dim = query_dim ? *query_dim : arrays.max_query_symbol + 1;
-  arrays.contexts = std::move(contexts);
   arrays.query_symbols = std::move(query_symbols);
-  arrays.targets = std::move(targets);
   return {std::move(arrays), n};
 }
 
