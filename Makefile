@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit docs bench bench-configure bench-compare install-python clean lint \
+.PHONY: all deps configure build demo test test-unit docs bench bench-configure bench-compare bench-corpus install-python clean lint \
         test-sanitize fuzz-build fuzz-build-gcc fuzz-gate fuzz fuzz-replay fuzz-corpus
 
 all: build
@@ -116,6 +116,11 @@ bench-compare: bench-configure
 	@$(COMPARE) variational --bench $(BENCH_BUILD)/bench/attnmix_bench
 	@$(COMPARE) spine --bench-spine $(BENCH_BUILD)/bench/attnmix_bench_spine
 	@$(COMPARE) moment-closure --bench-mca $(BENCH_BUILD)/bench/attnmix_bench_moment_closure
+
+# Responsibility attention on a real corpus (bench/real_corpus.py): prefixes of the King James Bible, word-level.
+bench-corpus: build
+	@bash scripts/install-deps.sh --bench
+	@/usr/bin/python3 bench/real_corpus.py --cli $(BUILD)/cli/attnmix
 
 clean:
 	rm -rf $(BUILD) $(BENCH_BUILD)

@@ -112,7 +112,8 @@ void add_entry(Vocabulary& vocab, std::string token, const std::string& where) {
   for (char c : token) spaced = spaced || is_space(c);
   if (vocab.mode == TokenMode::kChars ? !one_char : spaced)
     throw ValueError(where + ": '" + printable(token) + "' is not one " +
-                     (vocab.mode == TokenMode::kChars ? "character" : "word (a word is non-empty, without white space)"));
+                     (vocab.mode == TokenMode::kChars ? "character"
+                                                      : "word (a word is non-empty, without white space)"));
   if (vocab.ids.count(token))
     throw ValueError(where + ": '" + printable(token) + "' is listed twice (entry " +
                      std::to_string(vocab.ids.at(token)) + " already holds it)");

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian package that building and testing attnmix needs. Idempotent; silent when all is present.
+# With --bench also what only the benchmarks read: the King James Bible of bible-kjv (bench/real_corpus.py).
 set -euo pipefail
 
 packages=(
@@ -17,6 +18,7 @@ packages=(
   libopenblas0-pthread
   clang-14 libclang-rt-14-dev  # the fuzz targets: libFuzzer and the sanitizer runtimes of clang (docs/fuzzing.md)
 )
+if [ "${1:-}" = "--bench" ]; then packages+=(bible-kjv); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -135,7 +135,8 @@ void check_fit_outputs(const FitArgs& args, const Communicator* comm) {
     std::string flag, path, what;
   };
   std::vector<Output> outputs{{"--out", args.out, "the model"}};
-  if (!args.text.empty()) outputs.push_back({"--out", vocabulary_path_of(args.out), "the vocabulary (next to the model)"});
+  if (!args.text.empty())
+    outputs.push_back({"--out", vocabulary_path_of(args.out), "the vocabulary (next to the model)"});
   if (!args.history.empty()) outputs.push_back({"--history", args.history, "the history"});
   if (!args.checkpoint.empty()) outputs.push_back({"--checkpoint", args.checkpoint, "the checkpoint"});
   const auto same = [](const std::string& a, const std::string& b) {
@@ -353,7 +354,8 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       ". A symbol id q stands for the one-hot row e_q (every row of a file gives it the same way; an undeclared D "
       "is 1 + the largest). --text (" + text +
       ") takes a plain-text corpus, split into UTF-8 characters (or words with --tokens words) and turned into "
-      "next-token rows whose queries are the current token's symbol.\n"
+      "next-token rows whose queries are the current token's symbol (or its row of --embeddings); the vocabulary "
+      "it used is written next to the model (NAME.vocab.json), where score and predict --text find it.\n"
       "Families with a Monte-Carlo objective (" + stochastic +
       "): the embeddings are fitted by one Adam step per EM iteration, so --delta defaults to none (every --max-its "
       "iteration runs).\n"

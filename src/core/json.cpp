@@ -182,7 +182,8 @@ Matrix ModelJsonField::as_sparse_table() const {
   for (const auto& [name, size] : {std::pair<const char*, size_t>{"default", static_cast<size_t>(defaults.size())},
                                    {"columns", columns.size()}, {"values", values.size()}})
     if (size != static_cast<size_t>(rows))
-      (*this)[name].fail("must have one entry per row, " + std::to_string(rows) + " (got " + std::to_string(size) + ")");
+      (*this)[name].fail("must have one entry per row, " + std::to_string(rows) + " (got " + std::to_string(size) +
+                         ")");
   Matrix out(rows, cols);
   for (Index r = 0; r < rows; ++r) {
     out.row(r).setConstant(defaults[r]);

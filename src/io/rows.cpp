@@ -330,7 +330,7 @@ namespace {
 /// and process (collective).
 Dim symbols_width(const DataField& f, size_t k, const std::vector<const Rows*>& row_sets, const Communicator* comm) {
   const std::string name(f.name);
-  LargestId largest("1 + the largest " + name + " symbol");
+  LargestId largest("the largest " + name + " symbol");
   int64_t widest = 0;
   std::string widest_source;
   int64_t own_symbols = 0;

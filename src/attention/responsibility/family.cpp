@@ -138,7 +138,8 @@ Dims text_dims(int64_t vocab, const Dims& declared, const std::string& source, s
   const int64_t D = embedding_dim > 0 ? embedding_dim : S;
   if (const Dim* d = given("D"); d && d->value != D)
     throw ValueError(dim_text("D", *d) + " does not fit a text corpus: its queries are " +
-                     (embedding_dim > 0 ? "the embeddings' rows, of width " : "one-hot codes of the current token, so D = S = ") +
+                     (embedding_dim > 0 ? "the embeddings' rows, of width "
+                                        : "one-hot codes of the current token, so D = S = ") +
                      std::to_string(D));
   int64_t T = S;
   if (const Dim* t = given("T")) {
