@@ -145,7 +145,7 @@ void add_family_flags(CLI::App* cmd, FitArgs& args) {
   args.flags["vocabulary"].option =
       cmd->add_option("--vocabulary", args.vocabulary,
                       "The tokens of --text and their ids (one per line, or a vocabulary a fit wrote); tokens not in "
-                      "it map to its <unk> entry (default: built from the text)")
+                      "it map to its <unk> entry (default: the --init model's, else built from the text)")
           ->type_name("FILE");
   args.flags["embeddings"].option =
       cmd->add_option("--embeddings", args.embeddings,

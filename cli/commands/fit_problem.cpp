@@ -4,6 +4,8 @@
 // files (fit_data.hpp) or the tokens of a --text corpus; the estimator.
 #include "commands/fit_problem.hpp"
 
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,21 +80,25 @@ OptionValues declared_options(const FitSpec& fit, const FitArgs& args, const Fit
 }
 
 /// The rows of a --text corpus (and of --valid, a text too), and the sizes the family gives them: tokens through the
-/// --vocabulary (or one built from the text), queries from the --embeddings (or the tokens' symbols).
+/// --vocabulary (else the one next to the --init model, so that its symbols keep their ids, else one built from the
+/// text), queries from the --embeddings (or the tokens' symbols).
 void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims, FitProblem& problem) {
   const auto N = dims.find("N");
   if (N == dims.end())
     throw UsageError(
         "--text needs --context-length N: how many tokens (the current one included) each prediction attends over");
-  if (!args.embeddings.empty() && args.vocabulary.empty())
-    throw UsageError("--embeddings needs --vocabulary FILE: the token of each row of the table (one per line)");
   const TokenMode mode = parse_token_mode(args.tokens);
-  const bool fixed = !args.vocabulary.empty();
-  Vocabulary vocab;  // built from the text in its order of first appearance, unless --vocabulary fixes it
+  std::string vocabulary_path = args.vocabulary;
+  if (vocabulary_path.empty() && !args.init.empty() && std::filesystem::exists(vocabulary_path_of(args.init)))
+    vocabulary_path = vocabulary_path_of(args.init);
+  if (!args.embeddings.empty() && vocabulary_path.empty())
+    throw UsageError("--embeddings needs --vocabulary FILE: the token of each row of the table (one per line)");
+  const bool fixed = !vocabulary_path.empty();
+  Vocabulary vocab;  // built from the text in its order of first appearance, unless a vocabulary file fixes it
   vocab.mode = mode;
-  if (fixed) vocab = read_vocabulary(args.vocabulary, given_flag(args, "tokens") ? std::optional(mode) : std::nullopt);
+  if (fixed) vocab = read_vocabulary(vocabulary_path, given_flag(args, "tokens") ? std::optional(mode) : std::nullopt);
   const std::string token_kind = vocab.mode == TokenMode::kChars ? "characters" : "words";
-  const std::string vocabulary_name = fixed ? "the vocabulary " + args.vocabulary : "the training text's vocabulary";
+  const std::string vocabulary_name = fixed ? "the vocabulary " + vocabulary_path : "the training text's vocabulary";
   const TokenizedText train = tokenize_text(args.text, vocab, /*grow=*/!fixed, vocabulary_name);
   std::optional<TokenizedText> valid;
   if (!args.valid.empty()) valid = tokenize_text(args.valid, vocab, /*grow=*/false, vocabulary_name);
@@ -105,10 +111,10 @@ void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims,
   check_length(train, args.text);
   if (valid) check_length(*valid, args.valid);
   std::optional<Matrix> embeddings;
-  if (!args.embeddings.empty()) embeddings = read_embeddings(args.embeddings, vocab, args.vocabulary);
+  if (!args.embeddings.empty()) embeddings = read_embeddings(args.embeddings, vocab, vocabulary_path);
   dims = family.fit.text.dims(vocab.size(), dims, args.text, token_kind, embeddings ? embeddings->cols() : 0);
   problem.data_note = " (vocabulary: " + std::to_string(vocab.size()) + " " + (fixed ? "" : "distinct ") +
-                      token_kind + (fixed ? " from " + args.vocabulary : "") +
+                      token_kind + (fixed ? " from " + vocabulary_path : "") +
                       (train.unknown > 0 ? ", " + std::to_string(train.unknown) + " unknown as " + kUnknownToken : "") +
                       ")";
   const Matrix* table = embeddings ? &*embeddings : nullptr;

@@ -134,3 +134,19 @@ def test_character_vocabularies_hold_newlines_exactly(tmp_path):
     assert doc["tokens"] == "chars" and doc["entries"] == ["a", "b", "\n", "c"]
     scored = run_cli("score", "--model", tmp_path / "c.json", "--text", tmp_path / "c.txt").stdout
     assert scored.startswith("rows=63 ")  # 65 characters, N = 2
+
+
+def test_a_fit_from_an_init_model_reads_its_vocabulary(corpus, tmp_path):
+    """fit --text --init M.json reads the text through M.vocab.json, so the symbols keep the ids the model has."""
+    run_cli("fit", "--text", corpus, "--tokens", "words", "--context-length", 3, "--max-its", 2, "--out",
+            tmp_path / "first.json")
+    (tmp_path / "reordered.txt").write_text(" ".join(reversed(WORDS)) + "\n")  # another first-appearance order
+    fit = run_cli("fit", "--text", tmp_path / "reordered.txt", "--tokens", "words", "--init", tmp_path / "first.json",
+                  "--max-its", 2, "--out", tmp_path / "second.json").stdout
+    assert f"words from {tmp_path / 'first.vocab.json'})" in fit
+    assert (tmp_path / "second.vocab.json").read_text() == (tmp_path / "first.vocab.json").read_text()
+    (tmp_path / "new.txt").write_text("the cat sat on a bed\n")
+    result = run_failing("fit", "--text", tmp_path / "new.txt", "--tokens", "words", "--init", tmp_path / "first.json",
+                         "--out", tmp_path / "third.json")
+    assert result.returncode == 2
+    assert f"token 'a' is not in the vocabulary {tmp_path / 'first.vocab.json'}" in result.stderr
