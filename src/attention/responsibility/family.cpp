@@ -52,7 +52,9 @@ DataOf data_files_of(const AnyDistribution& model) {
 AnyBatch encode(Rows rows, const Dims& dims) {
   const ResponsibilityAttentionEncoder encoder{dims.at("S").value, dims.at("N").value, dims.at("D").value,
                                                dims.at("T").value};
-  if (rows.columns[1].holds_symbols() || rows.n_rows() == 0)  // an empty shard's queries fit either way
+  if (rows.n_rows() == 0)  // an empty shard: symbol queries fit whatever the other processes' rows give
+    return AnyBatch(encoder.encode_symbols(IdMatrix(0, dims.at("N").value), IdVector(), IdVector()));
+  if (rows.columns[1].holds_symbols())
     return AnyBatch(encoder.encode_symbols(std::move(rows.columns[0].ids), id_vector(rows.columns[1]),
                                            id_vector(rows.columns[2])));
   return AnyBatch(encoder.encode(std::move(rows.columns[0].ids), std::move(rows.columns[1].reals),
