@@ -184,6 +184,13 @@ Matrix ModelJsonField::as_sparse_table() const {
     if (size != static_cast<size_t>(rows))
       (*this)[name].fail("must have one entry per row, " + std::to_string(rows) + " (got " + std::to_string(size) +
                          ")");
+  Index listed = 0;
+  for (const ModelJsonField& row : columns)
+    listed += row.value().is_array() ? static_cast<Index>(row.value().size()) : 0;
+  if (rows * cols > kSparseCellsPerNumber * (rows + listed))
+    shape.fail(std::to_string(rows) + " x " + std::to_string(cols) + " cells from " + std::to_string(rows + listed) +
+               " numbers: a sparse table implies at most " + std::to_string(kSparseCellsPerNumber) +
+               " cells per number it holds");
   Matrix out(rows, cols);
   for (Index r = 0; r < rows; ++r) {
     out.row(r).setConstant(defaults[r]);
@@ -268,7 +275,7 @@ json table_to_json(const Matrix& m) {
     for (Index c = 0; c < m.cols(); ++c)
       listed += std::bit_cast<uint64_t>(m(r, c)) != std::bit_cast<uint64_t>(defaults[static_cast<size_t>(r)]);
   }
-  if (listed > cells / 4) return matrix_to_json(m);
+  if (listed > cells / 4 || cells > kSparseCellsPerNumber * (m.rows() + listed)) return matrix_to_json(m);
   json columns = json::array(), values = json::array();
   for (Index r = 0; r < m.rows(); ++r) {
     json at = json::array(), value = json::array();

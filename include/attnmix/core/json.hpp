@@ -91,9 +91,13 @@ inline constexpr Index kSparseTableMinCells = 4096;
 /// The most cells a table in the sparse-rows layout may imply: 2^27, 1 GiB as float64. The loader builds the dense
 /// table, so a larger one is refused, and table_to_json writes larger tables as lists of rows.
 inline constexpr Index kSparseTableMaxCells = Index{1} << 27;
+/// The most cells a table in the sparse-rows layout may imply per number it holds (its defaults and listed values),
+/// so that a small file never makes the loader build a large table: a text model's tables imply a few hundred.
+inline constexpr Index kSparseCellsPerNumber = 1024;
 
 /// A parameter table as matrix_to_json writes it, or, when it has kSparseTableMinCells to kSparseTableMaxCells cells
-/// of which at most a quarter differ from their row's most frequent value, in the sparse-rows layout:
+/// of which at most a quarter differ from their row's most frequent value (and at most kSparseCellsPerNumber per
+/// number written), in the sparse-rows layout:
 ///   {"layout": "sparse_rows", "shape": [R, C], "default": [R values],
 ///    "columns": [R lists of increasing column indices], "values": [R lists of the values there]}
 /// where every cell not listed holds its row's default. Both read back bit for bit through as_matrix(); the

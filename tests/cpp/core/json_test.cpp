@@ -316,6 +316,8 @@ TEST(ModelJsonTest, SparseTableErrorsNameTheField) {
   expect_load_error(broken([](json& t) { t["shape"] = {70, 0}; }), {"params.key_means.shape", "positive"});
   expect_load_error(broken([](json& t) { t["shape"] = {int64_t{1} << 20, int64_t{1} << 20}; }),
                     {"params.key_means.shape", "more than 134217728 cells"});
+  expect_load_error(broken([](json& t) { t["shape"] = {70, 70 * 2000}; }),  // 9.8 million cells from ~280 numbers
+                    {"params.key_means.shape", "at most 1024 cells per number"});
   expect_load_error(broken([](json& t) { t["default"].erase(0); }),
                     {"params.key_means.default", "one entry per row, 70"});
   expect_load_error(broken([](json& t) { t["values"][5].push_back(1.0); }),
