@@ -262,21 +262,14 @@ Index responsibilities(const Tables& m, const ResponsibilityAttentionBatch& batc
   return n_impossible;
 }
 
-/// Pass 2: the statistics of docs/mechanisms.md#responsibility-attention of every row with w_n > 0, in row order.
-/// key_sum is summed in a 64-byte-aligned scratch (8-lane read-modify-writes that straddle cache lines cost twice as
-/// much) and its non-zero entries are then added to acc: into a zeroed accumulator, as parallel_accumulate's partials
-/// are, that gives the bits of adding row by row; untouched entries are left exactly as they were.
-template <Index kBlocks>
-void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
-             const double* __restrict r, ResponsibilityAttentionAccumulator& acc) {
+/// Pass 2: the statistics of docs/mechanisms.md#responsibility-attention of every row with w_n > 0, in row order, for
+/// either kind of query. keys_of(n) gives row n's key statistics: add(s, w r_i) adds position i's share to the key sum
+/// of its symbol s, squared_norm() is ‖y_n‖²; key_mass, emission_count, position_count and query_sq are added here.
+template <class KeysOf>
+void scatter_rows(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
+                  const double* __restrict r, ResponsibilityAttentionAccumulator& acc, KeysOf keys_of) {
   const Index N = m.N;
-  const Index D = m.D;
   const Index T = m.T;
-  const Index S = acc.n_symbols();
-  const Index blocks = full_blocks<kBlocks>(D);
-  const Index stride = (D + kLanes - 1) / kLanes * kLanes;  // padded row of the scratch
-  double* __restrict local = scratch<1>(static_cast<size_t>(S * stride));
-  std::fill(local, local + S * stride, 0.0);
   double* __restrict key_mass = acc.key_mass().data();
   double* __restrict emission = acc.emission_count().data();
   double* __restrict position = acc.position_count().data();
@@ -285,23 +278,63 @@ void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const d
     const double wn = w[n];
     if (wn == 0.0) continue;
     const int64_t* __restrict ctx = batch.context(n);
-    const Query<kBlocks> y(batch.query(n), D);
+    const auto keys = keys_of(n);
     double* __restrict emission_t = emission + batch.target(n);
     const double* __restrict r_row = r + n * N;
     for (Index i = 0; i < N; ++i) {
       const double wr = wn * r_row[i];
       const int64_t s = ctx[i];
-      double* __restrict ks = local + s * stride;
-      const Lanes wr8 = broadcast(wr);
-      for (Index b = 0; b < blocks; ++b) store(ks + b * kLanes, load(ks + b * kLanes) + wr8 * y.block(b));
-      if constexpr (kBlocks == 0)
-        for (Index d = blocks * kLanes; d < D; ++d) ks[d] += wr * y.y[d];
+      keys.add(s, wr);
       key_mass[s] += wr;
       emission_t[s * T] += wr;
     }
     for (Index i = 0; i < N; ++i) position[i] += wn * r_row[i];
-    query_sq += wn * ordered_sum(r_row, N) * squared_norm(y, D);
+    query_sq += wn * ordered_sum(r_row, N) * keys.squared_norm();
   }
+  acc.query_sq() += query_sq;
+}
+
+/// A real-valued query's key statistics: w r_i y added to its symbol's row of the 64-byte-aligned scratch (8-lane
+/// read-modify-writes that straddle cache lines cost twice as much).
+template <Index kBlocks>
+struct ScratchKeys {
+  Query<kBlocks> y;
+  double* local;  // [S, stride]
+  Index stride, D;
+  void add(int64_t s, double wr) const {
+    double* __restrict ks = local + s * stride;
+    const Index blocks = full_blocks<kBlocks>(D);
+    const Lanes wr8 = broadcast(wr);
+    for (Index b = 0; b < blocks; ++b) store(ks + b * kLanes, load(ks + b * kLanes) + wr8 * y.block(b));
+    if constexpr (kBlocks == 0)
+      for (Index d = blocks * kLanes; d < D; ++d) ks[d] += wr * y.y[d];
+  }
+  [[nodiscard]] double squared_norm() const { return attnmix::squared_norm(y, D); }
+};
+
+/// A symbol query's key statistics: w r_i added to key_sum[s, q], the one-hot's only non-zero coordinate; ‖e_q‖² = 1.
+struct SymbolKeys {
+  double* key_sum;  // [S, D]
+  Index D;
+  int64_t q;
+  void add(int64_t s, double wr) const { key_sum[s * D + q] += wr; }
+  [[nodiscard]] static double squared_norm() { return 1.0; }
+};
+
+/// Pass 2 for real-valued queries: key_sum is summed in the scratch and its non-zero entries are then added to acc:
+/// into a zeroed accumulator, as parallel_accumulate's partials are, that gives the bits of adding row by row;
+/// untouched entries are left exactly as they were.
+template <Index kBlocks>
+void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
+             const double* __restrict r, ResponsibilityAttentionAccumulator& acc) {
+  const Index D = m.D;
+  const Index S = acc.n_symbols();
+  const Index stride = (D + kLanes - 1) / kLanes * kLanes;  // padded row of the scratch
+  double* __restrict local = scratch<1>(static_cast<size_t>(S * stride));
+  std::fill(local, local + S * stride, 0.0);
+  scatter_rows(m, batch, w, r, acc, [&](Index n) {
+    return ScratchKeys<kBlocks>{Query<kBlocks>(batch.query(n), D), local, stride, D};
+  });
   double* __restrict key_sum = acc.key_sum().data();
   for (Index s = 0; s < S; ++s) {
     const double* __restrict src = local + s * stride;
@@ -314,39 +347,13 @@ void scatter(const Tables& m, const ResponsibilityAttentionBatch& batch, const d
     for (; d < D; ++d)
       if (src[d] != 0.0) dst[d] += src[d];
   }
-  acc.query_sq() += query_sq;
 }
 
-/// Pass 2 for symbol queries: as scatter, with key_sum[s, q] += w r_i (the one-hot's only non-zero coordinate) added
-/// in row order straight into acc, and ‖e_q‖² = 1.
+/// Pass 2 for symbol queries: key_sum[s, q] += w r_i added in row order straight into acc.
 void scatter_symbols(const Tables& m, const ResponsibilityAttentionBatch& batch, const double* __restrict w,
                      const double* __restrict r, ResponsibilityAttentionAccumulator& acc) {
-  const Index N = m.N;
-  const Index D = m.D;
-  const Index T = m.T;
-  double* __restrict key_sum = acc.key_sum().data();
-  double* __restrict key_mass = acc.key_mass().data();
-  double* __restrict emission = acc.emission_count().data();
-  double* __restrict position = acc.position_count().data();
-  double query_sq = 0.0;
-  for (Index n = 0; n < batch.n_rows(); ++n) {
-    const double wn = w[n];
-    if (wn == 0.0) continue;
-    const int64_t* __restrict ctx = batch.context(n);
-    const int64_t q = batch.query_symbol(n);
-    double* __restrict emission_t = emission + batch.target(n);
-    const double* __restrict r_row = r + n * N;
-    for (Index i = 0; i < N; ++i) {
-      const double wr = wn * r_row[i];
-      const int64_t s = ctx[i];
-      key_sum[s * D + q] += wr;
-      key_mass[s] += wr;
-      emission_t[s * T] += wr;
-    }
-    for (Index i = 0; i < N; ++i) position[i] += wn * r_row[i];
-    query_sq += wn * ordered_sum(r_row, N);
-  }
-  acc.query_sq() += query_sq;
+  double* key_sum = acc.key_sum().data();
+  scatter_rows(m, batch, w, r, acc, [&](Index n) { return SymbolKeys{key_sum, m.D, batch.query_symbol(n)}; });
 }
 
 /// Calls f(std::integral_constant<Index, D / 8>) for the specialised D, f(std::integral_constant<Index, 0>) otherwise.
