@@ -133,6 +133,21 @@ inline double squared_norm(const Query<kBlocks>& y, Index D) {
   return sum;
 }
 
+/// ℓ_i = log π_i − distance(c_i)/(2σ²) + log B[c_i, t] of positions [begin, N), one at a time, into out, folded into
+/// max_l, min_l and nan (distance(s) = ‖y − K[s]‖²).
+template <class Distance>
+inline void log_joint_positions(const Tables& m, const int64_t* __restrict ctx, int64_t t, Index begin,
+                                Distance distance, double* __restrict out, double& max_l, double& min_l, bool& nan) {
+  for (Index i = begin; i < m.N; ++i) {
+    const int64_t s = ctx[i];
+    const double l = m.log_prior[i] - distance(s) * m.inv_two_sigma2 + m.log_emission[s * m.T + t];
+    out[i] = l;
+    max_l = l > max_l ? l : max_l;
+    min_l = l < min_l ? l : min_l;
+    nan |= l != l;
+  }
+}
+
 /// ℓ_i = log π_i − ‖y − K[c_i]‖²/(2σ²) + log B[c_i, t] (without gate_const) into out[N]. Returns max_i ℓ_i, or NaN
 /// when some ℓ_i is NaN; lowest receives min_i ℓ_i. Positions go eight at a time (their distances reduced together
 /// by horizontal_sums), the N mod 8 rest one at a time; every ℓ_i gets the same operations either way.
@@ -173,14 +188,8 @@ inline double log_joint_row(const Tables& m, const int64_t* __restrict ctx, cons
   double min_l = horizontal_min(min8);
   bool nan = false;
   for (int j = 0; j < kLanes; ++j) nan |= nan8[j] != 0;
-  for (; i < N; ++i) {
-    const int64_t s = ctx[i];
-    const double l = m.log_prior[i] - squared_distance(y, K + s * D, D) * m.inv_two_sigma2 + log_B_t[s * T];
-    out[i] = l;
-    max_l = l > max_l ? l : max_l;
-    min_l = l < min_l ? l : min_l;
-    nan |= l != l;
-  }
+  log_joint_positions(m, ctx, t, i, [&](int64_t s) { return squared_distance(y, K + s * D, D); }, out, max_l, min_l,
+                      nan);
   lowest = min_l;
   return nan ? std::numeric_limits<double>::quiet_NaN() : max_l;
 }
@@ -207,15 +216,9 @@ inline double log_joint_symbol_row(const Tables& m, const int64_t* __restrict ct
   double max_l = kNegInf;
   double min_l = kInf;
   bool nan = false;
-  for (Index i = 0; i < m.N; ++i) {
-    const int64_t s = ctx[i];
-    const double dist = 1.0 - 2.0 * m.key_means[s * m.D + q] + m.key_sq_norm[s];
-    const double l = m.log_prior[i] - dist * m.inv_two_sigma2 + m.log_emission[s * m.T + t];
-    out[i] = l;
-    max_l = l > max_l ? l : max_l;
-    min_l = l < min_l ? l : min_l;
-    nan |= l != l;
-  }
+  log_joint_positions(
+      m, ctx, t, 0, [&](int64_t s) { return 1.0 - 2.0 * m.key_means[s * m.D + q] + m.key_sq_norm[s]; }, out, max_l,
+      min_l, nan);
   lowest = min_l;
   return nan ? std::numeric_limits<double>::quiet_NaN() : max_l;
 }
