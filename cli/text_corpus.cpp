@@ -104,6 +104,33 @@ namespace {
 
 constexpr const char* kVocabularyFormat = "attnmix-vocabulary";
 
+/// A token in a vocabulary document: a JSON string, or, for a token that is not valid UTF-8 (a stray byte of a text
+/// split into characters, a word holding one), the array of its byte values, which a JSON string cannot hold.
+std::string token_json(const std::string& token) {
+  try {
+    return nlohmann::json(token).dump();
+  } catch (const nlohmann::json::type_error&) {  // invalid UTF-8
+    nlohmann::json bytes = nlohmann::json::array();
+    for (const char c : token) bytes.push_back(static_cast<unsigned char>(c));
+    return bytes.dump();
+  }
+}
+
+/// The token of an entry written by token_json. @throws ValueError naming `where` for anything else.
+std::string token_of(const nlohmann::json& entry, const std::string& where) {
+  if (entry.is_string()) return entry.get<std::string>();
+  std::string token;
+  if (entry.is_array() && !entry.empty())
+    for (const nlohmann::json& byte : entry) {
+      if (!byte.is_number_unsigned() || byte.get<uint64_t>() > 255) break;
+      token.push_back(static_cast<char>(byte.get<uint64_t>()));
+    }
+  if (token.empty() || token.size() != entry.size())
+    throw ValueError(where + ": must be a string, or the byte values (0 to 255) of a token that is not UTF-8 (got " +
+                     entry.dump() + ")");
+  return token;
+}
+
 /// Checks that `token` is one token of `mode` (a character: one UTF-8 sequence or one stray byte; a word: non-empty,
 /// without white space) and not yet in vocab, then adds it. `where` locates it ("v.txt: line 3").
 void add_entry(Vocabulary& vocab, std::string token, const std::string& where) {
@@ -152,8 +179,7 @@ Vocabulary read_vocabulary_document(const std::string& path, const std::string& 
   for (size_t k = 0; k < doc["entries"].size(); ++k) {
     const nlohmann::json& entry = doc["entries"][k];
     const std::string where = path + ": entries[" + std::to_string(k) + "]";
-    if (!entry.is_string()) throw ValueError(where + ": must be a string (got " + entry.dump() + ")");
-    add_entry(vocab, entry.get<std::string>(), where);
+    add_entry(vocab, token_of(entry, where), where);
   }
   return vocab;
 }
@@ -170,8 +196,7 @@ std::string vocabulary_text(const Vocabulary& vocab) {
   std::string out = std::string("{\"format\": \"") + kVocabularyFormat + "\", \"tokens\": \"" +
                     token_mode_name(vocab.mode) + "\", \"queries\": \"" + vocab.queries + "\", \"entries\": [\n";
   for (size_t k = 0; k < vocab.tokens.size(); ++k)
-    out += nlohmann::json(vocab.tokens[k]).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-           (k + 1 < vocab.tokens.size() ? ",\n" : "\n");
+    out += token_json(vocab.tokens[k]) + (k + 1 < vocab.tokens.size() ? ",\n" : "\n");
   return out + "]}\n";
 }
 

@@ -58,8 +58,9 @@ struct TokenizedText {
 [[nodiscard]] std::string vocabulary_path_of(const std::string& model_path);
 
 /// The vocabulary document: {"format": "attnmix-vocabulary", "tokens": "chars"|"words", "queries":
-/// "symbols"|"embeddings", "entries": [token of id 0, …]} (JSON strings, so any token, a newline included, is written
-/// exactly); "queries" says whether the model was fitted with --embeddings, which scoring then needs again.
+/// "symbols"|"embeddings", "entries": [token of id 0, …]} (JSON strings, so a newline is written exactly; a token that
+/// is not UTF-8 as the array of its byte values); "queries" says whether the model was fitted with --embeddings, which
+/// scoring then needs again.
 [[nodiscard]] std::string vocabulary_text(const Vocabulary& vocab);
 
 /// Reads a vocabulary file: the document vocabulary_text writes (its "tokens" must agree with `mode` when given), or

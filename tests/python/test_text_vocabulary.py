@@ -150,3 +150,17 @@ def test_a_fit_from_an_init_model_reads_its_vocabulary(corpus, tmp_path):
                          "--out", tmp_path / "third.json")
     assert result.returncode == 2
     assert f"token 'a' is not in the vocabulary {tmp_path / 'first.vocab.json'}" in result.stderr
+
+
+def test_tokens_that_are_not_utf8_are_written_as_their_bytes(tmp_path):
+    """A stray byte of a character split (and a word holding one) is no JSON string: the vocabulary lists its byte
+    values, and score reads the text back through it."""
+    (tmp_path / "b.txt").write_bytes(b"ab\xffba\xfe\xffab\n" * 3)
+    run_cli("fit", "--text", tmp_path / "b.txt", "--context-length", 2, "--max-its", 2, "--out", tmp_path / "b.json")
+    assert json.loads((tmp_path / "b.vocab.json").read_text())["entries"] == ["a", "b", [255], [254], "\n"]
+    assert run_cli("score", "--model", tmp_path / "b.json", "--text", tmp_path / "b.txt").stdout.startswith("rows=28 ")
+    (tmp_path / "w.txt").write_bytes(b"caf\xe9 bar caf\xe9 bar\n")
+    run_cli("fit", "--text", tmp_path / "w.txt", "--tokens", "words", "--context-length", 1, "--max-its", 2,
+            "--out", tmp_path / "w.json")
+    assert json.loads((tmp_path / "w.vocab.json").read_text())["entries"] == [[99, 97, 102, 233], "bar"]
+    assert run_cli("score", "--model", tmp_path / "w.json", "--text", tmp_path / "w.txt").stdout.startswith("rows=3 ")
