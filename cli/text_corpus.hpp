@@ -4,9 +4,9 @@
 /// the file is split into characters (UTF-8 code points; a byte that is not valid UTF-8 becomes a token of its own;
 /// newlines are characters too) or, with `--tokens words`, into whitespace-separated words, and the tokens become ids
 /// through a vocabulary. A fit without --vocabulary reads the one next to its --init model, or builds one in order of
-/// first appearance; every --text fit writes
-/// the vocabulary it used next to the model (vocabulary_path_of), and score and predict read it there. A vocabulary
-/// file is that JSON document or a plain list of tokens, one per line (line k: id k), such as embedding tables ship.
+/// first appearance; every --text fit writes the vocabulary it used next to the model (vocabulary_path_of), and score
+/// and predict read it there. A vocabulary file is that JSON document or a plain list of tokens, one per line (line
+/// k: id k), such as embedding tables ship.
 /// Unknown tokens (absent from a fixed vocabulary) map to its "<unk>" entry when it has one and are an error naming
 /// the file, line and token otherwise.
 #pragma once
