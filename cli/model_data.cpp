@@ -80,10 +80,7 @@ ModelData read_model_text(const AnyDistribution& model, const std::string& model
                      "); give them again with --embeddings FILE");
   }
   const TokenizedText tokens = tokenize_text(input.text, vocab, /*grow=*/false, "the vocabulary " + vocabulary_path);
-  if (static_cast<int64_t>(tokens.ids.size()) <= N)
-    throw ValueError(input.text + ": has " + std::to_string(tokens.ids.size()) +
-                     " tokens; the model's context of N = " + std::to_string(N) + " needs at least " +
-                     std::to_string(N + 1));
+  check_text_length(tokens, input.text, N, vocab.mode);
   if (tokens.unknown > 0)
     std::cerr << "note: " << tokens.unknown << " tokens of " << input.text << " are not in " << vocabulary_path
               << " and were read as " << kUnknownToken << "\n";

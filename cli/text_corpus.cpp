@@ -57,6 +57,15 @@ TokenMode parse_token_mode(const std::string& text) {
 
 const char* token_mode_name(TokenMode mode) { return mode == TokenMode::kChars ? "chars" : "words"; }
 
+const char* token_kind(TokenMode mode) { return mode == TokenMode::kChars ? "characters" : "words"; }
+
+void check_text_length(const TokenizedText& text, const std::string& path, int64_t context, TokenMode mode) {
+  if (static_cast<int64_t>(text.ids.size()) <= context)
+    throw ValueError(path + ": has " + std::to_string(text.ids.size()) + " " + token_kind(mode) +
+                     "; a context of N = " + std::to_string(context) + " needs at least " +
+                     std::to_string(context + 1));
+}
+
 TokenizedText tokenize_text(const std::string& path, Vocabulary& vocab, bool grow,
                             const std::string& vocabulary_name) {
   const std::string text = read_input_file(path, "the text file");

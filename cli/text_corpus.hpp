@@ -53,6 +53,12 @@ struct TokenizedText {
 [[nodiscard]] TokenMode parse_token_mode(const std::string& text);
 /// "chars" or "words".
 [[nodiscard]] const char* token_mode_name(TokenMode mode);
+/// "characters" or "words": what a text of this mode is made of, in messages.
+[[nodiscard]] const char* token_kind(TokenMode mode);
+
+/// Checks that the text at `path` has more tokens than the context N, which its first row needs.
+/// @throws ValueError naming the file, its token count and N.
+void check_text_length(const TokenizedText& text, const std::string& path, int64_t context, TokenMode mode);
 
 /// Where a --text fit writes the vocabulary of the model at `model_path`: "lm.json" → "lm.vocab.json", any other
 /// name + ".vocab.json".

@@ -97,24 +97,19 @@ void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims,
   Vocabulary vocab;  // built from the text in its order of first appearance, unless a vocabulary file fixes it
   vocab.mode = mode;
   if (fixed) vocab = read_vocabulary(vocabulary_path, given_flag(args, "tokens") ? std::optional(mode) : std::nullopt);
-  const std::string token_kind = vocab.mode == TokenMode::kChars ? "characters" : "words";
   const std::string vocabulary_name = fixed ? "the vocabulary " + vocabulary_path : "the training text's vocabulary";
   const TokenizedText train = tokenize_text(args.text, vocab, /*grow=*/!fixed, vocabulary_name);
   std::optional<TokenizedText> valid;
   if (!args.valid.empty()) valid = tokenize_text(args.valid, vocab, /*grow=*/false, vocabulary_name);
   const int64_t context = N->second.value;
-  const auto check_length = [&](const TokenizedText& t, const std::string& path) {
-    if (static_cast<int64_t>(t.ids.size()) <= context)
-      throw ValueError(path + ": has " + std::to_string(t.ids.size()) + " " + token_kind + "; a context of N = " +
-                       std::to_string(context) + " needs at least " + std::to_string(context + 1));
-  };
-  check_length(train, args.text);
-  if (valid) check_length(*valid, args.valid);
+  check_text_length(train, args.text, context, vocab.mode);
+  if (valid) check_text_length(*valid, args.valid, context, vocab.mode);
   std::optional<Matrix> embeddings;
   if (!args.embeddings.empty()) embeddings = read_embeddings(args.embeddings, vocab, vocabulary_path);
-  dims = family.fit.text.dims(vocab.size(), dims, args.text, token_kind, embeddings ? embeddings->cols() : 0);
+  dims = family.fit.text.dims(vocab.size(), dims, args.text, token_kind(vocab.mode),
+                              embeddings ? embeddings->cols() : 0);
   problem.data_note = " (vocabulary: " + std::to_string(vocab.size()) + " " + (fixed ? "" : "distinct ") +
-                      token_kind + (fixed ? " from " + vocabulary_path : "") +
+                      token_kind(vocab.mode) + (fixed ? " from " + vocabulary_path : "") +
                       (train.unknown > 0 ? ", " + std::to_string(train.unknown) + " unknown as " + kUnknownToken : "") +
                       ")";
   const Matrix* table = embeddings ? &*embeddings : nullptr;
