@@ -57,9 +57,13 @@ std::vector<py::object> fields_of(py::handle obs, size_t arity, const std::strin
 /// Whether a query is given as a symbol: a Python or numpy integer (not a bool), or a 1-D numpy integer array for a
 /// whole batch (`ndim` 1).
 bool is_symbol_query(py::handle query, Index ndim) {
-  if (ndim == 0)
-    return !PyBool_Check(query.ptr()) &&
-           (PyLong_Check(query.ptr()) || py::isinstance(query, py::module_::import("numpy").attr("integer")));
+  if (ndim == 0) {
+    if (PyBool_Check(query.ptr())) return false;
+    if (PyLong_Check(query.ptr())) return true;
+    // A row's query vector (a list, an array) is the common case: only a lone scalar asks numpy for its type.
+    if (PySequence_Check(query.ptr()) || is_ndarray(query)) return false;
+    return py::isinstance(query, py::module_::import("numpy").attr("integer"));
+  }
   if (!is_ndarray(query)) return false;
   const py::array a = py::reinterpret_borrow<py::array>(query);
   return a.ndim() == ndim && a.dtype().kind() != 'b' && (a.dtype().kind() == 'i' || a.dtype().kind() == 'u');
