@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
 """Responsibility attention on a real corpus: the King James Bible of Debian's bible-kjv packages, split into words,
-fitted by `attnmix fit --text` on prefixes of growing size. For each prefix: the words, the word types S, the distinct
-(context symbol, target) and (context symbol, query symbol) pairs the data hold, the EM iteration's seconds (the
-median of the fit's iterations, from --history), the peak resident memory of the whole command and the model file's
-size. A prefix whose dense tables (S × S keys, S × S emission) would not fit in --max-gb is not run, and the table says
-what it would need.
+fitted by `attnmix fit --text` on prefixes of growing size, with dense tables (--family ra) and with sparse ones
+(--family ra-sparse). For each prefix and family: the words, the word types S, the distinct (context symbol, target)
+and (context symbol, query symbol) pairs the data hold, the EM iteration's seconds (the median of the fit's
+iterations, from --history), the peak resident memory of the whole command and the model file's size. A dense fit
+whose tables (S × S keys, S × S emission) would not fit in --max-gb is not run, and the table says what it would need.
 
 Run: make bench-corpus (installs bible-kjv, builds attnmix), or
-    /usr/bin/python3 bench/real_corpus.py --cli build/cli/attnmix [--sizes 100000,200000,...] [--json out.json]
+    /usr/bin/python3 bench/real_corpus.py --cli build/cli/attnmix [--sizes 100000,200000,...] [--families ra,ra-sparse]
+        [--json out.json]
 """
 import argparse
 import json
@@ -49,10 +50,10 @@ def pair_counts(words, context):
     return len(ids), len(emission), len(keys)
 
 
-def fit(cli, text_path, directory):
+def fit(cli, family, text_path, directory):
     """Runs the fit; returns (peak RSS bytes, median iteration seconds, model bytes)."""
     model, history = os.path.join(directory, "m.json"), os.path.join(directory, "h.jsonl")
-    command = [cli, "fit", "--family", "ra", "--text", text_path, "--tokens", "words", "--context-length",
+    command = [cli, "fit", "--family", family, "--text", text_path, "--tokens", "words", "--context-length",
                str(CONTEXT), "--max-its", str(ITERATIONS), "--delta", "none", "--threads", "1", "--out", model,
                "--history", history]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -67,9 +68,10 @@ def fit(cli, text_path, directory):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cli", default="build/cli/attnmix")
-    parser.add_argument("--sizes", default="100000,200000,400000,2000000",
+    parser.add_argument("--sizes", default="100000,200000,400000,2000000,4500000",
                         help="prefix sizes in bytes (whole lines), comma-separated")
-    parser.add_argument("--max-gb", type=float, default=8.0, help="skip prefixes whose dense tables need more")
+    parser.add_argument("--families", default="ra,ra-sparse", help="the families fitted, comma-separated")
+    parser.add_argument("--max-gb", type=float, default=8.0, help="skip dense fits whose tables need more")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     text = kjv_text()
@@ -79,26 +81,28 @@ def main():
             prefix = text[:text.rfind("\n", 0, size) + 1]
             words = prefix.split()
             types, emission_pairs, key_pairs = pair_counts(words, CONTEXT)
-            row = {"bytes": len(prefix.encode()), "words": len(words), "types": types,
-                   "emission_pairs": emission_pairs, "key_pairs": key_pairs,
-                   "dense_gb": DENSE_TABLES * types * types * 8 / 1e9}
-            if row["dense_gb"] > args.max_gb:
-                row["skipped"] = f"dense tables need about {row['dense_gb']:.0f} GB (> --max-gb {args.max_gb:g})"
-            else:
-                path = os.path.join(directory, "prefix.txt")
-                with open(path, "w") as f:
-                    f.write(prefix)
-                rss, seconds, model = fit(args.cli, path, directory)
-                row.update(peak_rss_mb=rss / 1e6, iteration_s=seconds, model_mb=model / 1e6)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
-    print("| corpus bytes | words | word types S | (context, target) pairs | (context, query) pairs | "
+            path = os.path.join(directory, "prefix.txt")
+            with open(path, "w") as f:
+                f.write(prefix)
+            for family in args.families.split(","):
+                row = {"family": family, "bytes": len(prefix.encode()), "words": len(words), "types": types,
+                       "emission_pairs": emission_pairs, "key_pairs": key_pairs,
+                       "dense_gb": DENSE_TABLES * types * types * 8 / 1e9}
+                if family == "ra" and row["dense_gb"] > args.max_gb:
+                    row["skipped"] = f"dense tables need about {row['dense_gb']:.0f} GB (> --max-gb {args.max_gb:g})"
+                else:
+                    rss, seconds, model = fit(args.cli, family, path, directory)
+                    row.update(peak_rss_mb=rss / 1e6, iteration_s=seconds, model_mb=model / 1e6)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    print("| family | corpus bytes | words | word types S | (context, target) pairs | (context, query) pairs | "
           "peak RSS | EM iteration | model file |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         measured = (f"{r['peak_rss_mb']:.0f} MB | {r['iteration_s']:.2f} s | {r['model_mb']:.2f} MB"
                     if "skipped" not in r else f"not run: {r['skipped']} | | ")
-        print(f"| {r['bytes']} | {r['words']} | {r['types']} | {r['emission_pairs']} | {r['key_pairs']} | {measured} |")
+        print(f"| {r['family']} | {r['bytes']} | {r['words']} | {r['types']} | {r['emission_pairs']} | "
+              f"{r['key_pairs']} | {measured} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"context_length": CONTEXT, "iterations": ITERATIONS, "threads": 1, "rows": rows}, f, indent=1)

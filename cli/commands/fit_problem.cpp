@@ -133,9 +133,13 @@ void read_text_corpus(const FamilySpec& family, const FitArgs& args, Dims& dims,
 /// (…) must have at most 2^48 elements (S = 4611686018427387905 (from the largest key, value or query id at
 /// ca.jsonl: line 3, field keys), T = 6 (from the largest target))".
 AnyEstimator build_estimator(const FamilySpec& family, const Dims& dims, const OptionValues& options,
-                             const FitArgs& args, const FitInit* init) {
+                             const FitArgs& args, const FitInit* init, const AnyBatch* rows) {
   try {
-    return family.fit.make_estimator({.sizes = dims, .options = options, .seed = args.optimize.seed},
+    return family.fit.make_estimator({.sizes = dims,
+                                      .options = options,
+                                      .seed = args.optimize.seed,
+                                      .rows = rows,
+                                      .communicator = args.communicator},
                                      init ? &init->model : nullptr);
   } catch (const ValueError& e) {
     std::string origins;
@@ -169,9 +173,11 @@ FitProblem prepare_fit(const FamilySpec& family, const FitArgs& args, const FitI
   }
   problem.mechanism = fit.mechanism ? fit.mechanism(dims) : std::string(family.title);
   if (init && fit.initial) problem.initial = fit.initial(init->model, options);
-  // Built before the rows are encoded: sizes too large for the model fail here, before anything is sized.
-  problem.estimator = build_estimator(family, dims, options, args, init);
+  // Built before the rows are encoded: sizes too large for the model fail here, before anything is sized. A family
+  // whose statistics take their shape from the rows (sparse tables) has its estimator built from them.
+  if (!fit.shaped_by_data) problem.estimator = build_estimator(family, dims, options, args, init, nullptr);
   if (rows) take_fit_rows(problem, std::move(*rows), args, family.encode);
+  if (fit.shaped_by_data) problem.estimator = build_estimator(family, dims, options, args, init, &problem.train);
   for (const SizeSpec& size : fit.sizes) {
     const int64_t value = dims.at(std::string(size.symbol)).value;
     const std::string text = std::string(size.symbol) + "=" + std::to_string(value);

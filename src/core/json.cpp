@@ -162,7 +162,9 @@ Matrix ModelJsonField::as_matrix() const {
   return out;
 }
 
-Matrix ModelJsonField::as_sparse_table() const {
+SparseRows ModelJsonField::as_sparse_rows() const { return sparse_rows(/*dense_limits=*/false); }
+
+SparseRows ModelJsonField::sparse_rows(bool dense_limits) const {
   constexpr std::array<std::string_view, 5> kFields{"layout", "shape", "default", "columns", "values"};
   expect_object(kFields, {});
   const ModelJsonField layout = (*this)["layout"];
@@ -171,43 +173,61 @@ Matrix ModelJsonField::as_sparse_table() const {
   const ModelJsonField shape = (*this)["shape"];
   const std::vector<ModelJsonField> extent = shape.elements();
   if (extent.size() != 2) shape.fail("must be [rows, columns] (got " + std::to_string(extent.size()) + " entries)");
-  const int64_t rows = extent[0].as_int(), cols = extent[1].as_int();
-  if (rows < 1 || cols < 1) shape.fail("must be two positive sizes");
-  if (cols > kSparseTableMaxCells / rows)
-    shape.fail(std::to_string(rows) + " x " + std::to_string(cols) + " is more than " +
+  SparseRows table;
+  table.rows = extent[0].as_int();
+  table.cols = extent[1].as_int();
+  if (table.rows < 1 || table.cols < 1) shape.fail("must be two positive sizes");
+  if (dense_limits && table.cols > kSparseTableMaxCells / table.rows)
+    shape.fail(std::to_string(table.rows) + " x " + std::to_string(table.cols) + " is more than " +
                std::to_string(kSparseTableMaxCells) + " cells, the most a sparse table may hold");
-  const Vector defaults = (*this)["default"].as_vector();
+  table.defaults = (*this)["default"].as_vector();
   const std::vector<ModelJsonField> columns = (*this)["columns"].elements();
   const std::vector<ModelJsonField> values = (*this)["values"].elements();
-  for (const auto& [name, size] : {std::pair<const char*, size_t>{"default", static_cast<size_t>(defaults.size())},
-                                   {"columns", columns.size()}, {"values", values.size()}})
-    if (size != static_cast<size_t>(rows))
-      (*this)[name].fail("must have one entry per row, " + std::to_string(rows) + " (got " + std::to_string(size) +
-                         ")");
-  Index listed = 0;
+  for (const auto& [name, size] :
+       {std::pair<const char*, size_t>{"default", static_cast<size_t>(table.defaults.size())},
+        {"columns", columns.size()}, {"values", values.size()}})
+    if (size != static_cast<size_t>(table.rows))
+      (*this)[name].fail("must have one entry per row, " + std::to_string(table.rows) + " (got " +
+                         std::to_string(size) + ")");
+  Index cells = 0;
   for (const ModelJsonField& row : columns)
-    listed += row.value().is_array() ? static_cast<Index>(row.value().size()) : 0;
-  if (rows * cols > kSparseCellsPerNumber * (rows + listed))
-    shape.fail(std::to_string(rows) + " x " + std::to_string(cols) + " cells from " + std::to_string(rows + listed) +
-               " numbers: a sparse table implies at most " + std::to_string(kSparseCellsPerNumber) +
-               " cells per number it holds");
-  Matrix out(rows, cols);
-  for (Index r = 0; r < rows; ++r) {
-    out.row(r).setConstant(defaults[r]);
-    const std::vector<ModelJsonField> at = columns[static_cast<size_t>(r)].elements();
-    const Vector v = values[static_cast<size_t>(r)].as_vector();
+    cells += row.value().is_array() ? static_cast<Index>(row.value().size()) : 0;
+  if (table.cols > kSparseCellsPerNumber * (table.rows + cells) / table.rows)
+    shape.fail(std::to_string(table.rows) + " x " + std::to_string(table.cols) + " cells from " +
+               std::to_string(table.rows + cells) + " numbers: a sparse table implies at most " +
+               std::to_string(kSparseCellsPerNumber) + " cells per number it holds");
+  table.row_begin.reserve(static_cast<size_t>(table.rows) + 1);
+  table.row_begin.push_back(0);
+  std::vector<double> listed;
+  for (size_t r = 0; r < static_cast<size_t>(table.rows); ++r) {
+    const std::vector<ModelJsonField> at = columns[r].elements();
+    const Vector v = values[r].as_vector();
     if (static_cast<size_t>(v.size()) != at.size())
-      values[static_cast<size_t>(r)].fail("has " + std::to_string(v.size()) + " values but columns row " +
-                                          std::to_string(r) + " has " + std::to_string(at.size()));
+      values[r].fail("has " + std::to_string(v.size()) + " values but columns row " + std::to_string(r) + " has " +
+                     std::to_string(at.size()));
     int64_t previous = -1;
     for (size_t k = 0; k < at.size(); ++k) {
       const int64_t c = at[k].as_int();
-      if (c <= previous || c >= cols)
-        at[k].fail("must be a column index above " + std::to_string(previous) + " and below " + std::to_string(cols) +
-                   " (the columns of a row increase)");
-      out(r, c) = v[static_cast<Index>(k)];
+      if (c <= previous || c >= table.cols)
+        at[k].fail("must be a column index above " + std::to_string(previous) + " and below " +
+                   std::to_string(table.cols) + " (the columns of a row increase)");
+      table.columns.push_back(c);
+      listed.push_back(v[static_cast<Index>(k)]);
       previous = c;
     }
+    table.row_begin.push_back(static_cast<int64_t>(table.columns.size()));
+  }
+  table.values = Eigen::Map<const Vector>(listed.data(), static_cast<Index>(listed.size()));
+  return table;
+}
+
+Matrix ModelJsonField::as_sparse_table() const {
+  const SparseRows table = sparse_rows(/*dense_limits=*/true);
+  Matrix out(table.rows, table.cols);
+  for (Index r = 0; r < table.rows; ++r) {
+    out.row(r).setConstant(table.defaults[r]);
+    for (int64_t k = table.row_begin[static_cast<size_t>(r)]; k < table.row_begin[static_cast<size_t>(r) + 1]; ++k)
+      out(r, table.columns[static_cast<size_t>(k)]) = table.values[k];
   }
   return out;
 }
@@ -265,30 +285,44 @@ double most_frequent(const Matrix& m, Index r) {
 }
 }  // namespace
 
-json table_to_json(const Matrix& m) {
-  const Index cells = m.rows() * m.cols();
-  if (cells < kSparseTableMinCells || cells > kSparseTableMaxCells) return matrix_to_json(m);
-  std::vector<double> defaults(static_cast<size_t>(m.rows()));
-  Index listed = 0;
-  for (Index r = 0; r < m.rows(); ++r) {
-    defaults[static_cast<size_t>(r)] = most_frequent(m, r);
-    for (Index c = 0; c < m.cols(); ++c)
-      listed += std::bit_cast<uint64_t>(m(r, c)) != std::bit_cast<uint64_t>(defaults[static_cast<size_t>(r)]);
-  }
-  if (listed > cells / 4 || cells > kSparseCellsPerNumber * (m.rows() + listed)) return matrix_to_json(m);
+json sparse_rows_to_json(const SparseRows& table) {
   json columns = json::array(), values = json::array();
-  for (Index r = 0; r < m.rows(); ++r) {
+  for (size_t r = 0; r < static_cast<size_t>(table.rows); ++r) {
     json at = json::array(), value = json::array();
-    for (Index c = 0; c < m.cols(); ++c)
-      if (std::bit_cast<uint64_t>(m(r, c)) != std::bit_cast<uint64_t>(defaults[static_cast<size_t>(r)])) {
-        at.push_back(c);
-        value.push_back(m(r, c));
-      }
+    for (int64_t k = table.row_begin[r]; k < table.row_begin[r + 1]; ++k) {
+      at.push_back(table.columns[static_cast<size_t>(k)]);
+      value.push_back(table.values[k]);
+    }
     columns.push_back(std::move(at));
     values.push_back(std::move(value));
   }
-  return json{{"layout", kSparseRows}, {"shape", {m.rows(), m.cols()}}, {"default", defaults},
-              {"columns", std::move(columns)}, {"values", std::move(values)}};
+  return json{{"layout", kSparseRows},
+              {"shape", {table.rows, table.cols}},
+              {"default", std::vector<double>(table.defaults.begin(), table.defaults.end())},
+              {"columns", std::move(columns)},
+              {"values", std::move(values)}};
+}
+
+json table_to_json(const Matrix& m) {
+  const Index cells = m.rows() * m.cols();
+  if (cells < kSparseTableMinCells || cells > kSparseTableMaxCells) return matrix_to_json(m);
+  SparseRows table{.rows = m.rows(), .cols = m.cols(), .defaults = Vector(m.rows()), .row_begin = {0}, .columns = {},
+                   .values = {}};
+  std::vector<double> listed;
+  const auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  for (Index r = 0; r < m.rows(); ++r) {
+    table.defaults[r] = most_frequent(m, r);
+    for (Index c = 0; c < m.cols(); ++c)
+      if (bits(m(r, c)) != bits(table.defaults[r])) {
+        table.columns.push_back(c);
+        listed.push_back(m(r, c));
+      }
+    table.row_begin.push_back(static_cast<int64_t>(listed.size()));
+  }
+  const auto n_listed = static_cast<Index>(listed.size());
+  if (n_listed > cells / 4 || cells > kSparseCellsPerNumber * (m.rows() + n_listed)) return matrix_to_json(m);
+  table.values = Eigen::Map<const Vector>(listed.data(), n_listed);
+  return sparse_rows_to_json(table);
 }
 
 json vector_to_json(const Vector& v) {

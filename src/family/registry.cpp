@@ -6,6 +6,7 @@
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/sparse_responsibility.hpp"
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/errors.hpp"
@@ -18,11 +19,12 @@
 namespace attnmix {
 
 std::span<const FamilySpec* const> families() {
-  static const std::array<const FamilySpec*, 8> kFamilies{
+  static const std::array<const FamilySpec*, 9> kFamilies{
       &responsibility_attention_family(),
       &chained_attention_family(),
       &variational_embedding_attention_family(),
       &variational_multihop_attention_family(),
+      &sparse_responsibility_attention_family(),
       &mixture_family(),
       &categorical_family(),
       &diagonal_gaussian_family(),

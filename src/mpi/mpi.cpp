@@ -3,6 +3,7 @@
 #include "attnmix/mpi/mpi.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +40,24 @@ std::vector<int64_t> MpiCommunicator::all_counts(int64_t own) const {
   std::vector<int64_t> counts(static_cast<size_t>(size_));
   check(MPI_Allgather(&own, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, comm_), "MPI_Allgather");
   return counts;
+}
+
+std::vector<int64_t> MpiCommunicator::all_values(std::span<const int64_t> own) const {
+  const std::vector<int64_t> counts = all_counts(static_cast<int64_t>(own.size()));
+  std::vector<int> sizes(counts.size()), offsets(counts.size());
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (total + counts[r] > std::numeric_limits<int>::max())
+      throw std::runtime_error("MPI: all_values of more than 2^31 values");
+    offsets[r] = static_cast<int>(total);
+    sizes[r] = static_cast<int>(counts[r]);
+    total += counts[r];
+  }
+  std::vector<int64_t> out(static_cast<size_t>(total));
+  check(MPI_Allgatherv(own.data(), static_cast<int>(own.size()), MPI_INT64_T, out.data(), sizes.data(),
+                       offsets.data(), MPI_INT64_T, comm_),
+        "MPI_Allgatherv");
+  return out;
 }
 
 std::string MpiCommunicator::first_failure(const std::string& own) const {

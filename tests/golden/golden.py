@@ -123,6 +123,20 @@ def cases():
         ("score_ca_mismatched", ["score", "--model", "{D}/ca_model.json", "--data", "{G}/ca_mismatched.jsonl"], []),
         ("score_ca_bool_query", ["score", "--model", "{D}/ca_model.json", "--data", "{G}/ca_bool_query.jsonl"], []),
     ]
+    # Responsibility attention with sparse tables: symbol queries (the rows of the variational family's files).
+    out += [
+        ("fit_ra_sparse_jsonl", ["fit", "--family", "ra-sparse", "--data", "{D}/vea_small.jsonl", "--out", "{O}/m.json",
+                                 "--max-its", "3", "--seed", "5", "--estimate-sigma2"], ["m.json"]),
+        ("fit_ra_sparse_text", ["fit", "--family", "ra-sparse", "--text", "{G}/tiny.txt", "--tokens", "words",
+                                "--context-length", "2", "--out", "{O}/m.json", "--max-its", "2"], ["m.json"]),
+        ("fit_ra_sparse_vector_query", ["fit", "--family", "ra-sparse", "--data", "{D}/ra_small.jsonl", "--out",
+                                        "{O}/m.json"], []),
+        ("score_ra_sparse", ["score", "--model", "{G}/ra_sparse_model.json", "--data", "{D}/vea_small.jsonl",
+                             "--per-row"], []),
+        ("predict_ra_sparse_proba", ["predict", "--model", "{G}/ra_sparse_model.json", "--data",
+                                     "{D}/vea_small_no_target.npz", "--proba"], []),
+        ("sample_ra_sparse", ["sample", "--model", "{G}/ra_sparse_model.json", "-n", "2", "--seed", "1"], []),
+    ]
     # The families without a context: a value per row.
     for f, flags in (("categorical", ["--smoothing", "0.5"]), ("gaussian", ["--min-sigma2", "0.01"])):
         out += [

@@ -17,6 +17,17 @@
 
 namespace attnmix {
 
+/// A table in the sparse-rows layout: R × C cells, where row r lists its cells columns[row_begin[r] ..
+/// row_begin[r + 1]) (increasing) with values at the same indices, and every other cell holds defaults[r].
+struct SparseRows {
+  Index rows = 0;                  ///< R
+  Index cols = 0;                  ///< C
+  Vector defaults;                 ///< [R]
+  std::vector<int64_t> row_begin;  ///< [R + 1], from 0 to the number of listed cells
+  std::vector<int64_t> columns;    ///< the listed cells' columns, row by row
+  Vector values;                   ///< the listed cells' values, in the order of columns
+};
+
 /// A read-only view of one JSON value at a known path in a known source, with typed accessors whose
 /// errors name both: "model.json: params.key_means: row 2 has 3 entries (row 0 has 4)". Every
 /// accessor throws ValueError.
@@ -60,6 +71,11 @@ class ModelJsonField {
   [[nodiscard]] Vector as_vector() const;
   /// A 2-D array of numbers (a list of equally long rows), or a table in the sparse-rows layout (table_to_json).
   [[nodiscard]] Matrix as_matrix() const;
+  /// A table in the sparse-rows layout (sparse_rows_to_json), every member checked: one default, column list and
+  /// value list per row, each row's columns increasing within [0, C), as many values as columns, and at most
+  /// kSparseCellsPerNumber cells per number the file holds (so that a small file never implies a huge table). It builds
+  /// no dense table, so R × C may exceed kSparseTableMaxCells.
+  [[nodiscard]] SparseRows as_sparse_rows() const;
 
   /// Runs a validating constructor; its TypeError/ValueError is rethrown as a ValueError naming
   /// this field. When the message starts with "<family_where>: <member> …" for a member of this
@@ -74,7 +90,10 @@ class ModelJsonField {
   }
 
  private:
-  /// as_matrix() of an object: the sparse-rows layout of table_to_json, every member checked.
+  /// as_sparse_rows(); with dense_limits, a table of more than kSparseTableMaxCells cells is refused too. Both limits
+  /// are checked before the rows are read.
+  [[nodiscard]] SparseRows sparse_rows(bool dense_limits) const;
+  /// as_matrix() of an object: sparse_rows(true) made dense.
   [[nodiscard]] Matrix as_sparse_table() const;
   [[noreturn]] void rethrow_constructor_error(std::string_view family_where,
                                               std::string_view message) const;
@@ -94,6 +113,9 @@ inline constexpr Index kSparseTableMaxCells = Index{1} << 27;
 /// The most cells a table in the sparse-rows layout may imply per number it holds (its defaults and listed values),
 /// so that a small file never makes the loader build a large table: a text model's tables imply a few hundred.
 inline constexpr Index kSparseCellsPerNumber = 1024;
+
+/// The sparse-rows layout of a table (see table_to_json). O(R + listed cells).
+[[nodiscard]] nlohmann::json sparse_rows_to_json(const SparseRows& table);
 
 /// A parameter table as matrix_to_json writes it, or, when it has kSparseTableMinCells to kSparseTableMaxCells cells
 /// of which at most a quarter differ from their row's most frequent value (and at most kSparseCellsPerNumber per

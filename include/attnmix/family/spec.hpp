@@ -26,6 +26,7 @@
 #include "attnmix/core/any.hpp"
 #include "attnmix/core/json.hpp"
 #include "attnmix/family/options.hpp"
+#include "attnmix/inference/communicator.hpp"
 #include "attnmix/io/rows.hpp"
 
 namespace attnmix {
@@ -93,6 +94,11 @@ struct EstimatorSettings {
   uint64_t seed = 0;          ///< the seed of a fresh initialisation (Monte-Carlo families)
   std::string name = {};      ///< the model's name (empty: none)
   std::optional<std::string> keys = {};  ///< the statistics' key: accumulators with equal keys are merged
+  /// To make the estimator of a family whose statistics take their shape from the data (FitSpec::shaped_by_data):
+  /// the training rows of this process, and the processes of a distributed fit (null: one process), whose rows
+  /// together give the shape.
+  const AnyBatch* rows = nullptr;
+  const Communicator* communicator = nullptr;
 };
 
 /// A family that can be fitted to a plain-text corpus: the corpus's tokens become its rows.
@@ -111,6 +117,9 @@ struct FitSpec {
   std::vector<SizeSpec> sizes = {};       ///< in the order messages list them
   std::vector<OptionSpec> options = {};   ///< the option table (family/options.hpp)
   bool stochastic = false;                ///< a Monte-Carlo objective: the score does not rise monotonically
+  /// The statistics' shape comes from the training rows (the cells of sparse tables): make_estimator needs
+  /// EstimatorSettings::rows.
+  bool shaped_by_data = false;
   /// Every size a saved model fixes, each "from" nothing (the caller names the file).
   Dims (*model_sizes)(const AnyDistribution& model) = nullptr;
   /// The values a saved model holds of the options marked from_model (null: it holds none).

@@ -37,6 +37,8 @@ class Communicator {
   virtual void sum(std::span<double> values) const = 0;
   /// Every rank's count, in rank order. Collective.
   [[nodiscard]] virtual std::vector<int64_t> all_counts(int64_t own) const = 0;
+  /// Every rank's values, concatenated in rank order (ranks may give different numbers of values). Collective.
+  [[nodiscard]] virtual std::vector<int64_t> all_values(std::span<const int64_t> own) const = 0;
   /// Failure agreement, collective: every rank passes its own error message ("" when it succeeded) and receives
   /// "" when every rank succeeded, else "rank r: message" of the lowest failing rank r.
   [[nodiscard]] virtual std::string first_failure(const std::string& own) const = 0;

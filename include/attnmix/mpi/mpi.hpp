@@ -5,6 +5,7 @@
 /// rows and passes an MpiCommunicator in OptimizeOptions::communicator (inference/communicator.hpp).
 ///   sum            in-place MPI_Allreduce (MPI_SUM, MPI_DOUBLE) of the buffer, in pieces of at most 2²⁰ entries
 ///   all_counts     MPI_Allgather of one int64 per rank
+///   all_values     all_counts, then MPI_Allgatherv of each rank's int64 values
 ///   first_failure  MPI_Allgather of the message lengths, then MPI_Bcast of the lowest failing rank's message
 /// Cost of one EM iteration's reduction: an allreduce of the family's flat statistics (8 bytes per entry) plus one of
 /// the score (docs/SCALING.md).
@@ -29,6 +30,7 @@ class MpiCommunicator final : public Communicator {
   [[nodiscard]] int size() const noexcept override { return size_; }  ///< the number of ranks
   void sum(std::span<double> values) const override;
   [[nodiscard]] std::vector<int64_t> all_counts(int64_t own) const override;
+  [[nodiscard]] std::vector<int64_t> all_values(std::span<const int64_t> own) const override;
   [[nodiscard]] std::string first_failure(const std::string& own) const override;
 
  private:

@@ -301,6 +301,32 @@ TEST_F(CliMpiTest, SymbolQueryFitEqualsSingleProcess) {
   expect_same_fit("--data two.jsonl --max-its 2 --delta none --init-p 1 --threads 1", {3}, "2 rows from two.jsonl");
 }
 
+/// Sparse tables: every process holds the patterns of all the rows (each stripe reaches other cells), so 2 and 3 ranks
+/// fit the single-process model, with the same listed cells; also with an empty shard.
+TEST_F(CliMpiTest, SparseTableFitEqualsSingleProcess) {
+  Rng rng(9);
+  {
+    std::ofstream out(dir_ / "words.jsonl");
+    for (int r = 0; r < 240; ++r) {
+      nlohmann::json row;
+      std::vector<int64_t> context;
+      for (int i = 0; i < 3; ++i) context.push_back(static_cast<int64_t>(rng.uniform_int(40)));
+      row["context"] = context;
+      row["query"] = static_cast<int64_t>(rng.uniform_int(40));
+      row["target"] = context[rng.uniform_int(3)];
+      out << row.dump() << '\n';
+    }
+  }
+  expect_same_fit("--family ra-sparse --data words.jsonl --max-its 4 --delta none --seed 3 --threads 1 "
+                  "--estimate-sigma2",
+                  {2, 3}, "240 rows from words.jsonl");
+  EXPECT_EQ(model("dist3.json")["params"]["key_means"]["columns"],
+            model("single.json")["params"]["key_means"]["columns"]);
+  write_lines("two.jsonl", "words.jsonl", 0, 2);
+  expect_same_fit("--family ra-sparse --data two.jsonl --max-its 2 --delta none --init-p 1 --threads 1", {3},
+                  "2 rows from two.jsonl");
+}
+
 /// Uneven shards with an empty one: 3 ranks on 2 rows leave rank 0 without rows; its batch still
 /// has the data set's widths (N = 3, D = 4) and the fit equals the single-process fit.
 TEST_F(CliMpiTest, EmptyShardOfTwoRowFile) {

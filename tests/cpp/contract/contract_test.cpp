@@ -12,6 +12,7 @@
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/attention/optimizer_state.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/sparse_responsibility.hpp"
 #include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/attention/variational_multihop.hpp"
 #include "attnmix/core/any.hpp"
@@ -116,6 +117,91 @@ struct ResponsibilityAttentionTraits {
     ResponsibilityAttentionEstimatorOptions none;
     none.emission_smoothing = 0.0;
     return {{Estimator(s, n, d, t), acc}, {Estimator(s, n, d, t, none), acc}};
+  }
+};
+
+// ----- responsibility attention with sparse tables
+// ---------------------------------------------------------------------
+
+/// Patterns that list every cell, so that every row the generator draws has its cells (sparse_responsibility_test.cpp
+/// checks the tables against the dense family where they list fewer).
+SparsePattern every_cell(Index rows, Index cols) {
+  std::vector<int64_t> r, c;
+  for (Index i = 0; i < rows; ++i)
+    for (Index j = 0; j < cols; ++j) {
+      r.push_back(i);
+      c.push_back(j);
+    }
+  return SparsePattern::of_cells(rows, cols, r, c);
+}
+
+struct SparseResponsibilityAttentionTraits {
+  using Distribution = SparseResponsibilityAttention;
+  using Batch = ResponsibilityAttentionBatch;
+  using Acc = SparseResponsibilityAttentionAccumulator;
+  using Estimator = SparseResponsibilityAttentionEstimator;
+  static constexpr uint64_t kSeed = 131;
+  static constexpr bool kExactEm = true;
+  static constexpr int64_t S = 5, N = 4, D = 6, T = 4;
+
+  static SparsePatterns full(Index s, Index d, Index t) {
+    return {std::make_shared<const SparsePattern>(every_cell(s, d)),
+            std::make_shared<const SparsePattern>(every_cell(s, t))};
+  }
+  static Distribution make_model(Rng& rng) {
+    SparseResponsibilityAttentionParams p;
+    p.patterns = full(S, D, T);
+    p.key_values.resize(S * D);
+    for (double& k : p.key_values) k = rng.normal();
+    p.emission_values.resize(S * T);
+    for (Index s = 0; s < S; ++s) p.emission_values.segment(s * T, T) = dirichlet(rng, T);
+    p.emission_default = Vector::Zero(S);
+    p.position_prior = dirichlet(rng, N);
+    p.sigma2 = 0.8;
+    return Distribution(std::move(p));
+  }
+  static Batch make_batch(const Distribution& /*model*/, Index n, Rng& rng) {
+    IdMatrix contexts(n, N);
+    IdVector queries(n), targets(n);
+    for (Index row = 0; row < n; ++row) {
+      for (Index i = 0; i < N; ++i) contexts(row, i) = static_cast<int64_t>(rng.uniform_int(S));
+      queries[row] = static_cast<int64_t>(rng.uniform_int(D));
+      targets[row] = static_cast<int64_t>(rng.uniform_int(T));
+    }
+    return ResponsibilityAttentionEncoder{S, N, D, T}.encode_symbols(contexts, queries, targets);
+  }
+  static Batch row_alone(const Batch& batch, Index row) {
+    const Batch one = batch.slice(row, 1);
+    return ResponsibilityAttentionEncoder{}.encode_symbols(one.contexts(), one.query_symbols(), one.targets());
+  }
+  static Estimator make_estimator(const Distribution& model) {
+    SparseResponsibilityAttentionEstimatorOptions options;
+    options.sigma2 = model.sigma2();
+    options.emission_smoothing = 0.0;  // exact EM
+    return {model.params().patterns, N, options};
+  }
+  static Acc other_layout_accumulator(const Distribution& /*model*/) { return {full(S + 1, D, T), N}; }
+  static double total_mass(const Acc& acc) { return acc.total_mass(); }
+  static bool tamper(Acc& acc) {
+    acc.key_mass()[0] += 1.0;  // Σ key_mass now exceeds Σ position_count
+    return true;
+  }
+  /// Emission = identity (S = T = 3): a target no context symbol emits is impossible.
+  static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    SparseResponsibilityAttentionParams p;
+    p.patterns = full(3, 2, 3);
+    p.key_values.resize(6);
+    for (double& k : p.key_values) k = rng.normal();
+    p.emission_values = Vector::Zero(9);
+    p.emission_values << 1, 0, 0, 0, 1, 0, 0, 0, 1;
+    p.emission_default = Vector::Zero(3);
+    p.position_prior = Vector::Constant(2, 0.5);
+    IdMatrix contexts(6, 2);
+    contexts << 0, 1, 0, 1, 2, 2, 1, 0, 1, 2, 0, 0;
+    const IdVector targets = (IdVector(6) << 0, 2, 2, 2, 1, 1).finished();
+    const IdVector queries = (IdVector(6) << 0, 1, 1, 0, 1, 0).finished();
+    Batch batch = ResponsibilityAttentionEncoder{3, 2, 2, 3}.encode_symbols(contexts, queries, targets);
+    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), {1, 3, 5}};
   }
 };
 
@@ -559,15 +645,15 @@ struct CompositeTraits {
 };
 
 using Families =
-    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
-                     DiagonalGaussianTraits, MixtureOfAttentionTraits, CompositeTraits,
+    ::testing::Types<ResponsibilityAttentionTraits, SparseResponsibilityAttentionTraits, ChainedAttentionTraits,
+                     CategoricalTraits, DiagonalGaussianTraits, MixtureOfAttentionTraits, CompositeTraits,
                      VariationalEmbeddingAttentionTraits, VariationalMultiHopAttentionTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, DistributionContractTest, Families);
 // The Gaussian's density is positive everywhere, so it has no impossible evidence.
 using FamiliesWithImpossibleEvidence =
-    ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,
-                     MixtureOfAttentionTraits, CompositeTraits, VariationalEmbeddingAttentionTraits,
-                     VariationalMultiHopAttentionTraits>;
+    ::testing::Types<ResponsibilityAttentionTraits, SparseResponsibilityAttentionTraits, ChainedAttentionTraits,
+                     CategoricalTraits, MixtureOfAttentionTraits, CompositeTraits,
+                     VariationalEmbeddingAttentionTraits, VariationalMultiHopAttentionTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Families, ImpossibleEvidenceContractTest, FamiliesWithImpossibleEvidence);
 using FamiliesWithLargeSupport =
     ::testing::Types<ResponsibilityAttentionTraits, ChainedAttentionTraits, CategoricalTraits,

@@ -210,7 +210,8 @@ TEST(ModelJsonTest, EveryRegisteredFamilyIsFoundByItsFileName) {
     names.push_back(spec->name);
   }
   EXPECT_EQ(names, (std::vector<std::string_view>{"responsibility", "chained", "variational", "variational-multihop",
-                                                  "mixture", "categorical", "gaussian", "composite"}));
+                                                  "sparse-responsibility", "mixture", "categorical", "gaussian",
+                                                  "composite"}));
   EXPECT_EQ(family_of_file("banana"), nullptr);
   Rng rng(testing::test_seed(4));
   EXPECT_EQ(spec_of(AnyDistribution(ResponsibilityAttention(random_params(rng, 2, 2, 2, 2)))).name, "responsibility");
