@@ -55,18 +55,21 @@ class SparsePattern {
   [[nodiscard]] Index cols() const noexcept { return cols_; }  ///< the table's columns
   /// The number of listed cells.
   [[nodiscard]] Index size() const noexcept { return static_cast<Index>(columns_.size()); }
-  /// The cells of row r are [begin(r), end(r)) in the pattern's order.
+  /// The first of row r's cells in the pattern's order (its cells are begin(r) ≤ k < end(r)).
   [[nodiscard]] Index begin(Index r) const noexcept { return row_begin_[static_cast<size_t>(r)]; }
+  /// One past the last of row r's cells in the pattern's order.
   [[nodiscard]] Index end(Index r) const noexcept { return row_begin_[static_cast<size_t>(r) + 1]; }
   /// The column of cell k.
   [[nodiscard]] int64_t column(Index k) const noexcept { return columns_[static_cast<size_t>(k)]; }
   /// The index of cell (r, c), or −1 when the pattern does not list it. O(log k_r). No bounds check on r.
   [[nodiscard]] Index find(Index r, int64_t c) const noexcept;
-  /// The compressed rows (row_begin [rows + 1], columns [size()]), for writers.
+  /// The compressed rows' offsets, [rows + 1]: row r's cells are begin(r) ≤ k < end(r).
   [[nodiscard]] const std::vector<int64_t>& row_begin() const noexcept { return row_begin_; }
+  /// The cells' columns, [size()], row by row, increasing within a row.
   [[nodiscard]] const std::vector<int64_t>& columns() const noexcept { return columns_; }
   /// The pattern listing the cells of both (same shape). @throws ValueError for patterns of different shapes.
   [[nodiscard]] static SparsePattern united(const SparsePattern& a, const SparsePattern& b);
+  /// Whether both list the same cells of tables of the same shape.
   [[nodiscard]] bool operator==(const SparsePattern& other) const = default;
 
  private:
@@ -78,8 +81,11 @@ class SparsePattern {
 
 /// The key pattern [S, D] and the emission pattern [S, T] of a sparse model and of its statistics.
 struct SparsePatterns {
-  std::shared_ptr<const SparsePattern> keys;      ///< [S, D]: the (context symbol, query symbol) pairs
-  std::shared_ptr<const SparsePattern> emission;  ///< [S, T]: the (context symbol, target) pairs
+  /// The (context symbol, query symbol) pairs: cells of the S × D key table.
+  std::shared_ptr<const SparsePattern> keys;
+  /// The (context symbol, target) pairs: cells of the S × T emission table.
+  std::shared_ptr<const SparsePattern> emission;
+  /// Whether both hold the same patterns (the same objects, or equal ones).
   [[nodiscard]] bool operator==(const SparsePatterns& other) const;
 };
 
@@ -110,13 +116,16 @@ struct SparseResponsibilityAttentionParams {
 /// query_sq — those of ResponsibilityAttentionAccumulator at the patterns' cells (zero everywhere else).
 class SparseResponsibilityAttentionAccumulator : public FlatAccumulator<SparseResponsibilityAttentionAccumulator> {
  public:
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "SparseResponsibilityAttentionAccumulator";
+  /// The batch type that the E-step and initialize() read (rows with symbol queries).
   using batch_type = ResponsibilityAttentionBatch;
   /// Zeroed statistics over the patterns, for N context positions, carrying an optional tying key.
   /// @throws ValueError for null patterns, patterns of different row counts, or N < 1.
   SparseResponsibilityAttentionAccumulator(SparsePatterns patterns, int64_t context_length,
                                            std::optional<std::string> keys = std::nullopt);
 
+  /// The cells these statistics count.
   [[nodiscard]] const SparsePatterns& patterns() const noexcept { return patterns_; }
   [[nodiscard]] int64_t n_symbols() const noexcept { return patterns_.keys->rows(); }  ///< S
   [[nodiscard]] int64_t context_length() const noexcept { return N_; }                ///< N
@@ -132,10 +141,15 @@ class SparseResponsibilityAttentionAccumulator : public FlatAccumulator<SparseRe
   [[nodiscard]] std::span<double> position_count() { return span(3); }
   /// query_sq: Σ_n w_n Σ_i r_ni (‖e_q‖² = 1).
   [[nodiscard]] double& query_sq() { return *field(4); }
+  /// Read-only key_sum [|P_K|].
   [[nodiscard]] std::span<const double> key_sum() const { return span(0); }
+  /// Read-only key_mass [S].
   [[nodiscard]] std::span<const double> key_mass() const { return span(1); }
+  /// Read-only emission_count [|P_B|].
   [[nodiscard]] std::span<const double> emission_count() const { return span(2); }
+  /// Read-only position_count [N].
   [[nodiscard]] std::span<const double> position_count() const { return span(3); }
+  /// The value of query_sq.
   [[nodiscard]] double query_sq() const { return *field(4); }
   /// Σ position_count: the assigned mass M.
   [[nodiscard]] double total_mass() const;
@@ -173,22 +187,31 @@ class SparseResponsibilityAttentionEstimator;
 /// The immutable model. The constructor validates and precomputes log tables and the rows' ‖K[s]‖².
 class SparseResponsibilityAttention {
  public:
+  /// The parameter struct that the constructor takes.
   using params_type = SparseResponsibilityAttentionParams;
+  /// The batch that log_density() and the E-step read: rows with symbol queries.
   using batch_type = ResponsibilityAttentionBatch;
+  /// The statistics that the E-step fills.
   using accumulator_type = SparseResponsibilityAttentionAccumulator;
+  /// The M-step that turns those statistics into the next model.
   using estimator_type = SparseResponsibilityAttentionEstimator;
+  /// The encoder that validates raw arrays into a batch_type (encode_symbols).
   using encoder_type = ResponsibilityAttentionEncoder;
+  /// The `family` name of this family's model files.
   static constexpr const char* kFamily = "sparse_responsibility_attention";
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "SparseResponsibilityAttentionDistribution";
 
   /// @throws ValueError on invalid parameters.
   explicit SparseResponsibilityAttention(SparseResponsibilityAttentionParams params);
 
+  /// The parameters, as validated by the constructor.
   [[nodiscard]] const SparseResponsibilityAttentionParams& params() const noexcept { return params_; }
   [[nodiscard]] int64_t n_symbols() const noexcept { return params_.patterns.keys->rows(); }       ///< S
   [[nodiscard]] int64_t query_dim() const noexcept { return params_.patterns.keys->cols(); }       ///< D
   [[nodiscard]] int64_t n_targets() const noexcept { return params_.patterns.emission->cols(); }  ///< T
   [[nodiscard]] int64_t context_length() const noexcept { return params_.position_prior.size(); } ///< N
+  /// The gate variance σ².
   [[nodiscard]] double sigma2() const noexcept { return params_.sigma2; }
   [[nodiscard]] double gate_const() const noexcept { return gate_const_; }  ///< −(D/2)·log(2πσ²)
   /// K[s, q] (0 at a pair the key pattern does not list).
@@ -233,22 +256,29 @@ class SparseResponsibilityAttention {
 /// The M-step: const and stateless.
 class SparseResponsibilityAttentionEstimator {
  public:
+  /// The model that estimate() returns.
   using distribution_type = SparseResponsibilityAttention;
+  /// The statistics that estimate() reads.
   using accumulator_type = SparseResponsibilityAttentionAccumulator;
+  /// The name of this class in error messages.
   static constexpr const char* kWhere = "SparseResponsibilityAttentionEstimator";
 
   /// @throws ValueError for null patterns, patterns of different row counts, N < 1 or invalid options.
   SparseResponsibilityAttentionEstimator(SparsePatterns patterns, int64_t context_length,
                                          SparseResponsibilityAttentionEstimatorOptions options = {});
 
+  /// The options of the M-step.
   [[nodiscard]] const SparseResponsibilityAttentionEstimatorOptions& options() const noexcept { return options_; }
+  /// The cells of the statistics and of the models it makes.
   [[nodiscard]] const SparsePatterns& patterns() const noexcept { return patterns_; }
-  [[nodiscard]] int64_t n_symbols() const noexcept { return patterns_.keys->rows(); }
-  [[nodiscard]] int64_t context_length() const noexcept { return N_; }
-  [[nodiscard]] int64_t query_dim() const noexcept { return patterns_.keys->cols(); }
-  [[nodiscard]] int64_t n_targets() const noexcept { return patterns_.emission->cols(); }
+  [[nodiscard]] int64_t n_symbols() const noexcept { return patterns_.keys->rows(); }       ///< S
+  [[nodiscard]] int64_t context_length() const noexcept { return N_; }                    ///< N
+  [[nodiscard]] int64_t query_dim() const noexcept { return patterns_.keys->cols(); }       ///< D
+  [[nodiscard]] int64_t n_targets() const noexcept { return patterns_.emission->cols(); }  ///< T
 
+  /// Zeroed statistics over the patterns, carrying options().keys.
   [[nodiscard]] SparseResponsibilityAttentionAccumulator make_accumulator() const;
+  /// An encoder that declares S, N, D and T.
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
   /// The dense M-step at the patterns' cells: K = key_sum / max(key_mass, 1e-12) (0 off the pattern); row s of B is
   /// (count + ε) / (row total + T·ε) at its listed cells and β_s = ε / (row total + T·ε) elsewhere (uniform 1/T for

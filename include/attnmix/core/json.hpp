@@ -17,8 +17,9 @@
 
 namespace attnmix {
 
-/// A table in the sparse-rows layout: R × C cells, where row r lists its cells columns[row_begin[r] ..
-/// row_begin[r + 1]) (increasing) with values at the same indices, and every other cell holds defaults[r].
+/// A table in the sparse-rows layout: R × C cells, where row r lists the cells whose columns are the entries k of
+/// columns with row_begin[r] ≤ k < row_begin[r + 1] (increasing), holding values[k], and every other cell of the row
+/// holds defaults[r].
 struct SparseRows {
   Index rows = 0;                  ///< R
   Index cols = 0;                  ///< C

@@ -95,9 +95,9 @@ struct EstimatorSettings {
   std::string name = {};      ///< the model's name (empty: none)
   std::optional<std::string> keys = {};  ///< the statistics' key: accumulators with equal keys are merged
   /// To make the estimator of a family whose statistics take their shape from the data (FitSpec::shaped_by_data):
-  /// the training rows of this process, and the processes of a distributed fit (null: one process), whose rows
-  /// together give the shape.
+  /// the training rows of this process.
   const AnyBatch* rows = nullptr;
+  /// With rows: the processes of a distributed fit, whose rows together give the shape (null: one process).
   const Communicator* communicator = nullptr;
 };
 
