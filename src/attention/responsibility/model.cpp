@@ -26,6 +26,7 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
+#include "../e_step_checks_impl.hpp"
 #include "../lanes_impl.hpp"
 #include "../prefetch_impl.hpp"
 #include "mixed_impl.hpp"
@@ -496,12 +497,7 @@ void ResponsibilityAttention::accumulate(const ResponsibilityAttentionBatch& bat
                                          ResponsibilityAttentionAccumulator& acc,
                                          std::span<double> log_p_out) const {
   check_batch(batch);
-  check::weights(kWhere, w, batch.n_rows());
-  if (acc.n_symbols() != n_symbols() || acc.context_length() != context_length() ||
-      acc.query_dim() != query_dim() || acc.n_targets() != n_targets())
-    throw ValueError(std::string(kWhere) + ": accumulator dimensions do not match the model");
-  if (!log_p_out.empty())
-    check::dimension(kWhere, "log-density output length", batch.n_rows(), static_cast<Index>(log_p_out.size()));
+  check_e_step(kWhere, *this, batch.n_rows(), w, acc, log_p_out);
   const Index n_rows = batch.n_rows();
   const Tables m = tables_of(params_, key_sq_norm_, log_prior_, log_emission_, inv_two_sigma2_, gate_const_);
 
