@@ -241,9 +241,11 @@ class SparseResponsibilityAttention {
 
  private:
   void check_batch(const ResponsibilityAttentionBatch& batch) const;
-  /// Row n's responsibilities into r [N] (zeros for an impossible row); returns its log p.
+  /// Row n's responsibilities into r [N] (zeros for an impossible row); returns its log p. When key_cell and
+  /// emission_cell are given ([N] each), they receive each position's cell in this model's patterns (−1: unlisted).
   /// @throws ValueError when some ℓ_i is NaN or +∞.
-  double posterior(const ResponsibilityAttentionBatch& batch, Index n, double* r) const;
+  double posterior(const ResponsibilityAttentionBatch& batch, Index n, double* r, Index* key_cell = nullptr,
+                   Index* emission_cell = nullptr) const;
   SparseResponsibilityAttentionParams params_;
   Vector key_sq_norm_;        // [S]: ‖K[s]‖²
   Vector log_prior_;          // [N]

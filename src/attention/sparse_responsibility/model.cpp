@@ -108,7 +108,8 @@ void SparseResponsibilityAttention::check_batch(const ResponsibilityAttentionBat
                      " >= T = " + std::to_string(n_targets()) + ")");
 }
 
-double SparseResponsibilityAttention::posterior(const ResponsibilityAttentionBatch& batch, Index n, double* r) const {
+double SparseResponsibilityAttention::posterior(const ResponsibilityAttentionBatch& batch, Index n, double* r,
+                                                Index* key_cell, Index* emission_cell) const {
   const SparsePatterns& cells = params_.patterns;
   const int64_t* ctx = batch.context(n);
   const int64_t q = batch.query_symbol(n);
@@ -119,6 +120,10 @@ double SparseResponsibilityAttention::posterior(const ResponsibilityAttentionBat
     const int64_t s = ctx[i];
     const Index key = cells.keys->find(s, q);
     const Index cell = cells.emission->find(s, t);
+    if (key_cell != nullptr) {
+      key_cell[i] = key;
+      emission_cell[i] = cell;
+    }
     const double distance = 1.0 - 2.0 * (key < 0 ? 0.0 : params_.key_values[key]) + key_sq_norm_[s];
     r[i] = log_prior_[i] - distance * inv_two_sigma2_ + (cell < 0 ? log_default_[s] : log_emission_[cell]);
     if (std::isnan(r[i]) || r[i] == std::numeric_limits<double>::infinity())
@@ -158,22 +163,30 @@ void SparseResponsibilityAttention::accumulate(const ResponsibilityAttentionBatc
   const Index n_rows = batch.n_rows();
   const Index N = context_length();
   const SparsePatterns& cells = acc.patterns();
+  // The statistics count this model's cells (a fit's models and statistics share the estimator's patterns): the cells
+  // the gate looked up are theirs.
+  const bool same_cells = cells.keys == params_.patterns.keys && cells.emission == params_.patterns.emission;
   // Pass 1: responsibilities, log p and the statistics' cells of every row; nothing is added yet.
   Matrix r(n_rows, N);
   std::vector<Index> key_cell(static_cast<size_t>(n_rows * N));
   std::vector<Index> emission_cell(key_cell.size());
   std::vector<int64_t> impossible;
   for (Index n = 0; n < n_rows; ++n) {
-    const double log_p = posterior(batch, n, r.data() + n * N);
+    const auto first = static_cast<size_t>(n * N);
+    const double log_p = same_cells ? posterior(batch, n, r.data() + n * N, key_cell.data() + first,
+                                                emission_cell.data() + first)
+                                    : posterior(batch, n, r.data() + n * N);
     if (!log_p_out.empty()) log_p_out[static_cast<size_t>(n)] = log_p;
     const double wn = w[static_cast<size_t>(n)];
     if (wn == 0.0) continue;
     if (log_p == -std::numeric_limits<double>::infinity()) impossible.push_back(n);
     const int64_t* ctx = batch.context(n);
     for (Index i = 0; i < N; ++i) {
-      const auto k = static_cast<size_t>(n * N + i);
-      key_cell[k] = cells.keys->find(ctx[i], batch.query_symbol(n));
-      emission_cell[k] = cells.emission->find(ctx[i], batch.target(n));
+      const size_t k = first + static_cast<size_t>(i);
+      if (!same_cells) {
+        key_cell[k] = cells.keys->find(ctx[i], batch.query_symbol(n));
+        emission_cell[k] = cells.emission->find(ctx[i], batch.target(n));
+      }
       if (key_cell[k] < 0 || emission_cell[k] < 0)
         throw ValueError(std::string(kWhere) + ": row " + std::to_string(n) + " pairs context symbol " +
                          std::to_string(ctx[i]) + " with " +

@@ -137,6 +137,15 @@ TEST(SparseResponsibilityTest, SparseTablesGiveTheDenseResults) {
     for (Index row = 0; row < n / 2; ++row) EXPECT_EQ(from_e_step[row], sparse_log_p[row]);
     expect_same_statistics(sparse_acc, dense_acc);
     sparse_acc.validate("test");
+    // Statistics over equal patterns held by other objects (a fit started from a saved model) look their cells up
+    // themselves, and get the same bits.
+    const SparsePatterns& own = sparse.params().patterns;
+    SparseResponsibilityAttentionAccumulator copied({std::make_shared<const SparsePattern>(*own.keys),
+                                                     std::make_shared<const SparsePattern>(*own.emission)},
+                                                    N);
+    sparse.accumulate(seen, w, copied);
+    EXPECT_EQ(std::vector<double>(copied.flat().begin(), copied.flat().end()),
+              std::vector<double>(sparse_acc.flat().begin(), sparse_acc.flat().end()));
   }
 }
 
