@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // `attnmix predict`: p(target | context, query) under a saved model. Per row prints the argmax
 // target and its probability (tab-separated) or, with --proba, the whole predictive row; prints the
-// accuracy on stderr when the rows carry targets.
+// accuracy on stderr when the rows carry targets. Rows are predicted in blocks of at most kBlockCells
+// probabilities, so a text model over tens of thousands of words predicts any number of rows in bounded memory.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +22,9 @@ struct PredictArgs {
   bool proba = false;
 };
 
+/// The most probabilities one block of rows holds (32 MiB of doubles).
+constexpr Index kBlockCells = Index{1} << 22;
+
 int run_predict(const PredictArgs& args) {
   const AnyDistribution model = read_saved_model(args.model);
   if (!model.predicts())
@@ -27,25 +32,30 @@ int run_predict(const PredictArgs& args) {
                      " model has no predictive distribution p(target | input) to predict with (the attention "
                      "families have one); 'attnmix score' gives the rows' log-density under it");
   const ModelData data = read_model_input(model, args.model, args.input, TargetPolicy::kOptional);
-  const Matrix proba = model.predict_proba(data.batch);  // [n, T]
+  const Index n_rows = data.batch.n_rows();
   Index correct = 0;
-  for (Index row = 0; row < proba.rows(); ++row) {
-    Index best = 0;
-    const double p = proba.row(row).maxCoeff(&best);
-    if (data.has_targets && best == data.targets[row]) ++correct;
-    if (args.proba) {
-      for (Index t = 0; t < proba.cols(); ++t)
-        std::cout << (t ? " " : "") << format_double(proba(row, t));
-      std::cout << '\n';
-    } else {
-      std::cout << best << '\t' << format_double(p) << '\n';
+  Index block = 1;  // one row first, which gives T; then as many rows as kBlockCells holds
+  for (Index begin = 0, count = 0; begin < n_rows; begin += count) {
+    count = std::min(block, n_rows - begin);
+    const Matrix proba = model.predict_proba(data.batch.slice(begin, count));  // [count, T]
+    block = std::max<Index>(1, kBlockCells / std::max<Index>(1, proba.cols()));
+    for (Index row = 0; row < proba.rows(); ++row) {
+      Index best = 0;
+      const double p = proba.row(row).maxCoeff(&best);
+      if (data.has_targets && best == data.targets[begin + row]) ++correct;
+      if (args.proba) {
+        for (Index t = 0; t < proba.cols(); ++t)
+          std::cout << (t ? " " : "") << format_double(proba(row, t));
+        std::cout << '\n';
+      } else {
+        std::cout << best << '\t' << format_double(p) << '\n';
+      }
     }
   }
   std::cout.flush();
   if (data.has_targets)
-    std::cerr << "accuracy="
-              << format_double(static_cast<double>(correct) / static_cast<double>(proba.rows()))
-              << " (" << correct << "/" << proba.rows() << " rows)\n";
+    std::cerr << "accuracy=" << format_double(static_cast<double>(correct) / static_cast<double>(n_rows)) << " ("
+              << correct << "/" << n_rows << " rows)\n";
   return kExitOk;
 }
 

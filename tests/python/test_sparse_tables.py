@@ -2,7 +2,8 @@
 """Responsibility attention with sparse tables through the program: `attnmix fit --family ra-sparse --text` fits the
 model the dense family fits (the same scores on training and held-out text, the same tables once expanded), its
 model file lists only the pairs the text holds, score and predict read it, and Python refuses to load it with a
-clear TypeError instead of a model it has no class for."""
+clear TypeError instead of a model it has no class for. `attnmix predict` works through the rows in blocks, so a
+vocabulary-sized predictive distribution never exists for all rows at once."""
 import json
 
 import numpy as np
@@ -76,3 +77,30 @@ def test_python_refuses_the_model_with_a_clear_error(fits):
     with pytest.raises(TypeError, match="sparse_responsibility_attention models have no Python class yet"):
         load_model(fits / "ra-sparse.json")
     assert isinstance(load_model(fits / "ra.json"), attnmix.ResponsibilityAttentionDistribution)
+
+
+def test_predict_goes_through_rows_in_blocks_with_the_models_probabilities(tmp_path):
+    """`attnmix predict` computes at most 2^22 probabilities at a time (a text model over tens of thousands of words
+    predicts any number of rows in bounded memory): with T = 5000 targets, 2 000 rows take four blocks (one row, then
+    838 at a time), and every row's distribution, argmax and the accuracy are those of the model's predict_proba over
+    all rows at once."""
+    rng = np.random.default_rng(3)
+    n, T = 2000, 5000
+    contexts = rng.integers(0, 3, size=(n, 2))
+    queries = rng.normal(size=(n, 2))
+    targets = rng.integers(0, 40, size=n)
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for c, q, t in zip(contexts, queries, targets):
+            f.write(json.dumps({"context": c.tolist(), "query": q.tolist(), "target": int(t)}) + "\n")
+    run_cli("fit", "--data", tmp_path / "rows.jsonl", "--targets", T, "--max-its", 2, "--out", tmp_path / "m.json")
+    model = load_model(tmp_path / "m.json")
+    expected = model.predict_proba(contexts, queries)
+    assert expected.shape == (n, T)
+    proba = run_cli("predict", "--model", tmp_path / "m.json", "--data", tmp_path / "rows.jsonl", "--proba")
+    got = np.array([[float(x) for x in line.split()] for line in proba.stdout.splitlines()])
+    np.testing.assert_array_equal(got, expected)
+    argmax = run_cli("predict", "--model", tmp_path / "m.json", "--data", tmp_path / "rows.jsonl")
+    best = [int(line.split("\t")[0]) for line in argmax.stdout.splitlines()]
+    assert best == expected.argmax(axis=1).tolist()
+    correct = int((expected.argmax(axis=1) == targets).sum())
+    assert f"({correct}/{n} rows)" in argmax.stderr
