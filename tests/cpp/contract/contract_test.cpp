@@ -186,22 +186,22 @@ struct SparseResponsibilityAttentionTraits {
     acc.key_mass()[0] += 1.0;  // Σ key_mass now exceeds Σ position_count
     return true;
   }
-  /// Emission = identity (S = T = 3): a target no context symbol emits is impossible.
+  /// The dense family's case (emission = identity) with every cell listed and symbol queries: the same rows are
+  /// impossible.
   static std::optional<ImpossibleCase<Distribution>> impossible_case(Rng& rng) {
+    const auto dense = ResponsibilityAttentionTraits::impossible_case(rng);
+    const ResponsibilityAttentionParams& d = dense->model.params();
     SparseResponsibilityAttentionParams p;
-    p.patterns = full(3, 2, 3);
-    p.key_values.resize(6);
-    for (double& k : p.key_values) k = rng.normal();
-    p.emission_values = Vector::Zero(9);
-    p.emission_values << 1, 0, 0, 0, 1, 0, 0, 0, 1;
-    p.emission_default = Vector::Zero(3);
-    p.position_prior = Vector::Constant(2, 0.5);
-    IdMatrix contexts(6, 2);
-    contexts << 0, 1, 0, 1, 2, 2, 1, 0, 1, 2, 0, 0;
-    const IdVector targets = (IdVector(6) << 0, 2, 2, 2, 1, 1).finished();
-    const IdVector queries = (IdVector(6) << 0, 1, 1, 0, 1, 0).finished();
-    Batch batch = ResponsibilityAttentionEncoder{3, 2, 2, 3}.encode_symbols(contexts, queries, targets);
-    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), {1, 3, 5}};
+    p.patterns = full(d.key_means.rows(), d.key_means.cols(), d.emission.cols());
+    p.key_values = Eigen::Map<const Vector>(d.key_means.data(), d.key_means.size());  // row-major: the pattern's order
+    p.emission_values = Eigen::Map<const Vector>(d.emission.data(), d.emission.size());
+    p.emission_default = Vector::Zero(d.emission.rows());
+    p.position_prior = d.position_prior;
+    IdVector queries(dense->batch.n_rows());
+    for (Index row = 0; row < queries.size(); ++row) queries[row] = row % d.key_means.cols();
+    Batch batch = ResponsibilityAttentionEncoder{}.encode_symbols(dense->batch.contexts(), queries,
+                                                                  dense->batch.targets());
+    return ImpossibleCase<Distribution>{Distribution(std::move(p)), std::move(batch), dense->rows};
   }
 };
 
