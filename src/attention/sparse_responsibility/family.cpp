@@ -6,6 +6,7 @@
 
 #include "attnmix/attention/sparse_responsibility.hpp"
 #include "attnmix/family/spec.hpp"
+#include "attnmix/inference/optimize.hpp"
 #include "../family_impl.hpp"
 
 namespace attnmix {
@@ -106,11 +107,15 @@ Dims model_sizes(const AnyDistribution& model) {
   return sizes_of(m.n_symbols(), m.context_length(), m.query_dim(), m.n_targets());
 }
 
-/// The patterns of the rows of every process of the fit: each process's cells, gathered in rank order.
+/// The patterns of the rows of every process of the fit: each process's cells, gathered in rank order. A process
+/// that fails to make its own stops every process before the gather (optimize.hpp's on_every_rank).
 SparsePatterns fit_patterns(const AnyBatch& rows, const Dims& dims, const Communicator* comm) {
-  const auto& batch = rows.get<ResponsibilityAttentionBatch>("sparse responsibility attention rows");
   const Index S = dims.at("S").value;
-  SparsePatterns local = data_patterns(batch, S, dims.at("D").value, dims.at("T").value);
+  SparsePatterns local;
+  detail::on_every_rank(comm, [&] {
+    const auto& batch = rows.get<ResponsibilityAttentionBatch>("sparse responsibility attention rows");
+    local = data_patterns(batch, S, dims.at("D").value, dims.at("T").value);
+  });
   if (comm == nullptr || comm->size() == 1) return local;
   const auto everyone = [&](const SparsePattern& mine) {
     std::vector<int64_t> cell_rows, cell_cols(mine.columns());
