@@ -87,6 +87,8 @@ struct SparsePatterns {
   std::shared_ptr<const SparsePattern> emission;
   /// Whether both hold the same patterns (the same objects, or equal ones).
   [[nodiscard]] bool operator==(const SparsePatterns& other) const;
+  /// @throws ValueError naming `where` unless both patterns are present with the same rows (one per context symbol).
+  void check(const char* where) const;
 };
 
 /// The patterns of a data set: every (c_i, q) and (c_i, t) of the rows of batch (symbol queries), for tables of S

@@ -15,13 +15,9 @@ namespace attnmix {
 namespace {
 constexpr double kKeyMassFloor = 1e-12;  // the dense M-step's denominator floor
 
-/// The patterns, checked: both present, with one row per context symbol each.
+/// The patterns (SparsePatterns::check) and N ≥ 1, checked.
 SparsePatterns checked(const char* where, SparsePatterns patterns, int64_t N) {
-  if (!patterns.keys || !patterns.emission)
-    throw ValueError(std::string(where) + ": both patterns (keys and emission) are required");
-  if (patterns.keys->rows() != patterns.emission->rows())
-    throw ValueError(std::string(where) + ": the key pattern has " + std::to_string(patterns.keys->rows()) +
-                     " rows but the emission pattern " + std::to_string(patterns.emission->rows()));
+  patterns.check(where);
   check::positive_int(where, "context_length", N);
   return patterns;
 }

@@ -20,15 +20,6 @@ namespace attnmix {
 namespace {
 constexpr const char* kWhere = SparseResponsibilityAttention::kWhere;
 
-void check_patterns(const char* where, const SparsePatterns& patterns) {
-  if (!patterns.keys || !patterns.emission)
-    throw ValueError(std::string(where) + ": both patterns (keys and emission) are required");
-  if (patterns.keys->rows() != patterns.emission->rows())
-    throw ValueError(std::string(where) + ": the key pattern has " + std::to_string(patterns.keys->rows()) +
-                     " rows but the emission pattern " + std::to_string(patterns.emission->rows()) +
-                     " (both have one per context symbol)");
-}
-
 void check_length(const char* name, Index expected, Index got) {
   if (expected != got)
     throw ValueError(std::string(kWhere) + ": " + name + " must have " + std::to_string(expected) +
@@ -39,7 +30,7 @@ void check_length(const char* name, Index expected, Index got) {
 SparseResponsibilityAttention::SparseResponsibilityAttention(SparseResponsibilityAttentionParams params)
     : params_(std::move(params)) {
   const SparsePatterns& pat = params_.patterns;
-  check_patterns(kWhere, pat);
+  pat.check(kWhere);
   const Index S = n_symbols();
   const Index T = n_targets();
   check_length("key_values", pat.keys->size(), params_.key_values.size());

@@ -94,6 +94,14 @@ bool SparsePatterns::operator==(const SparsePatterns& other) const {
   return same(keys, other.keys) && same(emission, other.emission);
 }
 
+void SparsePatterns::check(const char* where) const {
+  if (!keys || !emission) throw ValueError(std::string(where) + ": both patterns (keys and emission) are required");
+  if (keys->rows() != emission->rows())
+    throw ValueError(std::string(where) + ": the key pattern has " + std::to_string(keys->rows()) +
+                     " rows but the emission pattern " + std::to_string(emission->rows()) +
+                     " (both have one per context symbol)");
+}
+
 SparsePatterns data_patterns(const ResponsibilityAttentionBatch& batch, Index S, Index D, Index T) {
   constexpr const char* where = "data_patterns";
   if (batch.n_rows() > 0 && !batch.has_symbol_queries())
