@@ -330,6 +330,10 @@ class ResponsibilityAttention {
   std::shared_ptr<const ResponsibilityFloatTables> float_tables_;  // mixed only
 };
 
+/// The M-step's floor on a symbol's key mass: K[s] = key_sum[s] / max(key_mass[s], this), so a symbol that received no
+/// responsibility gets the zero key (`docs/mechanisms.md#responsibility-attention`; dense and sparse tables alike).
+inline constexpr double kResponsibilityKeyMassFloor = 1e-12;
+
 /// Options of the M-step (`docs/mechanisms.md#responsibility-attention`); the single source of the defaults.
 struct ResponsibilityAttentionEstimatorOptions {
   /// The gate variance σ² of the returned models (finite, at least 1e-100; default 1). With estimate_sigma2 it is used

@@ -67,8 +67,6 @@ class SparsePattern {
   [[nodiscard]] const std::vector<int64_t>& row_begin() const noexcept { return row_begin_; }
   /// The cells' columns, [size()], row by row, increasing within a row.
   [[nodiscard]] const std::vector<int64_t>& columns() const noexcept { return columns_; }
-  /// The pattern listing the cells of both (same shape). @throws ValueError for patterns of different shapes.
-  [[nodiscard]] static SparsePattern united(const SparsePattern& a, const SparsePattern& b);
   /// Whether both list the same cells of tables of the same shape.
   [[nodiscard]] bool operator==(const SparsePattern& other) const = default;
 

@@ -12,7 +12,6 @@
 namespace attnmix {
 
 namespace {
-constexpr double kKeyMassFloor = 1e-12;  // M-step denominator floor of docs/mechanisms.md#responsibility-attention
 
 std::shared_ptr<const StatLayout> ra_layout(std::string_view where, int64_t S, int64_t N, int64_t D, int64_t T) {
   return std::make_shared<const StatLayout>(where, std::vector<FieldSpec>{
@@ -131,7 +130,7 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional
   const ConstMatrixMap key_sum = acc.key_sum();
   const ConstVectorMap key_mass = acc.key_mass();
   p.key_means.resize(S_, D_);
-  for (Index s = 0; s < S_; ++s) p.key_means.row(s) = key_sum.row(s) / std::max(key_mass[s], kKeyMassFloor);
+  for (Index s = 0; s < S_; ++s) p.key_means.row(s) = key_sum.row(s) / std::max(key_mass[s], kResponsibilityKeyMassFloor);
 
   p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);  // docs/porting.md
 
@@ -146,7 +145,7 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional
     const double m_tot = span_sum(key_mass.data(), S_);
     if (m_tot > 0.0) {
       double explained = 0.0;
-      for (Index s = 0; s < S_; ++s) explained += key_sum.row(s).squaredNorm() / std::max(key_mass[s], kKeyMassFloor);
+      for (Index s = 0; s < S_; ++s) explained += key_sum.row(s).squaredNorm() / std::max(key_mass[s], kResponsibilityKeyMassFloor);
       const double scatter = acc.query_sq() - explained;
       p.sigma2 = std::max(scatter / (static_cast<double>(D_) * m_tot), options_.min_sigma2);
     }

@@ -13,7 +13,6 @@
 namespace attnmix {
 
 namespace {
-constexpr double kKeyMassFloor = 1e-12;  // the dense M-step's denominator floor
 
 /// The patterns (SparsePatterns::check) and N ≥ 1, checked.
 SparsePatterns checked(const char* where, SparsePatterns patterns, int64_t N) {
@@ -158,7 +157,7 @@ SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
   p.key_values.resize(keys.size());
   for (Index s = 0; s < S; ++s)
     for (Index k = keys.begin(s); k < keys.end(s); ++k)
-      p.key_values[k] = key_sum[static_cast<size_t>(k)] / std::max(key_mass[static_cast<size_t>(s)], kKeyMassFloor);
+      p.key_values[k] = key_sum[static_cast<size_t>(k)] / std::max(key_mass[static_cast<size_t>(s)], kResponsibilityKeyMassFloor);
 
   // Row s of B: (count + ε) / total at its listed cells and ε / total at the T − k_s others, total = Σ_t (count + ε).
   const std::span<const double> counts = acc.emission_count();
@@ -191,7 +190,7 @@ SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
           const double x = key_sum[static_cast<size_t>(k)];
           sq += x * x;
         }
-        explained += sq / std::max(key_mass[static_cast<size_t>(s)], kKeyMassFloor);
+        explained += sq / std::max(key_mass[static_cast<size_t>(s)], kResponsibilityKeyMassFloor);
       }
       const double scatter = acc.query_sq() - explained;
       p.sigma2 = std::max(scatter / (static_cast<double>(query_dim()) * m_tot), options_.min_sigma2);

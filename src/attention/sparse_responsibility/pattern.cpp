@@ -71,22 +71,6 @@ Index SparsePattern::find(Index r, int64_t c) const noexcept {
   return it != last && *it == c ? static_cast<Index>(it - columns_.begin()) : -1;
 }
 
-SparsePattern SparsePattern::united(const SparsePattern& a, const SparsePattern& b) {
-  if (a.rows() != b.rows() || a.cols() != b.cols())
-    throw ValueError(std::string(kWhere) + ": cannot unite patterns of " + std::to_string(a.rows()) + " x " +
-                     std::to_string(a.cols()) + " and " + std::to_string(b.rows()) + " x " +
-                     std::to_string(b.cols()) + " tables");
-  std::vector<int64_t> row_begin(static_cast<size_t>(a.rows()) + 1, 0);
-  std::vector<int64_t> columns;
-  columns.reserve(static_cast<size_t>(std::max(a.size(), b.size())));
-  for (Index r = 0; r < a.rows(); ++r) {
-    std::set_union(a.columns_.begin() + a.begin(r), a.columns_.begin() + a.end(r), b.columns_.begin() + b.begin(r),
-                   b.columns_.begin() + b.end(r), std::back_inserter(columns));
-    row_begin[static_cast<size_t>(r) + 1] = static_cast<int64_t>(columns.size());
-  }
-  return {a.rows(), a.cols(), std::move(row_begin), std::move(columns)};
-}
-
 bool SparsePatterns::operator==(const SparsePatterns& other) const {
   const auto same = [](const std::shared_ptr<const SparsePattern>& x, const std::shared_ptr<const SparsePattern>& y) {
     return x == y || (x && y && *x == *y);

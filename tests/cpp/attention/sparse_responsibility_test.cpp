@@ -284,7 +284,7 @@ TEST(SparseResponsibilityTest, RefusesWhatTheTablesCannotHold) {
   EXPECT_TRUE(acc == before);
 }
 
-/// Patterns: cells sorted and deduplicated per row, found by binary search, united, and invalid cells refused.
+/// Patterns: cells sorted and deduplicated per row, found by binary search, and invalid cells refused.
 TEST(SparseResponsibilityTest, PatternsListEachCellOnce) {
   const std::vector<int64_t> rows{2, 0, 2, 2, 0}, cols{5, 1, 0, 5, 1};
   const SparsePattern p = SparsePattern::of_cells(3, 6, rows, cols);
@@ -294,15 +294,10 @@ TEST(SparseResponsibilityTest, PatternsListEachCellOnce) {
   EXPECT_EQ(p.find(2, 5), 2);
   EXPECT_EQ(p.find(2, 4), -1);
   EXPECT_EQ(p.find(1, 1), -1);
-  const SparsePattern q = SparsePattern::of_cells(3, 6, std::vector<int64_t>{1, 2}, std::vector<int64_t>{3, 1});
-  const SparsePattern both = SparsePattern::united(p, q);
-  EXPECT_EQ(both.columns(), (std::vector<int64_t>{1, 3, 0, 1, 5}));
-  EXPECT_EQ(both, SparsePattern::united(q, p));
   EXPECT_THROW((void)SparsePattern::of_cells(3, 6, std::vector<int64_t>{3}, std::vector<int64_t>{0}), ValueError);
   EXPECT_THROW((void)SparsePattern::of_cells(3, 6, std::vector<int64_t>{0}, std::vector<int64_t>{6}), ValueError);
   EXPECT_THROW((void)SparsePattern(2, 3, {0, 2, 1}, {0, 1}), ValueError);       // row_begin decreases
   EXPECT_THROW((void)SparsePattern(2, 3, {0, 2, 2}, {1, 1}), ValueError);       // a repeated column
-  EXPECT_THROW((void)SparsePattern::united(p, SparsePattern(2, 6, {0, 0, 0}, {})), ValueError);
 }
 
 }  // namespace
