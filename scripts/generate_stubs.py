@@ -37,7 +37,8 @@ def stub(entry):
     name = entry["class"]
     family = name[: -len("Estimator")]
     args = [f"{s['keyword']}: int" for s in entry["sizes"]]
-    keywords = [f"{o['name']}: {python_type(o)} = {o['default']!r}" for o in entry["options"]]
+    keywords = ["rows: Data"] if entry["rows"] else []
+    keywords += [f"{o['name']}: {python_type(o)} = {o['default']!r}" for o in entry["options"]]
     if entry["seeded"]:
         keywords.append("seed: int = 0")
     keywords += ["pseudo_count: float | None = None", "name: str | None = None", "keys: str | None = None"]

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Type stubs of attnmix._core, the compiled part of attnmix."""
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from os import PathLike
-from typing import Any, Literal, TextIO, overload
+from typing import Any, Literal, TextIO, TypedDict, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -193,6 +193,100 @@ class ResponsibilityAttentionDataEncoder(DataEncoder):
 def sequence_to_triples(tokens: ArrayLike, context_length: int, *, num_symbols: int | None = None,
                         embeddings: ArrayLike | None = None
                         ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int]]: ...
+
+# ---- responsibility attention with sparse tables --------------------------------------------------------------
+
+class SparseTable(TypedDict):
+    """A table as compressed rows: row r lists columns[row_begin[r]:row_begin[r+1]] with their values and holds
+    default[r] at every other column."""
+    shape: tuple[int, int]
+    row_begin: npt.NDArray[np.int64]
+    columns: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    default: npt.NDArray[np.float64]
+
+class SparseResponsibilityAttentionDistribution(Distribution):
+    def __init__(self, key_means: Mapping[str, Any], emission: Mapping[str, Any], position_prior: ArrayLike,
+                 sigma2: float = 1.0, name: str | None = None) -> None: ...
+    @property
+    def key_means(self) -> SparseTable: ...
+    @property
+    def emission(self) -> SparseTable: ...
+    position_prior: npt.NDArray[np.float64]
+    sigma2: float
+    gate_const: float
+    name: str | None
+    num_symbols: int
+    context_length: int
+    query_dim: int
+    num_targets: int
+    def dense(self) -> ResponsibilityAttentionDistribution: ...
+    def predict_proba(self, context: ArrayLike, query: ArrayLike | int) -> npt.NDArray[np.float64]: ...
+    def responsibilities(self, x: Data) -> npt.NDArray[np.float64]: ...
+    def estimator(self, pseudo_count: float | None = None) -> SparseResponsibilityAttentionEstimator: ...
+    def dist_to_encoder(self) -> ResponsibilityAttentionDataEncoder: ...
+
+# >>> generated: SparseResponsibilityAttentionEstimator (scripts/generate_stubs.py)
+class SparseResponsibilityAttentionEstimator(Estimator):
+    def __init__(
+        self,
+        num_symbols: int,
+        context_length: int,
+        query_dim: int,
+        num_targets: int,
+        *,
+        rows: Data,
+        sigma2: float = 1.0,
+        emission_smoothing: float = 1e-06,
+        estimate_sigma2: bool = False,
+        min_sigma2: float = 1e-06,
+        pseudo_count: float | None = None,
+        name: str | None = None,
+        keys: str | None = None,
+    ) -> None: ...
+    num_symbols: int
+    context_length: int
+    query_dim: int
+    num_targets: int
+    sigma2: float
+    emission_smoothing: float
+    estimate_sigma2: bool
+    min_sigma2: float
+    name: str | None
+    keys: str | None
+    def accumulator_factory(self) -> SparseResponsibilityAttentionAccumulatorFactory: ...
+    def estimate(self, nobs: float | None, value: Any) -> SparseResponsibilityAttentionDistribution: ...
+# <<< generated: SparseResponsibilityAttentionEstimator
+
+class SparseResponsibilityAttentionAccumulator(Accumulator):
+    def __init__(self, num_symbols: int, context_length: int, query_dim: int, num_targets: int,
+                 keys: str | None = None, name: str | None = None, *, rows: Data) -> None: ...
+    num_symbols: int
+    context_length: int
+    query_dim: int
+    num_targets: int
+    # The statistics as attributes (read-only copies, as in value()), one entry per listed cell.
+    @property
+    def key_sum(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def key_mass(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def emission_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def position_count(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def query_sq(self) -> float: ...
+    def value(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64],
+                             npt.NDArray[np.float64], float]: ...
+
+class SparseResponsibilityAttentionAccumulatorFactory(AccumulatorFactory):
+    def __init__(self, num_symbols: int, context_length: int, query_dim: int, num_targets: int,
+                 keys: str | None = None, name: str | None = None, *, rows: Data) -> None: ...
+    num_symbols: int
+    context_length: int
+    query_dim: int
+    num_targets: int
+    def make(self) -> SparseResponsibilityAttentionAccumulator: ...
 
 # ---- chained attention ---------------------------------------------------------------------------------------------
 

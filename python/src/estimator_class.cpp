@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,10 +44,24 @@ OptionValue option_from_python(const OptionSpec& spec, py::handle obj, const std
   return value;
 }
 
+/// The rows of a constructor call: `data` encoded for the call's sizes, pointed to by the call's settings.
+void take_rows(ConstructorCall& call, RowsEncoder rows, const py::object& data, const std::string& where) {
+  if (data.is_none()) throw TypeError(where + "() missing required argument 'rows' (the training rows, whose pairs "
+                                              "are the cells of its sparse tables)");
+  call.rows = std::make_shared<const AnyBatch>(rows(data, call.settings.sizes));
+  call.settings.rows = call.rows.get();
+}
+
 }  // namespace
 
-EstimatorSettings estimator_settings(const FamilySpec& family, const std::string& where, const py::args& args,
-                                     const py::kwargs& kwargs, py::object& pseudo_count) {
+void check_rows_encoder(const FamilySpec& family, RowsEncoder rows) {
+  if (family.fit.shaped_by_data != (rows != nullptr))
+    throw std::logic_error("attnmix bindings: " + std::string(family.name) +
+                           (rows ? " takes no training rows" : " needs a RowsEncoder for its training rows"));
+}
+
+ConstructorCall estimator_call(const FamilySpec& family, RowsEncoder rows, const std::string& where,
+                               const py::args& args, const py::kwargs& kwargs) {
   const std::vector<const SizeSpec*> sizes = estimator_sizes(family);
   if (args.size() > sizes.size())
     throw TypeError(where + "() takes " + std::to_string(sizes.size()) + " positional arguments (its sizes) but " +
@@ -64,7 +80,8 @@ EstimatorSettings estimator_settings(const FamilySpec& family, const std::string
     given.erase(it);
     return out;
   };
-  EstimatorSettings settings;
+  ConstructorCall call;
+  EstimatorSettings& settings = call.settings;
   for (const SizeSpec* size : sizes) {
     const std::string keyword(size->keyword);
     if (!given.count(keyword)) throw TypeError(where + "() missing required argument '" + keyword + "'");
@@ -77,13 +94,15 @@ EstimatorSettings estimator_settings(const FamilySpec& family, const std::string
     settings.seed = seed_int(take("seed"), where, "seed");
   settings.name = name_arg(take("name"), where);
   settings.keys = optional_str(take("keys"), where, "keys");
-  pseudo_count = pseudo_count_arg(take("pseudo_count"), where);
+  call.pseudo_count = pseudo_count_arg(take("pseudo_count"), where);
+  py::object data = rows ? take("rows") : py::none();
   if (!given.empty()) throw TypeError(where + "() got an unexpected keyword argument '" + given.begin()->first + "'");
-  return settings;
+  if (rows) take_rows(call, rows, data, where);
+  return call;
 }
 
-AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where, const py::args& args,
-                              const py::kwargs& kwargs, py::object& name) {
+AnyAccumulator accumulator_of(const FamilySpec& family, RowsEncoder rows, const std::string& where,
+                              const py::args& args, const py::kwargs& kwargs, py::object& name) {
   const std::vector<const SizeSpec*> sizes = estimator_sizes(family);
   std::vector<std::string> order;  // the positional arguments' names
   for (const SizeSpec* size : sizes) order.emplace_back(size->keyword);
@@ -98,12 +117,13 @@ AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where
   for (size_t i = 0; i < args.size(); ++i) given[order[i]] = args[i];
   for (const auto& [key, value] : kwargs) {
     const std::string k = key.cast<std::string>();
-    if (std::find(order.begin(), order.end(), k) == order.end())
+    if (std::find(order.begin(), order.end(), k) == order.end() && !(rows && k == "rows"))
       throw TypeError(where + "() got an unexpected keyword argument '" + k + "'");
     if (!given.emplace(k, py::reinterpret_borrow<py::object>(value)).second)
       throw TypeError(where + "() got multiple values for argument '" + k + "'");
   }
-  EstimatorSettings settings;
+  ConstructorCall call;
+  EstimatorSettings& settings = call.settings;
   for (const SizeSpec* size : sizes) {
     const std::string keyword(size->keyword);
     if (!given.count(keyword)) throw TypeError(where + "() missing required argument '" + keyword + "'");
@@ -114,7 +134,27 @@ AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where
       settings.options[std::string(spec.name)] = option_from_python(spec, given[std::string(spec.name)], where);
   settings.keys = optional_str(given.count("keys") ? given["keys"] : py::none(), where, "keys");
   name = name_to_python(name_arg(given.count("name") ? given["name"] : py::none(), where));
+  if (rows) take_rows(call, rows, given.count("rows") ? given["rows"] : py::none(), where);
   return family.fit.make_estimator(settings, nullptr).make_accumulator();
+}
+
+AnyAccumulator smallest_statistics(const FamilySpec& family) {
+  EstimatorSettings smallest;
+  for (const SizeSpec& size : family.fit.sizes)
+    if (size.fixed_by_model) smallest.sizes[std::string(size.symbol)] = Dim{1, ""};
+  AnyBatch no_rows;
+  if (family.fit.shaped_by_data) {
+    Rows empty;  // no rows, each field as wide as its size (1) says
+    for (const DataField& field : family.schema->fields) {
+      const Index width = field.width.empty() ? 1 : smallest.sizes.at(std::string(field.width)).value;
+      Column& column = empty.columns.emplace_back();
+      if (field.kind == DataKind::kIds) column.ids.resize(0, width);
+      else column.reals.resize(0, width);
+    }
+    no_rows = family.encode(std::move(empty), smallest.sizes);
+    smallest.rows = &no_rows;
+  }
+  return family.fit.make_estimator(smallest, nullptr).make_accumulator();
 }
 
 py::object statistics_field(const AnyAccumulator& acc, size_t index) {
@@ -127,7 +167,7 @@ py::object statistics_field(const AnyAccumulator& acc, size_t index) {
 std::string estimator_signature(const FamilySpec& family) {
   std::string out = "(";
   for (const SizeSpec* size : estimator_sizes(family)) out += std::string(size->keyword) + ", ";
-  out += "*";
+  out += family.fit.shaped_by_data ? "*, rows" : "*";
   for (const OptionSpec& spec : family.fit.options)
     out += ", " + std::string(spec.name) + "=" + py::repr(option_to_python(spec.fallback)).cast<std::string>();
   if (family.fit.stochastic) out += ", seed=0";
@@ -166,7 +206,8 @@ void bind_estimator_table(py::module_& m) {
           }
           out.append(py::dict(py::arg("class") = name, py::arg("family") = std::string(family->name),
                               py::arg("sizes") = sizes, py::arg("options") = options,
-                              py::arg("seeded") = family->fit.stochastic));
+                              py::arg("seeded") = family->fit.stochastic,
+                              py::arg("rows") = family->fit.shaped_by_data));
         }
         return out;
       },

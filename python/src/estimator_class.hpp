@@ -3,12 +3,14 @@
 /// A family's Python estimator, accumulator and accumulator-factory classes, generated from its descriptor
 /// (family/spec.hpp), so that the family's option table is the one source of their keywords, defaults, checks and
 /// attributes (the CLI's flags come from the same table):
-///   XEstimator(<the sizes its models fix, positional or by keyword>, *, <options>=<defaults>, [seed=0],
+///   XEstimator(<the sizes its models fix, positional or by keyword>, *, [rows,] <options>=<defaults>, [seed=0],
 ///              pseudo_count=None, name=None, keys=None)
-///   XAccumulator(<sizes>, <the options that shape its statistics>=<defaults>, keys=None, name=None), and
+///   XAccumulator(<sizes>, <the options that shape its statistics>=<defaults>, keys=None, name=None, [*, rows]), and
 ///   XAccumulatorFactory with the same arguments: the statistics the estimator of those settings accumulates
 /// with one read-only attribute per size, option, seed (families with a Monte-Carlo objective), name and keys; an
 /// accumulator also has one per field of its statistics (key_sum, …, ll, n: copies, as the reference's attributes).
+/// `rows` (required) are the training rows of a family whose statistics take their shape from them
+/// (FitSpec::shaped_by_data: the cells of sparse tables).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -21,14 +23,26 @@
 
 namespace attnmix::python {
 
-/// The settings of an estimator constructor call (sizes, options, seed, name, keys) and its pseudo_count.
+/// The batch of the training rows `data` (anything the family's encoder of these sizes accepts, or an EncodedBatch) of
+/// a family whose statistics take their shape from them (FitSpec::shaped_by_data): its classes' `rows` argument.
+/// @throws TypeError / ValueError naming the rows.
+using RowsEncoder = AnyBatch (*)(py::handle data, const Dims& sizes);
+
+/// An estimator or accumulator constructor call: its settings (sizes, options, seed, name, keys), its pseudo_count,
+/// and the rows that settings.rows points to (families shaped by their data).
+struct ConstructorCall {
+  EstimatorSettings settings;
+  py::object pseudo_count = py::none();
+  std::shared_ptr<const AnyBatch> rows;
+};
+
+/// The estimator constructor call of `args` and `kwargs`.
 /// @throws TypeError (a missing, repeated or unknown argument, a value of the wrong type) or ValueError (a value the
 ///         option's check refuses), naming `where` and the argument.
-[[nodiscard]] EstimatorSettings estimator_settings(const FamilySpec& family, const std::string& where,
-                                                   const py::args& args, const py::kwargs& kwargs,
-                                                   py::object& pseudo_count);
+[[nodiscard]] ConstructorCall estimator_call(const FamilySpec& family, RowsEncoder rows, const std::string& where,
+                                             const py::args& args, const py::kwargs& kwargs);
 
-/// The constructor's signature, for its docstring: "(num_symbols, …, *, sigma2=1.0, …, keys=None)".
+/// The constructor's signature, for its docstring: "(num_symbols, …, *, [rows,] sigma2=1.0, …, keys=None)".
 [[nodiscard]] std::string estimator_signature(const FamilySpec& family);
 
 /// A value of an option as Python sees it.
@@ -51,9 +65,13 @@ inline constexpr const char* kKeysDoc =
     "statistics.";
 
 /// The accumulator of a constructor call: the statistics of the estimator of (sizes, the options that shape the
-/// statistics, keys) — positional in that order, then name — and its name. @throws TypeError / ValueError.
-[[nodiscard]] AnyAccumulator accumulator_of(const FamilySpec& family, const std::string& where, const py::args& args,
-                                            const py::kwargs& kwargs, py::object& name);
+/// statistics, keys) — positional in that order, then name; rows by keyword (families shaped by their data) — and
+/// its name. @throws TypeError / ValueError.
+[[nodiscard]] AnyAccumulator accumulator_of(const FamilySpec& family, RowsEncoder rows, const std::string& where,
+                                            const py::args& args, const py::kwargs& kwargs, py::object& name);
+
+/// @throws std::logic_error unless a RowsEncoder is given exactly for a family shaped by its data.
+void check_rows_encoder(const FamilySpec& family, RowsEncoder rows);
 
 /// Records that `class_name` is the generated estimator class of `family` (for _estimator_classes()).
 void record_estimator_class(const char* class_name, const FamilySpec& family);
@@ -62,17 +80,19 @@ void record_estimator_class(const char* class_name, const FamilySpec& family);
 /// which scripts/generate_stubs.py writes their stubs in _core.pyi.
 void bind_estimator_table(py::module_& m);
 
-/// Binds `class_name`, the Python class of the estimators of `family` (C++ type E).
+/// Binds `class_name`, the Python class of the estimators of `family` (C++ type E); `rows` encodes the training rows
+/// of a family shaped by its data (null for every other).
 template <class E>
-void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* class_name, const char* doc) {
+void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* class_name, const char* doc,
+                          RowsEncoder rows = nullptr) {
   using Est = EstimatorOf<E>;
+  check_rows_encoder(family, rows);
   record_estimator_class(class_name, family);
   py::class_<Est, EstimatorHandle> cls(m, class_name, doc);
   const std::string where = class_name;
-  cls.def(py::init([&family, where](const py::args& args, const py::kwargs& kwargs) {
-            py::object pseudo;
-            const EstimatorSettings settings = estimator_settings(family, where, args, kwargs, pseudo);
-            return Est(family.fit.make_estimator(settings, nullptr), std::move(pseudo));
+  cls.def(py::init([&family, rows, where](const py::args& args, const py::kwargs& kwargs) {
+            ConstructorCall call = estimator_call(family, rows, where, args, kwargs);
+            return Est(family.fit.make_estimator(call.settings, nullptr), std::move(call.pseudo_count));
           }),
           (std::string(class_name) + estimator_signature(family)).c_str());
   for (const SizeSpec& size : family.fit.sizes) {
@@ -108,14 +128,14 @@ void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* 
 /// The field `index` of a leaf's statistics as value() gives it: a float (a scalar field) or a new array.
 [[nodiscard]] py::object statistics_field(const AnyAccumulator& acc, size_t index);
 
+/// The statistics of the family's smallest estimator (every size 1; no rows for a family shaped by its data).
+[[nodiscard]] AnyAccumulator smallest_statistics(const FamilySpec& family);
+
 /// One read-only attribute per field of the statistics of the family's accumulators (their layout's names).
 template <class Class>
 void def_statistics_attributes(Class& cls, const FamilySpec& family) {
   using H = typename Class::type;
-  EstimatorSettings smallest;
-  for (const SizeSpec& size : family.fit.sizes)
-    if (size.fixed_by_model) smallest.sizes[std::string(size.symbol)] = Dim{1, ""};
-  const AnyAccumulator example = family.fit.make_estimator(smallest, nullptr).make_accumulator();
+  const AnyAccumulator example = smallest_statistics(family);
   const auto& fields = example.flat_stats()->layout().fields();
   for (size_t i = 0; i < fields.size(); ++i)
     cls.def_property_readonly(fields[i].name.c_str(), [i](const H& h) { return statistics_field(h.get(), i); },
@@ -126,19 +146,21 @@ void def_statistics_attributes(Class& cls, const FamilySpec& family) {
 /// appended to the factory's generated docstring (factory_doc): the family's "\n\nExample:\n\n>>> ..." paragraph.
 template <class A>
 void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const char* accumulator_name,
-                              const char* factory_name, const char* doc, const char* factory_example) {
+                              const char* factory_name, const char* doc, const char* factory_example,
+                              RowsEncoder rows = nullptr) {
+  check_rows_encoder(family, rows);
   py::class_<AccumulatorOf<A>, AccumulatorHandle> acc(m, accumulator_name, doc);
   const std::string where_acc = accumulator_name, where_factory = factory_name;
-  acc.def(py::init([&family, where_acc](const py::args& args, const py::kwargs& kwargs) {
+  acc.def(py::init([&family, rows, where_acc](const py::args& args, const py::kwargs& kwargs) {
     py::object name;
-    AnyAccumulator statistics = accumulator_of(family, where_acc, args, kwargs, name);
+    AnyAccumulator statistics = accumulator_of(family, rows, where_acc, args, kwargs, name);
     return AccumulatorOf<A>(AccumulatorHandle(std::move(statistics), std::move(name)));
   }));
   py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name,
                                                   (factory_doc(accumulator_name) + factory_example).c_str());
-  factory.def(py::init([&family, where_factory](const py::args& args, const py::kwargs& kwargs) {
+  factory.def(py::init([&family, rows, where_factory](const py::args& args, const py::kwargs& kwargs) {
     py::object name;
-    AnyAccumulator prototype = accumulator_of(family, where_factory, args, kwargs, name);
+    AnyAccumulator prototype = accumulator_of(family, rows, where_factory, args, kwargs, name);
     return FactoryOf<A>(std::move(prototype), std::move(name));
   }));
   const auto attributes = [&family](auto& cls, auto statistics) {

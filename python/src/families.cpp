@@ -113,11 +113,8 @@ std::vector<AccumulatorHandle> AccumulatorHandle::children() const {
 // ---- Python objects of type-erased handles ------------------------------------------------------
 
 py::object wrap_distribution(AnyDistribution m) {
-  const auto it = entries().find(m.type());
-  if (it == entries().end())
-    throw TypeError("attnmix: " + m.family() + " models have no Python class yet (the attnmix program scores, " +
-                    "predicts with and refits them)");
-  return it->second->distribution(std::move(m));
+  const PythonFamily& family = family_of(m.type(), "a model");
+  return family.distribution(std::move(m));
 }
 
 py::object wrap_estimator(AnyEstimator e, py::object pseudo_count) {

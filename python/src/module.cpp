@@ -16,11 +16,13 @@ namespace py = pybind11;
 
 namespace attnmix::python {
 // The families' Python classes: a family's binding file under families/ and its line here, in binding order.
-void bind_attention(py::module_& m);     // families/responsibility.cpp: responsibility attention, sequence_to_triples
-void bind_chained(py::module_& m);       // families/chained.cpp: chained attention
-void bind_variational(py::module_& m);   // families/variational.cpp: both variational families, their optimizer state
-void bind_stats(py::module_& m);         // families/stats.cpp: Mixture, Composite, Categorical, DiagonalGaussian
-constexpr void (*kFamilyBindings[])(py::module_&) = {bind_attention, bind_chained, bind_variational, bind_stats};
+void bind_attention(py::module_& m);         // families/responsibility.cpp: responsibility attention, sequence_to_triples
+void bind_sparse_attention(py::module_& m);  // families/sparse_responsibility.cpp: sparse responsibility attention
+void bind_chained(py::module_& m);           // families/chained.cpp: chained attention
+void bind_variational(py::module_& m);       // families/variational.cpp: both variational families, their optimizer state
+void bind_stats(py::module_& m);             // families/stats.cpp: Mixture, Composite, Categorical, DiagonalGaussian
+constexpr void (*kFamilyBindings[])(py::module_&) = {bind_attention, bind_sparse_attention, bind_chained,
+                                                        bind_variational, bind_stats};
 }  // namespace attnmix::python
 
 PYBIND11_MODULE(_core, m) {

@@ -45,9 +45,17 @@ def _ca(rng):
                                                 sigma2=0.3, name="ca")
 
 
+def _sparse(rng):
+    keys = {"shape": (3, 3), "row_begin": [0, 1, 2, 3], "columns": [0, 1, 2], "values": rng.standard_normal(3)}
+    emission = {"shape": (3, 2), "row_begin": [0, 1, 1, 2], "columns": [0, 1], "values": [0.7, 0.4],
+                "default": [0.3, 0.5, 0.6]}
+    return attnmix.SparseResponsibilityAttentionDistribution(keys, emission, [0.25, 0.75], sigma2=0.4, name="sparse")
+
+
 PICKLEABLE = {
     "ResponsibilityAttentionDistribution": lambda rng: random_model(rng, name="ra"),
     "ChainedAttentionDistribution": _ca,
+    "SparseResponsibilityAttentionDistribution": _sparse,
     "VariationalEmbeddingAttentionDistribution": _vea,
     "VariationalMultiHopAttentionDistribution": _vmha,
     "MixtureDistribution": lambda rng: attnmix.MixtureDistribution([random_model(rng), _vea(rng)], [0.25, 0.75]),

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import attnmix
@@ -26,7 +27,10 @@ def test_generated_stubs_are_current():
 def test_every_option_is_a_keyword_with_its_default(entry):
     cls = getattr(attnmix, entry["class"])
     sizes = [2] * len(entry["sizes"])
-    estimator = cls(*sizes)
+    # A family shaped by its data takes training rows (the sparse family's: one row of symbol 0, all sizes equal).
+    rows = (lambda k: {"rows": (np.zeros((1, k), np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))}) \
+        if entry["rows"] else (lambda k: {})
+    estimator = cls(*sizes, **rows(2))
     for size in entry["sizes"]:
         assert getattr(estimator, size["keyword"]) == 2
     for option in entry["options"]:
@@ -35,15 +39,18 @@ def test_every_option_is_a_keyword_with_its_default(entry):
     # The same class from keywords only, every option set to its default explicitly.
     keywords = {s["keyword"]: 3 for s in entry["sizes"]}
     keywords.update({o["name"]: o["default"] for o in entry["options"]})
-    again = cls(**keywords)
+    again = cls(**keywords, **rows(3))
     assert all(getattr(again, s["keyword"]) == 3 for s in entry["sizes"])
     assert entry["class"] + "(" in cls.__init__.__doc__
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
-        cls(*sizes, bogus=1)
+        cls(*sizes, bogus=1, **rows(2))
     with pytest.raises(TypeError, match="missing required argument"):
-        cls(*sizes[:-1])
+        cls(*sizes[:-1], **rows(2))
+    if entry["rows"]:
+        with pytest.raises(TypeError, match="missing required argument 'rows'"):
+            cls(*sizes)
     with pytest.raises(TypeError, match="keyword-only"):
-        cls(*sizes, 1.0)
+        cls(*sizes, 1.0, **rows(2))
     assert inspect.isclass(cls) and issubclass(cls, attnmix.Estimator)
 
 

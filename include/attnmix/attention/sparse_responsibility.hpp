@@ -153,6 +153,8 @@ class SparseResponsibilityAttentionAccumulator : public FlatAccumulator<SparseRe
   [[nodiscard]] double query_sq() const { return *field(4); }
   /// Σ position_count: the assigned mass M.
   [[nodiscard]] double total_mass() const;
+  /// An encoder that declares S, N, D and T.
+  [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
   /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
   /// seq_initialize: the draws of ResponsibilityAttentionAccumulator::initialize (r_n ~ Dirichlet(1_N) for every
@@ -238,6 +240,9 @@ class SparseResponsibilityAttention {
   [[nodiscard]] SparseResponsibilityAttentionEstimator estimator() const;
   /// An encoder that declares this model's S, N, D and T.
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
+  /// The dense model with the same tables (K is 0 and row s of B is β_s off the patterns), σ², π and name: the same
+  /// log p, responsibilities and predictions on one-hot queries. O(S·(D + T)) memory, for small vocabularies.
+  [[nodiscard]] ResponsibilityAttention dense() const;
 
  private:
   void check_batch(const ResponsibilityAttentionBatch& batch) const;

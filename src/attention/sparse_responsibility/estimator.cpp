@@ -52,6 +52,10 @@ std::span<const double> SparseResponsibilityAttentionAccumulator::span(int f) co
 
 double SparseResponsibilityAttentionAccumulator::total_mass() const { return accurate_sum(position_count()); }
 
+ResponsibilityAttentionEncoder SparseResponsibilityAttentionAccumulator::encoder() const {
+  return {n_symbols(), N_, query_dim(), n_targets()};
+}
+
 void SparseResponsibilityAttentionAccumulator::validate(std::string_view where) const {
   check_entries(where);
   const double mass = total_mass();

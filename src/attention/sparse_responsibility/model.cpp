@@ -258,4 +258,22 @@ ResponsibilityAttentionEncoder SparseResponsibilityAttention::encoder() const {
   return {n_symbols(), context_length(), query_dim(), n_targets()};
 }
 
+ResponsibilityAttention SparseResponsibilityAttention::dense() const {
+  const SparsePattern& keys = *params_.patterns.keys;
+  const SparsePattern& emission = *params_.patterns.emission;
+  ResponsibilityAttentionParams p;
+  p.key_means = Matrix::Zero(n_symbols(), query_dim());
+  p.emission.resize(n_symbols(), n_targets());
+  for (Index s = 0; s < n_symbols(); ++s) {
+    for (Index k = keys.begin(s); k < keys.end(s); ++k) p.key_means(s, keys.column(k)) = params_.key_values[k];
+    p.emission.row(s).setConstant(params_.emission_default[s]);
+    for (Index k = emission.begin(s); k < emission.end(s); ++k)
+      p.emission(s, emission.column(k)) = params_.emission_values[k];
+  }
+  p.position_prior = params_.position_prior;
+  p.sigma2 = params_.sigma2;
+  p.name = params_.name;
+  return ResponsibilityAttention(std::move(p));
+}
+
 }  // namespace attnmix

@@ -115,6 +115,9 @@ TEST(SparseResponsibilityTest, SparseTablesGiveTheDenseResults) {
     const ResponsibilityAttentionBatch rows = random_rows(n, S, N, D, T, rng);
     const SparseResponsibilityAttention sparse = random_sparse(rows.slice(0, n / 2), S, N, D, T, rng);
     const ResponsibilityAttention dense = dense_of(sparse);
+    const ResponsibilityAttention expanded = sparse.dense();  // the library's expansion, walking the patterns
+    EXPECT_EQ(expanded.params().key_means, dense.params().key_means);
+    EXPECT_EQ(expanded.params().emission, dense.params().emission);
     // The second half holds pairs the patterns (made from the first half) do not list: K = 0 and B = β there.
     std::vector<double> sparse_log_p(n), dense_log_p(n);
     sparse.log_density(rows, sparse_log_p);
