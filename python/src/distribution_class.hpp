@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file distribution_class.hpp
-/// What every family's Python distribution class defines the same way: its text (__repr__, which str() uses too)
-/// and its pickling through its constructor.
+/// What every family's Python distribution class defines the same way: its text (__repr__, which str() uses too),
+/// its pickling through its constructor, and its per-row posterior matrices.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "attnmix/core/errors.hpp"
+#include "convert.hpp"
+#include "roles.hpp"
 
 namespace attnmix::python {
 
@@ -52,6 +54,24 @@ void def_text_and_pickle(py::class_<Dist, Extra...>& cls, Describe describe, Sta
                        for (size_t k = late.size() - missing; k < late.size(); ++k) arguments.append(late[k]);
                        return detail::call_with(make, arguments, std::make_index_sequence<kArguments>{});
                      }));
+}
+
+/// The method `name`(x) of a distribution class: the matrix `of(model, batch)` (a new float64 array, one row per row
+/// of x) of the rows x — anything the model's encoder accepts, or an encoded batch — computed without the GIL.
+template <class Dist, class... Extra, class Of>
+void def_rows_matrix(py::class_<Dist, Extra...>& cls, const char* name, Of of, const char* doc) {
+  cls.def(
+      name,
+      [of](const Dist& d, py::object x) {
+        const AnyBatch batch = batch_of(x, *encoder_of(d.any));
+        Matrix out;
+        {
+          const py::gil_scoped_release release;
+          out = of(d.model(), batch);
+        }
+        return copy_reals(out.data(), {out.rows(), out.cols()});
+      },
+      py::arg("x"), doc);
 }
 
 }  // namespace attnmix::python

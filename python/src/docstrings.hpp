@@ -42,6 +42,9 @@ inline constexpr const char* kEncoderNumTargets =
 inline constexpr const char* kEmission =
     "Emission table B, a read-only float64 array of shape (S, T): row s is p(target | attended symbol s) and sums "
     "to 1.";
+inline constexpr const char* kResponsibilities =
+    "The posterior over attended positions of each row given its target, r[n, i] (each row sums to 1; a row "
+    "impossible under the model is all zeros): (n, N). x: rows the model's encoder accepts, or an encoded batch.";
 inline constexpr const char* kPositionPrior =
     "Position prior pi, a read-only float64 array of shape (N,) that sums to 1: the prior probability of attending "
     "each context position.";

@@ -135,6 +135,11 @@ py::tuple predict_proba_vjp(const ResponsibilityAttention& m, py::handle context
   return vjp_out(v);
 }
 
+Matrix responsibilities(const ResponsibilityAttention& m, const AnyBatch& rows) {
+  constexpr const char* where = "ResponsibilityAttentionDistribution.responsibilities";
+  return m.responsibilities(rows.get<ResponsibilityAttentionBatch>(where));
+}
+
 using SamplerPy = SamplerOf<ResponsibilityAttentionSampler>;
 
 void bind_distribution(py::module_& m) {
@@ -222,22 +227,6 @@ Example:
           "p(target | context, query) = sum_i a_i B[c_i] with the target-blind attention a: (T,) "
           "for one example, (n, T) for a batch.")
       .def(
-          "responsibilities",
-          [](const Dist& d, py::object x) {
-            const AnyBatch batch = batch_of(x, *encoder_of(d.any));
-            Matrix r;
-            {
-              const py::gil_scoped_release release;
-              r = d.model().responsibilities(batch.get<ResponsibilityAttentionBatch>(
-                  "ResponsibilityAttentionDistribution.responsibilities"));
-            }
-            return copy_reals(r.data(), {r.rows(), r.cols()});
-          },
-          "x"_a,
-          "The posterior over attended positions of each row given its target, r[n, i] (each row sums to 1; a row "
-          "impossible under the model is all zeros): (n, N). x: rows the model's encoder accepts, or an encoded "
-          "batch.")
-      .def(
           "_log_density_vjp",
           [](const Dist& d, py::object c, py::object y, py::object t, py::object g) {
             return log_density_vjp(d.model(), c, y, t, g);
@@ -256,6 +245,7 @@ Example:
           "Private (used by attnmix.torch.em_heads): the vector-Jacobian product of predict_proba. "
           "For L = sum_{n,t} grad[n, t] p(t | context_n, query_n), returns (dL/dquery (n, D), "
           "dL/dkey_means (S, D)); context (n, N), query (n, D), grad (n, T).");
+  def_rows_matrix(cls, "responsibilities", responsibilities, doc::kResponsibilities);
   def_text_and_pickle(cls, describe, params_of, make_distribution, py::make_tuple("float64"));
 
   def_leaf_sampler(

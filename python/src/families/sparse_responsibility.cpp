@@ -241,21 +241,13 @@ True
           "predict_proba", [](const Dist& d, py::object c, py::object q) { return predict_proba(d.model(), c, q); },
           "context"_a, "query"_a,
           "p(target | context, query) = sum_i a_i B[c_i] with the target-blind attention a: (T,) for one example (a "
-          "1-D context and an int query symbol), (n, T) for a batch (contexts (n, N), query symbols (n,)).")
-      .def(
-          "responsibilities",
-          [](const Dist& d, py::object x) {
-            const AnyBatch batch = batch_of(x, *encoder_of(d.any));
-            Matrix r;
-            {
-              const py::gil_scoped_release release;
-              r = d.model().responsibilities(batch.get<ResponsibilityAttentionBatch>(kDist));
-            }
-            return copy_reals(r.data(), {r.rows(), r.cols()});
-          },
-          "x"_a,
-          "The posterior over attended positions of each row given its target, r[n, i] (each row sums to 1; a row "
-          "impossible under the model is all zeros): (n, N). x: rows with symbol queries, or an encoded batch.");
+          "1-D context and an int query symbol), (n, T) for a batch (contexts (n, N), query symbols (n,)).");
+  def_rows_matrix(
+      cls, "responsibilities",
+      [](const Model& model, const AnyBatch& rows) {
+        return model.responsibilities(rows.get<ResponsibilityAttentionBatch>(kDist));
+      },
+      doc::kResponsibilities);
   def_model_view(
       cls, "position_prior", [](const Model& d) -> const Vector& { return d.params().position_prior; },
       doc::kPositionPrior);

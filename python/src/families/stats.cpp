@@ -267,23 +267,15 @@ True
           "Number of components K, an int.")
       .def_property_readonly("name", [](const Dist& d) { return name_to_python(d.model().name()); }, doc::kName)
       .def(
-          "seq_posterior",
-          [](const Dist& d, py::object x) {
-            const AnyBatch batch = batch_of(x, *encoder_of(d.any));
-            Matrix rho;
-            {
-              const py::gil_scoped_release release;
-              rho = d.model().responsibilities(batch);
-            }
-            return copy_reals(rho.data(), {rho.rows(), rho.cols()});
-          },
-          "x"_a, "Component responsibilities rho (n, K) of an encoded batch.")
-      .def(
           "sampler",
           [](py::object self, py::object seed, const py::kwargs& options) {
             return make_mixture_sampler(std::move(self), seed, options, kDist);
           },
           "seed"_a = py::none(), "A MixtureSampler of this model; keyword options go to every component's sampler().");
+  def_rows_matrix(
+      cls, "seq_posterior", [](const Mixture& model, const AnyBatch& rows) { return model.responsibilities(rows); },
+      "Component responsibilities rho (n, K) of the rows x (anything the model's encoder accepts, or an encoded "
+      "batch).");
   def_text_and_pickle(
       cls,
       [](const Mixture& model) {
