@@ -86,6 +86,9 @@ TEST_F(CliCheckpointTest, EveryFamilyResumesExactly) {
   expect_resume_matches("--family vmha --data '" + data("ca_small.jsonl") + "'", 5, 2);
   expect_resume_matches("--family chained --data '" + data("ca_small.jsonl") + "' --delta none", 5, 2);
   expect_resume_matches("--family ra --text '" + data("README.md") + "' --context-length 3 --delta none", 4, 2);
+  // Sparse tables: the resumed fit rebuilds the same cells from the same text.
+  expect_resume_matches("--family ra-sparse --text '" + data("README.md") + "' --tokens words --context-length 3 "
+                        "--estimate-sigma2 --delta none", 4, 2);
 }
 
 TEST_F(CliCheckpointTest, CheckpointsComeEveryKIterationsAndGoOnWithAHigherMaxIts) {
