@@ -234,3 +234,14 @@ def test_predict_goes_through_rows_in_blocks_with_the_models_probabilities(tmp_p
     assert best == expected.argmax(axis=1).tolist()
     correct = int((expected.argmax(axis=1) == targets).sum())
     assert f"({correct}/{n} rows)" in argmax.stderr
+
+
+def test_a_key_table_without_pairs_is_the_zero_key_table():
+    keys = {"shape": (2, 3), "row_begin": [0, 0, 0], "columns": [], "values": []}
+    emission = {"shape": (2, 2), "row_begin": [0, 1, 1], "columns": [1], "values": [0.75], "default": [0.25, 0.5]}
+    model = SparseResponsibilityAttentionDistribution(keys, emission, [0.5, 0.5], sigma2=2.0)
+    dense = model.dense()
+    assert not dense.key_means.any() and dense.emission.tolist() == [[0.25, 0.75], [0.5, 0.5]]
+    rows = (np.array([[0, 1], [1, 1]]), np.array([2, 0]), np.array([1, 0]))
+    np.testing.assert_allclose(model.seq_log_density(rows),
+                               dense.seq_log_density((rows[0], np.eye(3)[rows[1]], rows[2])), rtol=1e-14)

@@ -36,8 +36,9 @@ SparseResponsibilityAttention::SparseResponsibilityAttention(SparseResponsibilit
   check_length("key_values", pat.keys->size(), params_.key_values.size());
   check_length("emission_values", pat.emission->size(), params_.emission_values.size());
   check_length("emission_default", S, params_.emission_default.size());
-  check::bounded_reals(kWhere, "key_values",
-                       {params_.key_values.data(), static_cast<size_t>(params_.key_values.size())});
+  if (params_.key_values.size() > 0)  // a key table without listed pairs is K = 0
+    check::bounded_reals(kWhere, "key_values",
+                         {params_.key_values.data(), static_cast<size_t>(params_.key_values.size())});
   const auto probability = [](const char* name, double x, Index k) {
     if (!(x >= 0.0 && x <= 1.0))
       throw ValueError(std::string(kWhere) + ": " + name + " entry " + std::to_string(k) +
