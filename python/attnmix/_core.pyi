@@ -190,9 +190,14 @@ class ResponsibilityAttentionDataEncoder(DataEncoder):
     query_dim: int | None
     num_targets: int | None
 
+@overload
 def sequence_to_triples(tokens: ArrayLike, context_length: int, *, num_symbols: int | None = None,
-                        embeddings: ArrayLike | None = None
+                        embeddings: ArrayLike | None = None, symbol_queries: Literal[False] = False
                         ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int]]: ...
+@overload
+def sequence_to_triples(tokens: ArrayLike, context_length: int, *, num_symbols: int | None = None,
+                        embeddings: None = None, symbol_queries: Literal[True]
+                        ) -> list[tuple[npt.NDArray[np.int64], int, int]]: ...
 
 # ---- responsibility attention with sparse tables --------------------------------------------------------------
 

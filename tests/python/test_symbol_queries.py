@@ -126,3 +126,23 @@ def test_text_fits_use_symbol_queries(tmp_path):
     model = optimize((contexts, dense, targets), est, max_its=6, rng=1, delta=None, out=None)
     np.testing.assert_allclose(fitted.key_means, model.key_means, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(fitted.emission, model.emission, rtol=1e-9, atol=1e-12)
+
+
+def test_sequence_to_triples_gives_symbol_queries_on_request():
+    """symbol_queries=True: the same triples with the token itself as the query, which scores like its one-hot row."""
+    tokens = [3, 0, 1, 2, 0, 3, 3, 1]
+    one_hot_triples = attnmix.sequence_to_triples(tokens, 3, num_symbols=4)
+    symbol_triples = attnmix.sequence_to_triples(tokens, 3, num_symbols=4, symbol_queries=True)
+    assert len(symbol_triples) == len(one_hot_triples) == len(tokens) - 3
+    for (c1, q1, t1), (c2, q2, t2) in zip(one_hot_triples, symbol_triples):
+        assert c1.tolist() == c2.tolist() and t1 == t2
+        assert isinstance(q2, int) and q1.tolist() == np.eye(4)[q2].tolist()
+    model = attnmix.ResponsibilityAttentionDistribution(np.random.default_rng(5).normal(size=(4, 4)),
+                                                        np.full((4, 4), 0.25), sigma2=0.7,
+                                                        position_prior=[0.2, 0.3, 0.5])
+    np.testing.assert_allclose(model.seq_log_density(symbol_triples), model.seq_log_density(one_hot_triples),
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="symbol_queries and embeddings exclude each other"):
+        attnmix.sequence_to_triples(tokens, 3, embeddings=np.eye(4), symbol_queries=True)
+    with pytest.raises(TypeError, match="symbol_queries"):
+        attnmix.sequence_to_triples(tokens, 3, symbol_queries="yes")

@@ -297,8 +297,8 @@ ResponsibilityAttentionDataEncoder: out-of-range ID in context (entry 1 is 3; mu
 void bind_sequence_to_triples(py::module_& m) {
   m.def(
       "sequence_to_triples",
-      [](py::object tokens, py::object context_length, py::object num_symbols,
-         py::object embeddings) {
+      [](py::object tokens, py::object context_length, py::object num_symbols, py::object embeddings,
+         py::object symbol_queries) {
         constexpr const char* where = "sequence_to_triples";
         const NdArray<int64_t> ids = read_ids(tokens, where, "tokens");
         if (ids.ndim() != 1) throw ValueError("tokens must be a 1-D sequence.");
@@ -306,9 +306,17 @@ void bind_sequence_to_triples(py::module_& m) {
         const std::optional<int64_t> S = optional_positive_int(num_symbols, where, "num_symbols");
         std::optional<Matrix> table;
         if (!embeddings.is_none()) table = reals_2d(embeddings, where, "embeddings");
+        const bool symbols = flag(symbol_queries, where, "symbol_queries");
+        if (symbols && table) throw ValueError("sequence_to_triples: symbol_queries and embeddings exclude each other");
         const ResponsibilityAttentionBatch batch =
             sequence_to_triples(ids.values, N, S, table ? &*table : nullptr);
         py::list out;
+        if (symbols) {
+          for (Index row = 0; row < batch.n_rows(); ++row)
+            out.append(py::make_tuple(copy_ids(batch.context(row), {N}), py::int_(batch.query_symbol(row)),
+                                      py::int_(batch.target(row))));
+          return out;
+        }
         std::vector<double> one_hot(static_cast<size_t>(batch.has_symbol_queries() ? batch.query_dim() : 0));
         for (Index row = 0; row < batch.n_rows(); ++row) {
           const double* query = batch.has_symbol_queries() ? one_hot.data() : batch.query(row);
@@ -322,16 +330,19 @@ void bind_sequence_to_triples(py::module_& m) {
         return out;
       },
       "tokens"_a, "context_length"_a, py::kw_only(), "num_symbols"_a = py::none(),
-      "embeddings"_a = py::none(),
+      "embeddings"_a = py::none(), "symbol_queries"_a = false,
       "The (context, query, target) triples of a token sequence: for p in [N-1, "
       "len-2], context tokens[p-N+1..p], query embeddings[tokens[p]] (one-hot of length S without "
-      "embeddings), target tokens[p+1].\n\n"
+      "embeddings; the int tokens[p] itself with symbol_queries=True, which both responsibility families take and "
+      "which needs no n x S matrix), target tokens[p+1].\n\n"
       "Example:\n\n"
       ">>> from attnmix import sequence_to_triples\n"
       ">>> for context, query, target in sequence_to_triples([0, 1, 2, 0], 2, num_symbols=3):\n"
       "...     print(context.tolist(), query.tolist(), target)\n"
       "[0, 1] [0.0, 1.0, 0.0] 2\n"
-      "[1, 2] [0.0, 0.0, 1.0] 0\n");
+      "[1, 2] [0.0, 0.0, 1.0] 0\n"
+      ">>> sequence_to_triples([0, 1, 2, 0], 2, symbol_queries=True)[0][1:]\n"
+      "(1, 2)\n");
 }
 
 }  // namespace
