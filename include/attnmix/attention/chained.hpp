@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -330,6 +331,11 @@ struct ChainedAttentionObservation {
   /// The target id, in [0, T).
   int64_t target = 0;
 };
+
+/// The batch of m observations from m successive draw() calls, each with N keys and values, encoded by `encoder`:
+/// how the chained and variational multi-hop samplers batch their draws. O(m·N) beyond the draws.
+[[nodiscard]] ChainedAttentionBatch encode_draws(const ChainedAttentionEncoder& encoder, Index N, Index m,
+                                                 const std::function<ChainedAttentionObservation()>& draw);
 
 /// Draws, per observation in this order: keys and values iid uniform over [S] (context_length each), q uniform,
 /// the L hop positions from their gates, t ~ B[v_{z_{L−1}}].

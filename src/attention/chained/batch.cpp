@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Chained-attention batches and the validating encoder (docs/mechanisms.md#building-blocks and #chained-attention).
 #include <algorithm>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "attnmix/attention/chained.hpp"
 #include "attnmix/core/check.hpp"
@@ -45,6 +47,22 @@ ChainedAttentionBatch ChainedAttentionEncoder::encode(IdMatrix keys, IdMatrix va
   arrays.queries = std::move(queries);
   arrays.targets = std::move(targets);
   return {std::move(arrays), n};
+}
+
+ChainedAttentionBatch encode_draws(const ChainedAttentionEncoder& encoder, Index N, Index m,
+                                   const std::function<ChainedAttentionObservation()>& draw) {
+  IdMatrix keys(m, N), values(m, N);
+  IdVector queries(m), targets(m);
+  for (Index row = 0; row < m; ++row) {
+    const ChainedAttentionObservation obs = draw();
+    for (Index i = 0; i < N; ++i) {
+      keys(row, i) = obs.keys[static_cast<size_t>(i)];
+      values(row, i) = obs.values[static_cast<size_t>(i)];
+    }
+    queries[row] = obs.query;
+    targets[row] = obs.target;
+  }
+  return encoder.encode(std::move(keys), std::move(values), std::move(queries), std::move(targets));
 }
 
 }  // namespace attnmix

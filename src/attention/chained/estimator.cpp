@@ -133,20 +133,7 @@ ChainedAttentionObservation ChainedAttentionSampler::sample() {
 
 ChainedAttentionBatch ChainedAttentionSampler::sample(Index m) {
   if (m < 0) throw ValueError("ChainedAttentionSampler: size must be >= 0");
-  IdMatrix keys(m, context_length_);
-  IdMatrix values(m, context_length_);
-  IdVector queries(m);
-  IdVector targets(m);
-  for (Index k = 0; k < m; ++k) {
-    ChainedAttentionObservation obs = sample();
-    for (Index j = 0; j < context_length_; ++j) {
-      keys(k, j) = obs.keys[static_cast<size_t>(j)];
-      values(k, j) = obs.values[static_cast<size_t>(j)];
-    }
-    queries[k] = obs.query;
-    targets[k] = obs.target;
-  }
-  return model_.encoder().encode(std::move(keys), std::move(values), std::move(queries), std::move(targets));
+  return encode_draws(model_.encoder(), context_length_, m, [this] { return sample(); });
 }
 
 }  // namespace attnmix

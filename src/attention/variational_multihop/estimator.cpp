@@ -206,19 +206,7 @@ ChainedAttentionObservation VariationalMultiHopAttentionSampler::sample() {
 
 ChainedAttentionBatch VariationalMultiHopAttentionSampler::sample(Index m) {
   if (m < 0) throw ValueError("VariationalMultiHopAttentionSampler: size must be >= 0 (got " + std::to_string(m) + ")");
-  const auto N = static_cast<Index>(context_length_);
-  IdMatrix keys(m, N), values(m, N);
-  IdVector queries(m), targets(m);
-  for (Index row = 0; row < m; ++row) {
-    const ChainedAttentionObservation obs = sample();
-    for (Index i = 0; i < N; ++i) {
-      keys(row, i) = obs.keys[static_cast<size_t>(i)];
-      values(row, i) = obs.values[static_cast<size_t>(i)];
-    }
-    queries[row] = obs.query;
-    targets[row] = obs.target;
-  }
-  return model_.encoder().encode(std::move(keys), std::move(values), std::move(queries), std::move(targets));
+  return encode_draws(model_.encoder(), static_cast<Index>(context_length_), m, [this] { return sample(); });
 }
 
 }  // namespace attnmix
