@@ -272,8 +272,8 @@ void bind_sparse_attention(py::module_& m) {
   bind_accumulator_classes<SparseResponsibilityAttentionAccumulator>(
       m, sparse_responsibility_attention_family(), "SparseResponsibilityAttentionAccumulator",
       "SparseResponsibilityAttentionAccumulatorFactory",
-      "Statistics over the cells of the training rows, value() = (key_sum (|key cells|,), key_mass (S,), "
-      "emission_count (|emission cells|,), position_count (N,), query_sq): the dense statistics at those cells, in "
+      "Statistics over the cells of the training rows, value() = (key_sum (one per key cell), key_mass (S,), "
+      "emission_count (one per emission cell), position_count (N,), query_sq): the dense statistics at those cells, in "
       "the order of the tables' compressed rows."
       R"doc(
 
