@@ -42,14 +42,16 @@ py::dict table_to_python(const SparsePattern& pattern, const Vector& values, con
                   "default"_a = copy_reals(defaults.data(), {defaults.size()}));
 }
 
-/// A table given as compressed rows: its pattern (checked by SparsePattern), values and defaults. `defaults_zero`:
-/// the default may be left out and must be 0 in every row (key_means). @throws TypeError / ValueError naming the
-/// argument and its entry.
+/// A table's pattern, values and defaults, as a constructor argument gives them.
 struct TableArg {
   std::shared_ptr<const SparsePattern> pattern;
   Vector values;
   Vector defaults;
 };
+
+/// A table given as compressed rows: its pattern (checked by SparsePattern), values and defaults. `defaults_zero`:
+/// the default may be left out and must be 0 in every row (key_means). @throws TypeError / ValueError naming the
+/// argument and its entry.
 TableArg table_from_python(py::handle obj, const char* name, bool defaults_zero) {
   const std::string arg(name);
   if (!PyDict_Check(obj.ptr()))
