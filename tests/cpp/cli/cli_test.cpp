@@ -226,17 +226,30 @@ TEST_F(CliTest, SampleFitScorePredictRoundTrip) {
 
   const RunResult proba = run("predict --model model.json --data test.jsonl --proba");
   ASSERT_EQ(proba.code, 0) << proba.err;
-  for (const std::string& line : lines_of(proba.out)) {
-    std::istringstream in(line);
-    double p = 0.0, row_sum = 0.0;
-    int count = 0;
-    while (in >> p) {
-      row_sum += p;
-      ++count;
-    }
-    EXPECT_EQ(count, 4);
+  // The log loss predict reports, recomputed from the printed distributions and the rows' targets.
+  const std::vector<std::string> test_rows = lines_of(read_text(path("test.jsonl")));
+  const std::vector<std::string> distributions = lines_of(proba.out);
+  ASSERT_EQ(distributions.size(), test_rows.size());
+  double loss = 0.0;
+  for (size_t row = 0; row < test_rows.size(); ++row) {
+    std::istringstream in(distributions[row]);
+    std::vector<double> p;
+    for (double x = 0.0; in >> x;) p.push_back(x);
+    ASSERT_EQ(p.size(), 4U);
+    double row_sum = 0.0;
+    for (double x : p) row_sum += x;
     EXPECT_NEAR(row_sum, 1.0, 1e-9);
+    loss -= std::log(p.at(nlohmann::json::parse(test_rows[row]).at("target").get<size_t>()));
   }
+  loss /= static_cast<double>(test_rows.size());
+  const size_t at = predict.err.find("log_loss=");
+  ASSERT_NE(at, std::string::npos) << predict.err;
+  double log_loss = -1.0, perplexity = -1.0;
+  ASSERT_EQ(std::sscanf(predict.err.c_str() + at, "log_loss=%lf perplexity=%lf", &log_loss, &perplexity), 2)
+      << predict.err;
+  EXPECT_NEAR(log_loss, loss, 1e-12 * loss);  // the printed probabilities carry 17 significant digits
+  EXPECT_NEAR(perplexity, std::exp(loss), 1e-12 * std::exp(loss));
+  EXPECT_LT(perplexity, 4.0);  // better than guessing among the 4 targets
 }
 
 TEST_F(CliTest, SampleIsDeterministicGivenTheSeed) {
