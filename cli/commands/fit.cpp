@@ -24,6 +24,7 @@
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/progress.hpp"
 #include "attnmix/inference/reduce.hpp"
+#include "attnmix/stats/log_math.hpp"
 #include "cli_support.hpp"
 #include "commands/commands.hpp"
 #include "commands/fit_checkpoint.hpp"
@@ -66,6 +67,17 @@ void print_progress(std::ostream& out, const IterationReport& report) {
   std::string line = format_progress_line(report);
   if (!line.empty() && line.back() == '\n') line.pop_back();
   out << line << " (" << format_seconds(report.seconds) << " s)\n" << std::flush;
+}
+
+/// The next-token log loss −(1/n) Σ_n ln p(t_n | input_n) of a text fit's rows, in nats per token.
+double next_token_loss(const AnyDistribution& model, const AnyBatch& rows) {
+  const Vector log_p = model.target_log_proba(rows);
+  return -pairwise_sum({log_p.data(), static_cast<size_t>(log_p.size())}) / static_cast<double>(log_p.size());
+}
+
+/// "1.657 nats per token (perplexity 5.245)": a log loss and its exponential.
+std::string loss_text(double loss) {
+  return format_short(loss, 4) + " nats per token (perplexity " + format_short(std::exp(loss), 4) + ")";
 }
 
 /// Where the progress lines and the summary go: stdout alone or on rank 0 of a distributed fit,
@@ -307,6 +319,13 @@ int run_fit(const FitArgs& args) {
         << format_short(*valid_total / static_cast<double>(input.valid_total)) << " per row on "
         << input.valid_total << " rows of " << input.valid_source << "\n";
   }
+  if (!args.text.empty()) {  // the joint log-likelihood above includes the query's density; this is the prediction
+    out << "  next token      log loss " << loss_text(next_token_loss(fit->model, input.train))
+        << " on the training rows\n";
+    if (input.valid)
+      out << "                  log loss " << loss_text(next_token_loss(fit->model, *input.valid))
+          << " on the validation rows\n";
+  }
   out << "  time            " << format_seconds(seconds) << " s\n";
   if (!args.checkpoint.empty()) {
     if (last_checkpoint > 0)
@@ -363,8 +382,9 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       "the model fixes and the options it stores default to the model's (the help says 'with --init: the model's'), "
       "and a variational model continues its Adam trajectory (give its other options again: they are not stored in "
       "the model).\n"
-      "Output: one progress line per iteration on stdout, then a summary. The model is written only after a "
-      "successful fit, atomically; a failed fit leaves --out untouched.\n"
+      "Output: one progress line per iteration on stdout, then a summary (a --text fit's also gives the next-token "
+      "log loss and perplexity of its training and --valid rows). The model is written only after a successful fit, "
+      "atomically; a failed fit leaves --out untouched.\n"
       "Checkpoints: --checkpoint C.json writes the state of the fit (its iteration, the current and the best model, "
       "the scores and the progress lines) every --checkpoint-every iterations; after an interruption, the same "
       "command with --resume C.json goes on from there to the model the uninterrupted fit writes, bit for bit, on "

@@ -2,7 +2,7 @@
 // `attnmix predict`: p(target | context, query) under a saved model. Per row prints the argmax
 // target and its probability (tab-separated) or, with --proba, the whole predictive row; prints the
 // accuracy, the log loss −(1/n) Σ_n ln p(t_n | input_n) and the perplexity exp(log loss) on stderr when the rows
-// carry targets. Rows are predicted in blocks of at most kBlockCells
+// carry targets. Rows are predicted in blocks of at most AnyDistribution::kPredictBlockCells
 // probabilities, so a text model over tens of thousands of words predicts any number of rows in bounded memory.
 #include <algorithm>
 #include <cmath>
@@ -24,9 +24,6 @@ struct PredictArgs {
   bool proba = false;
 };
 
-/// The most probabilities one block of rows holds (32 MiB of doubles).
-constexpr Index kBlockCells = Index{1} << 22;
-
 int run_predict(const PredictArgs& args) {
   const AnyDistribution model = read_saved_model(args.model);
   if (!model.predicts())
@@ -37,11 +34,11 @@ int run_predict(const PredictArgs& args) {
   const Index n_rows = data.batch.n_rows();
   Index correct = 0;
   double loss = 0.0;  // Σ_n −ln p(t_n | input_n), in row order
-  Index block = 1;  // one row first, which gives T; then as many rows as kBlockCells holds
+  Index block = 1;  // one row first, which gives T; then as many rows as kPredictBlockCells holds
   for (Index begin = 0, count = 0; begin < n_rows; begin += count) {
     count = std::min(block, n_rows - begin);
     const Matrix proba = model.predict_proba(data.batch.slice(begin, count));  // [count, T]
-    block = std::max<Index>(1, kBlockCells / std::max<Index>(1, proba.cols()));
+    block = std::max<Index>(1, AnyDistribution::kPredictBlockCells / std::max<Index>(1, proba.cols()));
     for (Index row = 0; row < proba.rows(); ++row) {
       Index best = 0;
       const double p = proba.row(row).maxCoeff(&best);

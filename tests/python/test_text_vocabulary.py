@@ -52,6 +52,28 @@ def test_fit_writes_its_vocabulary_and_score_and_predict_read_text_through_it(co
     assert predicted.stderr.startswith("accuracy=")
 
 
+def test_the_fit_summary_gives_the_next_token_log_loss_of_training_and_validation_rows(corpus, tmp_path):
+    (tmp_path / "held_out.txt").write_text(" ".join(WORDS[5:30]) + "\n")
+    fit = run_cli("fit", "--family", "ra-sparse", "--text", corpus, "--tokens", "words", "--context-length", 3,
+                  "--max-its", 5, "--valid", tmp_path / "held_out.txt", "--out", tmp_path / "lm.json").stdout
+    lines = [line for line in fit.splitlines() if "nats per token" in line]
+    assert len(lines) == 2 and lines[0].startswith("  next token      log loss ") and "training" in lines[0]
+    assert "validation" in lines[1]
+    model = load_model(tmp_path / "lm.json")
+    vocabulary = list(dict.fromkeys(WORDS))
+    for line, words in ((lines[0], WORDS), (lines[1], WORDS[5:30])):
+        # Oracle: the mean of -ln p(t | c, q) from the Python model's predictive distributions.
+        ids = np.array([vocabulary.index(w) for w in words])
+        triples = attnmix.sequence_to_triples(ids, 3, num_symbols=len(vocabulary), symbol_queries=True)
+        contexts, queries, targets = (np.array([row[k] for row in triples]) for k in range(3))
+        proba = model.predict_proba(contexts, queries)
+        loss = -np.mean(np.log(proba[np.arange(len(targets)), targets]))
+        printed = float(line.split("log loss ")[1].split()[0])
+        perplexity = float(line.split("(perplexity ")[1].split(")")[0])
+        assert printed == pytest.approx(loss, rel=5e-4)  # printed to 4 significant digits
+        assert perplexity == pytest.approx(np.exp(loss), rel=5e-4)
+
+
 def test_unknown_tokens_are_an_error_or_the_vocabularys_unk(corpus, tmp_path):
     run_cli("fit", "--text", corpus, "--tokens", "words", "--context-length", 2, "--max-its", 2,
             "--out", tmp_path / "lm.json")

@@ -233,6 +233,9 @@ class SparseResponsibilityAttention {
   [[nodiscard]] Matrix responsibilities(const ResponsibilityAttentionBatch& batch) const;
   /// p(t | c, q) [n, T]; the batch's targets are not used. O(N·T) per row.
   [[nodiscard]] Matrix predict_proba(const ResponsibilityAttentionBatch& batch) const;
+  /// log p(t_n | c_n, q_n) of every row, for the batch's targets (−∞ where the target has probability 0): a column of
+  /// predict_proba at O(N·(log |P_K| + log |P_B|)) per row.
+  [[nodiscard]] Vector target_log_proba(const ResponsibilityAttentionBatch& batch) const;
 
   /// Zeroed statistics over this model's patterns, without a tying key.
   [[nodiscard]] SparseResponsibilityAttentionAccumulator make_accumulator() const;
@@ -251,6 +254,8 @@ class SparseResponsibilityAttention {
   /// @throws ValueError when some ℓ_i is NaN or +∞.
   double posterior(const ResponsibilityAttentionBatch& batch, Index n, double* r, Index* key_cell = nullptr,
                    Index* emission_cell = nullptr) const;
+  /// Row n's target-blind gate a_i = softmax_i(log π_i − ‖e_q − K[c_i]‖²/(2σ²)) into a [N].
+  void gate(const ResponsibilityAttentionBatch& batch, Index n, double* a) const;
   SparseResponsibilityAttentionParams params_;
   Vector key_sq_norm_;        // [S]: ‖K[s]‖²
   Vector log_prior_;          // [N]

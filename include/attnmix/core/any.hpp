@@ -8,6 +8,8 @@
 /// value semantics); accumulators are mutable and deep-copied.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <map>
 #include <memory>
@@ -355,6 +357,13 @@ class AnyDistribution {
   [[nodiscard]] bool predicts() const { return self_->predicts(); }
   /// p(t | inputs) [n, T]. @throws ValueError when the family has no predictive distribution.
   [[nodiscard]] Matrix predict_proba(const AnyBatch& batch) const { return self_->predict_proba(batch); }
+  /// The most probabilities a block of rows holds where predictions go through predict_proba in blocks (32 MiB).
+  static constexpr Index kPredictBlockCells = Index{1} << 22;
+  /// log p(t_n | inputs_n) of every row, for the batch's targets: the family's own target_log_proba where it has one
+  /// (responsibility attention, dense and sparse: the cost of the gate per row), else the targets' column of
+  /// predict_proba, computed in blocks of at most kPredictBlockCells probabilities. @throws ValueError when the family
+  /// has no predictive distribution.
+  [[nodiscard]] Vector target_log_proba(const AnyBatch& batch) const { return self_->target_log_proba(batch); }
   /// m observations drawn with the family's sampler from seed. @throws ValueError when the family has none.
   [[nodiscard]] AnyBatch sample(Index m, uint64_t seed) const { return self_->sample(m, seed); }
 
@@ -376,6 +385,7 @@ class AnyDistribution {
     [[nodiscard]] virtual AnyEstimator estimator() const = 0;
     [[nodiscard]] virtual bool predicts() const = 0;
     [[nodiscard]] virtual Matrix predict_proba(const AnyBatch& batch) const = 0;
+    [[nodiscard]] virtual Vector target_log_proba(const AnyBatch& batch) const = 0;
     [[nodiscard]] virtual AnyBatch sample(Index m, uint64_t seed) const = 0;
   };
   template <class D>
@@ -395,11 +405,32 @@ class AnyDistribution {
     AnyAccumulator make_accumulator() const override { return AnyAccumulator(model.make_accumulator()); }
     AnyEstimator estimator() const override { return AnyEstimator(model.estimator()); }
     bool predicts() const override { return requires { model.predict_proba(std::declval<const B&>()); }; }
+    [[noreturn]] static void no_predictive_distribution() {
+      throw ValueError(std::string(D::kWhere) + ": this family has no predictive distribution p(target | input)");
+    }
     Matrix predict_proba(const AnyBatch& batch) const override {
       if constexpr (requires { model.predict_proba(batch_as<B>(batch, D::kWhere)); })
         return model.predict_proba(batch_as<B>(batch, D::kWhere));
       else
-        throw ValueError(std::string(D::kWhere) + ": this family has no predictive distribution p(target | input)");
+        no_predictive_distribution();
+    }
+    Vector target_log_proba(const AnyBatch& any_batch) const override {
+      const B& batch = batch_as<B>(any_batch, D::kWhere);
+      if constexpr (requires { model.target_log_proba(batch); }) {
+        return model.target_log_proba(batch);
+      } else if constexpr (requires { model.predict_proba(batch); batch.target(0); }) {
+        Vector out(batch.n_rows());
+        Index block = 1;  // one row first, which gives T
+        for (Index begin = 0, count = 0; begin < batch.n_rows(); begin += count) {
+          count = std::min(block, batch.n_rows() - begin);
+          const Matrix proba = model.predict_proba(batch.slice(begin, count));
+          block = std::max<Index>(1, kPredictBlockCells / std::max<Index>(1, proba.cols()));
+          for (Index row = 0; row < count; ++row) out[begin + row] = std::log(proba(row, batch.target(begin + row)));
+        }
+        return out;
+      } else {
+        no_predictive_distribution();
+      }
     }
     AnyBatch sample(Index m, uint64_t seed) const override {
       if constexpr (requires { model.sampler(seed).sample(m); })

@@ -29,6 +29,7 @@
 #include "../e_step_checks_impl.hpp"
 #include "../lanes_impl.hpp"
 #include "../prefetch_impl.hpp"
+#include "../target_log_proba_impl.hpp"
 #include "mixed_impl.hpp"
 
 namespace attnmix {
@@ -529,6 +530,16 @@ Matrix ResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch
     for (Index i = 0; i < N; ++i) out.row(n) += a[i] * params_.emission.row(ctx[i]);
   }
   return out;
+}
+
+Vector ResponsibilityAttention::target_log_proba(const ResponsibilityAttentionBatch& batch) const {
+  check_batch(batch);
+  return target_log_proba_of(
+      batch, context_length(),
+      [&](Index n, double* a) {
+        row_gate(batch, n, params_.key_means, key_sq_norm_, log_prior_, inv_two_sigma2_, a);
+      },
+      [&](int64_t s, int64_t t) { return params_.emission(s, t); });
 }
 
 Matrix ResponsibilityAttention::predict_proba(const IdMatrix& contexts, const Matrix& queries) const {

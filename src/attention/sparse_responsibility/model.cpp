@@ -14,6 +14,7 @@
 #include "attnmix/core/errors.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "../e_step_checks_impl.hpp"
+#include "../target_log_proba_impl.hpp"
 
 namespace attnmix {
 
@@ -213,6 +214,20 @@ void SparseResponsibilityAttention::accumulate(const ResponsibilityAttentionBatc
   acc.query_sq() += query_sq;
 }
 
+void SparseResponsibilityAttention::gate(const ResponsibilityAttentionBatch& batch, Index n, double* a) const {
+  const Index N = context_length();
+  const int64_t* ctx = batch.context(n);
+  const int64_t q = batch.query_symbol(n);
+  double max_a = -std::numeric_limits<double>::infinity();
+  for (Index i = 0; i < N; ++i) {
+    a[i] = log_prior_[i] - (1.0 - 2.0 * key_mean(ctx[i], q) + key_sq_norm_[ctx[i]]) * inv_two_sigma2_;
+    max_a = std::max(max_a, a[i]);
+  }
+  double total = 0.0;
+  for (Index i = 0; i < N; ++i) total += (a[i] = std::exp(a[i] - max_a));
+  for (Index i = 0; i < N; ++i) a[i] /= total;
+}
+
 Matrix SparseResponsibilityAttention::predict_proba(const ResponsibilityAttentionBatch& batch) const {
   check_batch(batch);
   const Index N = context_length();
@@ -222,26 +237,24 @@ Matrix SparseResponsibilityAttention::predict_proba(const ResponsibilityAttentio
   std::vector<double> a(static_cast<size_t>(N));
   for (Index n = 0; n < batch.n_rows(); ++n) {
     const int64_t* ctx = batch.context(n);
-    const int64_t q = batch.query_symbol(n);
-    // The target-blind gate a_i = softmax_i(log π_i − ‖e_q − K[c_i]‖²/(2σ²)).
-    double max_a = -std::numeric_limits<double>::infinity();
-    for (Index i = 0; i < N; ++i) {
-      a[i] = log_prior_[i] - (1.0 - 2.0 * key_mean(ctx[i], q) + key_sq_norm_[ctx[i]]) * inv_two_sigma2_;
-      max_a = std::max(max_a, a[i]);
-    }
-    double total = 0.0;
-    for (Index i = 0; i < N; ++i) total += (a[i] = std::exp(a[i] - max_a));
+    gate(batch, n, a.data());
     double* row = out.data() + n * T;
     for (Index i = 0; i < N; ++i) {
-      const double ai = a[i] / total;
       const int64_t s = ctx[i];
       const double beta = params_.emission_default[s];
-      for (Index t = 0; t < T; ++t) row[t] += ai * beta;
+      for (Index t = 0; t < T; ++t) row[t] += a[i] * beta;
       for (Index k = cells.begin(s); k < cells.end(s); ++k)
-        row[cells.column(k)] += ai * (params_.emission_values[k] - beta);
+        row[cells.column(k)] += a[i] * (params_.emission_values[k] - beta);
     }
   }
   return out;
+}
+
+Vector SparseResponsibilityAttention::target_log_proba(const ResponsibilityAttentionBatch& batch) const {
+  check_batch(batch);
+  return target_log_proba_of(
+      batch, context_length(), [&](Index n, double* a) { gate(batch, n, a); },
+      [&](int64_t s, int64_t t) { return emission(s, t); });
 }
 
 SparseResponsibilityAttentionAccumulator SparseResponsibilityAttention::make_accumulator() const {

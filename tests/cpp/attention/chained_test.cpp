@@ -382,6 +382,12 @@ TEST(ChainedAttentionTest, PredictProbaRowsSumToOneAndMatchLikelihood) {
       EXPECT_NEAR(proba(n, t), std::exp(log_densities(model, with_target)[0]), 1e-12) << "row " << n << " t " << t;
     }
   }
+  // AnyDistribution's target_log_proba, from predict_proba in blocks (this family has no own): the log-likelihood of
+  // each row's own target.
+  const Vector target_log_p = AnyDistribution(model).target_log_proba(AnyBatch(batch));
+  const std::vector<double> log_p = log_densities(model, batch);
+  ASSERT_EQ(target_log_p.size(), 8);
+  for (Index n = 0; n < 8; ++n) EXPECT_NEAR(target_log_p[n], log_p[static_cast<size_t>(n)], 1e-12) << "row " << n;
 }
 
 /// CA-1: combine(value()) doubles the emission counts (and every other field) exactly.

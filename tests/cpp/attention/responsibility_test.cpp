@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
+#include <vector>
 
 #include "attnmix/attention/recall_task.hpp"
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/core/any.hpp"
 #include "attnmix/core/check.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/inference/optimize.hpp"
@@ -216,6 +219,54 @@ TEST(ResponsibilityAttentionTest, PredictProbaRowsSumToOne) {
       total += joint[static_cast<size_t>(t)];
     }
     for (Index t = 0; t < 16; ++t) EXPECT_NEAR(proba(n, t), joint[static_cast<size_t>(t)] / total, 1e-12);
+  }
+}
+
+/// log p(t_n | c_n, y_n) of the rows' own targets equals log p(y, t | c) − log Σ_t' p(y, t' | c) (the joint
+/// enumerated over the targets), for real-valued and symbol queries, through AnyDistribution too; a target that no
+/// context symbol emits gives −∞.
+TEST(ResponsibilityAttentionTest, TargetLogProbaIsTheConditionalOfTheJoint) {
+  Rng rng(testing::test_seed(161));
+  const Index S = 6, N = 4, T = 5;
+  for (const bool symbols : {false, true}) {
+    const Index D = symbols ? S : 3;
+    ResponsibilityAttention model = random_model(S, N, D, T, rng);
+    ResponsibilityAttentionParams p = model.params();
+    p.emission.row(2).setZero();
+    p.emission(2, 1) = 1.0;  // symbol 2 emits target 1 only
+    model = ResponsibilityAttention(std::move(p));
+    const Index n = 12;
+    IdMatrix contexts(n, N);
+    IdVector queries(n), targets(n);
+    Matrix real_queries(n, D);
+    for (Index row = 0; row < n; ++row) {
+      for (Index i = 0; i < N; ++i) contexts(row, i) = static_cast<int64_t>(rng.uniform_int(S));
+      queries[row] = static_cast<int64_t>(rng.uniform_int(S));
+      targets[row] = static_cast<int64_t>(rng.uniform_int(T));
+      for (Index d = 0; d < D; ++d) real_queries(row, d) = symbols ? (d == queries[row] ? 1.0 : 0.0) : rng.normal();
+    }
+    contexts.row(0).setConstant(2);
+    targets[0] = 3;  // only symbol 2 in the context, which never emits target 3
+    const ResponsibilityAttentionEncoder encoder = model.encoder();
+    const auto encode = [&](const IdVector& t) {
+      return symbols ? encoder.encode_symbols(contexts, queries, t) : encoder.encode(contexts, real_queries, t);
+    };
+    const ResponsibilityAttentionBatch rows = encode(targets);
+    const Vector log_p = model.target_log_proba(rows);
+    std::vector<std::vector<double>> joint(static_cast<size_t>(T), std::vector<double>(static_cast<size_t>(n)));
+    for (Index t = 0; t < T; ++t) model.log_density(encode(IdVector::Constant(n, t)), joint[static_cast<size_t>(t)]);
+    for (Index row = 0; row < n; ++row) {
+      double total = 0.0;
+      for (Index t = 0; t < T; ++t) total += std::exp(joint[static_cast<size_t>(t)][static_cast<size_t>(row)]);
+      const double expected =
+          joint[static_cast<size_t>(targets[row])][static_cast<size_t>(row)] - std::log(total);
+      if (row == 0)
+        EXPECT_EQ(log_p[row], -std::numeric_limits<double>::infinity());
+      else
+        EXPECT_NEAR(log_p[row], expected, 1e-12 * (1.0 + std::abs(expected))) << "row " << row;
+    }
+    const Vector through_any = AnyDistribution(model).target_log_proba(AnyBatch(rows));
+    EXPECT_EQ(through_any, log_p);
   }
 }
 

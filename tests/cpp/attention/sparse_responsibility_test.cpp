@@ -126,6 +126,7 @@ TEST(SparseResponsibilityTest, SparseTablesGiveTheDenseResults) {
       ASSERT_NEAR(sparse_log_p[row], dense_log_p[row], 1e-12 * (1 + std::abs(dense_log_p[row])));
     ExpectAllClose(sparse.responsibilities(rows), dense.responsibilities(rows), 1e-12, 1e-12);
     ExpectAllClose(sparse.predict_proba(rows), dense.predict_proba(rows), 1e-12, 1e-12);
+    ExpectAllClose(sparse.target_log_proba(rows), dense.target_log_proba(rows), 1e-12, 1e-12);
     EXPECT_NEAR(sparse.gate_const(), dense.gate_const(), 1e-15);
 
     const ResponsibilityAttentionBatch seen = rows.slice(0, n / 2);
