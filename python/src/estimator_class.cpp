@@ -250,6 +250,30 @@ std::string factory_doc(const std::string& accumulator_name) {
          "new one.";
 }
 
+py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, py::handle self,
+                           const EstimatorHandle& estimator) {
+  if (family.fit.shaped_by_data)
+    throw TypeError(where + " objects cannot be pickled: they hold the cells of the training rows they were given; "
+                    "pickle the rows and construct the estimator again");
+  const EstimatorSettings settings = family.fit.settings_of(estimator.any);
+  py::dict kwargs;
+  for (const SizeSpec& size : family.fit.sizes)
+    if (size.fixed_by_model)
+      kwargs[py::str(std::string(size.keyword))] = settings.sizes.at(std::string(size.symbol)).value;
+  for (const OptionSpec& option : family.fit.options)
+    kwargs[py::str(std::string(option.name))] = option_to_python(settings.options.at(std::string(option.name)));
+  if (family.fit.stochastic) kwargs["seed"] = settings.seed;
+  kwargs["name"] = name_to_python(settings.name);
+  kwargs["keys"] = settings.keys ? py::object(py::str(*settings.keys)) : py::none();
+  kwargs["pseudo_count"] = estimator.pseudo_count;
+  return called_again(self, kwargs);
+}
+
+py::tuple called_again(py::handle self, const py::dict& kwargs) {
+  const py::object partial = py::module_::import("functools").attr("partial");
+  return py::make_tuple(partial(py::type::of(self), **kwargs), py::tuple());
+}
+
 py::object option_to_python(const OptionValue& value) {
   if (const auto* b = std::get_if<bool>(&value)) return py::bool_(*b);
   if (const auto* i = std::get_if<int64_t>(&value)) return py::int_(*i);

@@ -73,6 +73,15 @@ inline constexpr const char* kKeysDoc =
 /// @throws std::logic_error unless a RowsEncoder is given exactly for a family shaped by its data.
 void check_rows_encoder(const FamilySpec& family, RowsEncoder rows);
 
+/// What __reduce__ returns to pickle `self` as its class called again with `kwargs`:
+/// (functools.partial(type(self), **kwargs), ()).
+[[nodiscard]] py::tuple called_again(py::handle self, const py::dict& kwargs);
+
+/// Pickling of a generated estimator `self` of `family`: called_again with its sizes, options, seed, name, keys and
+/// pseudo_count. @throws TypeError for a family shaped by its data (its estimators hold their training rows' cells).
+[[nodiscard]] py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, py::handle self,
+                                         const EstimatorHandle& estimator);
+
 /// Records that `class_name` is the generated estimator class of `family` (for _estimator_classes()).
 void record_estimator_class(const char* class_name, const FamilySpec& family);
 
@@ -122,7 +131,13 @@ void bind_estimator_class(py::module_& m, const FamilySpec& family, const char* 
             const auto keys = family.fit.settings_of(e.any).keys;
             return keys ? py::object(py::str(*keys)) : py::none();
           },
-          kKeysDoc);
+          kKeysDoc)
+      .def(
+          "__reduce__",
+          [&family, where](py::handle self) {
+            return reduce_estimator(family, where, self, self.cast<const Est&>());  // names the class when uninitialised
+          },
+          "Pickling: the class called again with the sizes, options, seed, name, keys and pseudo_count of this one.");
 }
 
 /// The field `index` of a leaf's statistics as value() gives it: a float (a scalar field) or a new array.

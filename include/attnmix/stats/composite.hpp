@@ -187,6 +187,13 @@ class CompositeEstimator {
   [[nodiscard]] Composite estimate(std::optional<double> nobs,
                                    const CompositeAccumulator& acc) const;
 
+  /// The fields' estimators, in field order.
+  [[nodiscard]] const std::vector<AnyEstimator>& estimators() const noexcept { return estimators_; }
+  /// The tying key of the accumulators make_accumulator() returns (nullopt: untied).
+  [[nodiscard]] const std::optional<std::string>& keys() const noexcept { return keys_; }
+  /// The name of the models estimate() returns (empty: none).
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
  private:
   std::vector<AnyEstimator> estimators_;
   std::optional<std::string> keys_;

@@ -165,6 +165,13 @@ class MixtureEstimator {
   /// @throws ValueError on invalid statistics or when nobs ≠ Σ comp_count.
   [[nodiscard]] Mixture estimate(std::optional<double> nobs, const MixtureAccumulator& acc) const;
 
+  /// The components' estimators, in component order.
+  [[nodiscard]] const std::vector<AnyEstimator>& estimators() const noexcept { return estimators_; }
+  /// The tying key of the accumulators make_accumulator() returns (nullopt: untied).
+  [[nodiscard]] const std::optional<std::string>& keys() const noexcept { return keys_; }
+  /// The name of the models estimate() returns (empty: none).
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
  private:
   std::vector<AnyEstimator> estimators_;
   std::optional<std::string> keys_;

@@ -96,7 +96,7 @@ py::list children_of(const AccumulatorHandle& h) {
 }
 
 /// The constructor of a combinator's estimator class (Mixture, Composite): (estimators, pseudo_count=None, keys=None,
-/// name=None).
+/// name=None), and its pickling as that call (the component estimators pickled in turn).
 template <class CombinatorEstimator>
 void def_combinator_estimator_init(py::class_<EstimatorOf<CombinatorEstimator>, EstimatorHandle>& cls,
                                    const char* where) {
@@ -106,7 +106,23 @@ void def_combinator_estimator_init(py::class_<EstimatorOf<CombinatorEstimator>, 
                                                  optional_str(keys, where, "keys"), name_arg(name, where))),
                 pseudo_count_arg(pseudo_count, where));
           }),
-          "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(), "name"_a = py::none());
+          "estimators"_a, "pseudo_count"_a = py::none(), "keys"_a = py::none(), "name"_a = py::none())
+      .def(
+          "__reduce__",
+          [](py::handle self) {
+            const auto& handle = self.cast<const EstimatorOf<CombinatorEstimator>&>();
+            const CombinatorEstimator& estimator = handle.estimator();
+            py::list estimators;
+            for (const AnyEstimator& child : estimator.estimators())
+              estimators.append(wrap_estimator(child, py::none()));
+            py::dict kwargs;
+            kwargs["estimators"] = estimators;
+            kwargs["pseudo_count"] = handle.pseudo_count;
+            kwargs["keys"] = estimator.keys() ? py::object(py::str(*estimator.keys())) : py::none();
+            kwargs["name"] = name_to_python(estimator.name());
+            return called_again(self, kwargs);
+          },
+          "Pickling: the class called again with the estimators (pickled in turn), pseudo_count, keys and name.");
 }
 
 /// The constructor of a combinator's accumulator class (Mixture, Composite): (accumulators, keys=None, name=None),
