@@ -257,9 +257,8 @@ py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, p
                     "pickle the rows and construct the estimator again");
   const EstimatorSettings settings = family.fit.settings_of(estimator.any);
   py::dict kwargs;
-  for (const SizeSpec& size : family.fit.sizes)
-    if (size.fixed_by_model)
-      kwargs[py::str(std::string(size.keyword))] = settings.sizes.at(std::string(size.symbol)).value;
+  for (const SizeSpec* size : estimator_sizes(family))
+    kwargs[py::str(std::string(size->keyword))] = settings.sizes.at(std::string(size->symbol)).value;
   for (const OptionSpec& option : family.fit.options)
     kwargs[py::str(std::string(option.name))] = option_to_python(settings.options.at(std::string(option.name)));
   if (family.fit.stochastic) kwargs["seed"] = settings.seed;
@@ -267,6 +266,29 @@ py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, p
   kwargs["keys"] = settings.keys ? py::object(py::str(*settings.keys)) : py::none();
   kwargs["pseudo_count"] = estimator.pseudo_count;
   return called_again(self, kwargs);
+}
+
+py::dict accumulator_kwargs(const FamilySpec& family, const std::string& where, const AnyAccumulator& statistics,
+                           const py::object& name) {
+  if (family.fit.shaped_by_data)
+    throw TypeError(where + " objects cannot be pickled: they hold the cells of the training rows they were given; "
+                    "pickle the rows and construct the statistics again");
+  const EstimatorSettings settings = family.fit.accumulator_settings(statistics);
+  py::dict kwargs;
+  for (const SizeSpec* size : estimator_sizes(family))
+    kwargs[py::str(std::string(size->keyword))] = settings.sizes.at(std::string(size->symbol)).value;
+  for (const OptionSpec& option : family.fit.options)
+    if (option.shapes_statistics)
+      kwargs[py::str(std::string(option.name))] = option_to_python(settings.options.at(std::string(option.name)));
+  kwargs["keys"] = settings.keys ? py::object(py::str(*settings.keys)) : py::none();
+  kwargs["name"] = name;
+  return kwargs;
+}
+
+py::tuple reduce_accumulator(py::handle self, const py::dict& kwargs) {
+  const py::module_ unpickle = py::module_::import("attnmix._unpickle");
+  return py::make_tuple(unpickle.attr("accumulator_with_statistics"),
+                        py::make_tuple(called_again(self, kwargs)[0], self.attr("value")()));
 }
 
 py::tuple called_again(py::handle self, const py::dict& kwargs) {

@@ -82,6 +82,16 @@ void check_rows_encoder(const FamilySpec& family, RowsEncoder rows);
 [[nodiscard]] py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, py::handle self,
                                          const EstimatorHandle& estimator);
 
+/// The keyword arguments that make an accumulator like `statistics` of `family` (its sizes, the options that shape
+/// its statistics, keys) named `name`. @throws TypeError naming `where` for a family shaped by its data (its
+/// accumulators hold their training rows' cells).
+[[nodiscard]] py::dict accumulator_kwargs(const FamilySpec& family, const std::string& where,
+                                          const AnyAccumulator& statistics, const py::object& name);
+
+/// Pickling of an accumulator `self` as `kwargs` make it with the statistics it holds:
+/// (attnmix._unpickle.accumulator_with_statistics, (functools.partial(type(self), **kwargs), self.value())).
+[[nodiscard]] py::tuple reduce_accumulator(py::handle self, const py::dict& kwargs);
+
 /// Records that `class_name` is the generated estimator class of `family` (for _estimator_classes()).
 void record_estimator_class(const char* class_name, const FamilySpec& family);
 
@@ -171,8 +181,22 @@ void bind_accumulator_classes(py::module_& m, const FamilySpec& family, const ch
     AnyAccumulator statistics = accumulator_of(family, rows, where_acc, args, kwargs, name);
     return AccumulatorOf<A>(AccumulatorHandle(std::move(statistics), std::move(name)));
   }));
+  acc.def(
+      "__reduce__",
+      [&family, where_acc](py::handle self) {
+        const auto& h = self.cast<const AccumulatorOf<A>&>();  // names the class when uninitialised
+        return reduce_accumulator(self, accumulator_kwargs(family, where_acc, h.get(), h.name()));
+      },
+      "Pickling: the class called again with the sizes, options, keys and name of this one, then from_value.");
   py::class_<FactoryOf<A>, FactoryHandle> factory(m, factory_name,
                                                   (factory_doc(accumulator_name) + factory_example).c_str());
+  factory.def(
+      "__reduce__",
+      [&family, where_factory](py::handle self) {
+        const auto& h = self.cast<const FactoryOf<A>&>();
+        return called_again(self, accumulator_kwargs(family, where_factory, h.prototype, h.name));
+      },
+      "Pickling: the class called again with the sizes, options, keys and name of this one.");
   factory.def(py::init([&family, rows, where_factory](const py::args& args, const py::kwargs& kwargs) {
     py::object name;
     AnyAccumulator prototype = accumulator_of(family, rows, where_factory, args, kwargs, name);

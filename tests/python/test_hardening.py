@@ -166,7 +166,6 @@ def test_pickles_from_before_precision_load_as_float64(name, rng):
 
 def test_classes_that_do_not_pickle_refuse_with_type_error_for_every_protocol(rng):
     objects = [attnmix.Rng(3), random_model(rng).dist_to_encoder(),
-               random_model(rng).estimator().accumulator_factory().make(),
                random_model(rng).dist_to_encoder().seq_encode(random_model(rng).sampler(1).sample(3))]
     for obj in objects:
         name = type(obj).__name__

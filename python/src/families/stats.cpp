@@ -126,7 +126,7 @@ void def_combinator_estimator_init(py::class_<EstimatorOf<CombinatorEstimator>, 
 }
 
 /// The constructor of a combinator's accumulator class (Mixture, Composite): (accumulators, keys=None, name=None),
-/// and `accumulators`, its components' accumulators as views (described by `children`).
+/// `accumulators`, its components' accumulators as views (described by `children`), and its pickling.
 template <class CombinatorAccumulator>
 void def_combinator_accumulator(py::class_<AccumulatorOf<CombinatorAccumulator>, AccumulatorHandle>& cls,
                                 const char* where, const char* children) {
@@ -138,7 +138,19 @@ void def_combinator_accumulator(py::class_<AccumulatorOf<CombinatorAccumulator>,
                 std::move(nm)));
           }),
           "accumulators"_a, "keys"_a = py::none(), "name"_a = py::none())
-      .def_property_readonly("accumulators", &children_of, children);
+      .def_property_readonly("accumulators", &children_of, children)
+      .def(
+          "__reduce__",
+          [](py::handle self) {
+            const auto& h = self.cast<const AccumulatorOf<CombinatorAccumulator>&>();
+            py::dict kwargs;
+            kwargs["accumulators"] = children_of(h);
+            kwargs["keys"] = h.acc().keys() ? py::object(py::str(*h.acc().keys())) : py::none();
+            kwargs["name"] = h.name();
+            return reduce_accumulator(self, kwargs);
+          },
+          "Pickling: the class called again with the accumulators (pickled in turn), keys and name, then "
+          "from_value.");
 }
 
 // ---- samplers of the combinators: they draw through their components' own Python samplers ----------
