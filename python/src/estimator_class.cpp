@@ -2,6 +2,8 @@
 // The estimator classes generated from the family descriptors (estimator_class.hpp).
 #include "estimator_class.hpp"
 
+#include <pybind11/stl.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -250,37 +252,38 @@ std::string factory_doc(const std::string& accumulator_name) {
          "new one.";
 }
 
-py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, py::handle self,
-                           const EstimatorHandle& estimator) {
+namespace {
+/// The keyword arguments of a constructor call with `settings`: the sizes, the options (only those that shape the
+/// statistics when `statistics_only`) and keys. @throws TypeError naming `where` for a family shaped by its data.
+py::dict settings_kwargs(const FamilySpec& family, const std::string& where, const EstimatorSettings& settings,
+                         bool statistics_only) {
   if (family.fit.shaped_by_data)
     throw TypeError(where + " objects cannot be pickled: they hold the cells of the training rows they were given; "
-                    "pickle the rows and construct the estimator again");
-  const EstimatorSettings settings = family.fit.settings_of(estimator.any);
+                    "pickle the rows and construct the object again");
   py::dict kwargs;
   for (const SizeSpec* size : estimator_sizes(family))
     kwargs[py::str(std::string(size->keyword))] = settings.sizes.at(std::string(size->symbol)).value;
   for (const OptionSpec& option : family.fit.options)
-    kwargs[py::str(std::string(option.name))] = option_to_python(settings.options.at(std::string(option.name)));
+    if (!statistics_only || option.shapes_statistics)
+      kwargs[py::str(std::string(option.name))] = option_to_python(settings.options.at(std::string(option.name)));
+  kwargs["keys"] = py::cast(settings.keys);
+  return kwargs;
+}
+}  // namespace
+
+py::tuple reduce_estimator(const FamilySpec& family, const std::string& where, py::handle self,
+                           const EstimatorHandle& estimator) {
+  const EstimatorSettings settings = family.fit.settings_of(estimator.any);
+  py::dict kwargs = settings_kwargs(family, where, settings, /*statistics_only=*/false);
   if (family.fit.stochastic) kwargs["seed"] = settings.seed;
   kwargs["name"] = name_to_python(settings.name);
-  kwargs["keys"] = settings.keys ? py::object(py::str(*settings.keys)) : py::none();
   kwargs["pseudo_count"] = estimator.pseudo_count;
   return called_again(self, kwargs);
 }
 
 py::dict accumulator_kwargs(const FamilySpec& family, const std::string& where, const AnyAccumulator& statistics,
                            const py::object& name) {
-  if (family.fit.shaped_by_data)
-    throw TypeError(where + " objects cannot be pickled: they hold the cells of the training rows they were given; "
-                    "pickle the rows and construct the statistics again");
-  const EstimatorSettings settings = family.fit.accumulator_settings(statistics);
-  py::dict kwargs;
-  for (const SizeSpec* size : estimator_sizes(family))
-    kwargs[py::str(std::string(size->keyword))] = settings.sizes.at(std::string(size->symbol)).value;
-  for (const OptionSpec& option : family.fit.options)
-    if (option.shapes_statistics)
-      kwargs[py::str(std::string(option.name))] = option_to_python(settings.options.at(std::string(option.name)));
-  kwargs["keys"] = settings.keys ? py::object(py::str(*settings.keys)) : py::none();
+  py::dict kwargs = settings_kwargs(family, where, family.fit.accumulator_settings(statistics), true);
   kwargs["name"] = name;
   return kwargs;
 }

@@ -118,7 +118,7 @@ void def_combinator_estimator_init(py::class_<EstimatorOf<CombinatorEstimator>, 
             py::dict kwargs;
             kwargs["estimators"] = estimators;
             kwargs["pseudo_count"] = handle.pseudo_count;
-            kwargs["keys"] = estimator.keys() ? py::object(py::str(*estimator.keys())) : py::none();
+            kwargs["keys"] = py::cast(estimator.keys());
             kwargs["name"] = name_to_python(estimator.name());
             return called_again(self, kwargs);
           },
@@ -145,7 +145,7 @@ void def_combinator_accumulator(py::class_<AccumulatorOf<CombinatorAccumulator>,
             const auto& h = self.cast<const AccumulatorOf<CombinatorAccumulator>&>();
             py::dict kwargs;
             kwargs["accumulators"] = children_of(h);
-            kwargs["keys"] = h.acc().keys() ? py::object(py::str(*h.acc().keys())) : py::none();
+            kwargs["keys"] = py::cast(h.acc().keys());
             kwargs["name"] = h.name();
             return reduce_accumulator(self, kwargs);
           },
