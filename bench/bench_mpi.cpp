@@ -15,10 +15,13 @@
 //   BM_MpiAllreduce/entries:k      MpiCommunicator::sum of k doubles (in place): latency and bandwidth of this
 //                                  machine's allreduce; k = 1 … 2^24, 74001 (foundation M), 25650017 (the model's M
 //                                  for S = 50000, D = 256, T = 256, N = 16: 205 MB).
-//   BM_MpiAllreducePieces/entries:k/piece:q  the same k doubles as one MPI_Allreduce per piece of q entries
+//   BM_MpiAllreducePieces/entries:k/piece:q  the same k doubles by the MPI library's MPI_Allreduce, one call per
+//                                  piece of q entries (the baseline of MpiCommunicator::sum)
 //   BM_LargeEStep/rows:r/chunk_rows:c  (local, run with -np 1) the E-step without a communicator at S = 50000,
 //                                  D = 256, T = 256, N = 16: the per-row, per-chunk and fixed costs of the model
 //   BM_LargeMStep                  (local) the M-step alone at that size
+//   BM_MpiReduceAndMStep/sharded:s the statistics' sum over ranks plus the M-step at that size: the allreduce path
+//                                  (s = 0) against the sharded M-step (s = 1, OptimizeOptions::sharded_mstep)
 //   BM_LargeMergeAndClear          (local) one merge of a chunk's partial into the total (the reducer's loop)
 //
 // Every rank must run the same benchmarks with the same number of iterations, or the collectives deadlock: every
@@ -220,15 +223,16 @@ void register_allreduce_sweep() {
   }
 }
 
-/// MpiCommunicator::sum of k doubles in pieces of at most `piece` entries (one MPI_Allreduce per piece): what
-/// MpiCommunicator would do with a smaller maximum piece than its 2^30 entries. Large single calls make Open MPI
+/// The MPI library's own MPI_Allreduce (MPI_SUM) of k doubles, one call per piece of at most `piece` entries: the
+/// baseline of MpiCommunicator::sum, which adds in rank order by messages of its own. Large single calls make Open MPI
 /// allocate (and, on this VM, fault in) a temporary buffer of the whole message on every call (docs/SCALING.md).
 void BM_MpiAllreducePieces(benchmark::State& state) {
   std::vector<double> buffer(static_cast<size_t>(state.range(0)), 1.0);
   const size_t piece = static_cast<size_t>(state.range(1));
   const auto sum = [&] {
     for (size_t begin = 0; begin < buffer.size(); begin += piece)
-      comm().sum(std::span<double>(buffer).subspan(begin, std::min(piece, buffer.size() - begin)));
+      MPI_Allreduce(MPI_IN_PLACE, buffer.data() + begin, static_cast<int>(std::min(piece, buffer.size() - begin)),
+                    MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   };
   sum();
   MPI_Barrier(MPI_COMM_WORLD);
@@ -311,6 +315,38 @@ void BM_LargeMStep(benchmark::State& state) {
   state.counters["entries"] = static_cast<double>(acc.flat_size());
 }
 BENCHMARK(BM_LargeMStep)->Iterations(5)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+/// The statistics' sum over ranks plus the M-step at S = 50000, D = 256, T = 256 (M = 25.65 M entries, 205 MB): the
+/// allreduce path (MpiCommunicator::sum, then estimate() of all symbols on every rank) against the sharded M-step
+/// (estimate_sharded: sum of this rank's rows, estimate of its S/P symbols, allgather of K and B). Each rank's
+/// statistics are those of its share of the 16384 rows, restored (untimed) before every iteration.
+void BM_MpiReduceAndMStep(benchmark::State& state) {
+  const LargeProblem& p = large_problem();
+  const bool sharded = state.range(0) != 0;
+  const Index P = comm().size(), r = comm().rank(), n = p.batch.n_rows();
+  const ResponsibilityAttentionBatch own = p.batch.slice(n * r / P, n * (r + 1) / P - n * r / P);
+  auto partial = p.model.make_accumulator();
+  const std::vector<double> w(static_cast<size_t>(own.n_rows()), 1.0);
+  parallel_accumulate(p.model, own, w, partial, {}, ParallelOptions{1, std::max<Index>(1, own.n_rows())});
+  auto acc = partial;
+  const auto step = [&] {
+    if (sharded) return p.estimator.estimate_sharded(acc, comm());
+    comm().sum(acc.flat());
+    return p.estimator.estimate(std::nullopt, acc);
+  };
+  for (auto _ : state) {
+    state.PauseTiming();
+    acc = partial;
+    MPI_Barrier(MPI_COMM_WORLD);
+    state.ResumeTiming();
+    ResponsibilityAttention next = step();
+    benchmark::DoNotOptimize(next.params().key_means.data());
+  }
+  state.counters["ranks"] = comm().size();
+  state.counters["entries"] = static_cast<double>(acc.flat_size());
+}
+BENCHMARK(BM_MpiReduceAndMStep)->ArgName("sharded")->Arg(0)->Arg(1)->Iterations(4)->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_LargeMergeAndClear(benchmark::State& state) {
   auto total = large_problem().model.make_accumulator();

@@ -227,6 +227,9 @@ int run_fit(const FitArgs& args) {
   std::optional<FitProblem> prepared;
   agree(comm, [&] { prepared.emplace(prepare_fit(*family, args, init ? &*init : nullptr)); });
   const FitProblem& input = *prepared;
+  if (options.sharded_mstep && !input.estimator.has_sharded_mstep())
+    throw UsageError("--sharded-mstep: " + input.mechanism +
+                     " has no sharded M-step (responsibility attention, dense or sparse, has one)");
   const nlohmann::ordered_json settings = fit_settings(args, options, *family, input);
   std::optional<FitCheckpoint> resumed;
   if (!args.resume.empty())
@@ -284,6 +287,9 @@ int run_fit(const FitArgs& args) {
   out << "  data            " << n_rows << " rows from " << input.train_source << input.data_note
       << "\n";
   if (comm) out << "  processes       " << processes_text(args, input.train_counts) << "\n";
+  if (comm && options.sharded_mstep)
+    out << "  M-step          sharded over " << comm->size()
+        << " processes (each estimated its share of the symbols)\n";
   out << "  dimensions      " << input.dims_summary << "\n";
   if (const FamilyFlag* precision = given_flag(args, "precision")) {
     const std::string& name = std::get<std::string>(precision->value);
@@ -448,6 +454,9 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
   cmd->add_option("--print-iter", args->optimize.print_iter, "Print every k-th iteration")
       ->check(kPositive)
       ->capture_default_str();
+  cmd->add_flag("--sharded-mstep", args->optimize.sharded_mstep,
+                "Under mpirun: split the M-step over the processes, each estimating its share of the "
+                "symbols (the same model, bit for bit; responsibility attention, dense or sparse)");
   cmd->add_flag("--classic", args->classic,
                 "Use the classic loop (score each new model separately)");
   cmd->add_flag("--strict", args->strict,

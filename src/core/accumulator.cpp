@@ -54,10 +54,26 @@ void FlatStats::check_same_layout(std::string_view where, const StatLayout& othe
                      other.describe() + "])");
 }
 
-void FlatStats::check_entries(std::string_view where) const {
+void FlatStats::check_entries(std::string_view where, const StatsSplit* split) const {
+  std::vector<std::pair<Index, Index>> skipped;  // the other ranks' entries, [first, end), increasing
+  if (split)
+    for (const StatsSplit::Run& run : split->runs) {
+      Index at = run.offset;
+      for (size_t q = 0; q < run.blocks.size(); ++q) {
+        if (static_cast<int>(q) != split->rank && run.blocks[q] > 0) skipped.emplace_back(at, at + run.blocks[q]);
+        at += run.blocks[q];
+      }
+    }
+  size_t next = 0;
   for (const FieldSpec& f : layout_->fields()) {
-    for (Index k = 0; k < f.size; ++k) {
-      const double v = data_[static_cast<size_t>(f.offset + k)];
+    for (Index j = f.offset; j < f.offset + f.size; ++j) {
+      while (next < skipped.size() && skipped[next].second <= j) ++next;
+      if (next < skipped.size() && j >= skipped[next].first) {
+        j = skipped[next].second - 1;
+        continue;
+      }
+      const double v = data_[static_cast<size_t>(j)];
+      const Index k = j - f.offset;
       if (!std::isfinite(v)) {
         std::ostringstream os;
         os << where << ": statistic " << f.name << " entry " << k << " must be finite (got " << v << ")";

@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace attnmix {
 
@@ -28,11 +29,112 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
 }
 
+// Both halves move the blocks in rounds of at most kMaxPiece doubles in all: round k carries entries
+// [k·m, (k + 1)·m) of every block (m = kMaxPiece / P), by point-to-point messages straight from and into values (MPI
+// counts are int; no offset into values is ever one). Every rank runs the same rounds: every rank passes the same
+// blocks.
+namespace {
+struct Rounds {
+  std::vector<int64_t> offsets;  // where each block starts in values
+  int64_t longest = 0;           // the largest block
+  int64_t width = 1;             // m: entries of each block per round
+};
+Rounds rounds_of(std::span<const int64_t> blocks, size_t values, int ranks) {
+  Rounds r;
+  int64_t total = 0;
+  for (int64_t b : blocks) {
+    r.offsets.push_back(total);
+    total += b;
+    r.longest = std::max(r.longest, b);
+  }
+  if (blocks.size() != static_cast<size_t>(ranks) || total != static_cast<int64_t>(values))
+    throw std::invalid_argument("MpiCommunicator: the blocks must be one per rank and cover the values");
+  r.width = std::max<int64_t>(1, static_cast<int64_t>(kMaxPiece) / ranks);
+  return r;
+}
+int in_round(int64_t block, int64_t start, int64_t width) {
+  return static_cast<int>(std::clamp<int64_t>(block - start, 0, width));
+}
+constexpr int kTag = 7;
+}  // namespace
+
 void MpiCommunicator::sum(std::span<double> values) const {
   for (size_t begin = 0; begin < values.size(); begin += kMaxPiece) {
-    const size_t count = std::min(kMaxPiece, values.size() - begin);
-    check(MPI_Allreduce(MPI_IN_PLACE, values.data() + begin, static_cast<int>(count), MPI_DOUBLE, MPI_SUM, comm_),
-          "MPI_Allreduce");
+    const std::span<double> piece = values.subspan(begin, std::min(kMaxPiece, values.size() - begin));
+    const std::vector<int64_t> blocks = even_blocks(static_cast<int64_t>(piece.size()), size_);
+    sum_own_block(piece, blocks);
+    gather_blocks(piece, blocks);
+  }
+}
+
+void MpiCommunicator::sum_own_block(std::span<double> values, std::span<const int64_t> blocks) const {
+  const Rounds r = rounds_of(blocks, values.size(), size_);
+  if (size_ == 1) return;  // the sum over one rank is its own values
+  const auto P = static_cast<size_t>(size_);
+  const auto me = static_cast<size_t>(rank_);
+  double* own = values.data() + r.offsets[me];
+  std::vector<double> incoming;
+  std::vector<MPI_Request> requests;
+  for (int64_t start = 0; start < r.longest; start += r.width) {
+    const int mine = in_round(blocks[me], start, r.width);
+    incoming.resize(static_cast<size_t>(mine) * P);
+    requests.clear();
+    for (size_t q = 0; q < P; ++q) {
+      if (q == me) continue;
+      if (mine > 0) {
+        requests.emplace_back();
+        check(MPI_Irecv(incoming.data() + q * static_cast<size_t>(mine), mine, MPI_DOUBLE, static_cast<int>(q), kTag,
+                        comm_, &requests.back()),
+              "MPI_Irecv");
+      }
+      if (const int theirs = in_round(blocks[q], start, r.width); theirs > 0) {
+        requests.emplace_back();
+        check(MPI_Isend(values.data() + r.offsets[q] + start, theirs, MPI_DOUBLE, static_cast<int>(q), kTag, comm_,
+                        &requests.back()),
+              "MPI_Isend");
+      }
+    }
+    check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    // In rank order, ((v₀ + v₁) + v₂) + …, written over this rank's own part as it goes: ranks 0 and 1 read their
+    // part in the first pass, before it is overwritten; a later rank's part is set aside first.
+    const auto part = [&](size_t q) { return incoming.data() + q * static_cast<size_t>(mine); };
+    double* out = own + start;
+    if (me >= 2) std::copy_n(out, mine, part(me));
+    const double* v0 = me == 0 ? out : part(0);
+    const double* v1 = me == 1 ? out : part(1);
+    for (int i = 0; i < mine; ++i) out[i] = v0[i] + v1[i];
+    for (size_t q = 2; q < P; ++q) {
+      const double* vq = part(q);
+      for (int i = 0; i < mine; ++i) out[i] += vq[i];
+    }
+  }
+}
+
+void MpiCommunicator::gather_blocks(std::span<double> values, std::span<const int64_t> blocks) const {
+  const Rounds r = rounds_of(blocks, values.size(), size_);
+  if (size_ == 1) return;  // the only block is this rank's
+  const auto P = static_cast<size_t>(size_);
+  const auto me = static_cast<size_t>(rank_);
+  std::vector<MPI_Request> requests;
+  for (int64_t start = 0; start < r.longest; start += r.width) {
+    requests.clear();
+    const int mine = in_round(blocks[me], start, r.width);
+    for (size_t q = 0; q < P; ++q) {
+      if (q == me) continue;
+      if (const int theirs = in_round(blocks[q], start, r.width); theirs > 0) {
+        requests.emplace_back();
+        check(MPI_Irecv(values.data() + r.offsets[q] + start, theirs, MPI_DOUBLE, static_cast<int>(q), kTag, comm_,
+                        &requests.back()),
+              "MPI_Irecv");
+      }
+      if (mine > 0) {
+        requests.emplace_back();
+        check(MPI_Isend(values.data() + r.offsets[me] + start, mine, MPI_DOUBLE, static_cast<int>(q), kTag, comm_,
+                        &requests.back()),
+              "MPI_Isend");
+      }
+    }
+    check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 }
 

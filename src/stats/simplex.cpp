@@ -6,17 +6,22 @@
 namespace attnmix {
 
 Matrix smoothed_row_normalise(const ConstMatrixMap& counts, double eps) {
+  Matrix out(counts.rows(), counts.cols());
+  smoothed_row_normalise_rows(counts, eps, 0, counts.rows(), out);
+  return out;
+}
+
+void smoothed_row_normalise_rows(const ConstMatrixMap& counts, double eps, Index begin, Index end, Matrix& out) {
   const Index T = counts.cols();
-  Matrix out = counts.array() + eps;
-  for (Index s = 0; s < out.rows(); ++s) {
+  for (Index s = begin; s < end; ++s) {
     auto row = out.row(s);
+    row = counts.row(s).array() + eps;
     const double total = accurate_sum({row.data(), static_cast<size_t>(T)});
     if (total > 0.0)
       row /= total;
     else
       row.setConstant(1.0 / static_cast<double>(T));
   }
-  return out;
 }
 
 }  // namespace attnmix

@@ -40,6 +40,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
+#include "attnmix/inference/sharded_mstep.hpp"
 
 namespace attnmix {
 
@@ -210,6 +211,11 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
   [[nodiscard]] double total_mass() const;
   /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
+  /// validate() on a rank of a sharded M-step (inference/sharded_mstep.hpp), whose statistics are summed in this
+  /// rank's entries of split (symbols [first_symbol, end_symbol)): those entries checked here (every rank failing if
+  /// one does), the mass laws with the emission total summed over ranks. Collective.
+  void validate_owned(std::string_view where, const StatsSplit& split, Index first_symbol, Index end_symbol,
+                      const Communicator& comm) const;
   /// seq_initialize: r_n ~ Dirichlet(1_N) from rng for every row (in row order), times w_n, accumulated.
   void initialize(const ResponsibilityAttentionBatch& batch, std::span<const double> w, Rng& rng);
   /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over
@@ -393,8 +399,20 @@ class ResponsibilityAttentionEstimator {
   /// @throws ValueError on invalid statistics.
   [[nodiscard]] ResponsibilityAttention estimate(std::optional<double> nobs,
                                                  const ResponsibilityAttentionAccumulator& acc) const;
+  /// The sharded M-step of a distributed fit (inference/sharded_mstep.hpp): acc holds this rank's E-step statistics;
+  /// key_sum and emission_count are summed over the ranks of comm in this rank's symbols only, the rest whole, each
+  /// rank estimates its symbols' K and B rows and σ² terms, and the rows are gathered. Returns, bit for bit, what
+  /// estimate(nullopt, Σ acc) returns; acc is left partly summed. Collective. Cost per rank: O(S·(D + T)/P)
+  /// estimation, the communication of one allreduce of the statistics and one allgather of K and B.
+  [[nodiscard]] ResponsibilityAttention estimate_sharded(ResponsibilityAttentionAccumulator& acc,
+                                                         const Communicator& comm) const;
 
  private:
+  void check_layout(const ResponsibilityAttentionAccumulator& acc) const;
+  /// The M-step from summed statistics: rows [shard.begin, shard.end) estimated here, the rest gathered from the
+  /// other ranks of comm; without comm, shard covers every symbol.
+  [[nodiscard]] ResponsibilityAttention estimate_symbols(const ResponsibilityAttentionAccumulator& acc,
+                                                         const SymbolShard& shard, const Communicator* comm) const;
   int64_t S_, N_, D_, T_;
   ResponsibilityAttentionEstimatorOptions options_;
 };

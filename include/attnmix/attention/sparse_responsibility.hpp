@@ -157,6 +157,9 @@ class SparseResponsibilityAttentionAccumulator : public FlatAccumulator<SparseRe
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
   /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
+  /// validate() on a rank of a sharded M-step (ResponsibilityAttentionAccumulator::validate_owned): split's entries
+  /// of this rank checked, the mass laws with the emission total summed over ranks. Collective.
+  void validate_owned(std::string_view where, const StatsSplit& split, const Communicator& comm) const;
   /// seq_initialize: the draws of ResponsibilityAttentionAccumulator::initialize (r_n ~ Dirichlet(1_N) for every
   /// row, in row order), accumulated at the patterns' cells. Atomic. @throws ValueError for real-valued queries, ids
   /// outside the sizes, or a pair outside the patterns.
@@ -298,8 +301,19 @@ class SparseResponsibilityAttentionEstimator {
   /// @throws ValueError on invalid statistics or statistics of other patterns.
   [[nodiscard]] SparseResponsibilityAttention estimate(std::optional<double> nobs,
                                                        const SparseResponsibilityAttentionAccumulator& acc) const;
+  /// The sharded M-step of a distributed fit (inference/sharded_mstep.hpp; as the dense family's estimate_sharded):
+  /// each rank sums and estimates the key pairs and emission cells of its symbols, which are then gathered. Returns,
+  /// bit for bit, what estimate(nullopt, Σ acc) returns; acc is left partly summed. Collective.
+  [[nodiscard]] SparseResponsibilityAttention estimate_sharded(SparseResponsibilityAttentionAccumulator& acc,
+                                                               const Communicator& comm) const;
 
  private:
+  void check_patterns(const SparseResponsibilityAttentionAccumulator& acc) const;
+  /// The M-step from summed statistics: symbols [shard.begin, shard.end) estimated here, the rest gathered from the
+  /// other ranks of comm; without comm, shard covers every symbol.
+  [[nodiscard]] SparseResponsibilityAttention estimate_symbols(const SparseResponsibilityAttentionAccumulator& acc,
+                                                               const SymbolShard& shard,
+                                                               const Communicator* comm) const;
   SparsePatterns patterns_;
   int64_t N_;
   SparseResponsibilityAttentionEstimatorOptions options_;

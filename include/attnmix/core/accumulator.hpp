@@ -45,6 +45,19 @@ struct FieldSpec {
   Index size = 1;            ///< its number of entries, the product of shape (1 for a scalar); filled by StatLayout
 };
 
+/// How a sharded M-step splits a statistics buffer over the ranks (inference/sharded_mstep.hpp): each run hands
+/// blocks[q] consecutive entries, from its offset in flat order, to rank q, in rank order; the entries in no run
+/// belong to every rank.
+struct StatsSplit {
+  /// One run of the flat buffer split over the ranks.
+  struct Run {
+    Index offset = 0;             ///< the flat index of its first entry
+    std::vector<int64_t> blocks;  ///< each rank's consecutive entries, in rank order
+  };
+  std::vector<Run> runs;  ///< in increasing offset, not overlapping
+  int rank = 0;           ///< the rank whose entries are meant (this process's)
+};
+
 /// The declared layout of one accumulator: fields in value() order, packed back to back.
 class StatLayout {
  public:
@@ -97,8 +110,8 @@ class FlatStats {
  protected:
   /// Throws ValueError unless other has the same layout (names, shapes and kinds).
   void check_same_layout(std::string_view where, const StatLayout& other) const;
-  /// Every entry finite, count fields ≥ 0.
-  void check_entries(std::string_view where) const;
+  /// Every entry finite, count fields ≥ 0; with split, only the entries of split.rank.
+  void check_entries(std::string_view where, const StatsSplit* split = nullptr) const;
   /// Adds values element-wise, without validation; values must have flat_size() entries.
   void add_unchecked(std::span<const double> values);
   /// Multiplies every entry by c, without validation.

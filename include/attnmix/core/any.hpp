@@ -31,6 +31,7 @@ namespace attnmix {
 class AnyAccumulator;
 class AnyDistribution;
 class AnyEstimator;
+class Communicator;
 
 /// The key pool of keyed tying: key → the first site (in depth-first order) carrying that key, for one pass.
 using KeyPool = std::map<std::string, AnyAccumulator*>;
@@ -270,6 +271,13 @@ class AnyAccumulator {
   std::unique_ptr<Concept> self_;
 };
 
+/// An estimator with a sharded M-step for distributed fits (inference/sharded_mstep.hpp): it sums acc over the ranks of
+/// comm in its own symbols only and returns the model estimate(nullopt, Σ acc) would.
+template <class E>
+concept ShardedEstimator = requires(const E& e, typename E::accumulator_type& acc, const Communicator& comm) {
+  { e.estimate_sharded(acc, comm) } -> std::same_as<typename E::distribution_type>;
+};
+
 // ---------------------------------------------------------------------------------------------------------------
 /// An immutable estimator (M-step) of any family.
 class AnyEstimator {
@@ -291,6 +299,10 @@ class AnyEstimator {
   [[nodiscard]] const std::type_info& type() const { return self_->type(); }
   /// @throws ValueError on invalid statistics.
   [[nodiscard]] AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const;
+  /// Whether the family held has a sharded M-step (inference/sharded_mstep.hpp).
+  [[nodiscard]] bool has_sharded_mstep() const { return self_->has_sharded_mstep(); }
+  /// The family's sharded M-step. @throws ValueError when it has none (has_sharded_mstep()).
+  [[nodiscard]] AnyDistribution estimate_sharded(AnyAccumulator& acc, const Communicator& comm) const;
   /// The concrete estimator, or nullptr when this handle is empty or holds another family (bindings dispatch on it).
   template <class E>
   [[nodiscard]] const E* get_if() const {
@@ -303,6 +315,8 @@ class AnyEstimator {
     [[nodiscard]] virtual const std::type_info& type() const = 0;
     [[nodiscard]] virtual AnyAccumulator make_accumulator() const = 0;
     [[nodiscard]] virtual AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const = 0;
+    [[nodiscard]] virtual bool has_sharded_mstep() const = 0;
+    [[nodiscard]] virtual AnyDistribution estimate_sharded(AnyAccumulator& acc, const Communicator& comm) const = 0;
   };
   template <class E>
   struct Model final : Concept {
@@ -310,6 +324,8 @@ class AnyEstimator {
     const std::type_info& type() const override { return typeid(E); }
     AnyAccumulator make_accumulator() const override { return AnyAccumulator(estimator.make_accumulator()); }
     AnyDistribution estimate(std::optional<double> nobs, const AnyAccumulator& acc) const override;
+    bool has_sharded_mstep() const override { return ShardedEstimator<E>; }
+    AnyDistribution estimate_sharded(AnyAccumulator& acc, const Communicator& comm) const override;
     E estimator;
   };
   std::shared_ptr<const Concept> self_;
@@ -450,6 +466,18 @@ AnyDistribution AnyEstimator::Model<E>::estimate(std::optional<double> nobs, con
 
 inline AnyDistribution AnyEstimator::estimate(std::optional<double> nobs, const AnyAccumulator& acc) const {
   return self_->estimate(nobs, acc);
+}
+
+template <class E>
+AnyDistribution AnyEstimator::Model<E>::estimate_sharded(AnyAccumulator& acc, const Communicator& comm) const {
+  if constexpr (ShardedEstimator<E>)
+    return AnyDistribution(estimator.estimate_sharded(acc.get<typename E::accumulator_type>(E::kWhere), comm));
+  else
+    throw ValueError(std::string(E::kWhere) + ": this family has no sharded M-step");
+}
+
+inline AnyDistribution AnyEstimator::estimate_sharded(AnyAccumulator& acc, const Communicator& comm) const {
+  return self_->estimate_sharded(acc, comm);
 }
 
 }  // namespace attnmix

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -34,7 +35,16 @@ class Communicator {
   /// The number of processes P of the fit (≥ 1).
   [[nodiscard]] virtual int size() const noexcept = 0;
   /// values ← the element-wise sum over ranks, in place, with the same bits on every rank. Collective.
+  /// Implementations add in rank order, ((v₀ + v₁) + v₂) + …, so that sum() agrees bit for bit with
+  /// sum_own_block() followed by gather_blocks() (the sharded M-step, optimize.hpp).
   virtual void sum(std::span<double> values) const = 0;
+  /// The reduce half of sum(): values holds size() consecutive blocks in rank order, block q of blocks[q] entries
+  /// (Σ blocks = values.size()). On return this rank's block holds the element-wise sum over ranks, with the bits
+  /// sum() gives it; the other blocks are left as they were. Collective; every rank passes the same blocks.
+  virtual void sum_own_block(std::span<double> values, std::span<const int64_t> blocks) const = 0;
+  /// The gather half of sum(): on return every block q of values (laid out as in sum_own_block) holds rank q's block.
+  /// Collective; every rank passes the same blocks.
+  virtual void gather_blocks(std::span<double> values, std::span<const int64_t> blocks) const = 0;
   /// Every rank's count, in rank order. Collective.
   [[nodiscard]] virtual std::vector<int64_t> all_counts(int64_t own) const = 0;
   /// Every rank's values, concatenated in rank order (ranks may give different numbers of values). Collective.
@@ -43,6 +53,14 @@ class Communicator {
   /// "" when every rank succeeded, else "rank r: message" of the lowest failing rank r.
   [[nodiscard]] virtual std::string first_failure(const std::string& own) const = 0;
 };
+
+/// items split into `parts` consecutive blocks as evenly as possible: block q holds items·(q+1)/parts − items·q/parts
+/// (the sharded M-step's symbols per rank, the pieces of sum()).
+[[nodiscard]] inline std::vector<int64_t> even_blocks(int64_t items, int parts) {
+  std::vector<int64_t> blocks(static_cast<size_t>(parts));
+  for (int q = 0; q < parts; ++q) blocks[static_cast<size_t>(q)] = items * (q + 1) / parts - items * q / parts;
+  return blocks;
+}
 
 /// The shard of this rank: its first global row and the global row count.
 struct RowShard {
@@ -83,5 +101,29 @@ class RemoteRankError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+namespace detail {
+/// Runs f on every rank of comm (just f without one) and agrees on failure before anyone goes on: when any rank
+/// failed, the failing ranks rethrow their own error and the others throw RemoteRankError naming the first one.
+template <class F>
+void on_every_rank(const Communicator* comm, F&& f) {
+  if (!comm) {
+    f();
+    return;
+  }
+  std::exception_ptr own;
+  std::string message;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    own = std::current_exception();
+    message = e.what();
+    if (message.empty()) message = "error";
+  }
+  const std::string first = comm->first_failure(message);
+  if (own) std::rethrow_exception(own);
+  if (!first.empty()) throw RemoteRankError("another process of this fit failed: " + first);
+}
+}  // namespace detail
 
 }  // namespace attnmix

@@ -66,6 +66,11 @@ struct OptimizeOptions {
   Index chunk_rows = 0;
   /// The processes of a distributed fit (not owned; nullptr: this process alone). Every rank passes equal options.
   const Communicator* communicator = nullptr;
+  /// A distributed fit's M-step split over the ranks (sharded_mstep.hpp): each rank sums and estimates only its
+  /// symbols' rows, then gathers the others'. The model has the same bits either way. Only for estimators with an
+  /// estimate_sharded() (responsibility attention, dense or sparse; has_sharded_mstep()); no effect on a single
+  /// process.
+  bool sharded_mstep = false;
   /// Receives the report of every print_iter-th iteration and of the converged one, on the calling thread (on every
   /// rank of a distributed fit); empty: no reports.
   std::function<void(const IterationReport&)> on_iteration;
@@ -144,29 +149,16 @@ inline void tie_keys(AnyAccumulator& acc) {
   acc.key_replace(pool);
 }
 
-namespace detail {
-/// Runs f on every rank of comm (just f without one) and agrees on failure before anyone goes on: when any rank
-/// failed, the failing ranks rethrow their own error and the others throw RemoteRankError naming the first one.
-template <class F>
-void on_every_rank(const Communicator* comm, F&& f) {
-  if (!comm) {
-    f();
-    return;
-  }
-  std::exception_ptr own;
-  std::string message;
-  try {
-    f();
-  } catch (const std::exception& e) {
-    own = std::current_exception();
-    message = e.what();
-    if (message.empty()) message = "error";
-  }
-  const std::string first = comm->first_failure(message);
-  if (own) std::rethrow_exception(own);
-  if (!first.empty()) throw RemoteRankError("another process of this fit failed: " + first);
+/// Whether estimator has a sharded M-step (an estimate_sharded(); for AnyEstimator, the family it holds).
+template <class E>
+[[nodiscard]] bool has_sharded_mstep(const E& estimator) {
+  if constexpr (std::is_same_v<E, AnyEstimator>)
+    return estimator.has_sharded_mstep();
+  else
+    return ShardedEstimator<E>;
 }
 
+namespace detail {
 /// acc ← Σ over ranks (in place, same bits on every rank).
 template <class A>
 void sum_over_ranks(A& acc, const Communicator& comm) {
@@ -257,19 +249,28 @@ class EmStepper {
  public:
   /// The distribution type E estimates.
   using D = typename E::distribution_type;
-  /// comm: the processes of a distributed fit (not owned; nullptr: this process alone).
-  EmStepper(const E& estimator, Index n_rows, const Communicator* comm = nullptr)
+  /// comm: the processes of a distributed fit (not owned; nullptr: this process alone); sharded: the M-step split
+  /// over them (OptimizeOptions::sharded_mstep; estimator must have one, has_sharded_mstep).
+  EmStepper(const E& estimator, Index n_rows, const Communicator* comm = nullptr, bool sharded = false)
       : estimator_(estimator),
         ones_(static_cast<size_t>(n_rows), 1.0),
         acc_(estimator.make_accumulator()),
-        comm_(comm) {}
+        comm_(comm),
+        sharded_(comm && sharded) {
+    if (sharded && !has_sharded_mstep(estimator))
+      throw ValueError("optimize: sharded_mstep: this family has no sharded M-step (responsibility attention, dense "
+                       "or sparse, has one)");
+  }
 
   /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out (empty, or one
   /// entry per row) receives the per-row log densities of `model` (the fused loop's score).
   [[nodiscard]] D step(const D& model, const typename D::batch_type& batch, std::span<double> log_p_out,
                        const ParallelOptions& parallel) {
     acc_.set_zero();
-    detail::on_every_rank(comm_, [&] { parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel, scratch_); });
+    detail::on_every_rank(comm_,
+                          [&] { parallel_accumulate(model, batch, ones_, acc_, log_p_out, parallel, scratch_); });
+    if constexpr (ShardedEstimator<E>)
+      if (sharded_) return estimator_.estimate_sharded(acc_, *comm_);  // no keys to tie: a family on its own
     if (comm_) detail::sum_over_ranks(acc_, *comm_);
     tie_keys(acc_);
     return estimator_.estimate(std::nullopt, acc_);
@@ -281,6 +282,7 @@ class EmStepper {
   typename E::accumulator_type acc_;
   ReduceScratch<typename E::accumulator_type> scratch_;
   const Communicator* comm_;
+  bool sharded_;
 };
 
 /// One EM step of model (EmStepper::step with fresh storage).
@@ -332,7 +334,7 @@ template <class E>
     options.on_iteration(r);
   };
   std::vector<double> log_p(static_cast<size_t>(batch.n_rows()));
-  EmStepper<E> stepper(estimator, batch.n_rows(), comm);
+  EmStepper<E> stepper(estimator, batch.n_rows(), comm, options.sharded_mstep);
   bool converged = false;
 
   if (options.reuse_estep_ll) {

@@ -20,8 +20,10 @@
 
 namespace attnmix {
 
-/// The Communicator of a distributed fit over MPI ranks: sums in rank order, so a fit's bits do not depend on the
-/// number of ranks (`docs/design.md#distributed-fits`).
+/// The Communicator of a distributed fit over MPI ranks (`docs/design.md#distributed-fits`). sum() is a
+/// reduce-scatter (each rank receives the other ranks' parts of its block and adds them in rank order) followed by an
+/// allgather, by point-to-point messages in pieces of at most 8 MiB: the bytes on the wire of an allreduce, and bits
+/// that do not depend on which algorithm the MPI library would pick for a message size.
 class MpiCommunicator final : public Communicator {
  public:
   /// A communicator that must stay valid while this object is used (MPI_COMM_WORLD by default).
@@ -29,6 +31,8 @@ class MpiCommunicator final : public Communicator {
   [[nodiscard]] int rank() const noexcept override { return rank_; }  ///< this process's rank in the communicator
   [[nodiscard]] int size() const noexcept override { return size_; }  ///< the number of ranks
   void sum(std::span<double> values) const override;
+  void sum_own_block(std::span<double> values, std::span<const int64_t> blocks) const override;
+  void gather_blocks(std::span<double> values, std::span<const int64_t> blocks) const override;
   [[nodiscard]] std::vector<int64_t> all_counts(int64_t own) const override;
   [[nodiscard]] std::vector<int64_t> all_values(std::span<const int64_t> own) const override;
   [[nodiscard]] std::string first_failure(const std::string& own) const override;

@@ -49,6 +49,17 @@ void ResponsibilityAttentionAccumulator::validate(std::string_view where) const 
   check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", span_sum(field(2), S_ * T_));
 }
 
+void ResponsibilityAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
+                                                        Index first_symbol, Index end_symbol,
+                                                        const Communicator& comm) const {
+  detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
+  double emitted = span_sum(field(2) + first_symbol * T_, (end_symbol - first_symbol) * T_);
+  comm.sum({&emitted, 1});
+  const double mass = total_mass();  // position_count and key_mass are summed whole: every rank agrees
+  check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", span_sum(field(1), S_));
+  check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
+}
+
 void ResponsibilityAttentionAccumulator::initialize(const ResponsibilityAttentionBatch& batch,
                                                     std::span<const double> w, Rng& rng) {
   check::weights(kWhere, w, batch.n_rows());
@@ -116,24 +127,51 @@ ResponsibilityAttentionAccumulator ResponsibilityAttentionEstimator::make_accumu
 
 ResponsibilityAttentionEncoder ResponsibilityAttentionEstimator::encoder() const { return {S_, N_, D_, T_}; }
 
-ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional<double> nobs,
-                                                                   const ResponsibilityAttentionAccumulator& acc) const {
+void ResponsibilityAttentionEstimator::check_layout(const ResponsibilityAttentionAccumulator& acc) const {
   if (acc.n_symbols() != S_ || acc.context_length() != N_ || acc.query_dim() != D_ || acc.n_targets() != T_)
     throw ValueError(std::string(kWhere) + ": statistics must have the layout [" +
                      make_accumulator().layout().describe() + "] (got [" + acc.layout().describe() + "])");
-  acc.validate(kWhere);
-  const double mass = acc.total_mass();
-  if (nobs) check_mass_law(kWhere, "nobs", *nobs, "sum(position_count)", mass);
+}
 
+ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(
+    std::optional<double> nobs, const ResponsibilityAttentionAccumulator& acc) const {
+  check_layout(acc);
+  acc.validate(kWhere);
+  if (nobs) check_mass_law(kWhere, "nobs", *nobs, "sum(position_count)", acc.total_mass());
+  return estimate_symbols(acc, SymbolShard{{S_}, 0, S_}, nullptr);
+}
+
+ResponsibilityAttention ResponsibilityAttentionEstimator::estimate_sharded(ResponsibilityAttentionAccumulator& acc,
+                                                                           const Communicator& comm) const {
+  check_layout(acc);
+  const SymbolShard shard = symbol_shard(comm, S_);
+  const auto rows = [&](size_t f, Index width) {
+    return symbol_run(acc.layout().fields()[f].offset, shard, [width](Index s) { return s * width; });
+  };
+  const StatsSplit split{{rows(0, D_), rows(2, T_)}, comm.rank()};  // key_sum, emission_count
+  sum_owned_statistics(acc, comm, split);
+  acc.validate_owned(kWhere, split, shard.begin, shard.end, comm);
+  return estimate_symbols(acc, shard, &comm);
+}
+
+ResponsibilityAttention ResponsibilityAttentionEstimator::estimate_symbols(
+    const ResponsibilityAttentionAccumulator& acc, const SymbolShard& shard, const Communicator* comm) const {
   ResponsibilityAttentionParams p;
   p.name = options_.name;
   const ConstMatrixMap key_sum = acc.key_sum();
   const ConstVectorMap key_mass = acc.key_mass();
   p.key_means.resize(S_, D_);
-  for (Index s = 0; s < S_; ++s) p.key_means.row(s) = key_sum.row(s) / std::max(key_mass[s], kResponsibilityKeyMassFloor);
+  for (Index s = shard.begin; s < shard.end; ++s)
+    p.key_means.row(s) = key_sum.row(s) / std::max(key_mass[s], kResponsibilityKeyMassFloor);
+  p.emission.resize(S_, T_);
+  smoothed_row_normalise_rows(acc.emission_count(), options_.emission_smoothing, shard.begin, shard.end,
+                              p.emission);  // docs/porting.md
+  if (comm) {
+    gather_rows(p.key_means.data(), D_, shard, *comm);
+    gather_rows(p.emission.data(), T_, shard, *comm);
+  }
 
-  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);  // docs/porting.md
-
+  const double mass = acc.total_mass();
   const ConstVectorMap positions = acc.position_count();
   if (mass > 0.0)
     p.position_prior = positions / mass;
@@ -144,9 +182,13 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(std::optional
   if (options_.estimate_sigma2) {
     const double m_tot = span_sum(key_mass.data(), S_);
     if (m_tot > 0.0) {
-      double explained = 0.0;
-      for (Index s = 0; s < S_; ++s) explained += key_sum.row(s).squaredNorm() / std::max(key_mass[s], kResponsibilityKeyMassFloor);
-      const double scatter = acc.query_sq() - explained;
+      Vector explained(S_);  // ‖key_sum_s‖² / m_s, summed in symbol order
+      for (Index s = shard.begin; s < shard.end; ++s)
+        explained[s] = key_sum.row(s).squaredNorm() / std::max(key_mass[s], kResponsibilityKeyMassFloor);
+      if (comm) gather_rows(explained.data(), 1, shard, *comm);
+      double total = 0.0;
+      for (Index s = 0; s < S_; ++s) total += explained[s];
+      const double scatter = acc.query_sq() - total;
       p.sigma2 = std::max(scatter / (static_cast<double>(D_) * m_tot), options_.min_sigma2);
     }
   }

@@ -63,6 +63,20 @@ void SparseResponsibilityAttentionAccumulator::validate(std::string_view where) 
   check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", accurate_sum(emission_count()));
 }
 
+void SparseResponsibilityAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
+                                                              const Communicator& comm) const {
+  detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
+  const StatsSplit::Run& cells = split.runs.back();  // emission_count's
+  Index first = cells.offset;
+  for (int q = 0; q < split.rank; ++q) first += cells.blocks[static_cast<size_t>(q)];
+  double emitted = accurate_sum(flat().subspan(static_cast<size_t>(first),
+                                               static_cast<size_t>(cells.blocks[static_cast<size_t>(split.rank)])));
+  comm.sum({&emitted, 1});
+  const double mass = total_mass();  // position_count and key_mass are summed whole: every rank agrees
+  check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", accurate_sum(key_mass()));
+  check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
+}
+
 void SparseResponsibilityAttentionAccumulator::merge_attachment(const SparseResponsibilityAttentionAccumulator& other,
                                                                 AttachmentMerge /*how*/) const {
   if (!(patterns_ == other.patterns_))
@@ -139,19 +153,56 @@ ResponsibilityAttentionEncoder SparseResponsibilityAttentionEstimator::encoder()
   return {n_symbols(), N_, query_dim(), n_targets()};
 }
 
-SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
-    std::optional<double> nobs, const SparseResponsibilityAttentionAccumulator& acc) const {
+void SparseResponsibilityAttentionEstimator::check_patterns(const SparseResponsibilityAttentionAccumulator& acc) const {
   if (!(acc.patterns() == patterns_) || acc.context_length() != N_)
     throw ValueError(std::string(kWhere) + ": statistics over other patterns or context length (expected [" +
                      make_accumulator().layout().describe() + "], got [" + acc.layout().describe() + "])");
+}
+
+SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
+    std::optional<double> nobs, const SparseResponsibilityAttentionAccumulator& acc) const {
+  check_patterns(acc);
   acc.validate(kWhere);
-  const double mass = acc.total_mass();
-  if (nobs) check_mass_law(kWhere, "nobs", *nobs, "sum(position_count)", mass);
+  if (nobs) check_mass_law(kWhere, "nobs", *nobs, "sum(position_count)", acc.total_mass());
+  return estimate_symbols(acc, SymbolShard{{n_symbols()}, 0, n_symbols()}, nullptr);
+}
+
+namespace {
+/// The run of a compressed field (key pairs or emission cells) at flat offset, split by shard's symbols.
+StatsSplit::Run pattern_run(Index offset, const SymbolShard& shard, const SparsePattern& pattern) {
+  return symbol_run(offset, shard, [&pattern](Index s) { return pattern.begin(s); });
+}
+}  // namespace
+
+SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate_sharded(
+    SparseResponsibilityAttentionAccumulator& acc, const Communicator& comm) const {
+  check_patterns(acc);
+  const SymbolShard shard = symbol_shard(comm, n_symbols());
+  const std::vector<FieldSpec>& fields = acc.layout().fields();
+  const StatsSplit split{{pattern_run(fields[0].offset, shard, *patterns_.keys),
+                          pattern_run(fields[2].offset, shard, *patterns_.emission)},
+                         comm.rank()};  // key_sum, emission_count
+  sum_owned_statistics(acc, comm, split);
+  acc.validate_owned(kWhere, split, comm);
+  return estimate_symbols(acc, shard, &comm);
+}
+
+SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate_symbols(
+    const SparseResponsibilityAttentionAccumulator& acc, const SymbolShard& shard, const Communicator* comm) const {
   const SparsePattern& keys = *patterns_.keys;
   const SparsePattern& cells = *patterns_.emission;
   const Index S = n_symbols();
   const auto T = static_cast<double>(n_targets());
   const double eps = options_.emission_smoothing;
+  const auto gather = [&](Vector& values, const SparsePattern* pattern) {
+    if (!comm) return;
+    if (pattern) {
+      const StatsSplit::Run run = pattern_run(0, shard, *pattern);
+      comm->gather_blocks({values.data(), static_cast<size_t>(values.size())}, run.blocks);
+    } else {
+      gather_rows(values.data(), 1, shard, *comm);
+    }
+  };
 
   SparseResponsibilityAttentionParams p;
   p.patterns = patterns_;
@@ -159,16 +210,18 @@ SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
   const std::span<const double> key_sum = acc.key_sum();
   const std::span<const double> key_mass = acc.key_mass();
   p.key_values.resize(keys.size());
-  for (Index s = 0; s < S; ++s)
+  for (Index s = shard.begin; s < shard.end; ++s)
     for (Index k = keys.begin(s); k < keys.end(s); ++k)
-      p.key_values[k] = key_sum[static_cast<size_t>(k)] / std::max(key_mass[static_cast<size_t>(s)], kResponsibilityKeyMassFloor);
+      p.key_values[k] =
+          key_sum[static_cast<size_t>(k)] / std::max(key_mass[static_cast<size_t>(s)], kResponsibilityKeyMassFloor);
+  gather(p.key_values, &keys);
 
   // Row s of B: (count + ε) / total at its listed cells and ε / total at the T − k_s others, total = Σ_t (count + ε).
   const std::span<const double> counts = acc.emission_count();
   p.emission_values.resize(cells.size());
   p.emission_default.resize(S);
   std::vector<double> row;
-  for (Index s = 0; s < S; ++s) {
+  for (Index s = shard.begin; s < shard.end; ++s) {
     row.assign(counts.begin() + cells.begin(s), counts.begin() + cells.end(s));
     for (double& c : row) c += eps;
     row.push_back(eps * (T - static_cast<double>(cells.end(s) - cells.begin(s))));
@@ -177,7 +230,10 @@ SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
       p.emission_values[k] = total > 0.0 ? (counts[static_cast<size_t>(k)] + eps) / total : 1.0 / T;
     p.emission_default[s] = total > 0.0 ? eps / total : 1.0 / T;
   }
+  gather(p.emission_values, &cells);
+  gather(p.emission_default, nullptr);
 
+  const double mass = acc.total_mass();
   const std::span<const double> positions = acc.position_count();
   p.position_prior.resize(N_);
   for (Index i = 0; i < N_; ++i)
@@ -187,16 +243,19 @@ SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
   if (options_.estimate_sigma2) {
     const double m_tot = accurate_sum(key_mass);
     if (m_tot > 0.0) {
-      double explained = 0.0;
-      for (Index s = 0; s < S; ++s) {
+      Vector explained(S);  // ‖key_sum_s‖² / m_s, summed in symbol order
+      for (Index s = shard.begin; s < shard.end; ++s) {
         double sq = 0.0;
         for (Index k = keys.begin(s); k < keys.end(s); ++k) {
           const double x = key_sum[static_cast<size_t>(k)];
           sq += x * x;
         }
-        explained += sq / std::max(key_mass[static_cast<size_t>(s)], kResponsibilityKeyMassFloor);
+        explained[s] = sq / std::max(key_mass[static_cast<size_t>(s)], kResponsibilityKeyMassFloor);
       }
-      const double scatter = acc.query_sq() - explained;
+      gather(explained, nullptr);
+      double total = 0.0;
+      for (Index s = 0; s < S; ++s) total += explained[s];
+      const double scatter = acc.query_sq() - total;
       p.sigma2 = std::max(scatter / (static_cast<double>(query_dim()) * m_tot), options_.min_sigma2);
     }
   }

@@ -222,6 +222,42 @@ TEST_F(CliMpiTest, ResponsibilityFitEqualsSingleProcess) {
   EXPECT_TRUE(contains(read_text(dir_ / "dist3.json"), "responsibility_attention"));
 }
 
+/// --sharded-mstep writes the model file of the allreduce path byte for byte (2 and 3 ranks, σ² estimated; dense
+/// and sparse tables, the sparse symbols' pairs split unevenly), says so in the summary, and is refused with a usage
+/// error for a family without a sharded M-step.
+TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
+  sample_rows("train.jsonl", 300, 1);
+  Rng rng(4);
+  {
+    std::ofstream out(dir_ / "words.jsonl");
+    for (int r = 0; r < 200; ++r) {
+      std::vector<int64_t> context;
+      for (int i = 0; i < 3; ++i) context.push_back(static_cast<int64_t>(rng.uniform_int(30)));
+      const auto query = static_cast<int64_t>(rng.uniform_int(r % 2 == 0 ? 30 : 5));  // pairs crowd low symbols
+      out << nlohmann::json{{"context", context}, {"query", query}, {"target", context[rng.uniform_int(3)]}}.dump()
+          << '\n';
+    }
+  }
+  for (const std::string fit : {"fit --data train.jsonl"s, "fit --family ra-sparse --data words.jsonl"s}) {
+    for (int ranks : {2, 3}) {
+      SCOPED_TRACE(fit + ", " + std::to_string(ranks) + " ranks");
+      const std::string options = " --max-its 4 --delta none --seed 5 --estimate-sigma2 --threads 2";
+      RunResult r = mpirun(ranks, fit + options + " --out reduced.json");
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_FALSE(contains(r.out, "M-step          sharded")) << r.out;
+      r = mpirun(ranks, fit + options + " --sharded-mstep --out sharded.json");
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_TRUE(contains(r.out, "M-step          sharded over " + std::to_string(ranks) + " processes")) << r.out;
+      EXPECT_EQ(read_text(dir_ / "reduced.json"), read_text(dir_ / "sharded.json"));
+    }
+  }
+  const RunResult chained = mpirun(2, "fit --family chained --data '" + data("ca_small.jsonl") +
+                                          "' --max-its 1 --sharded-mstep --out c.json", true);
+  EXPECT_EQ(chained.code, 1) << chained.out << chained.err;  // a usage error
+  EXPECT_TRUE(contains(chained.out + chained.err, "--sharded-mstep: ")) << chained.out << chained.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "c.json"));
+}
+
 /// A distributed fit stopped after 3 iterations with --checkpoint (written once, by rank 0) and resumed on 2 ranks
 /// writes the model of the uninterrupted 2-rank fit, byte for byte; a variational fit's noise goes on too.
 TEST_F(CliMpiTest, ResumedFitEqualsTheUninterruptedFit) {

@@ -50,6 +50,7 @@ std::vector<double> parameters(const ResponsibilityAttention& m) {
   append(out, m.params().key_means);
   append(out, m.params().emission);
   append(out, m.params().position_prior);
+  out.push_back(m.params().sigma2);
   return out;
 }
 std::vector<double> parameters(const ChainedAttention& m) {
@@ -140,6 +141,106 @@ TEST(DistributedFitTest, ResponsibilityAttentionEqualsSingleProcess) {
   const auto full = random_head(1).sampler(3).sample(kRows);
   for (int threads : {1, 2})
     expect_distributed_equals_single(full, ResponsibilityAttentionEstimator(kS, kN, kD, kT), fit_options(threads));
+}
+
+/// What rank r adds to entry i in the communicator tests: values whose sum depends on the order of the additions.
+double contribution(int r, size_t i) {
+  const double big = (i + static_cast<size_t>(r)) % 3 == 0 ? 1e16 : 0.0;
+  return (r % 2 == 0 ? big : -big) + 0.1 * (r + 1) * static_cast<double>(i % 11);
+}
+double rank_order_sum(int ranks, size_t i) {
+  double total = contribution(0, i);
+  for (int r = 1; r < ranks; ++r) total += contribution(r, i);
+  return total;
+}
+
+TEST(CommunicatorTest, SumAddsInRankOrderInEveryPiece) {
+  const MpiCommunicator comm;
+  const size_t n = (size_t{1} << 20) + 7;  // more than one piece of sum()
+  std::vector<double> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = contribution(comm.rank(), i);
+  comm.sum(values);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += values[i] != rank_order_sum(comm.size(), i);
+  EXPECT_EQ(wrong, 0u) << "rank " << comm.rank();
+}
+
+TEST(CommunicatorTest, OwnBlockThenGatherIsTheSum) {
+  const MpiCommunicator comm;
+  // Uneven blocks, an empty one, and one longer than a round (2^20 / P entries).
+  std::vector<int64_t> blocks(static_cast<size_t>(comm.size()));
+  for (int q = 0; q < comm.size(); ++q)
+    blocks[static_cast<size_t>(q)] = q == 0 ? (int64_t{1} << 20) / comm.size() + 5 : (q == 1 ? 0 : 17 * q);
+  int64_t n = 0, own_begin = 0;
+  for (int q = 0; q < comm.size(); ++q) {
+    if (q < comm.rank()) own_begin += blocks[static_cast<size_t>(q)];
+    n += blocks[static_cast<size_t>(q)];
+  }
+  std::vector<double> values(static_cast<size_t>(n));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = contribution(comm.rank(), i);
+  comm.sum_own_block(values, blocks);
+  size_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool own = i >= own_begin && i < own_begin + blocks[static_cast<size_t>(comm.rank())];
+    const auto k = static_cast<size_t>(i);
+    wrong += values[k] != (own ? rank_order_sum(comm.size(), k) : contribution(comm.rank(), k));
+  }
+  EXPECT_EQ(wrong, 0u) << "sum_own_block, rank " << comm.rank();
+  comm.gather_blocks(values, blocks);
+  wrong = 0;
+  for (size_t i = 0; i < values.size(); ++i) wrong += values[i] != rank_order_sum(comm.size(), i);
+  EXPECT_EQ(wrong, 0u) << "gather_blocks, rank " << comm.rank();
+}
+
+/// The sharded M-step's model has the bits of the allreduce path's, through the concrete and the type-erased
+/// estimator, with σ² estimated (a sum over all symbols) and a symbol count that does not divide evenly.
+TEST(DistributedFitTest, ShardedMStepEqualsAllreduceBitForBit) {
+  const MpiCommunicator comm;
+  Rng rng(21);
+  ResponsibilityAttentionParams p;
+  const Index S = 7;
+  p.key_means.resize(S, kD);
+  for (Index k = 0; k < p.key_means.size(); ++k) p.key_means.data()[k] = rng.normal();
+  p.emission = Matrix::Constant(S, kT, 1.0 / kT);
+  p.position_prior = Vector::Constant(kN, 1.0 / kN);
+  const auto full = ResponsibilityAttention(p).sampler(5).sample(kRows);
+  const auto [begin, end] = shard_of(comm.rank(), comm.size(), full.n_rows());
+  const auto local = full.slice(begin, end - begin);
+  ResponsibilityAttentionEstimatorOptions estimator_options;
+  estimator_options.estimate_sigma2 = true;
+  estimator_options.emission_smoothing = 0.25;
+  const ResponsibilityAttentionEstimator estimator(S, kN, kD, kT, estimator_options);
+  OptimizeOptions options = fit_options(2);
+  options.communicator = &comm;
+  const std::vector<double> reduced = parameters(optimize(local, estimator, options).model);
+  options.sharded_mstep = true;
+  const std::vector<double> sharded = parameters(optimize(local, estimator, options).model);
+  ASSERT_EQ(sharded.size(), reduced.size());
+  EXPECT_EQ(std::memcmp(sharded.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
+
+  const AnyEstimator any(estimator);
+  ASSERT_TRUE(has_sharded_mstep(any));
+  const auto any_model = optimize(AnyBatch(local), any, options).model;
+  const std::vector<double> erased = parameters(*any_model.get_if<ResponsibilityAttention>());
+  EXPECT_EQ(std::memcmp(erased.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
+}
+
+TEST(DistributedFitTest, ShardedMStepNeedsAFamilyThatHasOne) {
+  const MpiCommunicator comm;
+  ChainedAttentionParams p;
+  p.key_tables = {Matrix::Zero(4, 4)};
+  p.emission = Matrix::Constant(4, 4, 0.25);
+  const auto full = ChainedAttention(p).sampler(3, 1).sample(20);
+  OptimizeOptions options = fit_options(1);
+  options.communicator = &comm;
+  options.sharded_mstep = true;
+  EXPECT_FALSE(has_sharded_mstep(ChainedAttentionEstimator(1, 4, 4)));
+  try {
+    static_cast<void>(optimize(full, ChainedAttentionEstimator(1, 4, 4), options));
+    ADD_FAILURE() << "rank " << comm.rank() << " fitted without a sharded M-step";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("no sharded M-step"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DistributedFitTest, ChainedAttentionEqualsSingleProcess) {

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+// The sharded M-step's collectives (inference/sharded_mstep.hpp).
+#include "attnmix/inference/sharded_mstep.hpp"
+
+#include <algorithm>
+#include <span>
+
+namespace attnmix {
+
+SymbolShard symbol_shard(const Communicator& comm, Index symbols) {
+  SymbolShard shard{even_blocks(symbols, comm.size())};
+  for (int q = 0; q < comm.rank(); ++q) shard.begin += shard.blocks[static_cast<size_t>(q)];
+  shard.end = shard.begin + shard.blocks[static_cast<size_t>(comm.rank())];
+  return shard;
+}
+
+void sum_owned_statistics(FlatStats& stats, const Communicator& comm, const StatsSplit& split) {
+  const std::span<double> flat = stats.flat();
+  Index whole_begin = 0;  // the start of the entries in no run, not yet summed
+  const auto sum_whole_up_to = [&](Index end) {
+    if (end > whole_begin)
+      comm.sum(flat.subspan(static_cast<size_t>(whole_begin), static_cast<size_t>(end - whole_begin)));
+  };
+  for (const StatsSplit::Run& run : split.runs) {
+    sum_whole_up_to(run.offset);
+    Index size = 0;
+    for (int64_t b : run.blocks) size += b;
+    comm.sum_own_block(flat.subspan(static_cast<size_t>(run.offset), static_cast<size_t>(size)), run.blocks);
+    whole_begin = run.offset + size;
+  }
+  sum_whole_up_to(stats.flat_size());
+}
+
+void gather_rows(double* table, Index width, const SymbolShard& shard, const Communicator& comm) {
+  const StatsSplit::Run rows = symbol_run(0, shard, [width](Index s) { return s * width; });
+  Index size = 0;
+  for (int64_t b : rows.blocks) size += b;
+  comm.gather_blocks({table, static_cast<size_t>(size)}, rows.blocks);
+}
+
+}  // namespace attnmix
