@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <span>
 
+#include "attnmix/stats/log_math.hpp"
+
 namespace attnmix {
 
 SymbolShard symbol_shard(const Communicator& comm, Index symbols) {
@@ -31,8 +33,17 @@ void sum_owned_statistics(FlatStats& stats, const Communicator& comm, const Stat
   sum_whole_up_to(stats.flat_size());
 }
 
+double run_total(const FlatStats& stats, const StatsSplit::Run& run, const Communicator& comm) {
+  Index first = run.offset;
+  for (int q = 0; q < comm.rank(); ++q) first += run.blocks[static_cast<size_t>(q)];
+  const auto own = static_cast<size_t>(run.blocks[static_cast<size_t>(comm.rank())]);
+  double total = accurate_sum(stats.flat().subspan(static_cast<size_t>(first), own));
+  comm.sum({&total, 1});
+  return total;
+}
+
 void gather_rows(double* table, Index width, const SymbolShard& shard, const Communicator& comm) {
-  const StatsSplit::Run rows = symbol_run(0, shard, [width](Index s) { return s * width; });
+  const StatsSplit::Run rows = table_run(0, width, shard);
   Index size = 0;
   for (int64_t b : rows.blocks) size += b;
   comm.gather_blocks({table, static_cast<size_t>(size)}, rows.blocks);

@@ -31,6 +31,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
+#include "attnmix/inference/sharded_mstep.hpp"
 
 namespace attnmix {
 
@@ -169,6 +170,9 @@ class ChainedAttentionAccumulator : public FlatAccumulator<ChainedAttentionAccum
   /// Finite entries, counts ≥ 0, Σ key_mass[ℓ] = n for every hop, Σ emission_count = n.
   /// @throws ValueError when a check fails.
   void validate(std::string_view where) const;
+  /// validate() on a rank of a sharded M-step (ResponsibilityAttentionAccumulator::validate_owned): split's entries
+  /// of this rank checked, the mass laws with the emission total (split's last run) summed over ranks. Collective.
+  void validate_owned(std::string_view where, const StatsSplit& split, const Communicator& comm) const;
   /// seq_initialize: γ_ℓ ~ Dirichlet(1_N) for every hop and row (hop-major), then
   /// ξ_ℓ ~ Dirichlet(1_{N²}) for ℓ = 0..L−2, accumulated with weights w; n += Σ w; ll untouched.
   void initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng);
@@ -314,8 +318,17 @@ class ChainedAttentionEstimator {
   /// The M-step of the class comment: the next model from acc, with these options' σ² and name.
   /// @throws ValueError on invalid statistics, or when nobs differs from n.
   [[nodiscard]] ChainedAttention estimate(std::optional<double> nobs, const ChainedAttentionAccumulator& acc) const;
+  /// The sharded M-step of a distributed fit (inference/sharded_mstep.hpp; as responsibility attention's): each rank
+  /// sums and estimates its symbols' rows of every hop's key table and of the emission, which are then gathered.
+  /// Returns, bit for bit, what estimate(nullopt, Σ acc) returns; acc is left partly summed. Collective.
+  [[nodiscard]] ChainedAttention estimate_sharded(ChainedAttentionAccumulator& acc, const Communicator& comm) const;
 
  private:
+  void check_layout(const ChainedAttentionAccumulator& acc) const;
+  /// The M-step from summed statistics: rows [shard.begin, shard.end) estimated here, the rest gathered from the
+  /// other ranks of comm; without comm, shard covers every symbol.
+  [[nodiscard]] ChainedAttention estimate_symbols(const ChainedAttentionAccumulator& acc, const SymbolShard& shard,
+                                                  const Communicator* comm) const;
   int64_t L_, S_, T_;
   ChainedAttentionEstimatorOptions options_;
 };

@@ -212,10 +212,9 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
   /// Finite entries, counts ≥ 0, Σ key_mass = Σ emission_count = M. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
   /// validate() on a rank of a sharded M-step (inference/sharded_mstep.hpp), whose statistics are summed in this
-  /// rank's entries of split (symbols [first_symbol, end_symbol)): those entries checked here (every rank failing if
-  /// one does), the mass laws with the emission total summed over ranks. Collective.
-  void validate_owned(std::string_view where, const StatsSplit& split, Index first_symbol, Index end_symbol,
-                      const Communicator& comm) const;
+  /// rank's entries of split (its last run: emission_count's): those entries checked here (every rank failing if one
+  /// does), the mass laws with the emission total summed over ranks. Collective.
+  void validate_owned(std::string_view where, const StatsSplit& split, const Communicator& comm) const;
   /// seq_initialize: r_n ~ Dirichlet(1_N) from rng for every row (in row order), times w_n, accumulated.
   void initialize(const ResponsibilityAttentionBatch& batch, std::span<const double> w, Rng& rng);
   /// What rank r of a distributed fit runs (inference/optimize.hpp): the draws of initialize() over

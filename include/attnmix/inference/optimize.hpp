@@ -68,8 +68,8 @@ struct OptimizeOptions {
   const Communicator* communicator = nullptr;
   /// A distributed fit's M-step split over the ranks (sharded_mstep.hpp): each rank sums and estimates only its
   /// symbols' rows, then gathers the others'. The model has the same bits either way. Only for estimators with an
-  /// estimate_sharded() (responsibility attention, dense or sparse; has_sharded_mstep()); no effect on a single
-  /// process.
+  /// estimate_sharded() (responsibility attention, dense or sparse, and chained attention; has_sharded_mstep()); no
+  /// effect on a single process.
   bool sharded_mstep = false;
   /// Receives the report of every print_iter-th iteration and of the converged one, on the calling thread (on every
   /// rank of a distributed fit); empty: no reports.
@@ -259,7 +259,7 @@ class EmStepper {
         sharded_(comm && sharded) {
     if (sharded && !has_sharded_mstep(estimator))
       throw ValueError("optimize: sharded_mstep: this family has no sharded M-step (responsibility attention, dense "
-                       "or sparse, has one)");
+                       "or sparse, and chained attention have one)");
   }
 
   /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out (empty, or one

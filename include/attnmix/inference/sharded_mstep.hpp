@@ -29,6 +29,8 @@ struct SymbolShard {
 
 /// This rank's share of `symbols` symbols (no communication).
 [[nodiscard]] SymbolShard symbol_shard(const Communicator& comm, Index symbols);
+/// Every symbol on one process: the shard of the unsharded M-step.
+[[nodiscard]] inline SymbolShard all_symbols(Index symbols) { return {{symbols}, 0, symbols}; }
 
 /// The run of a table at flat offset whose symbol s holds entries [first(s), first(s + 1)), split by the symbols of
 /// shard: a dense symbols × width table has first(s) = s·width, a compressed sparse one its row starts.
@@ -43,10 +45,19 @@ template <class First>
   return run;
 }
 
+/// The run of a dense table of symbols × width entries at flat offset, split by the symbols of shard.
+[[nodiscard]] inline StatsSplit::Run table_run(Index offset, Index width, const SymbolShard& shard) {
+  return symbol_run(offset, shard, [width](Index s) { return s * width; });
+}
+
 /// stats ← its sum over the ranks of comm, in this rank's blocks only for the entries of split's runs, every other
 /// entry whole; the other ranks' blocks keep this rank's own statistics. split.rank must be comm.rank(). Collective.
 /// Cost: the bytes of one allreduce of stats, O(M/P) additions for the runs.
 void sum_owned_statistics(FlatStats& stats, const Communicator& comm, const StatsSplit& split);
+
+/// The sum of run's entries over the ranks: each rank adds its own block (accurate_sum), and the ranks' totals are
+/// summed in rank order. A mass-law total of statistics summed by sum_owned_statistics. Collective.
+[[nodiscard]] double run_total(const FlatStats& stats, const StatsSplit::Run& run, const Communicator& comm);
 
 /// Every rank's rows of a table of shard's symbols × width doubles (row-major), in place: each rank has filled its
 /// own rows. Collective.

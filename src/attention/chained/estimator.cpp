@@ -47,6 +47,17 @@ void ChainedAttentionAccumulator::validate(std::string_view where) const {
   check_mass_law(where, "n", total, "sum(emission_count)", span_sum(field(2), S_ * T_));
 }
 
+void ChainedAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
+                                                 const Communicator& comm) const {
+  detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
+  const double emitted = run_total(*this, split.runs.back(), comm);  // emission_count's run
+  const double total = n();  // n and key_mass are summed whole: every rank agrees
+  for (Index hop = 0; hop < L_; ++hop)
+    check_mass_law(where, "n", total, "sum(key_mass[" + std::to_string(hop) + "])",
+                   span_sum(field(1) + hop * S_, S_));
+  check_mass_law(where, "n", total, "sum(emission_count)", emitted);
+}
+
 ChainedAttentionEncoder ChainedAttentionAccumulator::encoder() const { return {S_, T_}; }
 
 ChainedAttentionEstimator::ChainedAttentionEstimator(int64_t n_hops, int64_t n_symbols, int64_t n_targets,
@@ -66,24 +77,52 @@ ChainedAttentionAccumulator ChainedAttentionEstimator::make_accumulator() const 
 
 ChainedAttentionEncoder ChainedAttentionEstimator::encoder() const { return {S_, T_}; }
 
-ChainedAttention ChainedAttentionEstimator::estimate(std::optional<double> nobs,
-                                                     const ChainedAttentionAccumulator& acc) const {
+void ChainedAttentionEstimator::check_layout(const ChainedAttentionAccumulator& acc) const {
   if (acc.n_hops() != L_ || acc.n_symbols() != S_ || acc.n_targets() != T_)
     throw ValueError(std::string(kWhere) + ": statistics must have the layout [" +
                      make_accumulator().layout().describe() + "] (got [" + acc.layout().describe() + "])");
+}
+
+ChainedAttention ChainedAttentionEstimator::estimate(std::optional<double> nobs,
+                                                     const ChainedAttentionAccumulator& acc) const {
+  check_layout(acc);
   acc.validate(kWhere);
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "n", acc.n());
+  return estimate_symbols(acc, all_symbols(S_), nullptr);
+}
 
+ChainedAttention ChainedAttentionEstimator::estimate_sharded(ChainedAttentionAccumulator& acc,
+                                                             const Communicator& comm) const {
+  check_layout(acc);
+  const SymbolShard shard = symbol_shard(comm, S_);
+  StatsSplit split{{}, comm.rank()};
+  const std::vector<FieldSpec>& fields = acc.layout().fields();
+  for (Index hop = 0; hop < L_; ++hop)
+    split.runs.push_back(table_run(fields[0].offset + hop * S_ * S_, S_, shard));  // key_num[hop]
+  split.runs.push_back(table_run(fields[2].offset, T_, shard));                     // emission_count
+  sum_owned_statistics(acc, comm, split);
+  acc.validate_owned(kWhere, split, comm);
+  return estimate_symbols(acc, shard, &comm);
+}
+
+ChainedAttention ChainedAttentionEstimator::estimate_symbols(const ChainedAttentionAccumulator& acc,
+                                                             const SymbolShard& shard,
+                                                             const Communicator* comm) const {
   ChainedAttentionParams p;
   p.name = options_.name;
   p.sigma2 = options_.sigma2;
   const ConstMatrixMap key_mass = acc.key_mass();
   for (Index hop = 0; hop < L_; ++hop) {
-    Matrix K = acc.key_num(hop);
-    for (Index s = 0; s < S_; ++s) K.row(s) /= std::max(key_mass(hop, s), kKeyMassFloor);
+    const ConstMatrixMap key_num = acc.key_num(hop);
+    Matrix K(S_, S_);
+    for (Index s = shard.begin; s < shard.end; ++s)
+      K.row(s) = key_num.row(s) / std::max(key_mass(hop, s), kKeyMassFloor);
+    if (comm) gather_rows(K.data(), S_, shard, *comm);
     p.key_tables.push_back(std::move(K));
   }
-  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);
+  p.emission.resize(S_, T_);
+  smoothed_row_normalise_rows(acc.emission_count(), options_.emission_smoothing, shard.begin, shard.end, p.emission);
+  if (comm) gather_rows(p.emission.data(), T_, shard, *comm);
   return ChainedAttention(std::move(p));
 }
 

@@ -50,11 +50,9 @@ void ResponsibilityAttentionAccumulator::validate(std::string_view where) const 
 }
 
 void ResponsibilityAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
-                                                        Index first_symbol, Index end_symbol,
                                                         const Communicator& comm) const {
   detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
-  double emitted = span_sum(field(2) + first_symbol * T_, (end_symbol - first_symbol) * T_);
-  comm.sum({&emitted, 1});
+  const double emitted = run_total(*this, split.runs.back(), comm);  // emission_count's run
   const double mass = total_mass();  // position_count and key_mass are summed whole: every rank agrees
   check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", span_sum(field(1), S_));
   check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
@@ -138,19 +136,18 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate(
   check_layout(acc);
   acc.validate(kWhere);
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "sum(position_count)", acc.total_mass());
-  return estimate_symbols(acc, SymbolShard{{S_}, 0, S_}, nullptr);
+  return estimate_symbols(acc, all_symbols(S_), nullptr);
 }
 
 ResponsibilityAttention ResponsibilityAttentionEstimator::estimate_sharded(ResponsibilityAttentionAccumulator& acc,
                                                                            const Communicator& comm) const {
   check_layout(acc);
   const SymbolShard shard = symbol_shard(comm, S_);
-  const auto rows = [&](size_t f, Index width) {
-    return symbol_run(acc.layout().fields()[f].offset, shard, [width](Index s) { return s * width; });
-  };
-  const StatsSplit split{{rows(0, D_), rows(2, T_)}, comm.rank()};  // key_sum, emission_count
+  const std::vector<FieldSpec>& fields = acc.layout().fields();
+  const StatsSplit split{{table_run(fields[0].offset, D_, shard), table_run(fields[2].offset, T_, shard)},
+                         comm.rank()};  // key_sum, emission_count
   sum_owned_statistics(acc, comm, split);
-  acc.validate_owned(kWhere, split, shard.begin, shard.end, comm);
+  acc.validate_owned(kWhere, split, comm);
   return estimate_symbols(acc, shard, &comm);
 }
 

@@ -66,12 +66,7 @@ void SparseResponsibilityAttentionAccumulator::validate(std::string_view where) 
 void SparseResponsibilityAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
                                                               const Communicator& comm) const {
   detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
-  const StatsSplit::Run& cells = split.runs.back();  // emission_count's
-  Index first = cells.offset;
-  for (int q = 0; q < split.rank; ++q) first += cells.blocks[static_cast<size_t>(q)];
-  double emitted = accurate_sum(flat().subspan(static_cast<size_t>(first),
-                                               static_cast<size_t>(cells.blocks[static_cast<size_t>(split.rank)])));
-  comm.sum({&emitted, 1});
+  const double emitted = run_total(*this, split.runs.back(), comm);  // emission_count's run
   const double mass = total_mass();  // position_count and key_mass are summed whole: every rank agrees
   check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", accurate_sum(key_mass()));
   check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
@@ -164,7 +159,7 @@ SparseResponsibilityAttention SparseResponsibilityAttentionEstimator::estimate(
   check_patterns(acc);
   acc.validate(kWhere);
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "sum(position_count)", acc.total_mass());
-  return estimate_symbols(acc, SymbolShard{{n_symbols()}, 0, n_symbols()}, nullptr);
+  return estimate_symbols(acc, all_symbols(n_symbols()), nullptr);
 }
 
 namespace {

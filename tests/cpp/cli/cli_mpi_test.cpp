@@ -222,9 +222,9 @@ TEST_F(CliMpiTest, ResponsibilityFitEqualsSingleProcess) {
   EXPECT_TRUE(contains(read_text(dir_ / "dist3.json"), "responsibility_attention"));
 }
 
-/// --sharded-mstep writes the model file of the allreduce path byte for byte (2 and 3 ranks, σ² estimated; dense
-/// and sparse tables, the sparse symbols' pairs split unevenly), says so in the summary, and is refused with a usage
-/// error for a family without a sharded M-step.
+/// --sharded-mstep writes the model file of the allreduce path byte for byte (2 and 3 ranks; responsibility attention
+/// with σ² estimated, dense and sparse tables, the sparse symbols' pairs split unevenly; chained attention's per-hop
+/// key tables), says so in the summary, and is refused with a usage error for a family without a sharded M-step.
 TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
   sample_rows("train.jsonl", 300, 1);
   Rng rng(4);
@@ -238,10 +238,13 @@ TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
           << '\n';
     }
   }
-  for (const std::string fit : {"fit --data train.jsonl"s, "fit --family ra-sparse --data words.jsonl"s}) {
+  write_transitive("chain.jsonl", 240, 3);
+  for (const std::string fit : {"fit --data train.jsonl --estimate-sigma2"s,
+                                "fit --family ra-sparse --data words.jsonl --estimate-sigma2"s,
+                                "fit --family ca --data chain.jsonl"s}) {
     for (int ranks : {2, 3}) {
       SCOPED_TRACE(fit + ", " + std::to_string(ranks) + " ranks");
-      const std::string options = " --max-its 4 --delta none --seed 5 --estimate-sigma2 --threads 2";
+      const std::string options = " --max-its 4 --delta none --seed 5 --threads 2";
       RunResult r = mpirun(ranks, fit + options + " --out reduced.json");
       ASSERT_EQ(r.code, 0) << r.err;
       EXPECT_FALSE(contains(r.out, "M-step          sharded")) << r.out;
@@ -251,11 +254,11 @@ TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
       EXPECT_EQ(read_text(dir_ / "reduced.json"), read_text(dir_ / "sharded.json"));
     }
   }
-  const RunResult chained = mpirun(2, "fit --family chained --data '" + data("ca_small.jsonl") +
-                                          "' --max-its 1 --sharded-mstep --out c.json", true);
-  EXPECT_EQ(chained.code, 1) << chained.out << chained.err;  // a usage error
-  EXPECT_TRUE(contains(chained.out + chained.err, "--sharded-mstep: ")) << chained.out << chained.err;
-  EXPECT_FALSE(std::filesystem::exists(dir_ / "c.json"));
+  const RunResult vea = mpirun(2, "fit --family vea --data '" + data("vea_small.jsonl") +
+                                      "' --max-its 1 --sharded-mstep --out v.json", true);
+  EXPECT_EQ(vea.code, 1) << vea.out << vea.err;  // a usage error
+  EXPECT_TRUE(contains(vea.err, "--sharded-mstep: ")) << vea.out << vea.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "v.json"));
 }
 
 /// A distributed fit stopped after 3 iterations with --checkpoint (written once, by rank 0) and resumed on 2 ranks

@@ -225,18 +225,45 @@ TEST(DistributedFitTest, ShardedMStepEqualsAllreduceBitForBit) {
   EXPECT_EQ(std::memcmp(erased.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
 }
 
+/// Chained attention's sharded M-step (per-hop key tables split by rows) has the bits of the allreduce path.
+TEST(DistributedFitTest, ChainedShardedMStepEqualsAllreduceBitForBit) {
+  const MpiCommunicator comm;
+  Rng rng(8);
+  ChainedAttentionParams p;
+  const Index S = 7;
+  for (int hop = 0; hop < 2; ++hop) {
+    Matrix K(S, S);
+    for (Index k = 0; k < K.size(); ++k) K.data()[k] = rng.normal();
+    p.key_tables.push_back(K);
+  }
+  p.emission = Matrix::Constant(S, S, 1.0 / S);
+  const auto full = ChainedAttention(p).sampler(6, 5).sample(kRows);
+  const auto [begin, end] = shard_of(comm.rank(), comm.size(), full.n_rows());
+  const auto local = full.slice(begin, end - begin);
+  OptimizeOptions options = fit_options(2);
+  options.communicator = &comm;
+  const std::vector<double> reduced = parameters(optimize(local, ChainedAttentionEstimator(2, S, S), options).model);
+  options.sharded_mstep = true;
+  const std::vector<double> sharded = parameters(optimize(local, ChainedAttentionEstimator(2, S, S), options).model);
+  ASSERT_EQ(sharded.size(), reduced.size());
+  EXPECT_EQ(std::memcmp(sharded.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
+}
+
 TEST(DistributedFitTest, ShardedMStepNeedsAFamilyThatHasOne) {
   const MpiCommunicator comm;
-  ChainedAttentionParams p;
-  p.key_tables = {Matrix::Zero(4, 4)};
-  p.emission = Matrix::Constant(4, 4, 0.25);
-  const auto full = ChainedAttention(p).sampler(3, 1).sample(20);
+  VariationalEmbeddingAttentionParams p;
+  p.mean = Matrix::Zero(kS, kD);
+  p.log_var = Matrix::Zero(kS, kD);
+  p.emission = Matrix::Constant(kS, kT, 1.0 / kT);
+  p.position_prior = Vector::Constant(kN, 1.0 / kN);
+  const auto full = VariationalEmbeddingAttention(p).sampler(3).sample(20);
+  const VariationalEmbeddingAttentionEstimator estimator(kS, kN, kD, kT);
   OptimizeOptions options = fit_options(1);
   options.communicator = &comm;
   options.sharded_mstep = true;
-  EXPECT_FALSE(has_sharded_mstep(ChainedAttentionEstimator(1, 4, 4)));
+  EXPECT_FALSE(has_sharded_mstep(estimator));
   try {
-    static_cast<void>(optimize(full, ChainedAttentionEstimator(1, 4, 4), options));
+    static_cast<void>(optimize(full, estimator, options));
     ADD_FAILURE() << "rank " << comm.rank() << " fitted without a sharded M-step";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("no sharded M-step"), std::string::npos) << e.what();
