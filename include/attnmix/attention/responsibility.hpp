@@ -327,6 +327,19 @@ class ResponsibilityAttention {
   [[nodiscard]] ResponsibilityAttentionSampler sampler(uint64_t seed) const;
 
  private:
+  friend class ResponsibilityAttentionEstimator;
+  /// The M-step's model: params as the estimator made them, with the tables derived from their rows, log B and
+  /// ‖K[s]‖², which a sharded M-step computes rank by rank. K and B are valid by construction and not checked again
+  /// (O(S·(D + T)) saved per iteration); π and σ² are.
+  ResponsibilityAttention(ResponsibilityAttentionParams params, Precision precision, Matrix log_emission,
+                          Vector key_sq_norm);
+  /// Rows [begin, end) of the per-symbol tables, log B and ‖K[s]‖², into log_emission [S, T] and key_sq_norm [S]: one
+  /// expression per row, so that every constructor and every rank of a sharded M-step gets the same bits.
+  static void derive_symbol_tables(const ResponsibilityAttentionParams& params, Index begin, Index end,
+                                   Matrix& log_emission, Vector& key_sq_norm);
+  /// The tables of the constructors that depend only on N, σ² and π: log π, 1/(2σ²), the gate constant, and the
+  /// float tables of mixed precision.
+  void derive_gate_tables();
   void check_batch(const ResponsibilityAttentionBatch& batch) const;
 
   ResponsibilityAttentionParams params_;

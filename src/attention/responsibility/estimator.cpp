@@ -163,9 +163,14 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate_symbols(
   p.emission.resize(S_, T_);
   smoothed_row_normalise_rows(acc.emission_count(), options_.emission_smoothing, shard.begin, shard.end,
                               p.emission);  // docs/porting.md
+  Matrix log_emission(S_, T_);
+  Vector key_sq_norm(S_);
+  ResponsibilityAttention::derive_symbol_tables(p, shard.begin, shard.end, log_emission, key_sq_norm);
   if (comm) {
     gather_rows(p.key_means.data(), D_, shard, *comm);
     gather_rows(p.emission.data(), T_, shard, *comm);
+    gather_rows(log_emission.data(), T_, shard, *comm);
+    gather_rows(key_sq_norm.data(), 1, shard, *comm);
   }
 
   const double mass = acc.total_mass();
@@ -189,7 +194,7 @@ ResponsibilityAttention ResponsibilityAttentionEstimator::estimate_symbols(
       p.sigma2 = std::max(scatter / (static_cast<double>(D_) * m_tot), options_.min_sigma2);
     }
   }
-  return ResponsibilityAttention(std::move(p), options_.precision);
+  return {std::move(p), options_.precision, std::move(log_emission), std::move(key_sq_norm)};
 }
 
 ResponsibilityAttentionSampler::ResponsibilityAttentionSampler(ResponsibilityAttention model, uint64_t seed)

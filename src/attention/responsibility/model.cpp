@@ -410,9 +410,34 @@ ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams p
                  {params_.position_prior.data(), static_cast<size_t>(params_.position_prior.size())});
   check::variance(kWhere, "sigma2", params_.sigma2);
 
+  log_emission_.resize(K.rows(), params_.emission.cols());
+  key_sq_norm_.resize(K.rows());
+  derive_symbol_tables(params_, 0, K.rows(), log_emission_, key_sq_norm_);
+  derive_gate_tables();
+}
+
+void ResponsibilityAttention::derive_symbol_tables(const ResponsibilityAttentionParams& params, Index begin,
+                                                   Index end, Matrix& log_emission, Vector& key_sq_norm) {
+  for (Index s = begin; s < end; ++s) {
+    log_emission.row(s) = params.emission.row(s).array().log();
+    key_sq_norm[s] = params.key_means.row(s).squaredNorm();
+  }
+}
+
+ResponsibilityAttention::ResponsibilityAttention(ResponsibilityAttentionParams params, Precision precision,
+                                                 Matrix log_emission, Vector key_sq_norm)
+    : params_(std::move(params)),
+      log_emission_(std::move(log_emission)),
+      key_sq_norm_(std::move(key_sq_norm)),
+      precision_(precision) {
+  check::simplex(kWhere, "position_prior",
+                 {params_.position_prior.data(), static_cast<size_t>(params_.position_prior.size())});
+  check::variance(kWhere, "sigma2", params_.sigma2);  // the O(1) and O(N) checks; K and B are valid by construction
+  derive_gate_tables();
+}
+
+void ResponsibilityAttention::derive_gate_tables() {
   log_prior_ = params_.position_prior.array().log();
-  log_emission_ = params_.emission.array().log();
-  key_sq_norm_ = K.rowwise().squaredNorm();
   inv_two_sigma2_ = 1.0 / (2.0 * params_.sigma2);
   gate_const_ = -0.5 * static_cast<double>(query_dim()) * std::log(2.0 * std::numbers::pi * params_.sigma2);
   if (precision_ == Precision::kMixed)
