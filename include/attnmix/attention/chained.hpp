@@ -185,6 +185,8 @@ class ChainedAttentionAccumulator : public FlatAccumulator<ChainedAttentionAccum
   [[nodiscard]] ChainedAttentionEncoder encoder() const;
 
  private:
+  /// The mass laws of validate(), given Σ emission_count.
+  void check_mass_laws(std::string_view where, double emitted) const;
   int64_t L_, S_, T_;
 };
 

@@ -226,6 +226,8 @@ class ResponsibilityAttentionAccumulator : public FlatAccumulator<Responsibility
   [[nodiscard]] ResponsibilityAttentionEncoder encoder() const;
 
  private:
+  /// The mass laws of validate(), given Σ emission_count.
+  void check_mass_laws(std::string_view where, double emitted) const;
   int64_t S_, N_, D_, T_;
 };
 
@@ -415,7 +417,7 @@ class ResponsibilityAttentionEstimator {
   /// key_sum and emission_count are summed over the ranks of comm in this rank's symbols only, the rest whole, each
   /// rank estimates its symbols' K and B rows and σ² terms, and the rows are gathered. Returns, bit for bit, what
   /// estimate(nullopt, Σ acc) returns; acc is left partly summed. Collective. Cost per rank: O(S·(D + T)/P)
-  /// estimation, the communication of one allreduce of the statistics and one allgather of K and B.
+  /// estimation, the communication of one allreduce of the statistics and allgathers of K, B and log B.
   [[nodiscard]] ResponsibilityAttention estimate_sharded(ResponsibilityAttentionAccumulator& acc,
                                                          const Communicator& comm) const;
 

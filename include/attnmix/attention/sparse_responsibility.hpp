@@ -171,6 +171,8 @@ class SparseResponsibilityAttentionAccumulator : public FlatAccumulator<SparseRe
   void merge_attachment(const SparseResponsibilityAttentionAccumulator& other, AttachmentMerge how) const;
 
  private:
+  /// The mass laws of validate(), given Σ emission_count.
+  void check_mass_laws(std::string_view where, double emitted) const;
   [[nodiscard]] std::span<double> span(int f);
   [[nodiscard]] std::span<const double> span(int f) const;
   SparsePatterns patterns_;

@@ -36,7 +36,7 @@ class Communicator {
   [[nodiscard]] virtual int size() const noexcept = 0;
   /// values ← the element-wise sum over ranks, in place, with the same bits on every rank. Collective.
   /// Implementations add in rank order, ((v₀ + v₁) + v₂) + …, so that sum() agrees bit for bit with
-  /// sum_own_block() followed by gather_blocks() (the sharded M-step, optimize.hpp).
+  /// sum_own_block() followed by gather_blocks() (the sharded M-step, sharded_mstep.hpp).
   virtual void sum(std::span<double> values) const = 0;
   /// The reduce half of sum(): values holds size() consecutive blocks in rank order, block q of blocks[q] entries
   /// (Σ blocks = values.size()). On return this rank's block holds the element-wise sum over ranks, with the bits

@@ -40,18 +40,17 @@ ChainedAttentionAccumulator::ChainedAttentionAccumulator(int64_t n_hops, int64_t
 
 void ChainedAttentionAccumulator::validate(std::string_view where) const {
   check_entries(where);
-  const double total = n();
-  for (Index hop = 0; hop < L_; ++hop)
-    check_mass_law(where, "n", total, "sum(key_mass[" + std::to_string(hop) + "])",
-                   span_sum(field(1) + hop * S_, S_));
-  check_mass_law(where, "n", total, "sum(emission_count)", span_sum(field(2), S_ * T_));
+  check_mass_laws(where, span_sum(field(2), S_ * T_));
 }
 
 void ChainedAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
                                                  const Communicator& comm) const {
   detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
-  const double emitted = run_total(*this, split.runs.back(), comm);  // emission_count's run
-  const double total = n();  // n and key_mass are summed whole: every rank agrees
+  check_mass_laws(where, run_total(*this, split.runs.back(), comm));  // emission_count's run
+}
+
+void ChainedAttentionAccumulator::check_mass_laws(std::string_view where, double emitted) const {
+  const double total = n();  // n and key_mass are summed whole on a sharded M-step's ranks: every rank agrees
   for (Index hop = 0; hop < L_; ++hop)
     check_mass_law(where, "n", total, "sum(key_mass[" + std::to_string(hop) + "])",
                    span_sum(field(1) + hop * S_, S_));

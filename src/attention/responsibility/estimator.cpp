@@ -44,16 +44,17 @@ double ResponsibilityAttentionAccumulator::total_mass() const { return span_sum(
 
 void ResponsibilityAttentionAccumulator::validate(std::string_view where) const {
   check_entries(where);
-  const double mass = total_mass();
-  check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", span_sum(field(1), S_));
-  check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", span_sum(field(2), S_ * T_));
+  check_mass_laws(where, span_sum(field(2), S_ * T_));
 }
 
 void ResponsibilityAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
                                                         const Communicator& comm) const {
   detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
-  const double emitted = run_total(*this, split.runs.back(), comm);  // emission_count's run
-  const double mass = total_mass();  // position_count and key_mass are summed whole: every rank agrees
+  check_mass_laws(where, run_total(*this, split.runs.back(), comm));  // emission_count's run
+}
+
+void ResponsibilityAttentionAccumulator::check_mass_laws(std::string_view where, double emitted) const {
+  const double mass = total_mass();  // position_count and key_mass are summed whole on a sharded M-step's ranks
   check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", span_sum(field(1), S_));
   check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
 }

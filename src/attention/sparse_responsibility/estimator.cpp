@@ -58,18 +58,19 @@ ResponsibilityAttentionEncoder SparseResponsibilityAttentionAccumulator::encoder
 
 void SparseResponsibilityAttentionAccumulator::validate(std::string_view where) const {
   check_entries(where);
-  const double mass = total_mass();
+  check_mass_laws(where, accurate_sum(emission_count()));
+}
+
+void SparseResponsibilityAttentionAccumulator::check_mass_laws(std::string_view where, double emitted) const {
+  const double mass = total_mass();  // position_count and key_mass are summed whole on a sharded M-step's ranks
   check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", accurate_sum(key_mass()));
-  check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", accurate_sum(emission_count()));
+  check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
 }
 
 void SparseResponsibilityAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
                                                               const Communicator& comm) const {
   detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
-  const double emitted = run_total(*this, split.runs.back(), comm);  // emission_count's run
-  const double mass = total_mass();  // position_count and key_mass are summed whole: every rank agrees
-  check_mass_law(where, "sum(position_count)", mass, "sum(key_mass)", accurate_sum(key_mass()));
-  check_mass_law(where, "sum(position_count)", mass, "sum(emission_count)", emitted);
+  check_mass_laws(where, run_total(*this, split.runs.back(), comm));  // emission_count's run
 }
 
 void SparseResponsibilityAttentionAccumulator::merge_attachment(const SparseResponsibilityAttentionAccumulator& other,

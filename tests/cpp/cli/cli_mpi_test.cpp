@@ -239,7 +239,7 @@ TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
     }
   }
   write_transitive("chain.jsonl", 240, 3);
-  for (const std::string fit : {"fit --data train.jsonl --estimate-sigma2"s,
+  for (const std::string& fit : {"fit --data train.jsonl --estimate-sigma2"s,
                                 "fit --family ra-sparse --data words.jsonl --estimate-sigma2"s,
                                 "fit --family ca --data chain.jsonl"s}) {
     for (int ranks : {2, 3}) {
