@@ -229,8 +229,8 @@ int run_fit(const FitArgs& args) {
   const FitProblem& input = *prepared;
   if (options.sharded_mstep && !input.estimator.has_sharded_mstep())
     throw UsageError("--sharded-mstep: " + input.mechanism +
-                     " has no sharded M-step (responsibility attention, dense or sparse, and chained "
-                     "attention have one)");
+                     " has no sharded M-step (the attention families have one: responsibility, dense or sparse, "
+                     "chained, variational and variational multi-hop)");
   const nlohmann::ordered_json settings = fit_settings(args, options, *family, input);
   std::optional<FitCheckpoint> resumed;
   if (!args.resume.empty())
@@ -457,8 +457,7 @@ void add_fit_command(CLI::App& app, int& exit_code, const Communicator* comm) {
       ->capture_default_str();
   cmd->add_flag("--sharded-mstep", args->optimize.sharded_mstep,
                 "Under mpirun: split the M-step over the processes, each estimating its share of the "
-                "symbols (the same model, bit for bit; responsibility attention, dense or sparse, and "
-                "chained attention)");
+                "symbols (the same model, bit for bit; the attention families)");
   cmd->add_flag("--classic", args->classic,
                 "Use the classic loop (score each new model separately)");
   cmd->add_flag("--strict", args->strict,

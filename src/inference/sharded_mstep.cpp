@@ -6,6 +6,7 @@
 #include <span>
 
 #include "attnmix/stats/log_math.hpp"
+#include "attnmix/stats/simplex.hpp"
 
 namespace attnmix {
 
@@ -47,6 +48,13 @@ void gather_rows(double* table, Index width, const SymbolShard& shard, const Com
   Index size = 0;
   for (int64_t b : rows.blocks) size += b;
   comm.gather_blocks({table, static_cast<size_t>(size)}, rows.blocks);
+}
+
+Matrix smoothed_emission(const ConstMatrixMap& counts, double eps, const SymbolShard& shard, const Communicator* comm) {
+  Matrix emission(counts.rows(), counts.cols());
+  smoothed_row_normalise_rows(counts, eps, shard.begin, shard.end, emission);
+  if (comm) gather_rows(emission.data(), emission.cols(), shard, *comm);
+  return emission;
 }
 
 }  // namespace attnmix

@@ -35,6 +35,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/core/shared_rows.hpp"
 #include "attnmix/core/types.hpp"
+#include "attnmix/inference/sharded_mstep.hpp"
 
 namespace attnmix {
 
@@ -194,6 +195,9 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
 
   /// Finite entries, counts ≥ 0, Σ position_count = n, Σ emission_count = n. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
+  /// validate() on a rank of a sharded M-step (ResponsibilityAttentionAccumulator::validate_owned): split's entries
+  /// of this rank checked, the mass laws with the emission total (split's run) summed over ranks. Collective.
+  void validate_owned(std::string_view where, const StatsSplit& split, const Communicator& comm) const;
   /// seq_initialize: a_n ~ Dirichlet(1_N) per row in row order, scaled by w_n, added to
   /// emission_count[c_ni, t_n] and position_count[i]; n += Σ w; gradients, ll and the state untouched.
   void initialize(const VariationalEmbeddingAttentionBatch& batch, std::span<const double> w, Rng& rng);
@@ -212,6 +216,8 @@ class VariationalEmbeddingAttentionAccumulator : public FlatAccumulator<Variatio
   }
 
  private:
+  /// The mass laws of validate(), given Σ emission_count.
+  void check_mass_laws(std::string_view where, double emitted) const;
   int64_t S_, N_, D_, T_, mc_;
   AttachedOptimizerState state_;
 };
@@ -367,8 +373,19 @@ class VariationalEmbeddingAttentionEstimator {
   /// @throws ValueError on invalid statistics, a state of another family or geometry, or nobs ≠ n.
   [[nodiscard]] VariationalEmbeddingAttention estimate(std::optional<double> nobs,
                                                        const VariationalEmbeddingAttentionAccumulator& acc) const;
+  /// The sharded M-step of a distributed fit (inference/sharded_mstep.hpp): each rank sums and estimates its symbols'
+  /// rows of the emission, which are then gathered; the embeddings' Adam step (O(S·D)) runs whole on every rank.
+  /// Returns, bit for bit, what estimate(nullopt, Σ acc) returns; acc is left partly summed. Collective.
+  [[nodiscard]] VariationalEmbeddingAttention estimate_sharded(VariationalEmbeddingAttentionAccumulator& acc,
+                                                               const Communicator& comm) const;
 
  private:
+  void check_layout(const VariationalEmbeddingAttentionAccumulator& acc) const;
+  /// The M-step from summed statistics: emission rows [shard.begin, shard.end) estimated here, the rest gathered
+  /// from the other ranks of comm; without comm, shard covers every symbol.
+  [[nodiscard]] VariationalEmbeddingAttention estimate_symbols(const VariationalEmbeddingAttentionAccumulator& acc,
+                                                               const SymbolShard& shard,
+                                                               const Communicator* comm) const;
   int64_t S_, N_, D_, T_;
   VariationalEmbeddingAttentionEstimatorOptions options_;
 };

@@ -114,6 +114,9 @@ class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<Variation
 
   /// Finite entries, counts ≥ 0, Σ emission_count = n. @throws ValueError when a check fails.
   void validate(std::string_view where) const;
+  /// validate() on a rank of a sharded M-step (ResponsibilityAttentionAccumulator::validate_owned): split's entries
+  /// of this rank checked, the mass law with the emission total (split's run) summed over ranks. Collective.
+  void validate_owned(std::string_view where, const StatsSplit& split, const Communicator& comm) const;
   /// seq_initialize: r ~ Dirichlet(1_N) per row in row order over the final-hop positions, scaled by w_n and added to
   /// emission_count[v_nj, t_n]; n += Σ w; gradients, ll and the state untouched.
   void initialize(const ChainedAttentionBatch& batch, std::span<const double> w, Rng& rng);
@@ -133,6 +136,8 @@ class VariationalMultiHopAttentionAccumulator : public FlatAccumulator<Variation
   }
 
  private:
+  /// The mass law of validate(), given Σ emission_count.
+  void check_mass_laws(std::string_view where, double emitted) const;
   int64_t S_, D_, T_, mc_;
   AttachedOptimizerState state_;
 };
@@ -288,8 +293,19 @@ class VariationalMultiHopAttentionEstimator {
   /// @throws ValueError on invalid statistics, a state of another family or geometry, or nobs ≠ n.
   [[nodiscard]] VariationalMultiHopAttention estimate(std::optional<double> nobs,
                                                       const VariationalMultiHopAttentionAccumulator& acc) const;
+  /// The sharded M-step of a distributed fit (inference/sharded_mstep.hpp): each rank sums and estimates its symbols'
+  /// rows of the emission, which are then gathered; the embeddings' Adam step (O(S·D)) runs whole on every rank.
+  /// Returns, bit for bit, what estimate(nullopt, Σ acc) returns; acc is left partly summed. Collective.
+  [[nodiscard]] VariationalMultiHopAttention estimate_sharded(VariationalMultiHopAttentionAccumulator& acc,
+                                                              const Communicator& comm) const;
 
  private:
+  void check_layout(const VariationalMultiHopAttentionAccumulator& acc) const;
+  /// The M-step from summed statistics: emission rows [shard.begin, shard.end) estimated here, the rest gathered
+  /// from the other ranks of comm; without comm, shard covers every symbol.
+  [[nodiscard]] VariationalMultiHopAttention estimate_symbols(const VariationalMultiHopAttentionAccumulator& acc,
+                                                              const SymbolShard& shard,
+                                                              const Communicator* comm) const;
   int64_t S_, D_, T_;
   VariationalMultiHopAttentionEstimatorOptions options_;
 };

@@ -258,8 +258,8 @@ class EmStepper {
         comm_(comm),
         sharded_(comm && sharded) {
     if (sharded && !has_sharded_mstep(estimator))
-      throw ValueError("optimize: sharded_mstep: this family has no sharded M-step (responsibility attention, dense "
-                       "or sparse, and chained attention have one)");
+      throw ValueError("optimize: sharded_mstep: this family has no sharded M-step (the attention families have one: "
+                       "responsibility, dense or sparse, chained, variational and variational multi-hop)");
   }
 
   /// One EM step of model: E-step over all rows with unit weights, key tying, M-step. log_p_out (empty, or one

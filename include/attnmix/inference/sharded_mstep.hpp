@@ -63,4 +63,10 @@ void sum_owned_statistics(FlatStats& stats, const Communicator& comm, const Stat
 /// own rows. Collective.
 void gather_rows(double* table, Index width, const SymbolShard& shard, const Communicator& comm);
 
+/// The emission B = (counts + ε) row-normalised (stats/simplex.hpp) from summed counts [S, T]: shard's rows
+/// estimated here, the others gathered from the ranks of comm; without comm, shard must cover every symbol.
+/// Collective with comm. Cost: O(T·(end − begin)) here, the bytes of B on the wire.
+[[nodiscard]] Matrix smoothed_emission(const ConstMatrixMap& counts, double eps, const SymbolShard& shard,
+                                       const Communicator* comm);
+
 }  // namespace attnmix

@@ -7,7 +7,6 @@
 #include "attnmix/core/check.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
-#include "attnmix/stats/simplex.hpp"
 
 namespace attnmix {
 
@@ -119,9 +118,7 @@ ChainedAttention ChainedAttentionEstimator::estimate_symbols(const ChainedAttent
     if (comm) gather_rows(K.data(), S_, shard, *comm);
     p.key_tables.push_back(std::move(K));
   }
-  p.emission.resize(S_, T_);
-  smoothed_row_normalise_rows(acc.emission_count(), options_.emission_smoothing, shard.begin, shard.end, p.emission);
-  if (comm) gather_rows(p.emission.data(), T_, shard, *comm);
+  p.emission = smoothed_emission(acc.emission_count(), options_.emission_smoothing, shard, comm);
   return ChainedAttention(std::move(p));
 }
 

@@ -10,7 +10,6 @@
 #include "attnmix/core/sizes.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
-#include "attnmix/stats/simplex.hpp"
 #include "../variational/common_impl.hpp"
 
 namespace attnmix {
@@ -77,8 +76,19 @@ VariationalEmbeddingAttentionAccumulator::VariationalEmbeddingAttentionAccumulat
 
 void VariationalEmbeddingAttentionAccumulator::validate(std::string_view where) const {
   check_entries(where);
+  check_mass_laws(where, variational::span_sum(field(2), S_ * T_));
+}
+
+void VariationalEmbeddingAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
+                                                              const Communicator& comm) const {
+  detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
+  check_mass_laws(where, run_total(*this, split.runs.back(), comm));  // emission_count's run
+}
+
+void VariationalEmbeddingAttentionAccumulator::check_mass_laws(std::string_view where, double emitted) const {
+  // n and position_count are summed whole on a sharded M-step's ranks: every rank agrees
   check_mass_law(where, "n", n(), "sum(position_count)", variational::span_sum(field(3), N_));
-  check_mass_law(where, "n", n(), "sum(emission_count)", variational::span_sum(field(2), S_ * T_));
+  check_mass_law(where, "n", n(), "sum(emission_count)", emitted);
 }
 
 void VariationalEmbeddingAttentionAccumulator::set_zero() {
@@ -149,14 +159,32 @@ VariationalEmbeddingAttentionAccumulator VariationalEmbeddingAttentionEstimator:
 
 VariationalEmbeddingAttentionEncoder VariationalEmbeddingAttentionEstimator::encoder() const { return {S_, N_, T_}; }
 
-VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate(
-    std::optional<double> nobs, const VariationalEmbeddingAttentionAccumulator& acc) const {
+void VariationalEmbeddingAttentionEstimator::check_layout(const VariationalEmbeddingAttentionAccumulator& acc) const {
   if (acc.n_symbols() != S_ || acc.context_length() != N_ || acc.embed_dim() != D_ || acc.n_targets() != T_)
     throw ValueError(std::string(kWhere) + ": statistics must have the layout [" +
                      make_accumulator().layout().describe() + "] (got [" + acc.layout().describe() + "])");
+}
+
+VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate(
+    std::optional<double> nobs, const VariationalEmbeddingAttentionAccumulator& acc) const {
+  check_layout(acc);
   acc.validate(kWhere);
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "n", acc.n());
+  return estimate_symbols(acc, all_symbols(S_), nullptr);
+}
 
+VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate_sharded(
+    VariationalEmbeddingAttentionAccumulator& acc, const Communicator& comm) const {
+  check_layout(acc);
+  const SymbolShard shard = symbol_shard(comm, S_);
+  const StatsSplit split{{table_run(acc.layout().fields()[2].offset, T_, shard)}, comm.rank()};  // emission_count
+  sum_owned_statistics(acc, comm, split);
+  acc.validate_owned(kWhere, split, comm);
+  return estimate_symbols(acc, shard, &comm);
+}
+
+VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate_symbols(
+    const VariationalEmbeddingAttentionAccumulator& acc, const SymbolShard& shard, const Communicator* comm) const {
   VariationalEmbeddingAttentionParams p;
   constexpr double kInitialScale = 0.1;  // docs/mechanisms.md#variational-embedding-attention: m = 0.1 · N(0, 1)
   const double lambda = options_.prior_strength;
@@ -166,7 +194,7 @@ VariationalEmbeddingAttention VariationalEmbeddingAttentionEstimator::estimate(
                               [lambda](int64_t /*tau*/) { return lambda; });
   p.mean = p.optimizer_state->mean;
   p.log_var = p.optimizer_state->log_var;
-  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);
+  p.emission = smoothed_emission(acc.emission_count(), options_.emission_smoothing, shard, comm);
   const ConstVectorMap counts = acc.position_count();
   const double total = variational::span_sum(counts.data(), N_);
   p.position_prior = total > 0.0 ? Vector(counts / total) : Vector::Constant(N_, 1.0 / static_cast<double>(N_));

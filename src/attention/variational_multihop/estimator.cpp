@@ -10,7 +10,6 @@
 #include "attnmix/core/sizes.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "attnmix/stats/mass_law.hpp"
-#include "attnmix/stats/simplex.hpp"
 #include "../variational/common_impl.hpp"
 
 namespace attnmix {
@@ -45,7 +44,17 @@ VariationalMultiHopAttentionAccumulator::VariationalMultiHopAttentionAccumulator
 
 void VariationalMultiHopAttentionAccumulator::validate(std::string_view where) const {
   check_entries(where);
-  check_mass_law(where, "n", n(), "sum(emission_count)", variational::span_sum(field(2), S_ * T_));
+  check_mass_laws(where, variational::span_sum(field(2), S_ * T_));
+}
+
+void VariationalMultiHopAttentionAccumulator::validate_owned(std::string_view where, const StatsSplit& split,
+                                                             const Communicator& comm) const {
+  detail::on_every_rank(&comm, [&] { check_entries(where, &split); });
+  check_mass_laws(where, run_total(*this, split.runs.back(), comm));  // emission_count's run
+}
+
+void VariationalMultiHopAttentionAccumulator::check_mass_laws(std::string_view where, double emitted) const {
+  check_mass_law(where, "n", n(), "sum(emission_count)", emitted);
 }
 
 void VariationalMultiHopAttentionAccumulator::set_zero() {
@@ -114,14 +123,32 @@ VariationalMultiHopAttentionAccumulator VariationalMultiHopAttentionEstimator::m
 
 ChainedAttentionEncoder VariationalMultiHopAttentionEstimator::encoder() const { return {S_, T_}; }
 
-VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate(
-    std::optional<double> nobs, const VariationalMultiHopAttentionAccumulator& acc) const {
+void VariationalMultiHopAttentionEstimator::check_layout(const VariationalMultiHopAttentionAccumulator& acc) const {
   if (acc.n_symbols() != S_ || acc.embed_dim() != D_ || acc.n_targets() != T_)
     throw ValueError(std::string(kWhere) + ": statistics must have the layout [" +
                      make_accumulator().layout().describe() + "] (got [" + acc.layout().describe() + "])");
+}
+
+VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate(
+    std::optional<double> nobs, const VariationalMultiHopAttentionAccumulator& acc) const {
+  check_layout(acc);
   acc.validate(kWhere);
   if (nobs) check_mass_law(kWhere, "nobs", *nobs, "n", acc.n());
+  return estimate_symbols(acc, all_symbols(S_), nullptr);
+}
 
+VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate_sharded(
+    VariationalMultiHopAttentionAccumulator& acc, const Communicator& comm) const {
+  check_layout(acc);
+  const SymbolShard shard = symbol_shard(comm, S_);
+  const StatsSplit split{{table_run(acc.layout().fields()[2].offset, T_, shard)}, comm.rank()};  // emission_count
+  sum_owned_statistics(acc, comm, split);
+  acc.validate_owned(kWhere, split, comm);
+  return estimate_symbols(acc, shard, &comm);
+}
+
+VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate_symbols(
+    const VariationalMultiHopAttentionAccumulator& acc, const SymbolShard& shard, const Communicator* comm) const {
   VariationalMultiHopAttentionParams p;
   constexpr double kInitialScale = 1.0;  // docs/mechanisms.md#variational-multi-hop-attention: m ~ N(0, 1)
   p.optimizer_state =
@@ -130,7 +157,7 @@ VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate(
                               [this](int64_t tau) { return kl_weight(tau); });
   p.mean = p.optimizer_state->mean;
   p.log_var = p.optimizer_state->log_var;
-  p.emission = smoothed_row_normalise(acc.emission_count(), options_.emission_smoothing);
+  p.emission = smoothed_emission(acc.emission_count(), options_.emission_smoothing, shard, comm);
   p.sigma2 = options_.sigma2;
   p.name = options_.name;
   return VariationalMultiHopAttention(std::move(p));

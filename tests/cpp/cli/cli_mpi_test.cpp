@@ -224,7 +224,8 @@ TEST_F(CliMpiTest, ResponsibilityFitEqualsSingleProcess) {
 
 /// --sharded-mstep writes the model file of the allreduce path byte for byte (2 and 3 ranks; responsibility attention
 /// with σ² estimated, dense and sparse tables, the sparse symbols' pairs split unevenly; chained attention's per-hop
-/// key tables), says so in the summary, and is refused with a usage error for a family without a sharded M-step.
+/// key tables; the variational families, their Adam state included), says so in the summary, and is refused with a
+/// usage error for a family without a sharded M-step.
 TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
   sample_rows("train.jsonl", 300, 1);
   Rng rng(4);
@@ -241,7 +242,9 @@ TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
   write_transitive("chain.jsonl", 240, 3);
   for (const std::string& fit : {"fit --data train.jsonl --estimate-sigma2"s,
                                 "fit --family ra-sparse --data words.jsonl --estimate-sigma2"s,
-                                "fit --family ca --data chain.jsonl"s}) {
+                                "fit --family ca --data chain.jsonl"s,
+                                "fit --family vea --data words.jsonl --mc 2"s,
+                                "fit --family vmha --data chain.jsonl --mc 2"s}) {
     for (int ranks : {2, 3}) {
       SCOPED_TRACE(fit + ", " + std::to_string(ranks) + " ranks");
       const std::string options = " --max-its 4 --delta none --seed 5 --threads 2";
@@ -254,11 +257,15 @@ TEST_F(CliMpiTest, ShardedMStepWritesTheSameModel) {
       EXPECT_EQ(read_text(dir_ / "reduced.json"), read_text(dir_ / "sharded.json"));
     }
   }
-  const RunResult vea = mpirun(2, "fit --family vea --data '" + data("vea_small.jsonl") +
-                                      "' --max-its 1 --sharded-mstep --out v.json", true);
-  EXPECT_EQ(vea.code, 1) << vea.out << vea.err;  // a usage error
-  EXPECT_TRUE(contains(vea.err, "--sharded-mstep: ")) << vea.out << vea.err;
-  EXPECT_FALSE(std::filesystem::exists(dir_ / "v.json"));
+  {
+    std::ofstream out(dir_ / "values.jsonl");
+    for (int r = 0; r < 20; ++r) out << nlohmann::json{{"value", r % 3}}.dump() << '\n';
+  }
+  const RunResult categorical =
+      mpirun(2, "fit --family categorical --data values.jsonl --max-its 1 --sharded-mstep --out c.json", true);
+  EXPECT_EQ(categorical.code, 1) << categorical.out << categorical.err;  // a usage error
+  EXPECT_TRUE(contains(categorical.err, "--sharded-mstep: ")) << categorical.out << categorical.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "c.json"));
 }
 
 /// A distributed fit stopped after 3 iterations with --checkpoint (written once, by rank 0) and resumed on 2 ranks

@@ -24,6 +24,7 @@
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/mpi/mpi.hpp"
+#include "attnmix/stats/categorical.hpp"
 #include "attnmix/stats/mixture.hpp"
 
 namespace attnmix {
@@ -192,6 +193,29 @@ TEST(CommunicatorTest, OwnBlockThenGatherIsTheSum) {
   EXPECT_EQ(wrong, 0u) << "gather_blocks, rank " << comm.rank();
 }
 
+/// The parameters of the responsibility-attention or variational-embedding model held.
+std::vector<double> parameters(const AnyDistribution& m) {
+  if (const auto* ra = m.get_if<ResponsibilityAttention>()) return parameters(*ra);
+  if (const auto* vea = m.get_if<VariationalEmbeddingAttention>()) return parameters(*vea);
+  throw std::logic_error("the test reads responsibility and variational embedding attention only");
+}
+
+/// optimize() of this rank's rows under comm, with and without options.sharded_mstep: the two models' parameters must
+/// be the same bits.
+template <class Batch, class Estimator>
+void expect_sharded_mstep_equals_allreduce(const Batch& local, const Estimator& estimator,
+                                           OptimizeOptions options, const Communicator& comm) {
+  options.communicator = &comm;
+  options.sharded_mstep = false;
+  const std::vector<double> reduced = parameters(optimize(local, estimator, options).model);
+  options.sharded_mstep = true;
+  const std::vector<double> sharded = parameters(optimize(local, estimator, options).model);
+  EXPECT_EQ(sharded.size(), reduced.size());
+  if (sharded.size() == reduced.size())
+    EXPECT_EQ(std::memcmp(sharded.data(), reduced.data(), reduced.size() * sizeof(double)), 0)
+        << "rank " << comm.rank();
+}
+
 /// The sharded M-step's model has the bits of the allreduce path's, through the concrete and the type-erased
 /// estimator, with σ² estimated (a sum over all symbols) and a symbol count that does not divide evenly.
 TEST(DistributedFitTest, ShardedMStepEqualsAllreduceBitForBit) {
@@ -210,19 +234,10 @@ TEST(DistributedFitTest, ShardedMStepEqualsAllreduceBitForBit) {
   estimator_options.estimate_sigma2 = true;
   estimator_options.emission_smoothing = 0.25;
   const ResponsibilityAttentionEstimator estimator(S, kN, kD, kT, estimator_options);
-  OptimizeOptions options = fit_options(2);
-  options.communicator = &comm;
-  const std::vector<double> reduced = parameters(optimize(local, estimator, options).model);
-  options.sharded_mstep = true;
-  const std::vector<double> sharded = parameters(optimize(local, estimator, options).model);
-  ASSERT_EQ(sharded.size(), reduced.size());
-  EXPECT_EQ(std::memcmp(sharded.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
-
-  const AnyEstimator any(estimator);
-  ASSERT_TRUE(has_sharded_mstep(any));
-  const auto any_model = optimize(AnyBatch(local), any, options).model;
-  const std::vector<double> erased = parameters(*any_model.get_if<ResponsibilityAttention>());
-  EXPECT_EQ(std::memcmp(erased.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
+  expect_sharded_mstep_equals_allreduce(local, estimator, fit_options(2), comm);
+  ASSERT_TRUE(has_sharded_mstep(AnyEstimator(estimator)));
+  SCOPED_TRACE("through AnyEstimator");
+  expect_sharded_mstep_equals_allreduce(AnyBatch(local), AnyEstimator(estimator), fit_options(2), comm);
 }
 
 /// Chained attention's sharded M-step (per-hop key tables split by rows) has the bits of the allreduce path.
@@ -240,24 +255,55 @@ TEST(DistributedFitTest, ChainedShardedMStepEqualsAllreduceBitForBit) {
   const auto full = ChainedAttention(p).sampler(6, 5).sample(kRows);
   const auto [begin, end] = shard_of(comm.rank(), comm.size(), full.n_rows());
   const auto local = full.slice(begin, end - begin);
-  OptimizeOptions options = fit_options(2);
-  options.communicator = &comm;
-  const std::vector<double> reduced = parameters(optimize(local, ChainedAttentionEstimator(2, S, S), options).model);
-  options.sharded_mstep = true;
-  const std::vector<double> sharded = parameters(optimize(local, ChainedAttentionEstimator(2, S, S), options).model);
-  ASSERT_EQ(sharded.size(), reduced.size());
-  EXPECT_EQ(std::memcmp(sharded.data(), reduced.data(), reduced.size() * sizeof(double)), 0) << "rank " << comm.rank();
+  expect_sharded_mstep_equals_allreduce(local, ChainedAttentionEstimator(2, S, S), fit_options(2), comm);
+}
+
+/// The variational families' sharded M-step (emission rows split, the Adam step of the embeddings whole on every
+/// rank) has the bits of the allreduce path over six iterations, the optimizer state included, with S = 7 split
+/// unevenly and smoothing on.
+TEST(DistributedFitTest, VariationalShardedMStepEqualsAllreduceBitForBit) {
+  const MpiCommunicator comm;
+  Rng rng(9);
+  const Index S = 7, N = 4, D = 3, T = 5;
+  Matrix mean(S, D);
+  for (Index k = 0; k < mean.size(); ++k) mean.data()[k] = rng.normal();
+  {
+    VariationalEmbeddingAttentionParams p;
+    p.mean = mean;
+    p.log_var = Matrix::Constant(S, D, std::log(0.3));
+    p.emission = Matrix::Constant(S, T, 1.0 / T);
+    p.position_prior = Vector::Constant(N, 1.0 / N);
+    const auto full = VariationalEmbeddingAttention(p).sampler(5).sample(kRows);
+    const auto [begin, end] = shard_of(comm.rank(), comm.size(), full.n_rows());
+    VariationalEmbeddingAttentionEstimatorOptions o;
+    o.mc = 2;
+    o.emission_smoothing = 0.25;
+    const VariationalEmbeddingAttentionEstimator estimator(S, N, D, T, o);
+    ASSERT_TRUE(has_sharded_mstep(estimator));
+    SCOPED_TRACE("variational embedding attention");
+    expect_sharded_mstep_equals_allreduce(full.slice(begin, end - begin), estimator, fit_options(2), comm);
+    SCOPED_TRACE("through AnyEstimator");
+    expect_sharded_mstep_equals_allreduce(AnyBatch(full.slice(begin, end - begin)), AnyEstimator(estimator),
+                                          fit_options(1), comm);
+  }
+  VariationalMultiHopAttentionParams p;
+  p.mean = mean;
+  p.log_var = Matrix::Constant(S, D, std::log(0.3));
+  p.emission = Matrix::Constant(S, T, 1.0 / T);
+  const auto full = VariationalMultiHopAttention(p).sampler(6, 4).sample(kRows);
+  const auto [begin, end] = shard_of(comm.rank(), comm.size(), full.n_rows());
+  VariationalMultiHopAttentionEstimatorOptions o;
+  o.mc = 2;
+  o.emission_smoothing = 0.25;
+  SCOPED_TRACE("variational multi-hop attention");
+  expect_sharded_mstep_equals_allreduce(full.slice(begin, end - begin), VariationalMultiHopAttentionEstimator(S, D, T, o),
+                                        fit_options(2), comm);
 }
 
 TEST(DistributedFitTest, ShardedMStepNeedsAFamilyThatHasOne) {
   const MpiCommunicator comm;
-  VariationalEmbeddingAttentionParams p;
-  p.mean = Matrix::Zero(kS, kD);
-  p.log_var = Matrix::Zero(kS, kD);
-  p.emission = Matrix::Constant(kS, kT, 1.0 / kT);
-  p.position_prior = Vector::Constant(kN, 1.0 / kN);
-  const auto full = VariationalEmbeddingAttention(p).sampler(3).sample(20);
-  const VariationalEmbeddingAttentionEstimator estimator(kS, kN, kD, kT);
+  const auto full = Categorical(CategoricalParams{Vector::Constant(kT, 1.0 / kT)}).sampler(3).sample(20);
+  const CategoricalEstimator estimator(kT);
   OptimizeOptions options = fit_options(1);
   options.communicator = &comm;
   options.sharded_mstep = true;
