@@ -22,6 +22,8 @@
 //   BM_LargeMStep                  (local) the M-step alone at that size
 //   BM_MpiReduceAndMStep/sharded:s the statistics' sum over ranks plus the M-step at that size: the allreduce path
 //                                  (s = 0) against the sharded M-step (s = 1, OptimizeOptions::sharded_mstep)
+//   BM_MpiReduceAndMStepVariational/sharded:s  the same for variational embedding attention at S = T = 5000,
+//                                  D = 32, N = 16 (the emission's 25 M entries split, the Adam step whole)
 //   BM_LargeMergeAndClear          (local) one merge of a chunk's partial into the total (the reducer's loop)
 //
 // Every rank must run the same benchmarks with the same number of iterations, or the collectives deadlock: every
@@ -49,6 +51,7 @@
 #include <vector>
 
 #include "attnmix/attention/responsibility.hpp"
+#include "attnmix/attention/variational_embedding.hpp"
 #include "attnmix/core/rng.hpp"
 #include "attnmix/inference/optimize.hpp"
 #include "attnmix/inference/reduce.hpp"
@@ -316,15 +319,40 @@ void BM_LargeMStep(benchmark::State& state) {
 }
 BENCHMARK(BM_LargeMStep)->Iterations(5)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-/// The statistics' sum over ranks plus the M-step at S = 50000, D = 256, T = 256 (M = 25.65 M entries, 205 MB): the
-/// allreduce path (MpiCommunicator::sum, then estimate() of all symbols on every rank) against the sharded M-step
-/// (estimate_sharded: sum of this rank's rows, estimate of its S/P symbols, allgather of K and B). Each rank's
-/// statistics are those of its share of the 16384 rows, restored (untimed) before every iteration.
-void BM_MpiReduceAndMStep(benchmark::State& state) {
-  const LargeProblem& p = large_problem();
+/// Variational embedding attention at S = T = 5000, D = 32, N = 16 (M = 25.3 M entries, 202 MB, nearly all of it the
+/// emission), with 16384 rows drawn from a random model.
+struct LargeVariationalProblem {
+  static constexpr Index kS = 5000, kN = 16, kD = 32;
+  VariationalEmbeddingAttention model = make_model();
+  VariationalEmbeddingAttentionBatch batch = model.sampler(kLargeSeed).sample(16384);
+  VariationalEmbeddingAttentionEstimator estimator = model.estimator();
+
+  static VariationalEmbeddingAttention make_model() {
+    Rng rng{kLargeSeed};
+    VariationalEmbeddingAttentionParams p;
+    p.mean.resize(kS, kD);
+    for (Index k = 0; k < p.mean.size(); ++k) p.mean.data()[k] = rng.normal();
+    p.log_var = Matrix::Constant(kS, kD, -2.0);
+    p.emission = Matrix::Constant(kS, kS, 1.0 / static_cast<double>(kS));
+    p.position_prior = Vector::Constant(kN, 1.0 / static_cast<double>(kN));
+    return VariationalEmbeddingAttention(std::move(p));
+  }
+};
+
+const LargeVariationalProblem& large_variational_problem() {
+  static const LargeVariationalProblem p;
+  return p;
+}
+
+/// The statistics' sum over ranks plus the M-step of problem p: the allreduce path (MpiCommunicator::sum, then
+/// estimate() of all symbols on every rank) against the sharded M-step (estimate_sharded: sum of this rank's rows,
+/// estimate of its S/P symbols, allgather of the parameter rows). Each rank's statistics are those of its share of
+/// the rows, restored (untimed) before every iteration.
+template <class Problem>
+void reduce_and_mstep(benchmark::State& state, const Problem& p) {
   const bool sharded = state.range(0) != 0;
   const Index P = comm().size(), r = comm().rank(), n = p.batch.n_rows();
-  const ResponsibilityAttentionBatch own = p.batch.slice(n * r / P, n * (r + 1) / P - n * r / P);
+  const auto own = p.batch.slice(n * r / P, n * (r + 1) / P - n * r / P);
   auto partial = p.model.make_accumulator();
   const std::vector<double> w(static_cast<size_t>(own.n_rows()), 1.0);
   parallel_accumulate(p.model, own, w, partial, {}, ParallelOptions{1, std::max<Index>(1, own.n_rows())});
@@ -339,14 +367,24 @@ void BM_MpiReduceAndMStep(benchmark::State& state) {
     acc = partial;
     MPI_Barrier(MPI_COMM_WORLD);
     state.ResumeTiming();
-    ResponsibilityAttention next = step();
-    benchmark::DoNotOptimize(next.params().key_means.data());
+    const auto next = step();
+    benchmark::DoNotOptimize(&next);
   }
   state.counters["ranks"] = comm().size();
   state.counters["entries"] = static_cast<double>(acc.flat_size());
 }
+
+/// Responsibility attention at S = 50000, D = 256, T = 256 (M = 25.65 M entries, 205 MB; the allgather carries K and
+/// B).
+void BM_MpiReduceAndMStep(benchmark::State& state) { reduce_and_mstep(state, large_problem()); }
 BENCHMARK(BM_MpiReduceAndMStep)->ArgName("sharded")->Arg(0)->Arg(1)->Iterations(4)->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+void BM_MpiReduceAndMStepVariational(benchmark::State& state) {
+  reduce_and_mstep(state, large_variational_problem());
+}
+BENCHMARK(BM_MpiReduceAndMStepVariational)->ArgName("sharded")->Arg(0)->Arg(1)->Iterations(4)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_LargeMergeAndClear(benchmark::State& state) {
   auto total = large_problem().model.make_accumulator();

@@ -13,6 +13,7 @@
 #include "attnmix/attention/optimizer_state.hpp"
 #include "attnmix/core/errors.hpp"
 #include "attnmix/core/rng.hpp"
+#include "attnmix/inference/sharded_mstep.hpp"
 #include "attnmix/stats/log_math.hpp"
 #include "../lanes_impl.hpp"
 
@@ -69,6 +70,19 @@ AttentionOptimizerState next_state(std::string_view where, std::string_view fami
                      std::to_string(carried->mean.cols()) + " (expected " + std::string(family) + ", " +
                      std::to_string(S) + "x" + std::to_string(D) + ")");
   return adam_ascent(*carried, grad_mean, grad_log_var, lr, prior_weight(carried->iteration + 1));
+}
+
+/// The sharded M-step of a variational family (inference/sharded_mstep.hpp): emission_count (field 2, S × T) summed
+/// in this rank's rows only, every other field whole, the statistics checked (validate_owned), then
+/// estimate_symbols(shard) — the family's M-step with its emission rows of shard. Collective.
+template <class Accumulator, class EstimateSymbols>
+auto sharded_mstep(std::string_view where, Accumulator& acc, const Communicator& comm,
+                   EstimateSymbols estimate_symbols) {
+  const SymbolShard shard = symbol_shard(comm, acc.n_symbols());
+  const StatsSplit split{{table_run(acc.layout().fields()[2].offset, acc.n_targets(), shard)}, comm.rank()};
+  sum_owned_statistics(acc, comm, split);
+  acc.validate_owned(where, split, comm);
+  return estimate_symbols(shard);
 }
 
 /// table = m + exp(½ log v) ⊙ ε with ε ~ N(0, 1) drawn row-major (a posterior-predictive embedding table).

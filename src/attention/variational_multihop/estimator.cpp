@@ -140,11 +140,8 @@ VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate(
 VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate_sharded(
     VariationalMultiHopAttentionAccumulator& acc, const Communicator& comm) const {
   check_layout(acc);
-  const SymbolShard shard = symbol_shard(comm, S_);
-  const StatsSplit split{{table_run(acc.layout().fields()[2].offset, T_, shard)}, comm.rank()};  // emission_count
-  sum_owned_statistics(acc, comm, split);
-  acc.validate_owned(kWhere, split, comm);
-  return estimate_symbols(acc, shard, &comm);
+  return variational::sharded_mstep(kWhere, acc, comm,
+                                    [&](const SymbolShard& shard) { return estimate_symbols(acc, shard, &comm); });
 }
 
 VariationalMultiHopAttention VariationalMultiHopAttentionEstimator::estimate_symbols(

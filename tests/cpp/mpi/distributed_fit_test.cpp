@@ -211,9 +211,10 @@ void expect_sharded_mstep_equals_allreduce(const Batch& local, const Estimator& 
   options.sharded_mstep = true;
   const std::vector<double> sharded = parameters(optimize(local, estimator, options).model);
   EXPECT_EQ(sharded.size(), reduced.size());
-  if (sharded.size() == reduced.size())
+  if (sharded.size() == reduced.size()) {
     EXPECT_EQ(std::memcmp(sharded.data(), reduced.data(), reduced.size() * sizeof(double)), 0)
         << "rank " << comm.rank();
+  }
 }
 
 /// The sharded M-step's model has the bits of the allreduce path's, through the concrete and the type-erased
@@ -302,7 +303,9 @@ TEST(DistributedFitTest, VariationalShardedMStepEqualsAllreduceBitForBit) {
 
 TEST(DistributedFitTest, ShardedMStepNeedsAFamilyThatHasOne) {
   const MpiCommunicator comm;
-  const auto full = Categorical(CategoricalParams{Vector::Constant(kT, 1.0 / kT)}).sampler(3).sample(20);
+  CategoricalParams p;
+  p.p = Vector::Constant(kT, 1.0 / kT);
+  const auto full = Categorical(p).sampler(3).sample(20);
   const CategoricalEstimator estimator(kT);
   OptimizeOptions options = fit_options(1);
   options.communicator = &comm;
