@@ -34,6 +34,18 @@ py::array_t<int64_t> index_out(const std::vector<Index>& v) {
   return copy_ids(reinterpret_cast<const int64_t*>(v.data()), {static_cast<Index>(v.size())});
 }
 
+/// estimate(cost, tau, K, rng) of a sampled estimator on its validated (cost, tau, K, rng) arguments, run without
+/// the GIL.
+template <class Estimate>
+auto sampled(const char* where, py::handle cost, py::handle tau, py::handle K, py::handle rng, Estimate estimate) {
+  const Matrix c = reals_2d(cost, where, "cost");
+  const double t = real_number(tau, where, "tau");
+  const int64_t n_samples = positive_int(K, where, "K");
+  RngSource source = rng_source(rng, 0, where);
+  const py::gil_scoped_release release;
+  return estimate(c, t, n_samples, source.get());
+}
+
 }  // namespace
 
 void bind_assign(py::module_& m) {
@@ -87,17 +99,9 @@ void bind_assign(py::module_& m) {
   a.def(
       "frequency_estimate",
       [](py::object cost, py::object tau, py::object K, py::object rng) {
-        const char* where = "frequency_estimate";
-        const Matrix c = reals_2d(cost, where, "cost");
-        const double t = real_number(tau, where, "tau");
-        const int64_t n_samples = positive_int(K, where, "K");
-        RngSource source = rng_source(rng, 0, where);
-        Matrix freq;
-        {
-          const py::gil_scoped_release release;
-          freq = assign::frequency_estimate(c, t, n_samples, source.get());
-        }
-        return matrix_out(freq);
+        return matrix_out(sampled("frequency_estimate", cost, tau, K, rng, [](auto&&... args) {
+          return assign::frequency_estimate(args...);
+        }));
       },
       "cost"_a, "tau"_a, "K"_a, "rng"_a,
       "The mean of K assignment indicator matrices (nq, nk); every column sums to 1 when "
@@ -128,16 +132,9 @@ void bind_assign(py::module_& m) {
   a.def(
       "assignment_tree",
       [](py::object cost, py::object tau, py::object K, py::object rng) {
-        const char* where = "assignment_tree";
-        const Matrix c = reals_2d(cost, where, "cost");
-        const double t = real_number(tau, where, "tau");
-        const int64_t n_samples = positive_int(K, where, "K");
-        RngSource source = rng_source(rng, 0, where);
-        assign::AssignmentTree tree;
-        {
-          const py::gil_scoped_release release;
-          tree = assign::assignment_tree(c, t, n_samples, source.get());
-        }
+        const assign::AssignmentTree tree = sampled("assignment_tree", cost, tau, K, rng, [](auto&&... args) {
+          return assign::assignment_tree(args...);
+        });
         return py::make_tuple(matrix_out(tree.tree_freq), mask_out(tree.tree),
                               matrix_out(tree.freq));
       },
