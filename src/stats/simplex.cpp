@@ -5,12 +5,6 @@
 
 namespace attnmix {
 
-Matrix smoothed_row_normalise(const ConstMatrixMap& counts, double eps) {
-  Matrix out(counts.rows(), counts.cols());
-  smoothed_row_normalise_rows(counts, eps, 0, counts.rows(), out);
-  return out;
-}
-
 void smoothed_row_normalise_rows(const ConstMatrixMap& counts, double eps, Index begin, Index end, Matrix& out) {
   const Index T = counts.cols();
   for (Index s = begin; s < end; ++s) {

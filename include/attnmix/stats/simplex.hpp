@@ -9,11 +9,10 @@
 
 namespace attnmix {
 
-/// B [S, T] from counts [S, T] and ε = eps as above. eps is not checked here: the attention estimators validate it
-/// (finite, ≥ 0) at construction.
-[[nodiscard]] Matrix smoothed_row_normalise(const ConstMatrixMap& counts, double eps);
-/// Rows [begin, end) of B into the same rows of out (S×T; the other rows untouched): one rank's share of a sharded
-/// M-step, with the bits smoothed_row_normalise gives those rows.
+/// Rows [begin, end) of B [S, T], from counts [S, T] and ε = eps as above, into the same rows of out (S×T; the other
+/// rows untouched): the whole table, or one rank's share of a sharded M-step (inference/sharded_mstep.hpp's
+/// smoothed_emission); a row's bits depend only on its counts. eps is not checked here: the attention estimators
+/// validate it (finite, ≥ 0) at construction.
 void smoothed_row_normalise_rows(const ConstMatrixMap& counts, double eps, Index begin, Index end, Matrix& out);
 
 }  // namespace attnmix
